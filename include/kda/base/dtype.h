@@ -1,0 +1,33 @@
+// Element types that cross the component's API.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kda/base/bf16.h"
+
+namespace kda {
+
+enum class DType : uint8_t { kF32, kBF16, kI32, kI64 };
+
+// Safetensors spelling: "F32", "BF16", "I32", "I64".
+const char* DTypeName(DType t);
+size_t DTypeSize(DType t);
+
+// Reads element i of a float-valued buffer (F32 or BF16) as float.
+inline float LoadAsFloat(const void* data, DType t, size_t i) {
+  return t == DType::kBF16 ? ToFloat(static_cast<const BF16*>(data)[i]) : static_cast<const float*>(data)[i];
+}
+
+// Writes element i of a float-valued buffer (F32 or BF16), rounding to
+// nearest even for BF16.
+inline void StoreFromFloat(void* data, DType t, size_t i, float v) {
+  if (t == DType::kBF16) {
+    static_cast<BF16*>(data)[i] = ToBF16(v);
+  } else {
+    static_cast<float*>(data)[i] = v;
+  }
+}
+
+}  // namespace kda
