@@ -1,0 +1,119 @@
+// KDA core kernels: chunked prefill (`chunk_kda`) and one-token decode
+// (`fused_recurrent_kda`), each as a plain reference and (later) an optimized
+// implementation with the same signature, plus the dispatcher that picks one.
+//
+// Notation: T tokens (packed), N sequences, H heads, K key dim, V value dim.
+// Per head, the state S is K x V, stored K-major ([k][v]); a batch of states
+// is [N, H, K, V] fp32. For each token t of a sequence (design §2.5):
+//   S <- diag(exp(g_t)) S
+//   S <- S + beta_t k_t (v_t - S^T k_t)^T
+//   o_t = S^T (scale * q_t)
+// with g_t <= 0 the per-key-dim log decay. All arithmetic is fp32; q/k/v/g/
+// beta may be fp32 or bf16, the output o has the dtype of q.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kda/base/dtype.h"
+
+namespace kda {
+
+// A contiguous read-only buffer with its element type.
+struct ConstBuf {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// A contiguous writable buffer with its element type.
+struct MutBuf {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// Options shared by both kernels (the fla names).
+struct KdaOptions {
+  float scale = 0.0F;  // multiplies q; <= 0 means K^-0.5
+  // L2-normalise q and k over K inside the kernel: x / sqrt(sum x^2 + 1e-6).
+  bool use_qk_l2norm_in_kernel = false;
+  // g holds the raw gate; the kernel applies
+  //   g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h*K + d])  (softplus(x) = x for x > 20)
+  bool use_gate_in_kernel = false;
+  const float* A_log = nullptr;    // [H], required with use_gate_in_kernel
+  const float* dt_bias = nullptr;  // [H*K], optional with use_gate_in_kernel
+};
+
+// Arguments of chunk_kda (prefill over a packed variable-length batch).
+struct ChunkKdaArgs {
+  // Outputs.
+  MutBuf o;                      // [T, H, V], dtype of q
+  float* final_state = nullptr;  // [N, H, K, V]; written when output_final_state
+  // Inputs.
+  ConstBuf q, k;                         // [T, H, K]
+  ConstBuf v;                            // [T, H, V]
+  ConstBuf g;                            // [T, H, K] log decay (or raw gate, see options)
+  ConstBuf beta;                         // [T, H]
+  const int64_t* cu_seqlens = nullptr;   // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
+  const float* initial_state = nullptr;  // [N, H, K, V] or null (zeros); may alias final_state
+  bool output_final_state = true;
+  int64_t T = 0;
+  int64_t N = 0;
+  int H = 0, K = 0, V = 0;
+  KdaOptions options;
+};
+
+// Arguments of fused_recurrent_kda (decode: one token for each of N sequences,
+// the state updated in place in a state buffer through an index array).
+struct RecurrentKdaArgs {
+  // Outputs.
+  MutBuf o;  // [N, H, V], dtype of q
+  // State buffer [S, H, K, V] fp32, read and written in place: sequence n uses
+  // state[state_indices[n]]. An index < 0 marks a padding entry: its output is
+  // zero and no state is read or written.
+  float* state = nullptr;
+  const int32_t* state_indices = nullptr;  // [N]
+  int64_t num_states = 0;                  // S, the number of states in the buffer
+  // Inputs.
+  ConstBuf q, k;  // [N, H, K]
+  ConstBuf v;     // [N, H, V]
+  ConstBuf g;     // [N, H, K]
+  ConstBuf beta;  // [N, H]
+  int64_t N = 0;
+  int H = 0, K = 0, V = 0;
+  KdaOptions options;
+};
+
+// Validates shapes and options; throws kda::Error naming the problem. The
+// kernels call these first and touch no output when they throw.
+void ValidateChunkKda(const ChunkKdaArgs& a);
+void ValidateRecurrentKda(const RecurrentKdaArgs& a);
+
+// Plain references: the chunked algorithm of design §3 and the token-by-token
+// recurrence of design §2.5, two independent implementations of one function.
+void chunk_kda_reference(const ChunkKdaArgs& a);
+void fused_recurrent_kda_reference(const RecurrentKdaArgs& a);
+
+// Which implementation the dispatcher uses.
+enum class KernelImpl : uint8_t { kAuto, kReference, kOptimized };
+
+// "auto" | "reference" | "optimized"; throws kda::Error on anything else.
+KernelImpl ParseKernelImpl(const std::string& name);
+const char* KernelImplName(KernelImpl impl);
+
+// The process-wide default used when a call passes kAuto: set through
+// SetDefaultKernelImpl, else the KDA_KERNEL environment variable, else auto.
+void SetDefaultKernelImpl(KernelImpl impl);
+KernelImpl DefaultKernelImpl();
+
+// The implementation a call with `requested` actually runs (auto resolves to
+// the best available). Throws kda::Error if the requested one is unavailable.
+KernelImpl ResolveKernelImpl(KernelImpl requested);
+
+// Dispatching entry points.
+void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
+void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
+
+// The activated forget gate for one element (fp32): -exp(A_log) * softplus(raw + dt_bias).
+float KdaGate(float raw_plus_bias, float a_log);
+
+}  // namespace kda
