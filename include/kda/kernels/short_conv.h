@@ -1,0 +1,44 @@
+// Short causal depthwise convolution + SiLU over a packed variable-length
+// batch, with per-sequence tails (the last W-1 inputs) in a slot-indexed
+// buffer: the q/k/v short convs of KDA (design §2.2).
+//
+// For sequence n with tokens [cu[n], cu[n+1]) and channel c:
+//   y[t, c] = silu( sum_{j=0..W-1} w[c, j] * X[t - (W-1) + j, c] )
+// where rows before the sequence start come from its tail (oldest first), or
+// are zero when has_initial_state[n] == 0. Tap W-1 multiplies the current token.
+// The new tail is the last W-1 rows of [old tail; the sequence's inputs] (for a
+// sequence shorter than W-1 tokens: the old tail shifted).
+#pragma once
+
+#include <cstdint>
+
+#include "kda/kernels/kda.h"
+
+namespace kda {
+
+struct ShortConvArgs {
+  // Output.
+  MutBuf y;  // [T, C] contiguous, F32 or BF16 (rounded once after the SiLU)
+  // Inputs.
+  ConstBuf x;                           // [T, x_row_stride], the C channels at the start of each row
+  int64_t x_row_stride = 0;             // elements between rows of x (>= C)
+  const float* weight = nullptr;        // [C, W]
+  const int64_t* cu_seqlens = nullptr;  // [N + 1]
+  int64_t N = 0;
+  int64_t T = 0;
+  int64_t C = 0;
+  int W = 0;
+  // Tails, read and written in place: sequence n uses rows [W-1] of
+  // tails[tail_indices[n]], each row tail_row_stride elements apart, C channels
+  // at the start of each row. Same dtype as x.
+  MutBuf tails;
+  int64_t tail_row_stride = 0;
+  int64_t num_tails = 0;
+  const int32_t* tail_indices = nullptr;       // [N], distinct
+  const uint8_t* has_initial_state = nullptr;  // [N] or null (all continue)
+};
+
+// Validates (kda::Error, nothing written) and runs the plain loop.
+void short_conv_silu(const ShortConvArgs& a);
+
+}  // namespace kda

@@ -1,0 +1,91 @@
+// Attention backends of linear recurrent layers (design §4).
+//
+// LinearRecurrentAttnBackend is the part a KDA, GDN or Mamba2 backend shares:
+// per-batch metadata computed once and read by every layer, forward-mode
+// dispatch, the short conv with its pool tails, and state gather/scatter.
+// KDAAttnBackend binds the KDA kernels through the dispatcher. One backend
+// instance serves every KDA layer of a model.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kda/kernels/kda.h"
+#include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+
+namespace kda {
+
+class RadixLinearAttention;
+struct KdaIntermediates;
+
+// Computed once per batch, shared by all layers.
+struct LinearAttnMetadata {
+  ForwardMode mode = ForwardMode::kIdle;
+  int64_t num_tokens = 0;
+  std::vector<int64_t> cu_q_lens;          // [N + 1]
+  std::vector<int32_t> recurrent_indices;  // [N] pool slots
+  std::vector<uint8_t> has_initial_state;  // [N] prefix_len > 0 (or a seeded slot)
+};
+
+class LinearRecurrentAttnBackend {
+ public:
+  explicit LinearRecurrentAttnBackend(MemoryPools pools);
+  virtual ~LinearRecurrentAttnBackend() = default;
+  LinearRecurrentAttnBackend(const LinearRecurrentAttnBackend&) = delete;
+  LinearRecurrentAttnBackend& operator=(const LinearRecurrentAttnBackend&) = delete;
+
+  // Validates the batch (mode supported, every request holds a slot, lengths
+  // consistent with the mode) and computes the metadata. kda::Error on bad
+  // input, with the previous metadata kept.
+  void InitForwardMetadata(const ForwardBatch& batch);
+  const LinearAttnMetadata& metadata() const { return md_; }
+
+  // One layer's attention core for the current batch (see RadixLinearAttention::Forward).
+  void Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw, ConstBuf beta_logits,
+               KdaIntermediates* intermediates);
+
+ protected:
+  // q, k, v [T, P] after conv + SiLU, in the activation dtype.
+  struct ConvOutputs {
+    MutBuf q, k, v;
+  };
+  virtual void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                             ConstBuf beta_logits, KdaIntermediates* intermediates) = 0;
+  virtual void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                             ConstBuf beta_logits, KdaIntermediates* intermediates) = 0;
+
+  // The q/k/v short convs + SiLU over the batch, tails read from and written
+  // to the layer's pool slots (zero tails where has_initial_state is 0).
+  void RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv, const ConvOutputs& out);
+  // Initial states [N, H, K, V] gathered from the slots (zero where
+  // has_initial_state is 0), and final states scattered back.
+  void GatherStates(int layer_id, float* states) const;
+  void ScatterStates(int layer_id, const float* states);
+  LayerStateCache Cache(int layer_id) const;
+
+  MemoryPools pools_;
+  LinearAttnMetadata md_;
+};
+
+class KDAAttnBackend : public LinearRecurrentAttnBackend {
+ public:
+  KDAAttnBackend(MemoryPools pools, KernelImpl kernel = KernelImpl::kAuto);
+  KernelImpl kernel() const { return kernel_; }
+
+ protected:
+  void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                     ConstBuf beta_logits, KdaIntermediates* intermediates) override;
+  void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                     ConstBuf beta_logits, KdaIntermediates* intermediates) override;
+
+ private:
+  // Conv + SiLU, then the gate g [T, H, K] and beta [T, H] in fp32.
+  struct Inputs;
+  void Prepare(const RadixLinearAttention& layer, ConstBuf mixed_qkv, ConstBuf gate_raw, ConstBuf beta_logits,
+               Inputs& in);
+
+  KernelImpl kernel_;
+};
+
+}  // namespace kda

@@ -1,0 +1,124 @@
+// The recurrent-state pool that serving uses to keep one KDA state per running
+// request (design §4), and the request -> slot map around it.
+//
+// Per KDA layer l: recurrent[l] [slots + 1, H, K, V] fp32 and conv[l]
+// [slots + 1, W-1, 3P] in the model's activation dtype (bf16 model: bf16
+// tails). Slot 0 is a dummy: never handed out, never written.
+//
+// A fresh request never sees a previous owner's state: every slot is zeroed
+// in every layer when it is allocated (and the backend also starts sequences
+// with has_initial_state == 0 from zero, whatever their slot holds).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "kda/base/dtype.h"
+#include "kda/base/error.h"
+
+namespace kda {
+
+// Per-layer state dimensions (H heads of K x V with K = V; conv width W; P = H*K).
+struct StateShape {
+  int H = 0;
+  int K = 0;
+  int W = 0;
+
+  int64_t RecurrentSize() const { return static_cast<int64_t>(H) * K * K; }
+  int64_t ConvSize() const { return static_cast<int64_t>(W - 1) * 3 * H * K; }
+};
+
+// Thrown when no slot is free: the scheduler queues the request and retries.
+class PoolExhaustedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// One layer's view of the pool: buffers indexed by slot.
+struct LayerStateCache {
+  float* recurrent = nullptr;  // [num_slots, H, K, V]
+  void* conv = nullptr;        // [num_slots, W-1, 3P]
+  DType conv_dtype = DType::kF32;
+  int64_t num_slots = 0;  // including the dummy slot 0
+};
+
+class RecurrentStatePool {
+ public:
+  // `max_requests` usable slots (1..max_requests) for `num_layers` KDA layers.
+  RecurrentStatePool(int num_layers, int64_t max_requests, const StateShape& shape, DType conv_dtype);
+
+  // Bytes one request costs: L*H*K*V*4 + L*(W-1)*3P*sizeof(conv dtype).
+  static int64_t BytesPerRequest(int num_layers, const StateShape& shape, DType conv_dtype);
+  // The largest pool whose slots (dummy included) fit in `budget_bytes`;
+  // kda::Error if not even one request fits.
+  static int64_t MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const StateShape& shape, DType conv_dtype);
+
+  // A free slot, zeroed in every layer; PoolExhaustedError when none is free.
+  int32_t Alloc();
+  // Like Alloc, but empty instead of throwing when none is free.
+  std::optional<int32_t> TryAlloc();
+  // Returns a slot. Refused (kda::Error, pool unchanged): slot 0, out of
+  // range, or not allocated (double free).
+  void Free(int32_t slot);
+  bool IsAllocated(int32_t slot) const;
+
+  int64_t capacity() const { return max_requests_; }
+  int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+  int num_layers() const { return num_layers_; }
+  const StateShape& shape() const { return shape_; }
+  DType conv_dtype() const { return conv_dtype_; }
+  int64_t total_bytes() const;
+
+  // One layer's cache (the buffers the backend and kernels index by slot).
+  LayerStateCache GetLayerCache(int layer);
+  // Copies one slot's state of one layer out / in: recurrent [H, K, V] fp32,
+  // conv [W-1, 3P] in conv_dtype. Set on slot 0 is dropped (the dummy is
+  // never written); any other slot must be allocated.
+  void GetLayerState(int layer, int32_t slot, float* recurrent, void* conv) const;
+  void SetLayerState(int layer, int32_t slot, const float* recurrent, const void* conv);
+
+ private:
+  void CheckLayer(int layer) const;
+  void CheckAllocated(int32_t slot) const;
+  void ZeroSlot(int32_t slot);
+
+  int num_layers_;
+  int64_t max_requests_;
+  StateShape shape_;
+  DType conv_dtype_;
+  std::vector<std::vector<float>> recurrent_;  // per layer
+  std::vector<std::vector<uint8_t>> conv_;     // per layer, raw conv_dtype elements
+  std::vector<int32_t> free_;                  // free slots, smallest last
+  std::vector<uint8_t> allocated_;             // [max_requests + 1]
+};
+
+// Request id -> pool slot, for the requests that currently hold one.
+class HybridReqToTokenPool {
+ public:
+  explicit HybridReqToTokenPool(RecurrentStatePool* pool) : pool_(pool) {}
+
+  // Allocates a slot for `req_id` (kda::Error if it already holds one;
+  // PoolExhaustedError when none is free).
+  int32_t Alloc(int64_t req_id);
+  // Releases the request's slot (kda::Error if it holds none).
+  void Free(int64_t req_id);
+  bool Has(int64_t req_id) const { return slots_.count(req_id) > 0; }
+  // kda::Error if the request holds no slot.
+  int32_t SlotOf(int64_t req_id) const;
+  int64_t size() const { return static_cast<int64_t>(slots_.size()); }
+  RecurrentStatePool* state_pool() const { return pool_; }
+
+ private:
+  RecurrentStatePool* pool_;
+  std::unordered_map<int64_t, int32_t> slots_;
+};
+
+// The pools a model runner passes down to the attention backend.
+struct MemoryPools {
+  RecurrentStatePool* state_pool = nullptr;
+  HybridReqToTokenPool* req_to_token_pool = nullptr;
+};
+
+}  // namespace kda

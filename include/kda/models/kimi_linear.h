@@ -1,0 +1,106 @@
+// KimiDeltaAttention: one KDA layer of Kimi-Linear (design §2), for the fp32
+// pipeline and the bf16 pipeline with the cast points of design §2.
+//
+// Shapes: T packed tokens, N sequences, hidden model width, H heads, K = V
+// head dim, P = H*K, W conv width. Per-sequence state: the recurrent state
+// [H, K, V] fp32 and the conv tail [W-1, 3P] (channels q|k|v, rows oldest
+// first; the raw projection outputs before SiLU) in the activation dtype.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kda/base/dtype.h"
+#include "kda/kernels/gemm.h"
+#include "kda/kernels/kda.h"
+#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/radix_linear_attention.h"
+
+namespace kda {
+
+class Checkpoint;
+struct KimiLinearConfig;
+
+struct KdaLayerShape {
+  int64_t hidden = 0;
+  int H = 0;
+  int K = 0;  // = V
+  int W = 0;  // short conv width
+  double rms_norm_eps = 1e-5;
+
+  int64_t P() const { return static_cast<int64_t>(H) * K; }
+  int64_t ConvChannels() const { return 3 * P(); }
+  int64_t RecurrentStateSize() const { return static_cast<int64_t>(H) * K * K; }          // per sequence
+  int64_t ConvStateSize() const { return static_cast<int64_t>(W - 1) * ConvChannels(); }  // per sequence
+};
+
+// One layer's weights as fp32 values, Hugging Face layouts (Linear [out, in]).
+struct KdaLayerWeights {
+  std::vector<float> q_proj, k_proj, v_proj;  // [P, hidden]
+  std::vector<float> q_conv, k_conv, v_conv;  // [P, W] (checkpoint [P, 1, W])
+  std::vector<float> f_a_proj;                // [K, hidden]
+  std::vector<float> f_b_proj;                // [P, K]
+  std::vector<float> b_proj;                  // [H, hidden]
+  std::vector<float> g_a_proj;                // [K, hidden]
+  std::vector<float> g_b_proj;                // [P, K]
+  std::vector<float> A_log;                   // [H] (checkpoint [1, 1, H, 1] or [H])
+  std::vector<float> dt_bias;                 // [P], index h*K + d
+  std::vector<float> o_norm;                  // [V]
+  std::vector<float> o_proj;                  // [hidden, P]
+};
+
+// The layer's shape from the config (layer-independent).
+KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& config);
+
+// Reads `model.layers.{layer}.self_attn.*` (0-based layer, which must be a
+// KDA layer) and checks every tensor's presence, dtype and shape.
+KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConfig& config, int layer);
+
+// Deterministic random weights with the statistics of an initialised model
+// (every value bf16-representable), for benchmarks and the embedded default.
+KdaLayerWeights RandomKdaLayerWeights(const KdaLayerShape& shape, uint64_t seed);
+
+// Per-token intermediate tensors (fp32 values), for checks against the golden
+// cases: conv outputs after SiLU, gates, beta, kernel output, output gate.
+struct KdaIntermediates {
+  std::vector<float> q_conv, k_conv, v_conv;  // [T, H, K]
+  std::vector<float> g_raw, g;                // [T, H, K]
+  std::vector<float> beta;                    // [T, H]
+  std::vector<float> o_kda;                   // [T, H, V]
+  std::vector<float> g_out;                   // [T, H, V]
+};
+
+// One KDA layer: projections, then the attention core through
+// RadixLinearAttention and the backend (conv with pool tails, gates, kernel,
+// pool states), then the gated RMSNorm and o_proj.
+class KimiDeltaAttention {
+ public:
+  // layer_id: the layer's index in the state pool. act_dtype F32: the fp32
+  // pipeline; BF16: the bf16 pipeline (weights rounded to bf16).
+  KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& weights, DType act_dtype);
+  ~KimiDeltaAttention();
+  KimiDeltaAttention(KimiDeltaAttention&&) noexcept;
+  KimiDeltaAttention& operator=(KimiDeltaAttention&&) noexcept;
+
+  // out [T, hidden] = the layer applied to x [T, hidden] (both in the
+  // activation dtype) for the batch the backend's metadata describes (T =
+  // metadata().num_tokens). Reads and updates this layer's states in the pool.
+  // Throws kda::Error on bad input before writing anything.
+  void Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend,
+               KdaIntermediates* intermediates = nullptr) const;
+
+  const KdaLayerShape& shape() const { return shape_; }
+  DType act_dtype() const { return act_dtype_; }
+  const RadixLinearAttention& attn() const { return *attn_; }
+
+ private:
+  KdaLayerShape shape_;
+  DType act_dtype_;
+  std::unique_ptr<Linear> qkv_proj_, f_a_proj_, f_b_proj_, b_proj_, g_a_proj_, g_b_proj_, o_proj_;
+  std::unique_ptr<RadixLinearAttention> attn_;
+  std::vector<float> o_norm_;  // [V]
+};
+
+}  // namespace kda

@@ -1,0 +1,259 @@
+#include "kda/layers/attention/linear/kda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/base/parallel.h"
+#include "kda/kernels/short_conv.h"
+#include "kda/layers/radix_linear_attention.h"
+#include "kda/models/kimi_linear.h"
+
+namespace kda {
+
+LinearRecurrentAttnBackend::LinearRecurrentAttnBackend(MemoryPools pools) : pools_(pools) {
+  Check(pools.state_pool != nullptr && pools.req_to_token_pool != nullptr, "attention backend: missing memory pools");
+}
+
+void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) {
+  const ForwardMode mode = batch.mode;
+  Check(mode == ForwardMode::kExtend || mode == ForwardMode::kDecode || mode == ForwardMode::kIdle,
+        std::string("forward mode ") + ForwardModeName(mode) + " is not supported by the KDA backend");
+  const size_t n = batch.req_ids.size();
+  Check(batch.extend_lens.size() == n && batch.prefix_lens.size() == n,
+        "forward batch: req_ids, extend_lens and prefix_lens must have one entry per request");
+  Check(batch.state_seeded.empty() || batch.state_seeded.size() == n,
+        "forward batch: state_seeded must be empty or have one entry per request");
+  if (mode == ForwardMode::kIdle) {
+    Check(n == 0, "forward batch: an IDLE batch has no requests");
+  } else {
+    Check(n >= 1, std::string("forward batch: an ") + ForwardModeName(mode) + " batch needs at least one request");
+  }
+  LinearAttnMetadata md;
+  md.mode = mode;
+  md.cu_q_lens.assign(1, 0);
+  std::unordered_set<int64_t> seen;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t req = batch.req_ids[i];
+    Check(seen.insert(req).second, "forward batch: request " + std::to_string(req) + " appears twice");
+    Check(batch.extend_lens[i] >= 0 && batch.prefix_lens[i] >= 0, "forward batch: negative length");
+    Check(mode != ForwardMode::kDecode || batch.extend_lens[i] == 1,
+          "forward batch: a DECODE batch has exactly one token per request");
+    md.cu_q_lens.push_back(md.cu_q_lens.back() + batch.extend_lens[i]);
+    md.recurrent_indices.push_back(pools_.req_to_token_pool->SlotOf(req));
+    const bool seeded = !batch.state_seeded.empty() && batch.state_seeded[i] != 0;
+    md.has_initial_state.push_back(batch.prefix_lens[i] > 0 || seeded ? 1 : 0);
+  }
+  md.num_tokens = md.cu_q_lens.back();
+  md_ = std::move(md);
+}
+
+void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
+                                         ConstBuf gate_raw, ConstBuf beta_logits, KdaIntermediates* intermediates) {
+  const RecurrentStatePool& pool = *pools_.state_pool;
+  Check(layer.layer_id() < pool.num_layers(), "attention backend: layer " + std::to_string(layer.layer_id()) +
+                                                  " has no state in the pool (" + std::to_string(pool.num_layers()) +
+                                                  " layers)");
+  Check(layer.num_heads() == pool.shape().H && layer.head_k_dim() == pool.shape().K &&
+            layer.conv_width() == pool.shape().W,
+        "attention backend: the layer's heads, head dim or conv width differ from the pool's");
+  Check(mixed_qkv.dtype == pool.conv_dtype() && gate_raw.dtype == mixed_qkv.dtype &&
+            beta_logits.dtype == mixed_qkv.dtype && o.dtype == mixed_qkv.dtype,
+        std::string("attention backend: activations must be ") + DTypeName(pool.conv_dtype()) +
+            ", the pool's conv dtype");
+  switch (md_.mode) {
+    case ForwardMode::kExtend:
+      ForwardExtend(layer, o, mixed_qkv, gate_raw, beta_logits, intermediates);
+      return;
+    case ForwardMode::kDecode:
+      ForwardDecode(layer, o, mixed_qkv, gate_raw, beta_logits, intermediates);
+      return;
+    case ForwardMode::kIdle:
+      return;  // no tokens: nothing to write, no state touched
+    default:
+      throw Error(std::string("forward mode ") + ForwardModeName(md_.mode) + " is not supported by the KDA backend");
+  }
+}
+
+LayerStateCache LinearRecurrentAttnBackend::Cache(int layer_id) const {
+  return pools_.state_pool->GetLayerCache(layer_id);
+}
+
+void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv,
+                                              const ConvOutputs& out) {
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const int64_t p = layer.projection_size();
+  const int W = layer.conv_width();
+  const MutBuf outs[3] = {out.q, out.k, out.v};
+  for (int group = 0; group < 3; ++group) {
+    ShortConvArgs a;
+    a.y = outs[group];
+    a.x = Offset(mixed_qkv, group * p);
+    a.x_row_stride = 3 * p;
+    a.weight = layer.conv_weight().data() + group * p * W;
+    a.cu_seqlens = md_.cu_q_lens.data();
+    a.N = static_cast<int64_t>(md_.recurrent_indices.size());
+    a.T = md_.num_tokens;
+    a.C = p;
+    a.W = W;
+    a.tails = Offset(MutBuf{cache.conv, cache.conv_dtype}, group * p);
+    a.tail_row_stride = 3 * p;
+    a.num_tails = cache.num_slots;
+    a.tail_indices = md_.recurrent_indices.data();
+    a.has_initial_state = md_.has_initial_state.data();
+    short_conv_silu(a);
+  }
+}
+
+void LinearRecurrentAttnBackend::GatherStates(int layer_id, float* states) const {
+  const LayerStateCache cache = Cache(layer_id);
+  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
+  for (size_t n = 0; n < md_.recurrent_indices.size(); ++n) {
+    float* dst = states + static_cast<int64_t>(n) * rs;
+    if (md_.has_initial_state[n] != 0) {
+      std::memcpy(dst, cache.recurrent + md_.recurrent_indices[n] * rs, sizeof(float) * rs);
+    } else {
+      std::fill_n(dst, rs, 0.0F);
+    }
+  }
+}
+
+void LinearRecurrentAttnBackend::ScatterStates(int layer_id, const float* states) {
+  const LayerStateCache cache = Cache(layer_id);
+  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
+  for (size_t n = 0; n < md_.recurrent_indices.size(); ++n) {
+    std::memcpy(cache.recurrent + md_.recurrent_indices[n] * rs, states + static_cast<int64_t>(n) * rs,
+                sizeof(float) * rs);
+  }
+}
+
+KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
+    : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
+
+struct KDAAttnBackend::Inputs {
+  ActBuffer q, k, v;        // [T, P]
+  std::vector<float> g;     // [T, H, K] fp32 log decay
+  std::vector<float> beta;  // [T, H] fp32
+};
+
+void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                             ConstBuf beta_logits, Inputs& in) {
+  const int64_t T = md_.num_tokens;
+  const int64_t p = layer.projection_size();
+  const int H = layer.num_heads();
+  const int K = layer.head_k_dim();
+  in.q = ActBuffer(mixed_qkv.dtype, T * p);
+  in.k = ActBuffer(mixed_qkv.dtype, T * p);
+  in.v = ActBuffer(mixed_qkv.dtype, T * p);
+  RunShortConv(layer, mixed_qkv, {in.q.mut(), in.k.mut(), in.v.mut()});
+  // Forget gate (fp32 log space, unbounded below) and beta.
+  in.g.assign(static_cast<size_t>(T * p), 0.0F);
+  in.beta.assign(static_cast<size_t>(T * H), 0.0F);
+  const std::vector<float>& dt_bias = layer.dt_bias();
+  const std::vector<float>& a_log = layer.A_log();
+  ParallelFor(T, [&](int64_t t) {
+    for (int64_t c = 0; c < p; ++c) {
+      const float raw = LoadAsFloat(gate_raw.data, gate_raw.dtype, static_cast<size_t>(t * p + c));
+      in.g[t * p + c] = KdaGate(raw + dt_bias[c], a_log[c / K]);
+    }
+    for (int h = 0; h < H; ++h) {
+      const float logit = LoadAsFloat(beta_logits.data, beta_logits.dtype, static_cast<size_t>(t * H + h));
+      in.beta[t * H + h] = 1.0F / (1.0F + std::exp(-logit));
+    }
+  });
+}
+
+namespace {
+
+void FillIntermediates(KdaIntermediates* m, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
+                       ConstBuf gate_raw, const std::vector<float>& g, const std::vector<float>& beta, MutBuf o,
+                       int64_t tp) {
+  m->q_conv = q.ToFloat();
+  m->k_conv = k.ToFloat();
+  m->v_conv = v.ToFloat();
+  m->g_raw.resize(static_cast<size_t>(tp));
+  m->o_kda.resize(static_cast<size_t>(tp));
+  for (int64_t i = 0; i < tp; ++i) {
+    m->g_raw[i] = LoadAsFloat(gate_raw.data, gate_raw.dtype, static_cast<size_t>(i));
+    m->o_kda[i] = LoadAsFloat(o.data, o.dtype, static_cast<size_t>(i));
+  }
+  m->g = g;
+  m->beta = beta;
+}
+
+KdaOptions CoreOptions(const RadixLinearAttention& layer) {
+  KdaOptions opt;
+  opt.scale = layer.scale();
+  opt.use_qk_l2norm_in_kernel = true;
+  return opt;
+}
+
+}  // namespace
+
+void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                                   ConstBuf beta_logits, KdaIntermediates* intermediates) {
+  Inputs in;
+  Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
+  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
+  std::vector<float> states(static_cast<size_t>(N * pools_.state_pool->shape().RecurrentSize()));
+  GatherStates(layer.layer_id(), states.data());
+  ChunkKdaArgs a;
+  a.o = o;
+  a.final_state = states.data();
+  a.q = in.q.view();
+  a.k = in.k.view();
+  a.v = in.v.view();
+  a.g = {in.g.data(), DType::kF32};
+  a.beta = {in.beta.data(), DType::kF32};
+  a.cu_seqlens = md_.cu_q_lens.data();
+  a.initial_state = states.data();
+  a.output_final_state = true;
+  a.T = md_.num_tokens;
+  a.N = N;
+  a.H = layer.num_heads();
+  a.K = layer.head_k_dim();
+  a.V = layer.head_v_dim();
+  a.options = CoreOptions(layer);
+  chunk_kda(a, kernel_);
+  ScatterStates(layer.layer_id(), states.data());
+  if (intermediates != nullptr) {
+    FillIntermediates(intermediates, in.q, in.k, in.v, gate_raw, in.g, in.beta, o, md_.num_tokens * a.H * a.K);
+  }
+}
+
+void KDAAttnBackend::ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                                   ConstBuf beta_logits, KdaIntermediates* intermediates) {
+  Inputs in;
+  Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
+  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
+  for (int64_t n = 0; n < N; ++n) {
+    if (md_.has_initial_state[n] == 0) std::fill_n(cache.recurrent + md_.recurrent_indices[n] * rs, rs, 0.0F);
+  }
+  RecurrentKdaArgs a;
+  a.o = o;
+  a.state = cache.recurrent;
+  a.state_indices = md_.recurrent_indices.data();
+  a.num_states = cache.num_slots;
+  a.q = in.q.view();
+  a.k = in.k.view();
+  a.v = in.v.view();
+  a.g = {in.g.data(), DType::kF32};
+  a.beta = {in.beta.data(), DType::kF32};
+  a.N = N;
+  a.H = layer.num_heads();
+  a.K = layer.head_k_dim();
+  a.V = layer.head_v_dim();
+  a.options = CoreOptions(layer);
+  fused_recurrent_kda(a, kernel_);
+  if (intermediates != nullptr) {
+    FillIntermediates(intermediates, in.q, in.k, in.v, gate_raw, in.g, in.beta, o, N * a.H * a.K);
+  }
+}
+
+}  // namespace kda

@@ -1,0 +1,145 @@
+#include "kda/mem_cache/recurrent_state_pool.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace kda {
+
+RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const StateShape& shape, DType conv_dtype)
+    : num_layers_(num_layers), max_requests_(max_requests), shape_(shape), conv_dtype_(conv_dtype) {
+  Check(num_layers >= 1, "state pool: needs at least one layer");
+  Check(max_requests >= 1, "state pool: needs at least one request slot");
+  Check(max_requests < (int64_t{1} << 31) - 1, "state pool: too many slots");
+  Check(shape.H >= 1 && shape.K >= 1 && shape.W >= 1, "state pool: invalid state shape");
+  Check(conv_dtype == DType::kF32 || conv_dtype == DType::kBF16, "state pool: conv dtype must be F32 or BF16");
+  const auto slots = static_cast<size_t>(max_requests + 1);
+  recurrent_.resize(static_cast<size_t>(num_layers));
+  conv_.resize(static_cast<size_t>(num_layers));
+  for (int l = 0; l < num_layers; ++l) {
+    recurrent_[l].assign(slots * shape.RecurrentSize(), 0.0F);
+    conv_[l].assign(slots * shape.ConvSize() * DTypeSize(conv_dtype), 0);
+  }
+  allocated_.assign(slots, 0);
+  // Hand out low slots first: pop_back takes the smallest.
+  for (auto s = static_cast<int32_t>(max_requests); s >= 1; --s) free_.push_back(s);
+}
+
+int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const StateShape& shape, DType conv_dtype) {
+  return num_layers * (shape.RecurrentSize() * 4 + shape.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype)));
+}
+
+int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const StateShape& shape,
+                                                 DType conv_dtype) {
+  const int64_t per = BytesPerRequest(num_layers, shape, conv_dtype);
+  Check(per > 0, "state pool: empty state shape");
+  const int64_t slots = budget_bytes / per;  // the dummy slot costs one request's bytes
+  Check(slots >= 2, "state pool: a budget of " + std::to_string(budget_bytes) + " bytes holds no request (" +
+                        std::to_string(per) + " bytes per request plus the dummy slot)");
+  return slots - 1;
+}
+
+int64_t RecurrentStatePool::total_bytes() const {
+  return (max_requests_ + 1) * BytesPerRequest(num_layers_, shape_, conv_dtype_);
+}
+
+void RecurrentStatePool::ZeroSlot(int32_t slot) {
+  const int64_t rs = shape_.RecurrentSize();
+  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  for (int l = 0; l < num_layers_; ++l) {
+    std::fill_n(recurrent_[l].data() + slot * rs, rs, 0.0F);
+    std::fill_n(conv_[l].data() + slot * cs, cs, uint8_t{0});  // +0.0 in F32 and BF16
+  }
+}
+
+std::optional<int32_t> RecurrentStatePool::TryAlloc() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t slot = free_.back();
+  free_.pop_back();
+  allocated_[slot] = 1;
+  ZeroSlot(slot);
+  return slot;
+}
+
+int32_t RecurrentStatePool::Alloc() {
+  const std::optional<int32_t> slot = TryAlloc();
+  if (!slot) {
+    throw PoolExhaustedError("state pool exhausted: all " + std::to_string(max_requests_) + " slots are in use");
+  }
+  return *slot;
+}
+
+void RecurrentStatePool::Free(int32_t slot) {
+  Check(slot != 0, "state pool: slot 0 is the dummy slot and cannot be freed");
+  Check(slot > 0 && slot <= max_requests_,
+        "state pool: slot " + std::to_string(slot) + " out of range [1, " + std::to_string(max_requests_) + "]");
+  Check(allocated_[slot] != 0, "state pool: slot " + std::to_string(slot) + " is not allocated (double free?)");
+  allocated_[slot] = 0;
+  free_.push_back(slot);
+}
+
+bool RecurrentStatePool::IsAllocated(int32_t slot) const {
+  return slot > 0 && slot <= max_requests_ && allocated_[slot] != 0;
+}
+
+void RecurrentStatePool::CheckLayer(int layer) const {
+  Check(layer >= 0 && layer < num_layers_,
+        "state pool: layer " + std::to_string(layer) + " out of range [0, " + std::to_string(num_layers_) + ")");
+}
+
+void RecurrentStatePool::CheckAllocated(int32_t slot) const {
+  Check(slot >= 0 && slot <= max_requests_,
+        "state pool: slot " + std::to_string(slot) + " out of range [0, " + std::to_string(max_requests_) + "]");
+  Check(slot == 0 || allocated_[slot] != 0, "state pool: slot " + std::to_string(slot) + " is not allocated");
+}
+
+LayerStateCache RecurrentStatePool::GetLayerCache(int layer) {
+  CheckLayer(layer);
+  LayerStateCache c;
+  c.recurrent = recurrent_[layer].data();
+  c.conv = conv_[layer].data();
+  c.conv_dtype = conv_dtype_;
+  c.num_slots = max_requests_ + 1;
+  return c;
+}
+
+void RecurrentStatePool::GetLayerState(int layer, int32_t slot, float* recurrent, void* conv) const {
+  CheckLayer(layer);
+  CheckAllocated(slot);
+  const int64_t rs = shape_.RecurrentSize();
+  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  if (recurrent != nullptr) std::memcpy(recurrent, recurrent_[layer].data() + slot * rs, rs * sizeof(float));
+  if (conv != nullptr && cs > 0) std::memcpy(conv, conv_[layer].data() + slot * cs, cs);
+}
+
+void RecurrentStatePool::SetLayerState(int layer, int32_t slot, const float* recurrent, const void* conv) {
+  CheckLayer(layer);
+  CheckAllocated(slot);
+  if (slot == 0) return;  // writes to the dummy slot are dropped
+  const int64_t rs = shape_.RecurrentSize();
+  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  if (recurrent != nullptr) std::memcpy(recurrent_[layer].data() + slot * rs, recurrent, rs * sizeof(float));
+  if (conv != nullptr && cs > 0) std::memcpy(conv_[layer].data() + slot * cs, conv, cs);
+}
+
+int32_t HybridReqToTokenPool::Alloc(int64_t req_id) {
+  Check(!Has(req_id), "request " + std::to_string(req_id) + " already holds a state slot");
+  const int32_t slot = pool_->Alloc();
+  slots_.emplace(req_id, slot);
+  return slot;
+}
+
+void HybridReqToTokenPool::Free(int64_t req_id) {
+  auto it = slots_.find(req_id);
+  Check(it != slots_.end(), "request " + std::to_string(req_id) + " holds no state slot");
+  pool_->Free(it->second);
+  slots_.erase(it);
+}
+
+int32_t HybridReqToTokenPool::SlotOf(int64_t req_id) const {
+  auto it = slots_.find(req_id);
+  Check(it != slots_.end(), "request " + std::to_string(req_id) + " holds no state slot");
+  return it->second;
+}
+
+}  // namespace kda

@@ -1,0 +1,137 @@
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/base/parallel.h"
+#include "kda/models/kimi_linear.h"
+
+namespace kda {
+namespace {
+
+std::vector<float> Concat3(const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& c) {
+  std::vector<float> r;
+  r.reserve(a.size() + b.size() + c.size());
+  r.insert(r.end(), a.begin(), a.end());
+  r.insert(r.end(), b.begin(), b.end());
+  r.insert(r.end(), c.begin(), c.end());
+  return r;
+}
+
+void CheckSize(const std::vector<float>& v, int64_t n, const char* name) {
+  Check(static_cast<int64_t>(v.size()) == n, std::string("KimiDeltaAttention: weight ") + name + " has " +
+                                                 std::to_string(v.size()) + " values, expected " + std::to_string(n));
+}
+
+float Sigmoid(float x) { return 1.0F / (1.0F + std::exp(-x)); }
+
+}  // namespace
+
+KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& w,
+                                       DType act_dtype)
+    : shape_(shape), act_dtype_(act_dtype) {
+  Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, "KimiDeltaAttention: dtype must be F32 or BF16");
+  Check(shape.hidden > 0 && shape.H > 0 && shape.W >= 1, "KimiDeltaAttention: invalid shape");
+  Check(shape.K % 16 == 0 && shape.K >= 16 && shape.K <= 256,
+        "KimiDeltaAttention: head dim must be a multiple of 16 in [16, 256], got " + std::to_string(shape.K));
+  const int64_t hid = shape.hidden;
+  const int64_t p = shape.P();
+  const int64_t kd = shape.K;
+  CheckSize(w.q_proj, p * hid, "q_proj");
+  CheckSize(w.k_proj, p * hid, "k_proj");
+  CheckSize(w.v_proj, p * hid, "v_proj");
+  CheckSize(w.q_conv, p * shape.W, "q_conv1d");
+  CheckSize(w.k_conv, p * shape.W, "k_conv1d");
+  CheckSize(w.v_conv, p * shape.W, "v_conv1d");
+  CheckSize(w.f_a_proj, kd * hid, "f_a_proj");
+  CheckSize(w.f_b_proj, p * kd, "f_b_proj");
+  CheckSize(w.b_proj, shape.H * hid, "b_proj");
+  CheckSize(w.g_a_proj, kd * hid, "g_a_proj");
+  CheckSize(w.g_b_proj, p * kd, "g_b_proj");
+  CheckSize(w.A_log, shape.H, "A_log");
+  CheckSize(w.dt_bias, p, "dt_bias");
+  CheckSize(w.o_norm, kd, "o_norm");
+  CheckSize(w.o_proj, hid * p, "o_proj");
+
+  // q|k|v share one GEMM: their outputs are the conv's 3P channels in order.
+  qkv_proj_ = std::make_unique<Linear>(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype);
+  f_a_proj_ = std::make_unique<Linear>(w.f_a_proj, kd, hid, act_dtype);
+  f_b_proj_ = std::make_unique<Linear>(w.f_b_proj, p, kd, act_dtype);
+  b_proj_ = std::make_unique<Linear>(w.b_proj, shape.H, hid, act_dtype);
+  g_a_proj_ = std::make_unique<Linear>(w.g_a_proj, kd, hid, act_dtype);
+  g_b_proj_ = std::make_unique<Linear>(w.g_b_proj, p, kd, act_dtype);
+  o_proj_ = std::make_unique<Linear>(w.o_proj, hid, p, act_dtype);
+  std::vector<float> conv_w = Concat3(w.q_conv, w.k_conv, w.v_conv);
+  o_norm_ = w.o_norm;
+  if (act_dtype == DType::kBF16) {
+    for (float& x : conv_w) x = RoundBF16(x);
+    for (float& x : o_norm_) x = RoundBF16(x);
+  }
+  // A_log and dt_bias stay fp32 parameters (design §1).
+  attn_ = std::make_unique<RadixLinearAttention>(layer_id, shape.H, shape.K, shape.K, shape.W, std::move(conv_w),
+                                                 w.A_log, w.dt_bias, 1.0F / std::sqrt(static_cast<float>(shape.K)));
+}
+
+KimiDeltaAttention::~KimiDeltaAttention() = default;
+KimiDeltaAttention::KimiDeltaAttention(KimiDeltaAttention&&) noexcept = default;
+KimiDeltaAttention& KimiDeltaAttention::operator=(KimiDeltaAttention&&) noexcept = default;
+
+void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend,
+                                 KdaIntermediates* intermediates) const {
+  Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
+                                   " does not match the layer dtype " + DTypeName(act_dtype_));
+  Check(out.dtype == act_dtype_, "KimiDeltaAttention: output dtype does not match the layer dtype");
+  const int64_t T = backend.metadata().num_tokens;
+  Check(T == 0 || (x.data != nullptr && out.data != nullptr), "KimiDeltaAttention: null input or output");
+  if (T == 0) {
+    // IDLE or an all-empty batch still runs the backend (it leaves no state
+    // behind for empty sequences but keeps their tails and states as they are).
+    backend.Forward(*attn_, out, x, x, x, intermediates);
+    return;
+  }
+  const int64_t p = shape_.P();
+  const int H = shape_.H;
+  const int K = shape_.K;
+  const DType dt = act_dtype_;
+
+  // Projections (fp32 accumulation, rounded once in the bf16 pipeline).
+  ActBuffer qkv(dt, T * 3 * p);
+  ActBuffer f_a(dt, T * K);
+  ActBuffer f_b(dt, T * p);
+  ActBuffer b_logits(dt, T * H);
+  ActBuffer g_a(dt, T * K);
+  ActBuffer g_b(dt, T * p);
+  qkv_proj_->Forward(qkv.mut(), x, T);
+  f_a_proj_->Forward(f_a.mut(), x, T);
+  f_b_proj_->Forward(f_b.mut(), f_a.view(), T);
+  b_proj_->Forward(b_logits.mut(), x, T);
+  g_a_proj_->Forward(g_a.mut(), x, T);
+  g_b_proj_->Forward(g_b.mut(), g_a.view(), T);
+
+  // The attention core: conv, gates, kernel, states.
+  ActBuffer o(dt, T * p);
+  attn_->Forward(backend, o.mut(), qkv.view(), f_b.view(), b_logits.view(), intermediates);
+  if (intermediates != nullptr) intermediates->g_out = g_b.ToFloat();
+
+  // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
+  const auto eps = static_cast<float>(shape_.rms_norm_eps);
+  ActBuffer normed(dt, T * p);
+  ParallelFor(T, [&](int64_t t) {
+    for (int h = 0; h < H; ++h) {
+      const int64_t base = t * p + static_cast<int64_t>(h) * K;
+      float ss = 0.0F;
+      for (int d = 0; d < K; ++d) {
+        const float v = o.Get(base + d);
+        ss += v * v;
+      }
+      const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(K) + eps);
+      for (int d = 0; d < K; ++d) {
+        normed.Set(base + d, o.Get(base + d) * rstd * o_norm_[d] * Sigmoid(g_b.Get(base + d)));
+      }
+    }
+  });
+  o_proj_->Forward(out, normed.view(), T);
+}
+
+}  // namespace kda
