@@ -1,0 +1,100 @@
+// A serving loop for KDA layers: requests are admitted while state slots are
+// free (the rest queue), prefills go in chunks under a per-step token budget
+// (continuations are EXTEND steps with has_initial_state), decodes are batched
+// one token per running request, and slots are freed as requests finish.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/serving/model_runner.h"
+
+namespace kda {
+
+struct SchedulerConfig {
+  int64_t max_running = 0;           // requests holding a slot at once (0: the pool's capacity)
+  int64_t prefill_chunk = 0;         // max tokens of one request per EXTEND step (0: no limit)
+  int64_t step_token_budget = 4096;  // max tokens per EXTEND step
+  bool enable_mixed_chunk = false;   // refused for KDA models
+  bool enable_radix_cache = false;   // prefix caching; reported disabled for recurrent models
+};
+
+// Server-argument checks for a model with recurrent (KDA) layers: mixed chunk
+// is refused (kda::Error); the radix cache is turned off. Returns the
+// messages to report (e.g. the radix cache being disabled).
+std::vector<std::string> CheckServerArgs(SchedulerConfig& config);
+
+// One request: `length` input rows; the last `decode_tokens` of them (when
+// length > decode_tokens) are fed as DECODE steps after the prefill.
+struct ServeRequest {
+  int64_t id = 0;
+  ConstBuf input;  // [length, hidden] in the model's activation dtype; must outlive the scheduler's run
+  int64_t length = 0;
+  int64_t decode_tokens = 0;
+  // Optional initial state per layer: [L, H, K, V] fp32 and [L, W-1, 3P] in the
+  // activation dtype (null: start from zero).
+  const float* initial_recurrent = nullptr;
+  const void* initial_conv = nullptr;
+};
+
+struct RequestResult {
+  int64_t id = 0;
+  std::vector<uint8_t> out;            // [length, hidden] in the activation dtype, the last layer's output
+  std::vector<float> final_recurrent;  // [L, H, K, V]
+  std::vector<uint8_t> final_conv;     // [L, W-1, 3P] in the activation dtype
+};
+
+struct StepRecord {
+  ForwardMode mode = ForwardMode::kIdle;
+  int64_t batch_size = 0;  // requests in the step
+  int64_t tokens = 0;
+  double seconds = 0.0;
+};
+
+class Scheduler {
+ public:
+  // `pools` must be the runner's pools. Applies CheckServerArgs to `config`.
+  Scheduler(ModelRunner& runner, MemoryPools pools, SchedulerConfig config);
+
+  // Queues a request (kda::Error on a bad or duplicate request).
+  void Submit(const ServeRequest& request);
+  // Runs one forward step; false when nothing was left to run.
+  bool Step();
+  // Steps until every submitted request has finished.
+  void RunToCompletion();
+
+  // Results in the order requests finished.
+  const std::vector<RequestResult>& finished() const { return finished_; }
+  const std::vector<StepRecord>& steps() const { return steps_; }
+  const std::vector<std::string>& notes() const { return notes_; }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+
+ private:
+  struct Running {
+    ServeRequest req;
+    int64_t done = 0;  // tokens processed
+    bool seeded = false;
+    RequestResult result;
+    // Tokens fed as EXTEND; the rest go as DECODE steps.
+    int64_t prefill_len() const { return req.length > req.decode_tokens ? req.length - req.decode_tokens : req.length; }
+  };
+  void Admit();
+  void Finish(size_t index);
+
+  ModelRunner& runner_;
+  MemoryPools pools_;
+  SchedulerConfig config_;
+  std::vector<std::string> notes_;
+  std::deque<ServeRequest> waiting_;
+  std::vector<Running> running_;
+  std::vector<RequestResult> finished_;
+  std::vector<StepRecord> steps_;
+  std::vector<int64_t> known_ids_;
+};
+
+}  // namespace kda

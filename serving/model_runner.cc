@@ -1,0 +1,73 @@
+#include "kda/serving/model_runner.h"
+
+#include <string>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/io/checkpoint.h"
+#include "kda/io/config.h"
+
+namespace kda {
+
+KdaModel KdaModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer) {
+  const KimiLinearConfig config = LoadKimiLinearConfig(model_dir);
+  const Checkpoint ckpt = Checkpoint::Open(model_dir);
+  KdaModel m;
+  m.shape = KdaLayerShapeFromConfig(config);
+  m.act_dtype = act_dtype;
+  std::vector<int> ids = config.kda_layers;
+  if (only_layer) ids = {*only_layer};  // validated by LoadKdaLayerWeights
+  for (int id : ids) {
+    const KdaLayerWeights w = LoadKdaLayerWeights(ckpt, config, id);
+    m.layers.emplace_back(static_cast<int>(m.layers.size()), m.shape, w, act_dtype);
+    m.model_layer_ids.push_back(id);
+  }
+  Check(!m.layers.empty(), "model in " + model_dir + " has no KDA layer");
+  return m;
+}
+
+KdaModel KdaModel::Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed) {
+  Check(num_layers >= 1, "a model needs at least one KDA layer");
+  KdaModel m;
+  m.shape = shape;
+  m.act_dtype = act_dtype;
+  for (int l = 0; l < num_layers; ++l) {
+    m.layers.emplace_back(l, shape, RandomKdaLayerWeights(shape, seed + static_cast<uint64_t>(l)), act_dtype);
+    m.model_layer_ids.push_back(l);
+  }
+  return m;
+}
+
+ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel)
+    : model_(model), backend_(pools, kernel) {
+  const RecurrentStatePool& pool = *pools.state_pool;
+  const StateShape s = model.state_shape();
+  Check(pool.num_layers() == model.num_layers(), "state pool has " + std::to_string(pool.num_layers()) +
+                                                     " layers, the model " + std::to_string(model.num_layers()));
+  Check(pool.shape().H == s.H && pool.shape().K == s.K && pool.shape().W == s.W,
+        "state pool shape differs from the model's");
+  Check(pool.conv_dtype() == model.act_dtype, "state pool conv dtype differs from the model's activation dtype");
+}
+
+void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
+  backend_.InitForwardMetadata(batch);  // once per batch, shared by every layer
+  const int64_t T = backend_.metadata().num_tokens;
+  const int64_t hidden = model_.shape.hidden;
+  const DType dt = model_.act_dtype;
+  Check(x.dtype == dt && out.dtype == dt, "model runner: activations must be in the model's dtype");
+  const int L = model_.num_layers();
+  if (L == 1) {
+    model_.layers[0].Forward(out, x, backend_);
+    return;
+  }
+  ActBuffer h(dt, T * hidden);
+  for (int64_t i = 0; i < T * hidden; ++i) h.Set(i, LoadAsFloat(x.data, dt, static_cast<size_t>(i)));
+  for (int l = 0; l < L; ++l) {
+    model_.layers[l].Forward(out, h.view(), backend_);
+    if (l + 1 < L) {
+      for (int64_t i = 0; i < T * hidden; ++i) h.Set(i, h.Get(i) + LoadAsFloat(out.data, dt, static_cast<size_t>(i)));
+    }
+  }
+}
+
+}  // namespace kda

@@ -1,0 +1,158 @@
+#include "kda/serving/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+
+namespace kda {
+
+std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
+  std::vector<std::string> notes;
+  Check(!config.enable_mixed_chunk,
+        "mixed chunk (prefill and decode segments in one EXTEND batch) is not supported for KDA models");
+  if (config.enable_radix_cache) {
+    notes.emplace_back("radix (prefix) cache disabled: KDA layers are recurrent and have no recurrent prefix reuse");
+    config.enable_radix_cache = false;
+  }
+  Check(config.max_running >= 0, "max_running must be >= 0");
+  Check(config.prefill_chunk >= 0, "prefill_chunk must be >= 0");
+  Check(config.step_token_budget >= 1, "step_token_budget must be >= 1");
+  return notes;
+}
+
+Scheduler::Scheduler(ModelRunner& runner, MemoryPools pools, SchedulerConfig config)
+    : runner_(runner), pools_(pools), config_(config) {
+  notes_ = CheckServerArgs(config_);
+  const int64_t capacity = pools.state_pool->capacity();
+  if (config_.max_running == 0 || config_.max_running > capacity) config_.max_running = capacity;
+}
+
+void Scheduler::Submit(const ServeRequest& request) {
+  Check(request.length >= 0 && request.decode_tokens >= 0,
+        "request " + std::to_string(request.id) + ": negative length");
+  Check(request.length == 0 || request.input.data != nullptr, "request " + std::to_string(request.id) + ": no input");
+  Check(request.input.dtype == runner_.model().act_dtype || request.length == 0,
+        "request " + std::to_string(request.id) + ": input dtype differs from the model's");
+  Check(std::find(known_ids_.begin(), known_ids_.end(), request.id) == known_ids_.end(),
+        "request " + std::to_string(request.id) + " was already submitted");
+  known_ids_.push_back(request.id);
+  waiting_.push_back(request);
+}
+
+void Scheduler::Admit() {
+  RecurrentStatePool& pool = *pools_.state_pool;
+  const KdaModel& model = runner_.model();
+  const int64_t rs = pool.shape().RecurrentSize();
+  const int64_t cs = pool.shape().ConvSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running && pool.num_free() > 0) {
+    Running r;
+    r.req = waiting_.front();
+    waiting_.pop_front();
+    const int32_t slot = pools_.req_to_token_pool->Alloc(r.req.id);
+    if (r.req.initial_recurrent != nullptr || r.req.initial_conv != nullptr) {
+      for (int l = 0; l < model.num_layers(); ++l) {
+        pool.SetLayerState(l, slot, r.req.initial_recurrent ? r.req.initial_recurrent + l * rs : nullptr,
+                           r.req.initial_conv ? static_cast<const uint8_t*>(r.req.initial_conv) + l * cs : nullptr);
+      }
+      r.seeded = true;
+    }
+    r.result.id = r.req.id;
+    r.result.out.assign(static_cast<size_t>(r.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
+    running_.push_back(std::move(r));
+    if (running_.back().req.length == 0) Finish(running_.size() - 1);  // nothing to run: its state is final
+  }
+}
+
+void Scheduler::Finish(size_t index) {
+  Running& r = running_[index];
+  RecurrentStatePool& pool = *pools_.state_pool;
+  const int L = runner_.model().num_layers();
+  const int64_t rs = pool.shape().RecurrentSize();
+  const int64_t cs = pool.shape().ConvSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  const int32_t slot = pools_.req_to_token_pool->SlotOf(r.req.id);
+  r.result.final_recurrent.resize(static_cast<size_t>(L * rs));
+  r.result.final_conv.resize(static_cast<size_t>(L * cs));
+  for (int l = 0; l < L; ++l) {
+    pool.GetLayerState(l, slot, r.result.final_recurrent.data() + l * rs, r.result.final_conv.data() + l * cs);
+  }
+  pools_.req_to_token_pool->Free(r.req.id);
+  finished_.push_back(std::move(r.result));
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+bool Scheduler::Step() {
+  Admit();
+  if (running_.empty()) return false;
+  const KdaModel& model = runner_.model();
+  const int64_t hidden = model.shape.hidden;
+  const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(model.act_dtype);
+
+  // Prefill first: every running request with prefill left gets a chunk while
+  // the step budget lasts; otherwise one decode token for every request.
+  ForwardBatch batch;
+  std::vector<size_t> members;
+  int64_t budget = config_.step_token_budget;
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    const Running& r = running_[i];
+    const int64_t left = r.prefill_len() - r.done;
+    if (left <= 0) continue;
+    int64_t n = std::min(left, budget);
+    if (config_.prefill_chunk > 0) n = std::min(n, config_.prefill_chunk);
+    batch.mode = ForwardMode::kExtend;
+    members.push_back(i);
+    batch.extend_lens.push_back(n);
+    budget -= n;
+  }
+  if (members.empty()) {
+    batch.mode = ForwardMode::kDecode;
+    for (size_t i = 0; i < running_.size(); ++i) {
+      if (running_[i].done < running_[i].req.length) {
+        members.push_back(i);
+        batch.extend_lens.push_back(1);
+      }
+    }
+  }
+  std::vector<uint8_t> x;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const Running& r = running_[members[m]];
+    batch.req_ids.push_back(r.req.id);
+    batch.prefix_lens.push_back(r.done);
+    batch.state_seeded.push_back(r.seeded ? 1 : 0);
+    const auto* src = static_cast<const uint8_t*>(r.req.input.data) + static_cast<size_t>(r.done) * row_bytes;
+    x.insert(x.end(), src, src + static_cast<size_t>(batch.extend_lens[m]) * row_bytes);
+  }
+  const int64_t T = batch.num_tokens();
+  ActBuffer out(model.act_dtype, T * hidden);
+  const auto t0 = std::chrono::steady_clock::now();
+  runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs});
+
+  // Outputs back to their requests; finished requests release their slots.
+  int64_t row = 0;
+  for (size_t m = 0; m < members.size(); ++m) {
+    Running& r = running_[members[m]];
+    const int64_t n = batch.extend_lens[m];
+    std::memcpy(r.result.out.data() + static_cast<size_t>(r.done) * row_bytes,
+                static_cast<const uint8_t*>(out.data()) + static_cast<size_t>(row) * row_bytes,
+                static_cast<size_t>(n) * row_bytes);
+    r.done += n;
+    row += n;
+  }
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i].done == running_[i].req.length) Finish(i);
+  }
+  return true;
+}
+
+void Scheduler::RunToCompletion() {
+  while (Step()) {
+  }
+  Check(waiting_.empty() && running_.empty(), "scheduler stopped with requests left");
+}
+
+}  // namespace kda

@@ -1,0 +1,166 @@
+// The CLI end to end: `kda run` on golden inputs writes the expected tensors;
+// bad input exits 1..125 with one line on stderr and writes no output file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kda/io/safetensors.h"
+#include "tests/golden.h"
+#include "tests/tolerance.h"
+
+namespace kda {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string CliPath() {
+  const char* env = std::getenv("KDA_CLI");
+  return env != nullptr ? env : "build/kda";
+}
+
+struct CliResult {
+  int status = -1;
+  std::string err;
+};
+
+CliResult RunCli(const std::string& args) {
+  const fs::path err_file = fs::path(::testing::TempDir()) / "kda_cli_stderr.txt";
+  const std::string cmd = CliPath() + " " + args + " >/dev/null 2>" + err_file.string();
+  const int raw = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  std::ifstream in(err_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(CliPath())) GTEST_SKIP() << "CLI binary not found at " << CliPath();
+    dir_ = fs::path(::testing::TempDir()) / ("kda_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    mini_ = testing::GoldenDir() + "/kda-mini";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Expects a clean refusal: status in [1, 125], one stderr line containing
+  // `needle`, no output file.
+  void ExpectRefused(const std::string& args, const std::string& needle) {
+    const fs::path out = dir_ / "out.safetensors";
+    const CliResult r = RunCli(args + " --output " + out.string());
+    EXPECT_GE(r.status, 1) << args;
+    EXPECT_LE(r.status, 125) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr: " << r.err;
+    EXPECT_FALSE(fs::exists(out)) << args;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << "leftover " << e.path();
+    }
+  }
+
+  fs::path dir_;
+  std::string mini_;
+};
+
+TEST_F(CliTest, RunMatchesGoldenFp32AndBf16) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::string in = mini_ + "/varlen_initstate.safetensors";
+  const SafetensorsFile want = SafetensorsFile::Open(in);
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    const fs::path out = dir_ / ("out_" + dtype + ".safetensors");
+    const CliResult r = RunCli("run --model " + mini_ + " --input " + in + " --output " + out.string() + " --dtype " +
+                               dtype + " --threads 2");
+    ASSERT_EQ(r.status, 0) << r.err;
+    const SafetensorsFile got = SafetensorsFile::Open(out.string());
+    const std::vector<float> o = ToFloatVector(got.Get("out"));
+    const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
+    const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
+    EXPECT_EQ(got.Get("final_conv_state").shape, want.Get("final_conv_state").shape);
+    if (dtype == "float32") {
+      EXPECT_TRUE(testing::AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+      EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+      EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
+    } else {
+      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(), o.size()));
+      EXPECT_TRUE(
+          testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(), s.size()));
+    }
+  }
+}
+
+TEST_F(CliTest, RefusesBadArgumentsAndModels) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::string in = " --input " + mini_ + "/single_T8.safetensors";
+  ExpectRefused("run --model " + mini_ + in + " --dtype float16", "dtype");
+  ExpectRefused("run --model " + mini_ + in + " --kernel fast", "kernel");
+  ExpectRefused("run --model " + mini_ + in + " --kernel optimized", "optimized");
+  ExpectRefused("run --model " + mini_ + in + " --layer 3", "not a KDA layer");
+  ExpectRefused("run --model " + mini_ + in + " --layer 7", "out of range");
+  ExpectRefused("run --model " + mini_ + in + " --layer -1", "out of range");
+  ExpectRefused("run --model " + mini_ + in + " --bogus-flag", "bogus");
+  ExpectRefused("run --model " + dir_.string() + in, "config.json");
+  ExpectRefused("run --model " + mini_ + " --input " + (dir_ / "missing.safetensors").string(), "missing.safetensors");
+}
+
+// Writes an input file with the given tensors and expects `kda run` to refuse it.
+TEST_F(CliTest, RefusesBadInputFiles) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::vector<float> x(8 * 512, 0.5F);
+  const std::vector<float> x_short(8 * 100, 0.5F);
+  const std::vector<int32_t> cu_ok = {0, 3, 8};
+  const std::vector<int32_t> cu_start = {1, 3, 8};
+  const std::vector<int32_t> cu_dec = {0, 5, 3, 8};
+  const std::vector<int32_t> cu_end = {0, 3, 7};
+  const std::vector<float> rec_bad(2 * 4 * 128 * 127, 0.0F);
+  struct Case {
+    std::string name;
+    std::vector<TensorToWrite> tensors;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"no_cu", {{"hidden_states", DType::kF32, {8, 512}, x.data()}}, "cu_seqlens"},
+      {"wrong_hidden",
+       {{"hidden_states", DType::kF32, {8, 100}, x_short.data()}, {"cu_seqlens", DType::kI32, {3}, cu_ok.data()}},
+       "hidden_states"},
+      {"cu_start",
+       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {3}, cu_start.data()}},
+       "start at 0"},
+      {"cu_decreasing",
+       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {4}, cu_dec.data()}},
+       "non-decreasing"},
+      {"cu_end",
+       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {3}, cu_end.data()}},
+       "end at T"},
+      {"cu_dtype",
+       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kF32, {3}, x.data()}},
+       "cu_seqlens"},
+      {"bad_init_state",
+       {{"hidden_states", DType::kF32, {8, 512}, x.data()},
+        {"cu_seqlens", DType::kI32, {3}, cu_ok.data()},
+        {"initial_recurrent_state", DType::kF32, {2, 4, 128, 127}, rec_bad.data()}},
+       "initial_recurrent_state"},
+  };
+  for (const Case& c : cases) {
+    const fs::path in = dir_ / (c.name + ".safetensors");
+    WriteSafetensors(in.string(), c.tensors);
+    ExpectRefused("run --model " + mini_ + " --input " + in.string(), c.needle);
+  }
+  // A truncated file.
+  const fs::path trunc = dir_ / "truncated.safetensors";
+  fs::copy_file(mini_ + "/single_T8.safetensors", trunc);
+  fs::resize_file(trunc, fs::file_size(trunc) / 2);
+  ExpectRefused("run --model " + mini_ + " --input " + trunc.string(), "truncated");
+}
+
+}  // namespace
+}  // namespace kda

@@ -1,0 +1,220 @@
+#include "tools/bench_command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/base/parallel.h"
+#include "kda/base/tolerance.h"
+#include "kda/serving/scheduler.h"
+
+namespace kda::cli {
+namespace {
+
+std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType dt) {
+  const size_t n = bytes.size() / DTypeSize(dt);
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = LoadAsFloat(bytes.data(), dt, i);
+  return r;
+}
+
+// Prompt lengths spaced geometrically from min to max.
+std::vector<int64_t> PromptLengths(int n, int64_t lo, int64_t hi) {
+  std::vector<int64_t> lens;
+  for (int i = 0; i < n; ++i) {
+    const double f = n == 1 ? 1.0 : static_cast<double>(i) / (n - 1);
+    lens.push_back(static_cast<int64_t>(std::llround(static_cast<double>(lo) * std::pow(double(hi) / lo, f))));
+  }
+  return lens;
+}
+
+struct Workload {
+  std::vector<ActBuffer> inputs;  // per request [prompt + decode, hidden]
+  std::vector<int64_t> prompts;
+  int64_t decode_steps = 0;  // rows after each prompt
+};
+
+Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
+  Workload w;
+  w.prompts = PromptLengths(opt.requests, opt.min_prompt, opt.max_prompt);
+  w.decode_steps = opt.decode_steps;
+  std::mt19937_64 rng(opt.seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  for (int64_t p : w.prompts) {
+    const int64_t rows = p + opt.decode_steps;
+    ActBuffer b(model.act_dtype, rows * model.shape.hidden);
+    for (int64_t i = 0; i < rows * model.shape.hidden; ++i) b.Set(i, normal(rng));
+    w.inputs.push_back(std::move(b));
+  }
+  return w;
+}
+
+// Serves the requests `which` of the workload through a fresh pool, the last
+// `decode_tokens` rows of each as DECODE steps.
+std::vector<RequestResult> Serve(const KdaModel& model, const Workload& w, const std::vector<int>& which,
+                                 SchedulerConfig cfg, KernelImpl kernel, int64_t decode_tokens,
+                                 std::vector<StepRecord>* steps, std::vector<std::string>* notes) {
+  const auto capacity = static_cast<int64_t>(cfg.max_running > 0 ? std::min<int64_t>(cfg.max_running, which.size())
+                                                                 : static_cast<int64_t>(which.size()));
+  RecurrentStatePool pool(model.num_layers(), capacity, model.state_shape(), model.act_dtype);
+  HybridReqToTokenPool req_pool(&pool);
+  const MemoryPools pools{&pool, &req_pool};
+  ModelRunner runner(model, pools, kernel);
+  Scheduler sched(runner, pools, cfg);
+  for (int i : which) {
+    ServeRequest r;
+    r.id = i;
+    r.input = w.inputs[i].view();
+    r.length = w.prompts[i] + w.decode_steps;
+    r.decode_tokens = decode_tokens;
+    sched.Submit(r);
+  }
+  sched.RunToCompletion();
+  if (steps != nullptr) *steps = sched.steps();
+  if (notes != nullptr) *notes = sched.notes();
+  std::vector<RequestResult> out = sched.finished();
+  std::sort(out.begin(), out.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  return out;
+}
+
+}  // namespace
+
+int RunBenchCommand(const BenchOptions& opt) {
+  Check(opt.dtype == "float32" || opt.dtype == "bfloat16",
+        "unknown dtype '" + opt.dtype + "' (expected float32 or bfloat16)");
+  const DType dtype = opt.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  const KernelImpl kernel = ParseKernelImpl(opt.kernel);
+  ResolveKernelImpl(kernel);
+  Check(opt.requests >= 1, "--requests must be >= 1");
+  Check(opt.min_prompt >= 1 && opt.max_prompt >= opt.min_prompt, "--min-prompt/--max-prompt: need 1 <= min <= max");
+  Check(opt.decode_steps >= 0, "--decode-steps must be >= 0");
+  Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
+        "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
+  SetNumThreads(opt.threads);
+
+  KdaModel model;
+  if (opt.model_dir.empty()) {
+    Check(opt.layers >= 1, "--layers must be >= 1");
+    KdaLayerShape shape;
+    shape.hidden = 2304;
+    shape.H = 32;
+    shape.K = 128;
+    shape.W = 4;
+    shape.rms_norm_eps = 1e-5;
+    model = KdaModel::Random(shape, opt.layers, dtype, 20261129);
+  } else {
+    model = KdaModel::Load(opt.model_dir, dtype);
+    Check(opt.layers >= 0, "--layers must be >= 0");
+    if (opt.layers > 0 && opt.layers < model.num_layers()) {
+      model.layers.erase(model.layers.begin() + opt.layers, model.layers.end());
+      model.model_layer_ids.resize(static_cast<size_t>(opt.layers));
+    }
+  }
+  const Workload w = MakeWorkload(opt, model);
+  SchedulerConfig cfg;
+  cfg.max_running = opt.max_running;
+  cfg.prefill_chunk = opt.prefill_chunk;
+  cfg.step_token_budget = opt.step_token_budget;
+
+  std::vector<int> all(static_cast<size_t>(opt.requests));
+  for (int i = 0; i < opt.requests; ++i) all[i] = i;
+  std::vector<StepRecord> steps;
+  std::vector<std::string> notes;
+  const std::vector<RequestResult> served = Serve(model, w, all, cfg, kernel, opt.decode_steps, &steps, &notes);
+
+  // Self-check: the median request again, alone, every row in one EXTEND step.
+  const int probe = opt.requests / 2;
+  SchedulerConfig one_shot;
+  one_shot.step_token_budget = w.prompts[probe] + opt.decode_steps;
+  const std::vector<RequestResult> alone = Serve(model, w, {probe}, one_shot, kernel, 0, nullptr, nullptr);
+  const std::vector<float> got = BytesToFloat(served[probe].out, dtype);
+  const std::vector<float> want = BytesToFloat(alone[0].out, dtype);
+  const ToleranceReport out_rep = dtype == DType::kF32 ? CompareF32(got.data(), want.data(), want.size())
+                                                       : CompareBF16(got.data(), want.data(), want.size());
+  // Layer 0's final state: its inputs are the request's own rows in both runs
+  // (deeper layers see bf16 rounding flips of the layers before them).
+  const size_t rs = static_cast<size_t>(model.state_shape().RecurrentSize());
+  const float* sg = served[probe].final_recurrent.data();
+  const float* sw = alone[0].final_recurrent.data();
+  const ToleranceReport st_rep = dtype == DType::kF32 ? CompareF32(sg, sw, rs) : CompareBF16(sg, sw, rs);
+  const double self_check = std::max(out_rep.max_ratio, st_rep.max_ratio);
+  const bool pass = out_rep.ok && st_rep.ok;
+
+  double extend_s = 0;
+  double decode_s = 0;
+  int64_t extend_tokens = 0;
+  int64_t decode_tokens = 0;
+  std::map<std::pair<int, int64_t>, std::pair<int64_t, double>> by_batch;  // (mode, batch) -> (count, seconds)
+  for (const StepRecord& s : steps) {
+    if (s.mode == ForwardMode::kDecode) {
+      decode_s += s.seconds;
+      decode_tokens += s.tokens;
+    } else {
+      extend_s += s.seconds;
+      extend_tokens += s.tokens;
+    }
+    auto& e = by_batch[{static_cast<int>(s.mode), s.batch_size}];
+    ++e.first;
+    e.second += s.seconds;
+  }
+  const int L = model.num_layers();
+  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.state_shape(), dtype);
+  const int64_t running = opt.max_running > 0 ? std::min<int64_t>(opt.max_running, opt.requests) : opt.requests;
+  const double prefill_tps = extend_s > 0 ? static_cast<double>(extend_tokens) / extend_s : 0.0;
+  const double decode_tps = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
+  const std::string kernels = std::string("chunk=") + KernelImplName(ResolveKernelImpl(kernel)) +
+                              " recurrent=" + KernelImplName(ResolveKernelImpl(kernel));
+
+  std::printf("kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, fp32 state\n",
+              opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
+              static_cast<long long>(model.shape.hidden), model.shape.H, model.shape.K, model.shape.W,
+              opt.dtype.c_str());
+  std::printf(
+      "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
+      "step budget %lld, max running %lld, %d threads\n",
+      opt.requests, static_cast<long long>(opt.min_prompt), static_cast<long long>(opt.max_prompt),
+      static_cast<long long>(opt.decode_steps), static_cast<long long>(opt.prefill_chunk),
+      static_cast<long long>(opt.step_token_budget), static_cast<long long>(running), NumThreads());
+  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
+  std::printf("kernels: %s\n\n", kernels.c_str());
+  std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
+  for (const auto& [key, val] : by_batch) {
+    const auto mode = static_cast<ForwardMode>(key.first);
+    int64_t toks = 0;
+    for (const StepRecord& s : steps) {
+      if (s.mode == mode && s.batch_size == key.second) toks += s.tokens;
+    }
+    std::printf("  %-8s %6lld %8lld %12.2f %14.1f\n", ForwardModeName(mode), static_cast<long long>(key.second),
+                static_cast<long long>(val.first), val.second * 1e3 / static_cast<double>(val.first),
+                static_cast<double>(toks) / val.second);
+  }
+  std::printf("\n  prefill: %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(extend_tokens), extend_s,
+              prefill_tps);
+  std::printf("  decode:  %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(decode_tokens), decode_s,
+              decode_tps);
+  std::printf("  state: %.2f MiB per request, %.2f MiB for %lld running requests (plus the dummy slot)\n",
+              static_cast<double>(per_request) / (1 << 20), static_cast<double>(per_request * running) / (1 << 20),
+              static_cast<long long>(running));
+  std::printf("  self-check (request %d served vs one-shot): out %s; layer-0 state %s -> %s\n", probe,
+              out_rep.Summary().c_str(), st_rep.Summary().c_str(), pass ? "PASS" : "FAIL");
+  if (opt.json) {
+    std::printf(
+        "{\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"state_bytes_per_request\": %lld, "
+        "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
+        "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
+        "\"kernel\": \"%s\"}\n",
+        prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request * running),
+        self_check, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
+        opt.dtype.c_str(), NumThreads(), KernelImplName(ResolveKernelImpl(kernel)));
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace kda::cli

@@ -1,0 +1,28 @@
+// `kda bench`: the serving benchmark (the main job).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace kda::cli {
+
+struct BenchOptions {
+  std::string model_dir;  // empty: the embedded default (Kimi-Linear-48B KDA shapes, random weights)
+  int layers = 4;         // embedded default: number of KDA layers; with --model: 0 = all
+  int requests = 8;
+  int64_t min_prompt = 64;
+  int64_t max_prompt = 2048;
+  int64_t decode_steps = 32;
+  int64_t prefill_chunk = 512;
+  int64_t step_token_budget = 4096;
+  int64_t max_running = 0;  // 0: all requests
+  std::string dtype = "bfloat16";
+  std::string kernel = "auto";
+  int threads = 0;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+int RunBenchCommand(const BenchOptions& opt);
+
+}  // namespace kda::cli

@@ -1,0 +1,73 @@
+// The kda command-line tool.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "kda/base/error.h"
+#include "tools/bench_command.h"
+#include "tools/run_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kda: Kimi Delta Attention inference component"};
+  app.require_subcommand(1);
+
+  kda::cli::RunOptions run;
+  CLI::App* run_cmd = app.add_subcommand("run", "Run one KDA layer over a packed batch");
+  run_cmd->add_option("--model", run.model_dir,
+                      "Model directory (config.json + safetensors); omit for the embedded default");
+  run_cmd->add_option("--input", run.input, "Input safetensors: hidden_states, cu_seqlens[, initial states]");
+  run_cmd->add_option("--output", run.output, "Output safetensors: out, final_recurrent_state, final_conv_state");
+  CLI::Option* layer_opt =
+      run_cmd->add_option("--layer", run.layer, "0-based layer index (default: the first KDA layer)");
+  run_cmd->add_option("--dtype", run.dtype, "Pipeline dtype: float32 | bfloat16");
+  run_cmd->add_option("--kernel", run.kernel, "KDA kernels: auto | reference | optimized");
+  run_cmd->add_option("--threads", run.threads, "Worker threads (0: OpenMP default)");
+  run_cmd->add_option("--prefill-chunk", run.prefill_chunk,
+                      "Prefill each sequence in EXTEND steps of at most N tokens");
+  run_cmd->add_option("--decode-last", run.decode_last, "Feed the last K tokens of longer sequences as DECODE steps");
+  run_cmd->add_option("--max-running", run.max_running, "At most R sequences hold a state slot at once");
+  run_cmd->add_option("--lengths", run.lengths, "Embedded default only: comma-separated sequence lengths");
+
+  kda::cli::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Serving benchmark: chunked prefill and batched decode");
+  bench_cmd->add_option("--model", bench.model_dir, "Model directory; omit for the embedded default");
+  bench_cmd->add_option("--layers", bench.layers, "KDA layers (embedded default: 4; with --model 0 = all)");
+  bench_cmd->add_option("--requests", bench.requests, "Number of requests");
+  bench_cmd->add_option("--min-prompt", bench.min_prompt, "Shortest prompt (tokens)");
+  bench_cmd->add_option("--max-prompt", bench.max_prompt, "Longest prompt (tokens)");
+  bench_cmd->add_option("--decode-steps", bench.decode_steps, "Decode steps per request");
+  bench_cmd->add_option("--prefill-chunk", bench.prefill_chunk, "Max prefill tokens per request and step (0: none)");
+  bench_cmd->add_option("--step-tokens", bench.step_token_budget, "Max tokens per EXTEND step");
+  bench_cmd->add_option("--max-running", bench.max_running, "Max requests holding a slot (0: all)");
+  bench_cmd->add_option("--dtype", bench.dtype, "Activation dtype: bfloat16 | float32");
+  bench_cmd->add_option("--kernel", bench.kernel, "KDA kernels: auto | reference | optimized");
+  bench_cmd->add_option("--threads", bench.threads, "Worker threads (0: OpenMP default)");
+  bench_cmd->add_option("--seed", bench.seed, "Workload seed");
+  bench_cmd->add_flag("--json", bench.json, "End with one JSON line of the results");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kda: %s\n", e.what());
+    return 2;
+  }
+  try {
+    if (bench_cmd->parsed()) return kda::cli::RunBenchCommand(bench);
+    if (run_cmd->parsed()) {
+      run.layer_given = layer_opt->count() > 0;
+      return kda::cli::RunLayerCommand(run);
+    }
+  } catch (const kda::Error& e) {
+    std::fprintf(stderr, "kda: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kda: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

@@ -1,0 +1,281 @@
+#include "tools/run_command.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/base/parallel.h"
+#include "kda/base/tolerance.h"
+#include "kda/io/config.h"
+#include "kda/io/safetensors.h"
+#include "kda/serving/scheduler.h"
+
+namespace kda::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+void ExpectShape(const TensorInfo& t, const std::vector<int64_t>& want) {
+  Check(t.shape == want,
+        "input tensor " + t.name + " has shape " + ShapeString(t.shape) + ", expected " + ShapeString(want));
+}
+
+ActBuffer ToAct(DType dt, const std::vector<float>& v) {
+  ActBuffer b(dt, static_cast<int64_t>(v.size()));
+  for (size_t i = 0; i < v.size(); ++i) b.Set(static_cast<int64_t>(i), v[i]);
+  return b;
+}
+
+std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType dt) {
+  const size_t n = bytes.size() / DTypeSize(dt);
+  std::vector<float> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = LoadAsFloat(bytes.data(), dt, i);
+  return r;
+}
+
+std::vector<int64_t> CheckedCuSeqlens(const TensorInfo& t, int64_t T) {
+  Check(t.shape.size() == 1 && t.shape[0] >= 2,
+        "input tensor cu_seqlens must be 1-D with at least 2 entries, got shape " + ShapeString(t.shape));
+  Check(t.dtype == DType::kI32 || t.dtype == DType::kI64,
+        std::string("input tensor cu_seqlens has dtype ") + DTypeName(t.dtype) + ", expected I32 or I64");
+  std::vector<int64_t> cu = ToInt64Vector(t);
+  Check(cu.front() == 0, "cu_seqlens must start at 0, got " + std::to_string(cu.front()));
+  for (size_t i = 1; i < cu.size(); ++i) {
+    Check(cu[i] >= cu[i - 1], "cu_seqlens must be non-decreasing (entry " + std::to_string(i) + ")");
+  }
+  Check(cu.back() == T, "cu_seqlens must end at T = " + std::to_string(T) + ", got " + std::to_string(cu.back()));
+  return cu;
+}
+
+// The outputs of serving a packed batch: rows in input order, states per sequence.
+struct Served {
+  std::vector<float> out;   // [T, hidden]
+  std::vector<float> rec;   // [N, L, H, K, V]
+  std::vector<float> conv;  // [N, L, W-1, 3P]
+  int64_t steps = 0;
+  double extend_s = 0.0, decode_s = 0.0;
+  int64_t extend_steps = 0, decode_steps = 0;
+};
+
+// Serves sequence n = rows [cu[n], cu[n+1]) of x as request n through a fresh
+// pool, with optional initial states ([N, L, ...] layouts, null for zero).
+Served Serve(const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu, const float* init_rec,
+             const ActBuffer* init_conv, int64_t prefill_chunk, const std::vector<int64_t>& decode_tokens,
+             int64_t max_running, KernelImpl kernel) {
+  const auto N = static_cast<int64_t>(cu.size()) - 1;
+  const int L = model.num_layers();
+  const StateShape ss = model.state_shape();
+  const int64_t capacity = max_running > 0 ? std::min(max_running, N) : N;
+  RecurrentStatePool pool(L, capacity, ss, model.act_dtype);
+  HybridReqToTokenPool req_pool(&pool);
+  const MemoryPools pools{&pool, &req_pool};
+  ModelRunner runner(model, pools, kernel);
+  SchedulerConfig cfg;
+  cfg.max_running = capacity;
+  cfg.prefill_chunk = prefill_chunk;
+  cfg.step_token_budget = std::max<int64_t>(cu.back(), 1);  // every sequence joins each EXTEND step
+  Scheduler sched(runner, pools, cfg);
+  const int64_t hidden = model.shape.hidden;
+  const int64_t rs = ss.RecurrentSize();
+  const int64_t cs = ss.ConvSize();
+  for (int64_t n = 0; n < N; ++n) {
+    ServeRequest r;
+    r.id = n;
+    r.input = Offset(x.view(), cu[n] * hidden);
+    r.length = cu[n + 1] - cu[n];
+    r.decode_tokens = decode_tokens[n];
+    if (init_rec != nullptr) r.initial_recurrent = init_rec + n * L * rs;
+    if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * L * cs).data;
+    sched.Submit(r);
+  }
+  sched.RunToCompletion();
+
+  Served s;
+  s.out.assign(static_cast<size_t>(cu.back() * hidden), 0.0F);
+  s.rec.assign(static_cast<size_t>(N * L * rs), 0.0F);
+  s.conv.assign(static_cast<size_t>(N * L * cs), 0.0F);
+  for (const RequestResult& r : sched.finished()) {
+    const std::vector<float> o = BytesToFloat(r.out, model.act_dtype);
+    std::copy(o.begin(), o.end(), s.out.begin() + cu[r.id] * hidden);
+    std::copy(r.final_recurrent.begin(), r.final_recurrent.end(), s.rec.begin() + r.id * L * rs);
+    const std::vector<float> c = BytesToFloat(r.final_conv, model.act_dtype);
+    std::copy(c.begin(), c.end(), s.conv.begin() + r.id * L * cs);
+  }
+  for (const StepRecord& st : sched.steps()) {
+    ++s.steps;
+    if (st.mode == ForwardMode::kDecode) {
+      s.decode_s += st.seconds;
+      ++s.decode_steps;
+    } else {
+      s.extend_s += st.seconds;
+      ++s.extend_steps;
+    }
+  }
+  return s;
+}
+
+int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel) {
+  Check(!opt.input.empty(), "--input is required with --model");
+  Check(!opt.output.empty(), "--output is required with --model");
+  const KimiLinearConfig config = LoadKimiLinearConfig(opt.model_dir);
+  const int layer = opt.layer_given ? opt.layer : config.FirstKdaLayer();
+  const KdaModel model = KdaModel::Load(opt.model_dir, dtype, layer);
+  const KdaLayerShape& shape = model.shape;
+
+  const SafetensorsFile in = SafetensorsFile::Open(opt.input);
+  Check(in.Has("hidden_states"), "input file has no hidden_states tensor");
+  Check(in.Has("cu_seqlens"), "input file has no cu_seqlens tensor");
+  const TensorInfo& xs = in.Get("hidden_states");
+  Check(xs.dtype == DType::kF32 || xs.dtype == DType::kBF16,
+        std::string("input tensor hidden_states has dtype ") + DTypeName(xs.dtype) + ", expected F32 or BF16");
+  Check(xs.shape.size() == 2 && xs.shape[1] == shape.hidden, "input tensor hidden_states has shape " +
+                                                                 ShapeString(xs.shape) + ", expected [T, " +
+                                                                 std::to_string(shape.hidden) + "]");
+  const int64_t T = xs.shape[0];
+  const std::vector<int64_t> cu = CheckedCuSeqlens(in.Get("cu_seqlens"), T);
+  const auto N = static_cast<int64_t>(cu.size()) - 1;
+
+  std::vector<float> rec;
+  if (in.Has("initial_recurrent_state")) {
+    const TensorInfo& t = in.Get("initial_recurrent_state");
+    Check(t.dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
+    ExpectShape(t, {N, shape.H, shape.K, shape.K});
+    rec = ToFloatVector(t);
+  }
+  std::vector<float> conv;
+  if (in.Has("initial_conv_state")) {
+    const TensorInfo& t = in.Get("initial_conv_state");
+    Check(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "input tensor initial_conv_state must be F32 or BF16");
+    ExpectShape(t, {N, shape.W - 1, shape.ConvChannels()});
+    conv = ToFloatVector(t);
+  }
+  // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
+  if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
+  if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
+  const ActBuffer x = ToAct(dtype, ToFloatVector(xs));
+  const ActBuffer conv_act = ToAct(dtype, conv);
+  std::vector<int64_t> decode(static_cast<size_t>(N), opt.decode_last);
+
+  const auto t0 = Clock::now();
+  const Served s = Serve(model, x, cu, rec.empty() ? nullptr : rec.data(), conv.empty() ? nullptr : &conv_act,
+                         opt.prefill_chunk, decode, opt.max_running, kernel);
+  const double secs = SecondsSince(t0);
+
+  WriteSafetensors(opt.output,
+                   {{"out", DType::kF32, {T, shape.hidden}, s.out.data()},
+                    {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
+                    {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}},
+                   {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
+  std::printf(
+      "layer %d (%s, kernel %s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
+      "%.3f ms -> %s\n",
+      layer, opt.dtype.c_str(), KernelImplName(ResolveKernelImpl(kernel)), static_cast<long long>(T),
+      static_cast<long long>(N), static_cast<long long>(s.steps), static_cast<long long>(s.extend_steps),
+      static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
+  return 0;
+}
+
+std::vector<int64_t> ParseLengths(const std::string& s) {
+  std::vector<int64_t> lens;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t pos = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &pos);
+    } catch (const std::exception&) {
+      pos = 0;
+    }
+    Check(pos == item.size() && !item.empty() && v >= 0, "--lengths: '" + item + "' is not a non-negative integer");
+    lens.push_back(v);
+  }
+  Check(!lens.empty(), "--lengths is empty");
+  return lens;
+}
+
+// The embedded default: Kimi-Linear-48B's KDA shapes with deterministic random
+// weights. Runs the packed batch as one EXTEND (chunk kernel), then again with
+// every token after the first as a DECODE step (recurrent kernel), and
+// compares the two.
+int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel) {
+  KdaLayerShape shape;
+  shape.hidden = 2304;
+  shape.H = 32;
+  shape.K = 128;
+  shape.W = 4;
+  shape.rms_norm_eps = 1e-5;
+  const std::vector<int64_t> lens = ParseLengths(opt.lengths);
+  const auto N = static_cast<int64_t>(lens.size());
+  std::vector<int64_t> cu(1, 0);
+  for (int64_t l : lens) cu.push_back(cu.back() + l);
+  const int64_t T = cu.back();
+
+  const KdaModel model = KdaModel::Random(shape, 1, dtype, 20261129);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> xv(static_cast<size_t>(T * shape.hidden));
+  for (float& v : xv) v = RoundBF16(normal(rng));
+  const ActBuffer x = ToAct(dtype, xv);
+
+  std::printf("kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %d threads\n",
+              static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), NumThreads());
+  std::printf("batch: %lld sequences, %lld tokens (lengths %s)\n", static_cast<long long>(N), static_cast<long long>(T),
+              opt.lengths.c_str());
+  const std::vector<int64_t> no_decode(static_cast<size_t>(N), 0);
+  std::vector<int64_t> all_decode;
+  for (int64_t l : lens) all_decode.push_back(std::max<int64_t>(l - 1, 0));
+  const Served a = Serve(model, x, cu, nullptr, nullptr, 0, no_decode, 0, kernel);
+  const Served b = Serve(model, x, cu, nullptr, nullptr, 0, all_decode, 0, kernel);
+
+  const ToleranceReport out_rep = dtype == DType::kF32 ? CompareF32(b.out.data(), a.out.data(), a.out.size())
+                                                       : CompareBF16(b.out.data(), a.out.data(), a.out.size());
+  const ToleranceReport state_rep = dtype == DType::kF32 ? CompareF32(b.rec.data(), a.rec.data(), a.rec.size())
+                                                         : CompareBF16(b.rec.data(), a.rec.data(), a.rec.size());
+  std::printf("prefill (EXTEND, chunk kernel %s): %8.1f ms  %8.1f us/token\n",
+              KernelImplName(ResolveKernelImpl(kernel)), a.extend_s * 1e3,
+              a.extend_s * 1e6 / static_cast<double>(std::max<int64_t>(T, 1)));
+  std::printf("decode  (DECODE, recurrent kernel): %lld steps %8.1f ms  %8.1f us/step\n",
+              static_cast<long long>(b.decode_steps), b.decode_s * 1e3,
+              b.decode_s * 1e6 / static_cast<double>(std::max<int64_t>(b.decode_steps, 1)));
+  std::printf("check chunk vs recurrent: out %s; final state %s -> %s\n", out_rep.Summary().c_str(),
+              state_rep.Summary().c_str(), out_rep.ok && state_rep.ok ? "PASS" : "FAIL");
+  return out_rep.ok && state_rep.ok ? 0 : 1;
+}
+
+}  // namespace
+
+int RunLayerCommand(const RunOptions& opt) {
+  Check(opt.dtype == "float32" || opt.dtype == "bfloat16",
+        "unknown dtype '" + opt.dtype + "' (expected float32 or bfloat16)");
+  const DType dtype = opt.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  const KernelImpl kernel = ParseKernelImpl(opt.kernel);
+  ResolveKernelImpl(kernel);  // an unavailable implementation is refused before any work
+  Check(opt.threads >= 0, "--threads must be >= 0");
+  Check(opt.prefill_chunk >= 0, "--prefill-chunk must be >= 0");
+  Check(opt.decode_last >= 0, "--decode-last must be >= 0");
+  Check(opt.max_running >= 0, "--max-running must be >= 0");
+  SetNumThreads(opt.threads);
+  if (opt.model_dir.empty()) {
+    Check(opt.input.empty() && opt.output.empty(), "--input and --output need --model");
+    return RunEmbeddedDefault(opt, dtype, kernel);
+  }
+  return RunOnFiles(opt, dtype, kernel);
+}
+
+}  // namespace kda::cli

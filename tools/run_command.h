@@ -1,0 +1,31 @@
+// `kda run`: one KDA layer over a packed batch, from a checkpoint and an input
+// file, or on the embedded default model.
+#pragma once
+
+#include <string>
+
+namespace kda::cli {
+
+struct RunOptions {
+  std::string model_dir;  // empty: the embedded default
+  std::string input;
+  std::string output;
+  int layer = 0;
+  bool layer_given = false;  // false: the first KDA layer
+  std::string dtype = "float32";
+  std::string kernel = "auto";
+  int threads = 0;
+  // Serving: prefill chunk per sequence and step (0: one EXTEND), the last K
+  // tokens of each longer sequence as DECODE steps, max sequences holding a
+  // slot at once (0: all).
+  int64_t prefill_chunk = 0;
+  int64_t decode_last = 0;
+  int64_t max_running = 0;
+  // Embedded default only: sequence lengths of the packed batch.
+  std::string lengths = "512,300,128,77";
+};
+
+// Returns the process exit status; throws kda::Error on bad input.
+int RunLayerCommand(const RunOptions& opt);
+
+}  // namespace kda::cli
