@@ -32,6 +32,14 @@ struct KdaModel {
   StateShape state_shape() const { return {shape.H, shape.K, shape.W}; }
 };
 
+// Every layer's input and output rows of one request, appended step by step
+// in token order (activation dtype): what a per-layer self-check replays.
+struct LayerTrace {
+  int64_t req_id = -1;
+  std::vector<std::vector<uint8_t>> inputs;   // per layer [tokens, hidden]
+  std::vector<std::vector<uint8_t>> outputs;  // per layer [tokens, hidden]
+};
+
 class ModelRunner {
  public:
   // The pools must have been made for this model (one pool layer per KDA
@@ -44,12 +52,16 @@ class ModelRunner {
   // layer's output, so with one layer out = layer(x).
   void Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out);
 
+  // Records trace->req_id's rows of every layer from the next batch on (null: off).
+  void SetTrace(LayerTrace* trace) { trace_ = trace; }
+
   const KdaModel& model() const { return model_; }
   const KDAAttnBackend& backend() const { return backend_; }
 
  private:
   const KdaModel& model_;
   KDAAttnBackend backend_;
+  LayerTrace* trace_ = nullptr;
 };
 
 }  // namespace kda
