@@ -55,9 +55,9 @@ class CliTest : public ::testing::Test {
 
   // Expects a clean refusal: status in [1, 125], one stderr line containing
   // `needle`, no output file.
-  void ExpectRefused(const std::string& args, const std::string& needle) {
+  void ExpectRefused(const std::string& args, const std::string& needle, bool with_output = true) {
     const fs::path out = dir_ / "out.safetensors";
-    const CliResult r = RunCli(args + " --output " + out.string());
+    const CliResult r = RunCli(args + (with_output ? " --output " + out.string() : ""));
     EXPECT_GE(r.status, 1) << args;
     EXPECT_LE(r.status, 125) << args;
     EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
@@ -98,6 +98,47 @@ TEST_F(CliTest, RunMatchesGoldenFp32AndBf16) {
   }
 }
 
+// Served through the pool in chunks, with decode steps and fewer slots than
+// sequences: the same output file as the one-shot run, within tolerance.
+TEST_F(CliTest, ServingFlagsKeepTheOutputs) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::string in = mini_ + "/varlen_initstate.safetensors";
+  const SafetensorsFile want = SafetensorsFile::Open(in);
+  const fs::path out = dir_ / "served.safetensors";
+  const CliResult r = RunCli("run --model " + mini_ + " --input " + in + " --output " + out.string() +
+                             " --prefill-chunk 7 --decode-last 9 --max-running 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const SafetensorsFile got = SafetensorsFile::Open(out.string());
+  const std::vector<float> o = ToFloatVector(got.Get("out"));
+  const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
+  const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
+  EXPECT_TRUE(testing::AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+  EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+  EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
+}
+
+// The serving benchmark's JSON line on a small workload of the embedded model.
+TEST_F(CliTest, BenchPrintsItsJsonLine) {
+  const fs::path log = dir_ / "bench.txt";
+  const int raw = std::system((CliPath() + " bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 " +
+                               "--layers 2 --prefill-chunk 16 --max-running 2 --json >" + log.string() + " 2>&1")
+                                  .c_str());
+  std::ifstream in(log);
+  std::string line;
+  std::string last;
+  while (std::getline(in, line)) last = line;
+  ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << last;
+  for (const char* key : {"\"prefill_tokens_per_s\"", "\"decode_tokens_per_s\"", "\"state_bytes_per_request\"",
+                          "\"self_check_max_ratio\"", "\"requests\": 3", "\"layers\": 2"}) {
+    EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
+  }
+  const size_t at = last.find("\"self_check_max_ratio\": ");
+  ASSERT_NE(at, std::string::npos);
+  const double ratio = std::stod(last.substr(at + 24));
+  EXPECT_LE(ratio, 1.0);
+  EXPECT_GT(ratio, 0.0);  // the check compared something
+}
+
 TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   KDA_REQUIRE_GOLDEN_PATH(mini_);
   const std::string in = " --input " + mini_ + "/single_T8.safetensors";
@@ -108,6 +149,10 @@ TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   ExpectRefused("run --model " + mini_ + in + " --layer 7", "out of range");
   ExpectRefused("run --model " + mini_ + in + " --layer -1", "out of range");
   ExpectRefused("run --model " + mini_ + in + " --bogus-flag", "bogus");
+  ExpectRefused("run --model " + mini_ + in + " --prefill-chunk -3", "prefill-chunk");
+  ExpectRefused("run --model " + mini_ + in + " --max-running -1", "max-running");
+  ExpectRefused("bench --requests 0", "requests", false);
+  ExpectRefused("bench --dtype float16", "dtype", false);
   ExpectRefused("run --model " + dir_.string() + in, "config.json");
   ExpectRefused("run --model " + mini_ + " --input " + (dir_ / "missing.safetensors").string(), "missing.safetensors");
 }

@@ -1,0 +1,493 @@
+// The serving side: state pool, KDA backend per forward mode, scheduler
+// invariance (chunked prefill, decode, slot reuse) on golden cases, and churn.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/act_buffer.h"
+#include "kda/io/safetensors.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/serving/scheduler.h"
+#include "tests/golden.h"
+#include "tests/tolerance.h"
+
+namespace kda {
+namespace {
+
+using testing::AllCloseBF16;
+using testing::AllCloseF32;
+
+const StateShape kSmall{2, 16, 4};
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// --------------------------------------------------------------------- pool
+
+TEST(RecurrentStatePool, HandsOutEverySlotButTheDummyThenRefuses) {
+  RecurrentStatePool pool(2, 3, kSmall, DType::kF32);
+  EXPECT_EQ(pool.capacity(), 3);
+  std::vector<int32_t> got = {pool.Alloc(), pool.Alloc(), pool.Alloc()};
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(pool.num_free(), 0);
+  EXPECT_THROW(pool.Alloc(), PoolExhaustedError);
+  EXPECT_FALSE(pool.TryAlloc().has_value());
+  pool.Free(2);
+  EXPECT_EQ(pool.Alloc(), 2);
+}
+
+TEST(RecurrentStatePool, RefusesBadFreesAndLeavesThePoolUnchanged) {
+  RecurrentStatePool pool(1, 2, kSmall, DType::kF32);
+  const int32_t a = pool.Alloc();
+  EXPECT_NE(ErrorOf([&] { pool.Free(0); }).find("dummy"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { pool.Free(3); }).find("out of range"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { pool.Free(-1); }).find("out of range"), std::string::npos);
+  pool.Free(a);
+  EXPECT_NE(ErrorOf([&] { pool.Free(a); }).find("double free"), std::string::npos);
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_NE(ErrorOf([&] { pool.GetLayerCache(1); }).find("layer 1"), std::string::npos);
+}
+
+TEST(RecurrentStatePool, ReusedSlotStartsFromZeroAndSlotsAreIsolated) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    RecurrentStatePool pool(2, 2, kSmall, dt);
+    const int32_t a = pool.Alloc();
+    const int32_t b = pool.Alloc();
+    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 3.5F);
+    ActBuffer conv(dt, kSmall.ConvSize());
+    for (int64_t i = 0; i < kSmall.ConvSize(); ++i) conv.Set(i, -1.25F);
+    for (int l = 0; l < 2; ++l) pool.SetLayerState(l, a, rec.data(), conv.data());
+    // b is untouched by writes to a.
+    std::vector<float> got(rec.size(), 1.0F);
+    ActBuffer got_conv(dt, kSmall.ConvSize());
+    pool.GetLayerState(1, b, got.data(), got_conv.data());
+    EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0F; }));
+    // a's next owner sees zeros in every layer.
+    pool.Free(a);
+    const int32_t again = pool.Alloc();
+    ASSERT_EQ(again, a);
+    for (int l = 0; l < 2; ++l) {
+      pool.GetLayerState(l, again, got.data(), got_conv.data());
+      EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0F; }));
+      const std::vector<float> c = got_conv.ToFloat();
+      EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](float v) { return v == 0.0F; }));
+    }
+  }
+}
+
+TEST(RecurrentStatePool, DummySlotIsNeverWritten) {
+  RecurrentStatePool pool(1, 1, kSmall, DType::kF32);
+  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 7.0F);
+  pool.SetLayerState(0, 0, rec.data(), nullptr);  // dropped
+  const LayerStateCache c = pool.GetLayerCache(0);
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+  EXPECT_NE(ErrorOf([&] { pool.SetLayerState(0, 1, rec.data(), nullptr); }).find("not allocated"), std::string::npos);
+}
+
+TEST(RecurrentStatePool, SizedFromAByteBudget) {
+  // Kimi-Linear: 20 KDA layers, 32 heads x 128, conv 4, bf16 tails: about 41.4 MiB per request.
+  const StateShape kimi{32, 128, 4};
+  const int64_t per = RecurrentStatePool::BytesPerRequest(20, kimi, DType::kBF16);
+  EXPECT_EQ(per, 20 * (32LL * 128 * 128 * 4 + 3LL * 3 * 4096 * 2));
+  EXPECT_NEAR(static_cast<double>(per) / (1 << 20), 41.4, 0.05);
+  const int64_t small = RecurrentStatePool::BytesPerRequest(2, kSmall, DType::kF32);
+  EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(10 * small + small / 2, 2, kSmall, DType::kF32), 9);
+  EXPECT_NE(ErrorOf([&] { RecurrentStatePool::MaxRequestsForBudget(small, 2, kSmall, DType::kF32); }).find("budget"),
+            std::string::npos);
+}
+
+TEST(HybridReqToTokenPool, MapsRequestsToSlots) {
+  RecurrentStatePool pool(1, 2, kSmall, DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  const int32_t s = req.Alloc(42);
+  EXPECT_EQ(req.SlotOf(42), s);
+  EXPECT_NE(ErrorOf([&] { req.Alloc(42); }).find("already"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { req.SlotOf(7); }).find("holds no"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { req.Free(7); }).find("holds no"), std::string::npos);
+  req.Free(42);
+  EXPECT_EQ(pool.num_free(), 2);
+}
+
+// ------------------------------------------------------------------ backend
+
+KdaLayerShape SmallShape() {
+  KdaLayerShape s;
+  s.hidden = 48;
+  s.H = kSmall.H;
+  s.K = kSmall.K;
+  s.W = kSmall.W;
+  return s;
+}
+
+ActBuffer RandomRows(DType dt, int64_t rows, int64_t hidden, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  ActBuffer b(dt, rows * hidden);
+  for (int64_t i = 0; i < rows * hidden; ++i) b.Set(i, normal(rng));
+  return b;
+}
+
+class BackendTest : public ::testing::Test {
+ protected:
+  BackendTest()
+      : model_(KdaModel::Random(SmallShape(), 1, DType::kF32, 5)),
+        pool_(1, 4, kSmall, DType::kF32),
+        req_(&pool_),
+        backend_({&pool_, &req_}, KernelImpl::kReference) {}
+
+  std::vector<float> PoolSnapshot() {
+    const LayerStateCache c = pool_.GetLayerCache(0);
+    std::vector<float> s(c.recurrent, c.recurrent + c.num_slots * kSmall.RecurrentSize());
+    const auto* conv = static_cast<const float*>(c.conv);
+    s.insert(s.end(), conv, conv + c.num_slots * kSmall.ConvSize());
+    return s;
+  }
+
+  KdaModel model_;
+  RecurrentStatePool pool_;
+  HybridReqToTokenPool req_;
+  KDAAttnBackend backend_;
+};
+
+TEST_F(BackendTest, MetadataIsComputedOncePerBatch) {
+  req_.Alloc(10);
+  req_.Alloc(11);
+  ForwardBatch b;
+  b.mode = ForwardMode::kExtend;
+  b.req_ids = {11, 10};
+  b.extend_lens = {3, 5};
+  b.prefix_lens = {0, 4};
+  backend_.InitForwardMetadata(b);
+  const LinearAttnMetadata& md = backend_.metadata();
+  EXPECT_EQ(md.cu_q_lens, (std::vector<int64_t>{0, 3, 8}));
+  EXPECT_EQ(md.recurrent_indices, (std::vector<int32_t>{req_.SlotOf(11), req_.SlotOf(10)}));
+  EXPECT_EQ(md.has_initial_state, (std::vector<uint8_t>{0, 1}));
+  EXPECT_EQ(md.num_tokens, 8);
+}
+
+TEST_F(BackendTest, RefusesUnsupportedModesAndBadBatches) {
+  req_.Alloc(1);
+  for (ForwardMode m : {ForwardMode::kMixed, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify}) {
+    ForwardBatch b;
+    b.mode = m;
+    b.req_ids = {1};
+    b.extend_lens = {1};
+    b.prefix_lens = {0};
+    EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(b); }).find("not supported"), std::string::npos)
+        << ForwardModeName(m);
+  }
+  ForwardBatch d;
+  d.mode = ForwardMode::kDecode;
+  d.req_ids = {1};
+  d.extend_lens = {2};
+  d.prefix_lens = {4};
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("one token"), std::string::npos);
+  d.extend_lens = {1};
+  d.req_ids = {99};
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("holds no state slot"), std::string::npos);
+  d.req_ids = {1, 1};
+  d.extend_lens = {1, 1};
+  d.prefix_lens = {1, 1};
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("twice"), std::string::npos);
+}
+
+TEST_F(BackendTest, IdleWritesNothingAndLeavesThePoolUntouched) {
+  const int32_t slot = req_.Alloc(3);
+  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 0.25F);
+  pool_.SetLayerState(0, slot, rec.data(), nullptr);
+  const std::vector<float> before = PoolSnapshot();
+  ForwardBatch idle;
+  idle.mode = ForwardMode::kIdle;
+  backend_.InitForwardMetadata(idle);
+  ActBuffer out(DType::kF32, 0);
+  model_.layers[0].Forward(out.mut(), ActBuffer(DType::kF32, 0).view(), backend_);
+  EXPECT_EQ(PoolSnapshot(), before);
+}
+
+// A slot holding someone else's state, used by a fresh request (prefix 0,
+// not seeded): the result equals a run from a zeroed slot.
+TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
+  const KdaLayerShape s = SmallShape();
+  const ActBuffer x = RandomRows(DType::kF32, 6, s.hidden, 9);
+  auto run = [&](float garbage) {
+    const int32_t slot = req_.Alloc(5);
+    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), garbage);
+    std::vector<float> conv(static_cast<size_t>(kSmall.ConvSize()), garbage);
+    pool_.SetLayerState(0, slot, rec.data(), conv.data());
+    ForwardBatch b;
+    b.req_ids = {5};
+    b.extend_lens = {6};
+    b.prefix_lens = {0};
+    backend_.InitForwardMetadata(b);
+    ActBuffer out(DType::kF32, 6 * s.hidden);
+    model_.layers[0].Forward(out.mut(), x.view(), backend_);
+    std::vector<float> r = out.ToFloat();
+    pool_.GetLayerState(0, slot, rec.data(), conv.data());
+    r.insert(r.end(), rec.begin(), rec.end());
+    r.insert(r.end(), conv.begin(), conv.end());
+    req_.Free(5);
+    return r;
+  };
+  EXPECT_EQ(run(0.0F), run(123.0F));
+}
+
+TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
+  const KdaLayerShape s = SmallShape();
+  const int32_t a = req_.Alloc(1);
+  const int32_t b = req_.Alloc(2);
+  const int32_t idle = req_.Alloc(3);
+  ForwardBatch pre;
+  pre.req_ids = {1, 2, 3};
+  pre.extend_lens = {4, 2, 3};
+  pre.prefix_lens = {0, 0, 0};
+  backend_.InitForwardMetadata(pre);
+  const ActBuffer x = RandomRows(DType::kF32, 9, s.hidden, 3);
+  ActBuffer out(DType::kF32, 9 * s.hidden);
+  model_.layers[0].Forward(out.mut(), x.view(), backend_);
+  std::vector<float> idle_before(static_cast<size_t>(kSmall.RecurrentSize()));
+  pool_.GetLayerState(0, idle, idle_before.data(), nullptr);
+  std::vector<float> a_before(idle_before.size());
+  pool_.GetLayerState(0, a, a_before.data(), nullptr);
+
+  ForwardBatch dec;
+  dec.mode = ForwardMode::kDecode;
+  dec.req_ids = {2, 1};
+  dec.extend_lens = {1, 1};
+  dec.prefix_lens = {2, 4};
+  backend_.InitForwardMetadata(dec);
+  ActBuffer out2(DType::kF32, 2 * s.hidden);
+  model_.layers[0].Forward(out2.mut(), RandomRows(DType::kF32, 2, s.hidden, 4).view(), backend_);
+  std::vector<float> idle_after(idle_before.size());
+  std::vector<float> a_after(idle_before.size());
+  pool_.GetLayerState(0, idle, idle_after.data(), nullptr);
+  pool_.GetLayerState(0, a, a_after.data(), nullptr);
+  EXPECT_EQ(idle_after, idle_before);
+  EXPECT_NE(a_after, a_before);
+  (void)b;
+  // The dummy slot stays zero.
+  const LayerStateCache c = pool_.GetLayerCache(0);
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+}
+
+TEST(ServerArgs, MixedChunkIsRefusedAndRadixCacheDisabled) {
+  SchedulerConfig c;
+  c.enable_mixed_chunk = true;
+  EXPECT_NE(ErrorOf([&] { CheckServerArgs(c); }).find("mixed chunk"), std::string::npos);
+  c.enable_mixed_chunk = false;
+  c.enable_radix_cache = true;
+  const std::vector<std::string> notes = CheckServerArgs(c);
+  ASSERT_EQ(notes.size(), 1U);
+  EXPECT_NE(notes[0].find("radix"), std::string::npos);
+  EXPECT_FALSE(c.enable_radix_cache);
+}
+
+// ------------------------------------------------------ scheduler invariance
+
+struct Served {
+  std::vector<float> out, rec, conv;
+};
+
+// Serves each sequence of a packed batch as a request; returns rows in input
+// order and per-sequence final states (one layer).
+Served ServeBatch(const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu, const float* init_rec,
+                  const ActBuffer* init_conv, const std::vector<int64_t>& decode, SchedulerConfig cfg, int64_t slots) {
+  const auto N = static_cast<int64_t>(cu.size()) - 1;
+  RecurrentStatePool pool(model.num_layers(), slots, model.state_shape(), model.act_dtype);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  Scheduler sched(runner, {&pool, &req}, cfg);
+  const int64_t hidden = model.shape.hidden;
+  const int64_t rs = model.state_shape().RecurrentSize();
+  const int64_t cs = model.state_shape().ConvSize();
+  for (int64_t n = 0; n < N; ++n) {
+    ServeRequest r;
+    r.id = n;
+    r.input = Offset(x.view(), cu[n] * hidden);
+    r.length = cu[n + 1] - cu[n];
+    r.decode_tokens = decode[n];
+    if (init_rec != nullptr) r.initial_recurrent = init_rec + n * rs;
+    if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * cs).data;
+    sched.Submit(r);
+  }
+  sched.RunToCompletion();
+  EXPECT_EQ(pool.num_free(), slots);
+  Served s;
+  s.out.assign(static_cast<size_t>(cu.back() * hidden), 0.0F);
+  s.rec.assign(static_cast<size_t>(N * rs), 0.0F);
+  s.conv.assign(static_cast<size_t>(N * cs), 0.0F);
+  EXPECT_EQ(static_cast<int64_t>(sched.finished().size()), N);
+  for (const RequestResult& r : sched.finished()) {
+    for (size_t i = 0; i < r.out.size() / DTypeSize(model.act_dtype); ++i) {
+      s.out[cu[r.id] * hidden + i] = LoadAsFloat(r.out.data(), model.act_dtype, i);
+    }
+    std::copy(r.final_recurrent.begin(), r.final_recurrent.end(), s.rec.begin() + r.id * rs);
+    for (int64_t i = 0; i < cs; ++i) s.conv[r.id * cs + i] = LoadAsFloat(r.final_conv.data(), model.act_dtype, i);
+  }
+  return s;
+}
+
+struct InvarianceCase {
+  std::string dir, name;
+};
+
+void PrintTo(const InvarianceCase& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
+
+class GoldenInvarianceTest : public ::testing::TestWithParam<InvarianceCase> {};
+
+TEST_P(GoldenInvarianceTest, ChunkedPrefillAndDecodeMatchTheGoldenOutput) {
+  const std::string dir = testing::GoldenDir() + "/" + GetParam().dir;
+  const std::string file = dir + "/" + GetParam().name + ".safetensors";
+  KDA_REQUIRE_GOLDEN_PATH(file);
+  const SafetensorsFile f = SafetensorsFile::Open(file);
+  const std::vector<int64_t> cu = ToInt64Vector(f.Get("cu_seqlens"));
+  const auto N = static_cast<int64_t>(cu.size()) - 1;
+  const bool init = f.Has("initial_recurrent_state");
+  const std::vector<float> xf = ToFloatVector(f.Get("hidden_states"));
+  std::mt19937 rng(17);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const KdaModel model = KdaModel::Load(dir, dt, 0);
+    ActBuffer x(dt, static_cast<int64_t>(xf.size()));
+    for (size_t i = 0; i < xf.size(); ++i) x.Set(static_cast<int64_t>(i), xf[i]);
+    std::vector<float> rec;
+    ActBuffer conv;
+    if (init) {
+      rec = ToFloatVector(f.Get("initial_recurrent_state"));
+      const std::vector<float> c = ToFloatVector(f.Get("initial_conv_state"));
+      conv = ActBuffer(dt, static_cast<int64_t>(c.size()));
+      for (size_t i = 0; i < c.size(); ++i) conv.Set(static_cast<int64_t>(i), c[i]);
+    }
+    const std::vector<float> want_out = ToFloatVector(f.Get(dt == DType::kF32 ? "out_fp32" : "out_bf16"));
+    const std::vector<float> want_rec =
+        ToFloatVector(f.Get(dt == DType::kF32 ? "final_recurrent_state" : "final_recurrent_state_bf16"));
+    // Three schedules: decode the last k >= 8 tokens; random chunked prefill
+    // splits with few slots; both together.
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<int64_t> decode(static_cast<size_t>(N), 0);
+      SchedulerConfig cfg;
+      int64_t slots = N;
+      if (variant != 1) {
+        for (int64_t n = 0; n < N; ++n) decode[n] = std::min<int64_t>(cu[n + 1] - cu[n], 8 + rng() % 5);
+      }
+      if (variant != 0) {
+        cfg.prefill_chunk = 1 + rng() % 40;
+        cfg.step_token_budget = 16 + rng() % 100;
+        slots = std::max<int64_t>(1, N / 2);
+      }
+      const Served s =
+          ServeBatch(model, x, cu, init ? rec.data() : nullptr, init ? &conv : nullptr, decode, cfg, slots);
+      const std::string what = std::string(DTypeName(dt)) + " variant " + std::to_string(variant);
+      if (dt == DType::kF32) {
+        EXPECT_TRUE(AllCloseF32(s.out.data(), want_out.data(), want_out.size())) << what;
+        EXPECT_TRUE(AllCloseF32(s.rec.data(), want_rec.data(), want_rec.size())) << what;
+        const std::vector<float> want_conv = ToFloatVector(f.Get("final_conv_state"));
+        EXPECT_TRUE(AllCloseF32(s.conv.data(), want_conv.data(), want_conv.size())) << what;
+      } else {
+        EXPECT_TRUE(AllCloseBF16(s.out.data(), want_out.data(), want_out.size())) << what;
+        EXPECT_TRUE(AllCloseBF16(s.rec.data(), want_rec.data(), want_rec.size())) << what;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenInvarianceTest,
+                         ::testing::Values(InvarianceCase{"kda-mini", "single_T128"},
+                                           InvarianceCase{"kda-mini", "single_T65"},
+                                           InvarianceCase{"kda-mini", "varlen_unbalanced_5_17_1_41"},
+                                           InvarianceCase{"kda-mini", "varlen_initstate"},
+                                           InvarianceCase{"kda-mini", "single_T128_initstate"},
+                                           InvarianceCase{"kda-stress", "stress_T300"},
+                                           InvarianceCase{"kda-stress", "stress_varlen_initstate"}),
+                         [](const ::testing::TestParamInfo<InvarianceCase>& info) {
+                           std::string s = info.param.dir + "_" + info.param.name;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+// Many more requests than slots: every request's output equals its one-shot
+// run, and the pool ends with every slot free.
+TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
+  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 11);
+  const int64_t hidden = model.shape.hidden;
+  constexpr int kRequests = 1000;
+  std::mt19937 rng(3);
+  std::vector<ActBuffer> inputs;
+  std::vector<int64_t> lens;
+  std::vector<int64_t> decodes;
+  for (int i = 0; i < kRequests; ++i) {
+    lens.push_back(rng() % 24);
+    decodes.push_back(rng() % 6);
+    inputs.push_back(RandomRows(DType::kF32, lens.back(), hidden, 1000 + i));
+  }
+  RecurrentStatePool pool(model.num_layers(), 8, model.state_shape(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  SchedulerConfig cfg;
+  cfg.prefill_chunk = 7;
+  cfg.step_token_budget = 40;
+  Scheduler sched(runner, {&pool, &req}, cfg);
+  for (int i = 0; i < kRequests; ++i) sched.Submit({i, inputs[i].view(), lens[i], decodes[i], nullptr, nullptr});
+  sched.RunToCompletion();
+  EXPECT_EQ(pool.num_free(), 8);
+  EXPECT_EQ(req.size(), 0);
+  ASSERT_EQ(static_cast<int>(sched.finished().size()), kRequests);
+
+  // One-shot reference for each request: alone, one EXTEND step.
+  RecurrentStatePool pool1(model.num_layers(), 1, model.state_shape(), DType::kF32);
+  HybridReqToTokenPool req1(&pool1);
+  ModelRunner runner1(model, {&pool1, &req1}, KernelImpl::kReference);
+  int checked = 0;
+  for (const RequestResult& r : sched.finished()) {
+    const int64_t n = lens[r.id];
+    std::vector<float> want_state(static_cast<size_t>(model.num_layers() * model.state_shape().RecurrentSize()));
+    std::vector<float> want(static_cast<size_t>(n * hidden));
+    req1.Alloc(r.id);
+    if (n > 0) {
+      ForwardBatch b;
+      b.req_ids = {r.id};
+      b.extend_lens = {n};
+      b.prefix_lens = {0};
+      runner1.Forward(b, inputs[r.id].view(), {want.data(), DType::kF32});
+    }
+    for (int l = 0; l < model.num_layers(); ++l) {
+      pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.state_shape().RecurrentSize(), nullptr);
+    }
+    req1.Free(r.id);
+    const auto* got = reinterpret_cast<const float*>(r.out.data());
+    ASSERT_TRUE(AllCloseF32(got, want.data(), want.size())) << "request " << r.id;
+    ASSERT_TRUE(AllCloseF32(r.final_recurrent.data(), want_state.data(), want_state.size())) << "request " << r.id;
+    ++checked;
+  }
+  EXPECT_EQ(checked, kRequests);
+}
+
+TEST(Scheduler, QueuesWhenSlotsRunOutAndRefusesBadRequests) {
+  const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
+  RecurrentStatePool pool(1, 2, model.state_shape(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  Scheduler sched(runner, {&pool, &req}, SchedulerConfig{});
+  const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
+  for (int i = 0; i < 5; ++i) sched.Submit({i, x.view(), 4, 2, nullptr, nullptr});
+  EXPECT_NE(ErrorOf([&] { sched.Submit({3, x.view(), 4, 0, nullptr, nullptr}); }).find("already"), std::string::npos);
+  ASSERT_TRUE(sched.Step());
+  EXPECT_EQ(sched.num_running(), 2);
+  EXPECT_EQ(sched.num_waiting(), 3);
+  sched.RunToCompletion();
+  EXPECT_EQ(sched.finished().size(), 5U);
+  EXPECT_EQ(pool.num_free(), 2);
+}
+
+}  // namespace
+}  // namespace kda
