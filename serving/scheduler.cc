@@ -24,7 +24,7 @@ std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
   return notes;
 }
 
-Scheduler::Scheduler(ModelRunner& runner, MemoryPools pools, SchedulerConfig config)
+Scheduler::Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConfig& config)
     : runner_(runner), pools_(pools), config_(config) {
   notes_ = CheckServerArgs(config_);
   const int64_t capacity = pools.state_pool->capacity();

@@ -464,8 +464,10 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
       pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.state_shape().RecurrentSize(), nullptr);
     }
     req1.Free(r.id);
-    const auto* got = reinterpret_cast<const float*>(r.out.data());
-    ASSERT_TRUE(AllCloseF32(got, want.data(), want.size())) << "request " << r.id;
+    std::vector<float> got(want.size());
+    ASSERT_EQ(r.out.size(), got.size() * sizeof(float));
+    std::memcpy(got.data(), r.out.data(), r.out.size());
+    ASSERT_TRUE(AllCloseF32(got.data(), want.data(), want.size())) << "request " << r.id;
     ASSERT_TRUE(AllCloseF32(r.final_recurrent.data(), want_state.data(), want_state.size())) << "request " << r.id;
     ++checked;
   }

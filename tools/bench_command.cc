@@ -247,7 +247,7 @@ int RunBenchCommand(const BenchOptions& opt) {
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\"}\n",
-        prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request * running),
+        prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         std::max(check.out.max_ratio, check.state.max_ratio), opt.requests, L, static_cast<long long>(extend_tokens),
         static_cast<long long>(decode_tokens), opt.dtype.c_str(), NumThreads(),
         KernelImplName(ResolveKernelImpl(kernel)));

@@ -239,6 +239,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel) {
               opt.lengths.c_str());
   const std::vector<int64_t> no_decode(static_cast<size_t>(N), 0);
   std::vector<int64_t> all_decode;
+  all_decode.reserve(lens.size());
   for (int64_t l : lens) all_decode.push_back(std::max<int64_t>(l - 1, 0));
   const Served a = Serve(model, x, cu, nullptr, nullptr, 0, no_decode, 0, kernel);
   const Served b = Serve(model, x, cu, nullptr, nullptr, 0, all_decode, 0, kernel);

@@ -58,7 +58,7 @@ struct StepRecord {
 class Scheduler {
  public:
   // `pools` must be the runner's pools. Applies CheckServerArgs to `config`.
-  Scheduler(ModelRunner& runner, MemoryPools pools, SchedulerConfig config);
+  Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConfig& config);
 
   // Queues a request (kda::Error on a bad or duplicate request).
   void Submit(const ServeRequest& request);
