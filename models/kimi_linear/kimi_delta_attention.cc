@@ -5,6 +5,7 @@
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kda/dist/communicator.h"
 #include "kda/models/kimi_linear.h"
 
 namespace kda {
@@ -29,8 +30,8 @@ float Sigmoid(float x) { return 1.0F / (1.0F + std::exp(-x)); }
 }  // namespace
 
 KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& w,
-                                       DType act_dtype)
-    : shape_(shape), act_dtype_(act_dtype) {
+                                       DType act_dtype, Communicator* tp)
+    : shape_(shape), act_dtype_(act_dtype), tp_(tp) {
   Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, "KimiDeltaAttention: dtype must be F32 or BF16");
   Check(shape.hidden > 0 && shape.H > 0 && shape.W >= 1, "KimiDeltaAttention: invalid shape");
   Check(shape.K % 16 == 0 && shape.K >= 16 && shape.K <= 256,
@@ -131,7 +132,16 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
       }
     }
   });
-  o_proj_->Forward(out, normed.view(), T);
+  if (tp_ == nullptr || tp_->size() == 1) {
+    o_proj_->Forward(out, normed.view(), T);
+    return;
+  }
+  // Tensor parallel: fp32 partial sums over this rank's heads, summed across
+  // ranks, then the one cast point of the bf16 pipeline.
+  std::vector<float> partial(static_cast<size_t>(T * shape_.hidden));
+  o_proj_->Forward({partial.data(), DType::kF32}, normed.view(), T);
+  tp_->AllReduceSum(partial.data(), static_cast<int64_t>(partial.size()));
+  for (size_t i = 0; i < partial.size(); ++i) StoreFromFloat(out.data, out.dtype, i, partial[i]);
 }
 
 }  // namespace kda

@@ -21,6 +21,7 @@
 namespace kda {
 
 class Checkpoint;
+class Communicator;
 struct KimiLinearConfig;
 
 struct KdaLayerShape {
@@ -79,7 +80,13 @@ class KimiDeltaAttention {
  public:
   // layer_id: the layer's index in the state pool. act_dtype F32: the fp32
   // pipeline; BF16: the bf16 pipeline (weights rounded to bf16).
-  KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& weights, DType act_dtype);
+  //
+  // Tensor parallelism: with a `tp` group of size > 1, `shape` and `weights`
+  // are this rank's shard (shape.H = its heads; o_proj [hidden, its P]); the
+  // partial o_proj outputs are summed in fp32 across the group and rounded
+  // once, so every rank ends with the full output. `tp` must outlive the layer.
+  KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& weights, DType act_dtype,
+                     Communicator* tp = nullptr);
   ~KimiDeltaAttention();
   KimiDeltaAttention(KimiDeltaAttention&&) noexcept;
   KimiDeltaAttention& operator=(KimiDeltaAttention&&) noexcept;
@@ -101,6 +108,7 @@ class KimiDeltaAttention {
   std::unique_ptr<Linear> qkv_proj_, f_a_proj_, f_b_proj_, b_proj_, g_a_proj_, g_b_proj_, o_proj_;
   std::unique_ptr<RadixLinearAttention> attn_;
   std::vector<float> o_norm_;  // [V]
+  Communicator* tp_ = nullptr;
 };
 
 }  // namespace kda
