@@ -466,7 +466,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
     req1.Free(r.id);
     std::vector<float> got(want.size());
     ASSERT_EQ(r.out.size(), got.size() * sizeof(float));
-    std::memcpy(got.data(), r.out.data(), r.out.size());
+    if (!got.empty()) std::memcpy(got.data(), r.out.data(), r.out.size());
     ASSERT_TRUE(AllCloseF32(got.data(), want.data(), want.size())) << "request " << r.id;
     ASSERT_TRUE(AllCloseF32(r.final_recurrent.data(), want_state.data(), want_state.size())) << "request " << r.id;
     ++checked;
