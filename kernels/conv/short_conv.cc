@@ -7,6 +7,7 @@
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kernels/elementwise/vec_math.h"
 
 namespace kda {
 namespace {
@@ -32,7 +33,7 @@ void Validate(const ShortConvArgs& a) {
 
 }  // namespace
 
-void short_conv_silu(const ShortConvArgs& a) {
+void short_conv_silu_reference(const ShortConvArgs& a) {
   Validate(a);
   const int W = a.W;
   constexpr int64_t kBlock = 256;  // channels per job
@@ -70,6 +71,103 @@ void short_conv_silu(const ShortConvArgs& a) {
         StoreFromFloat(a.tails.data, a.tails.dtype, static_cast<size_t>(tail_base + r * a.tail_row_stride + c),
                        tail[r * (c1 - c0) + (c - c0)]);
       }
+    }
+  });
+}
+
+namespace {
+
+constexpr int kMaxWidth = 16;   // conv widths beyond this take the reference path
+constexpr int64_t kLanes = 64;  // channels per job: a few vector registers per tap
+
+// One job: channels [c0, c0 + nc) of sequence n. The last W-1 input rows live
+// in a small ring (fp32), so each input element is read once.
+template <class T>
+[[gnu::always_inline]] inline void ConvBlock(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0,
+                                             int64_t nc) {
+  using vecmath::LoadF;
+  using vecmath::SiluF;
+  using vecmath::StoreF;
+  const int W = a.W;
+  const T* x = static_cast<const T*>(a.x.data);
+  T* y = static_cast<T*>(a.y.data);
+  T* tails = static_cast<T*>(a.tails.data);
+  const int64_t start = a.cu_seqlens[n];
+  const int64_t len = a.cu_seqlens[n + 1] - start;
+  const bool fresh = a.has_initial_state != nullptr && a.has_initial_state[n] == 0;
+  T* tail = W > 1 ? tails + static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride + c0 : nullptr;
+  alignas(64) float ring[kMaxWidth][kLanes];  // ring[(head + j) % (W-1)] = j-th oldest row
+  for (int r = 0; r < W - 1; ++r) {
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) ring[r][c] = fresh ? 0.0F : LoadF(tail[r * a.tail_row_stride + c]);
+  }
+  int head = 0;
+  for (int64_t t = 0; t < len; ++t) {
+    const T* xrow = x + (start + t) * a.x_row_stride + c0;
+    T* yrow = y + (start + t) * a.C + c0;
+    // Taps oldest first, as the reference sums them (bit-identical in fp32).
+    alignas(64) float acc[kLanes];
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) acc[c] = 0.0F;
+    for (int j = 0; j < W - 1; ++j) {
+      const float* row = ring[(head + j) % (W - 1)];
+      const float* wj = wt + j * kLanes;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * row[c];
+    }
+    const float* wl = wt + static_cast<int64_t>(W - 1) * kLanes;
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) acc[c] += wl[c] * LoadF(xrow[c]);
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) StoreF(yrow + c, SiluF(acc[c]));
+    if (W > 1) {  // the oldest row leaves, this token's row enters
+      float* oldest = ring[head];
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) oldest[c] = LoadF(xrow[c]);
+      head = (head + 1) % (W - 1);
+    }
+  }
+  for (int r = 0; r < W - 1; ++r) {
+    const float* row = ring[(head + r) % (W - 1)];
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) StoreF(tail + r * a.tail_row_stride + c, row[c]);
+  }
+}
+
+#define KDA_CONV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+KDA_CONV_CLONES void ConvBlockF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
+  ConvBlock<float>(a, wt, n, c0, nc);
+}
+KDA_CONV_CLONES void ConvBlockBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
+  ConvBlock<BF16>(a, wt, n, c0, nc);
+}
+
+}  // namespace
+
+void short_conv_silu(const ShortConvArgs& a) {
+  if (a.W > kMaxWidth || a.y.dtype != a.x.dtype) {
+    short_conv_silu_reference(a);
+    return;
+  }
+  Validate(a);
+  const int W = a.W;
+  const int64_t blocks = (a.C + kLanes - 1) / kLanes;
+  // Weights transposed per block: wt[b][j][lane] = w[b*kLanes + lane][j].
+  std::vector<float> wt(static_cast<size_t>(blocks * W * kLanes), 0.0F);
+  for (int64_t c = 0; c < a.C; ++c) {
+    for (int j = 0; j < W; ++j) wt[((c / kLanes) * W + j) * kLanes + c % kLanes] = a.weight[c * W + j];
+  }
+  ParallelFor(a.N * blocks, [&](int64_t job) {
+    const int64_t n = job / blocks;
+    const int64_t b = job % blocks;
+    const int64_t c0 = b * kLanes;
+    const int64_t nc = std::min(kLanes, a.C - c0);
+    const float* w = wt.data() + b * W * kLanes;
+    if (a.x.dtype == DType::kBF16) {
+      ConvBlockBF16(a, w, n, c0, nc);
+    } else {
+      ConvBlockF32(a, w, n, c0, nc);
     }
   });
 }

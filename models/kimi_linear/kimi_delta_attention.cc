@@ -4,8 +4,8 @@
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
-#include "kda/base/parallel.h"
 #include "kda/dist/communicator.h"
+#include "kda/kernels/elementwise.h"
 #include "kda/models/kimi_linear.h"
 
 namespace kda {
@@ -24,8 +24,6 @@ void CheckSize(const std::vector<float>& v, int64_t n, const char* name) {
   Check(static_cast<int64_t>(v.size()) == n, std::string("KimiDeltaAttention: weight ") + name + " has " +
                                                  std::to_string(v.size()) + " values, expected " + std::to_string(n));
 }
-
-float Sigmoid(float x) { return 1.0F / (1.0F + std::exp(-x)); }
 
 }  // namespace
 
@@ -116,22 +114,8 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
   if (intermediates != nullptr) intermediates->g_out = g_b.ToFloat();
 
   // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
-  const auto eps = static_cast<float>(shape_.rms_norm_eps);
   ActBuffer normed(dt, T * p);
-  ParallelFor(T, [&](int64_t t) {
-    for (int h = 0; h < H; ++h) {
-      const int64_t base = t * p + static_cast<int64_t>(h) * K;
-      float ss = 0.0F;
-      for (int d = 0; d < K; ++d) {
-        const float v = o.Get(base + d);
-        ss += v * v;
-      }
-      const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(K) + eps);
-      for (int d = 0; d < K; ++d) {
-        normed.Set(base + d, o.Get(base + d) * rstd * o_norm_[d] * Sigmoid(g_b.Get(base + d)));
-      }
-    }
-  });
+  GatedRmsNorm(normed.mut(), o.view(), g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
   if (tp_ == nullptr || tp_->size() == 1) {
     o_proj_->Forward(out, normed.view(), T);
     return;

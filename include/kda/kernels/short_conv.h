@@ -38,7 +38,10 @@ struct ShortConvArgs {
   const uint8_t* has_initial_state = nullptr;  // [N] or null (all continue)
 };
 
-// Validates (kda::Error, nothing written) and runs the plain loop.
+// Both validate (kda::Error, nothing written). The reference is the plain
+// loop; short_conv_silu keeps the last W-1 rows in registers and vectorises
+// over channels.
 void short_conv_silu(const ShortConvArgs& a);
+void short_conv_silu_reference(const ShortConvArgs& a);
 
 }  // namespace kda

@@ -8,7 +8,7 @@
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
-#include "kda/base/parallel.h"
+#include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/layers/radix_linear_attention.h"
 #include "kda/models/kimi_linear.h"
@@ -151,20 +151,10 @@ void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_q
   in.v = ActBuffer(mixed_qkv.dtype, T * p);
   RunShortConv(layer, mixed_qkv, {in.q.mut(), in.k.mut(), in.v.mut()});
   // Forget gate (fp32 log space, unbounded below) and beta.
-  in.g.assign(static_cast<size_t>(T * p), 0.0F);
-  in.beta.assign(static_cast<size_t>(T * H), 0.0F);
-  const std::vector<float>& dt_bias = layer.dt_bias();
-  const std::vector<float>& a_log = layer.A_log();
-  ParallelFor(T, [&](int64_t t) {
-    for (int64_t c = 0; c < p; ++c) {
-      const float raw = LoadAsFloat(gate_raw.data, gate_raw.dtype, static_cast<size_t>(t * p + c));
-      in.g[t * p + c] = KdaGate(raw + dt_bias[c], a_log[c / K]);
-    }
-    for (int h = 0; h < H; ++h) {
-      const float logit = LoadAsFloat(beta_logits.data, beta_logits.dtype, static_cast<size_t>(t * H + h));
-      in.beta[t * H + h] = 1.0F / (1.0F + std::exp(-logit));
-    }
-  });
+  in.g.resize(static_cast<size_t>(T * p));
+  in.beta.resize(static_cast<size_t>(T * H));
+  KdaGateBeta(in.g.data(), in.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T, H,
+              K);
 }
 
 namespace {

@@ -1,0 +1,28 @@
+// The element-wise parts of the KDA layer, each a plain reference and a
+// vectorised version (multiversioned for AVX-512, AVX2 and generic x86-64).
+//
+// T tokens, H heads, K = V head dim, P = H*K.
+#pragma once
+
+#include <cstdint>
+
+#include "kda/kernels/kda.h"
+
+namespace kda {
+
+// Forget gate and beta (design §2.4), fp32 outputs:
+//   g[t, c]    = -exp(A_log[c / K]) * softplus(raw[t, c] + dt_bias[c])   g [T, P], raw [T, P]
+//   beta[t, h] = sigmoid(logits[t, h])                                    beta, logits [T, H]
+// raw and logits are F32 or BF16.
+void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log, const float* dt_bias,
+                 int64_t T, int H, int K);
+void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
+                          const float* dt_bias, int64_t T, int H, int K);
+
+// Gated RMSNorm per token and head over V (design §2.6), fp32 arithmetic:
+//   y[t, h, :] = o * rsqrt(mean(o^2) + eps) * w * sigmoid(gate)
+// y, o, gate [T, H, V] F32 or BF16 (y rounded once); w [V].
+void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
+void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
+
+}  // namespace kda
