@@ -2,6 +2,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
@@ -31,7 +32,7 @@ struct Linear::Impl {
   std::vector<BF16> w_bf16;  // used when compute_type is bf16
   dnnl::memory weights;
   mutable std::mutex mu;
-  mutable std::map<int64_t, dnnl::matmul> primitives;
+  mutable std::map<std::pair<int64_t, bool>, dnnl::matmul> primitives;  // (rows, bf16 output)
 };
 
 Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_features, DType dtype)
@@ -80,26 +81,27 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     for (size_t i = 0; i < x_wide.size(); ++i) x_wide[i] = ToFloat(xb[i]);
     src_ptr = x_wide.data();
   }
-  // fp32 accumulation result; rounded once below when y is BF16.
+  // The fp32 accumulation is rounded once when y is BF16: by oneDNN's
+  // round-to-nearest-even store where it computes in bf16, else below.
+  const bool native_bf16_out = y.dtype == DType::kBF16 && ct == dt::bf16;
   std::vector<float> acc;
-  float* dst_ptr = nullptr;
-  if (y.dtype == DType::kF32) {
-    dst_ptr = static_cast<float*>(y.data);
-  } else {
+  void* dst_ptr = y.data;
+  if (y.dtype == DType::kBF16 && !native_bf16_out) {
     acc.resize(static_cast<size_t>(m * out_));
     dst_ptr = acc.data();
   }
 
   dnnl::matmul prim;
   const dnnl::memory::desc src_md({m, in_}, ct, tag::ab);
-  const dnnl::memory::desc dst_md({m, out_}, dt::f32, tag::ab);
+  const dnnl::memory::desc dst_md({m, out_}, native_bf16_out ? dt::bf16 : dt::f32, tag::ab);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    auto it = impl_->primitives.find(m);
+    const std::pair<int64_t, bool> key(m, native_bf16_out);
+    auto it = impl_->primitives.find(key);
     if (it == impl_->primitives.end()) {
       const dnnl::matmul::desc desc(src_md, impl_->weights.get_desc(), dst_md);
       const dnnl::matmul::primitive_desc pd(desc, CpuEngine());
-      it = impl_->primitives.emplace(m, dnnl::matmul(pd)).first;
+      it = impl_->primitives.emplace(key, dnnl::matmul(pd)).first;
     }
     prim = it->second;
   }
@@ -109,7 +111,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, impl_->weights}, {DNNL_ARG_DST, dst}});
   stream.wait();
 
-  if (y.dtype == DType::kBF16) {
+  if (y.dtype == DType::kBF16 && !native_bf16_out) {
     auto* yb = static_cast<BF16*>(y.data);
     const int64_t n = m * out_;
     ParallelFor((n + 4095) / 4096, [&](int64_t blk) {
