@@ -18,6 +18,8 @@ dnnl::engine& CpuEngine() {
 
 }  // namespace
 
+constexpr size_t kMaxCachedPrimitives = 64;
+
 bool CpuHasBF16Dot() {
   static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
   return has;
@@ -99,6 +101,8 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     const std::pair<int64_t, bool> key(m, native_bf16_out);
     auto it = impl_->primitives.find(key);
     if (it == impl_->primitives.end()) {
+      // A serving loop sees many row counts: keep the cache bounded.
+      if (impl_->primitives.size() >= kMaxCachedPrimitives) impl_->primitives.clear();
       const dnnl::matmul::desc desc(src_md, impl_->weights.get_desc(), dst_md);
       const dnnl::matmul::primitive_desc pd(desc, CpuEngine());
       it = impl_->primitives.emplace(key, dnnl::matmul(pd)).first;
