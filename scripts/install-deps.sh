@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake g++ libdnnl-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev googletest libbenchmark-dev clang-format clang-tidy cppcheck pre-commit git python3-numpy)
+  libgtest-dev googletest libbenchmark-dev clang-format clang-tidy cppcheck pre-commit git python3-numpy
+  libopenmpi-dev openmpi-bin)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,6 +16,8 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
+#include "kda/dist/parallel_groups.h"
+#include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda::cli {
@@ -54,35 +59,6 @@ Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
     w.inputs.push_back(std::move(b));
   }
   return w;
-}
-
-// Serves the requests `which` of the workload through a fresh pool, the last
-// `decode_tokens` rows of each as DECODE steps.
-std::vector<RequestResult> Serve(const KdaModel& model, const Workload& w, const std::vector<int>& which,
-                                 SchedulerConfig cfg, KernelImpl kernel, int64_t decode_tokens,
-                                 std::vector<StepRecord>* steps, std::vector<std::string>* notes, LayerTrace* trace) {
-  const auto capacity = static_cast<int64_t>(cfg.max_running > 0 ? std::min<int64_t>(cfg.max_running, which.size())
-                                                                 : static_cast<int64_t>(which.size()));
-  RecurrentStatePool pool(model.num_layers(), capacity, model.state_shape(), model.act_dtype);
-  HybridReqToTokenPool req_pool(&pool);
-  const MemoryPools pools{&pool, &req_pool};
-  ModelRunner runner(model, pools, kernel);
-  runner.SetTrace(trace);
-  Scheduler sched(runner, pools, cfg);
-  for (int i : which) {
-    ServeRequest r;
-    r.id = i;
-    r.input = w.inputs[i].view();
-    r.length = w.prompts[i] + w.decode_steps;
-    r.decode_tokens = decode_tokens;
-    sched.Submit(r);
-  }
-  sched.RunToCompletion();
-  if (steps != nullptr) *steps = sched.steps();
-  if (notes != nullptr) *notes = sched.notes();
-  std::vector<RequestResult> out = sched.finished();
-  std::sort(out.begin(), out.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
-  return out;
 }
 
 struct SelfCheck {
@@ -128,6 +104,135 @@ SelfCheck ReplayOneShot(const KdaModel& model, const LayerTrace& trace, const Re
   return c;
 }
 
+// One rank's numbers, gathered at world rank 0 (plain data: sent as bytes).
+struct RankStats {
+  int32_t tp_rank = 0;
+  int32_t dp_rank = 0;
+  int32_t heads_begin = 0;
+  int32_t heads_count = 0;
+  int32_t requests = 0;
+  int32_t check_pass = 1;
+  int64_t running = 0;  // pool slots
+  int64_t state_bytes_per_request = 0;
+  int64_t extend_tokens = 0;
+  int64_t decode_tokens = 0;
+  double extend_s = 0.0;
+  double decode_s = 0.0;
+  double allreduce_s = 0.0;
+  double check_max_ratio = 0.0;
+};
+
+// World rank 0's report: the step table (its own steps), the job's
+// throughput, state bytes, the per-rank table under mpirun, the self-check
+// and the JSON line. Returns the exit status.
+int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kernel, const ParallelServeResult& served,
+                const std::map<std::pair<int, int64_t>, std::pair<int64_t, double>>& by_batch, const SelfCheck& check,
+                int64_t per_request, int probe, const std::vector<RankStats>& ranks, const ParallelGroups& groups) {
+  const int L = model.num_layers();
+  const KdaLayerShape full = model.full_shape();
+  const bool multi = groups.world().size() > 1;
+  // The job: every data-parallel index's tokens (counted at its tp rank 0)
+  // over the slowest index's time; one process: its own numbers.
+  int64_t extend_tokens = 0;
+  int64_t decode_tokens = 0;
+  int64_t running = 0;
+  double extend_s = 0.0;
+  double decode_s = 0.0;
+  double worst_ratio = 0.0;
+  double worst_share = 0.0;
+  int64_t rank_per_request = 0;
+  bool pass = true;
+  for (const RankStats& r : ranks) {
+    if (r.tp_rank == 0) {
+      extend_tokens += r.extend_tokens;
+      decode_tokens += r.decode_tokens;
+      running += r.running;
+      extend_s = std::max(extend_s, r.extend_s);
+      decode_s = std::max(decode_s, r.decode_s);
+    }
+    const double step_s = r.extend_s + r.decode_s;
+    worst_share = std::max(worst_share, step_s > 0 ? r.allreduce_s / step_s : 0.0);
+    worst_ratio = std::max(worst_ratio, r.check_max_ratio);
+    rank_per_request = std::max(rank_per_request, r.state_bytes_per_request);
+    pass = pass && r.check_pass != 0;
+  }
+  const double prefill_tps = extend_s > 0 ? static_cast<double>(extend_tokens) / extend_s : 0.0;
+  const double decode_tps = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
+  const std::string kernels = std::string("chunk=") + KernelImplName(ResolveKernelImpl(kernel)) +
+                              " recurrent=" + KernelImplName(ResolveKernelImpl(kernel));
+
+  std::printf("kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, fp32 state\n",
+              opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
+              static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str());
+  std::printf(
+      "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
+      "step budget %lld, max running %lld, %d threads\n",
+      opt.requests, static_cast<long long>(opt.min_prompt), static_cast<long long>(opt.max_prompt),
+      static_cast<long long>(opt.decode_steps), static_cast<long long>(opt.prefill_chunk),
+      static_cast<long long>(opt.step_token_budget), static_cast<long long>(running), NumThreads());
+  if (multi) {
+    std::printf("parallel: tp %d x dp %d = %d ranks (heads split over tp, requests over dp; table: rank 0's steps)\n",
+                groups.tp_size(), groups.dp_size(), groups.world().size());
+  }
+  for (const std::string& n : served.notes) std::printf("note: %s\n", n.c_str());
+  std::printf("kernels: %s\n\n", kernels.c_str());
+  std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
+  for (const auto& [key, val] : by_batch) {
+    const auto mode = static_cast<ForwardMode>(key.first);
+    int64_t toks = 0;
+    for (const StepRecord& s : served.steps) {
+      if (s.mode == mode && s.batch_size == key.second) toks += s.tokens;
+    }
+    std::printf("  %-8s %6lld %8lld %12.2f %14.1f\n", ForwardModeName(mode), static_cast<long long>(key.second),
+                static_cast<long long>(val.first), val.second * 1e3 / static_cast<double>(val.first),
+                static_cast<double>(toks) / val.second);
+  }
+  std::printf("\n  prefill: %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(extend_tokens), extend_s,
+              prefill_tps);
+  std::printf("  decode:  %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(decode_tokens), decode_s,
+              decode_tps);
+  std::printf("  state: %.2f MiB per request, %.2f MiB for %lld running requests (plus the dummy slot)\n",
+              static_cast<double>(per_request) / (1 << 20), static_cast<double>(per_request * running) / (1 << 20),
+              static_cast<long long>(running));
+  if (multi) {
+    std::printf("\n  %4s %3s %3s %8s %8s %14s %12s %13s %16s\n", "rank", "tp", "dp", "heads", "requests",
+                "state MiB/req", "state MiB", "all-reduce s", "all-reduce share");
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const RankStats& r = ranks[i];
+      const double step_s = r.extend_s + r.decode_s;
+      const std::string heads = std::to_string(r.heads_begin) + "-" + std::to_string(r.heads_begin + r.heads_count - 1);
+      std::printf("  %4zu %3d %3d %8s %8d %14.2f %12.2f %13.3f %15.1f%%\n", i, r.tp_rank, r.dp_rank, heads.c_str(),
+                  r.requests, static_cast<double>(r.state_bytes_per_request) / (1 << 20),
+                  static_cast<double>(r.state_bytes_per_request * r.running) / (1 << 20), r.allreduce_s,
+                  step_s > 0 ? 100.0 * r.allreduce_s / step_s : 0.0);
+    }
+    std::printf("\n");
+  }
+  std::printf(
+      "  self-check (request %d, each layer served vs one-shot on the same input): worst out %s; worst state "
+      "%s -> %s\n",
+      probe, check.out.Summary().c_str(), check.state.Summary().c_str(), check.pass ? "PASS" : "FAIL");
+  if (multi) {
+    std::printf(
+        "  self-check on every rank (each data-parallel share's middle request, each rank its heads): "
+        "worst max_ratio %.3g -> %s\n",
+        worst_ratio, pass ? "PASS" : "FAIL");
+  }
+  if (opt.json) {
+    std::printf(
+        "{\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"state_bytes_per_request\": %lld, "
+        "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
+        "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
+        "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
+        "\"allreduce_time_share\": %.6g}\n",
+        prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
+        worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
+        opt.dtype.c_str(), NumThreads(), KernelImplName(ResolveKernelImpl(kernel)), groups.tp_size(), groups.dp_size(),
+        static_cast<long long>(rank_per_request), worst_share);
+  }
+  return pass ? 0 : 1;
+}
+
 }  // namespace
 
 int RunBenchCommand(const BenchOptions& opt) {
@@ -142,46 +247,80 @@ int RunBenchCommand(const BenchOptions& opt) {
   Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
         "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
   SetNumThreads(opt.threads);
+  // One process, or this rank of tp x dp under mpirun.
+  const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
+  const ParallelGroups& groups = rt->groups();
+  const bool root = groups.is_root();
+  TimedCommunicator tp_comm(&groups.tp());  // the layers' all-reduces, timed
 
   KdaModel model;
-  if (opt.model_dir.empty()) {
-    Check(opt.layers >= 1, "--layers must be >= 1");
-    KdaLayerShape shape;
-    shape.hidden = 2304;
-    shape.H = 32;
-    shape.K = 128;
-    shape.W = 4;
-    shape.rms_norm_eps = 1e-5;
-    model = KdaModel::Random(shape, opt.layers, dtype, 20261129);
-  } else {
-    model = KdaModel::Load(opt.model_dir, dtype);
-    Check(opt.layers >= 0, "--layers must be >= 0");
-    if (opt.layers > 0 && opt.layers < model.num_layers()) {
-      model.layers.erase(model.layers.begin() + opt.layers, model.layers.end());
-      model.model_layer_ids.resize(static_cast<size_t>(opt.layers));
+  rt->RunAgreed([&] {
+    if (opt.model_dir.empty()) {
+      Check(opt.layers >= 1, "--layers must be >= 1");
+      KdaLayerShape shape;
+      shape.hidden = 2304;
+      shape.H = 32;
+      shape.K = 128;
+      shape.W = 4;
+      shape.rms_norm_eps = 1e-5;
+      model = KdaModel::Random(shape, opt.layers, dtype, 20261129, &tp_comm);
+    } else {
+      model = KdaModel::Load(opt.model_dir, dtype, std::nullopt, &tp_comm);
+      Check(opt.layers >= 0, "--layers must be >= 0");
+      if (opt.layers > 0 && opt.layers < model.num_layers()) {
+        model.layers.erase(model.layers.begin() + opt.layers, model.layers.end());
+        model.model_layer_ids.resize(static_cast<size_t>(opt.layers));
+      }
     }
-  }
+  });
   const Workload w = MakeWorkload(opt, model);
-  SchedulerConfig cfg;
-  cfg.max_running = opt.max_running;
-  cfg.prefill_chunk = opt.prefill_chunk;
-  cfg.step_token_budget = opt.step_token_budget;
+  ParallelServeOptions serve_opt;
+  serve_opt.scheduler.max_running = opt.max_running;
+  serve_opt.scheduler.prefill_chunk = opt.prefill_chunk;
+  serve_opt.scheduler.step_token_budget = opt.step_token_budget;
+  serve_opt.kernel = kernel;
+  serve_opt.gather = false;  // the self-check compares each rank's own states
 
-  std::vector<int> all(static_cast<size_t>(opt.requests));
-  for (int i = 0; i < opt.requests; ++i) all[i] = i;
-  std::vector<StepRecord> steps;
-  std::vector<std::string> notes;
-  const int probe = opt.requests / 2;
+  std::vector<ServeRequest> requests;
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < opt.requests; ++i) {
+    ServeRequest r;
+    r.id = i;
+    r.input = w.inputs[i].view();
+    r.length = w.prompts[i] + w.decode_steps;
+    r.decode_tokens = opt.decode_steps;
+    requests.push_back(r);
+    tokens.push_back(r.length);
+  }
+  // The traced request: the middle one of this data-parallel rank's share
+  // (of all requests in one process).
+  const std::vector<int> owner = AssignRequestsToDpRanks(tokens, groups.dp_size());
+  std::vector<int> mine;
+  for (int i = 0; i < opt.requests; ++i) {
+    if (owner[i] == groups.dp_rank()) mine.push_back(i);
+  }
+  const int probe = mine.empty() ? -1 : mine[mine.size() / 2];
   LayerTrace trace;
   trace.req_id = probe;
-  const std::vector<RequestResult> served = Serve(model, w, all, cfg, kernel, opt.decode_steps, &steps, &notes, &trace);
+  serve_opt.trace = probe >= 0 ? &trace : nullptr;
+  ParallelServeResult served;
+  rt->RunAgreed([&] { served = ServeParallel(model, groups, requests, serve_opt); });
+  const double allreduce_s = tp_comm.allreduce_seconds();
+  const std::vector<StepRecord>& steps = served.steps;
 
   // Self-check, layer by layer: the traced request again, alone, every row in
   // one EXTEND step, each layer fed the input it saw while served. Its output
   // and final state must match the served ones (comparing only the last
   // layer's output would mix in bf16 rounding flips of earlier layers, which
-  // a deep bf16 stack amplifies).
-  const SelfCheck check = ReplayOneShot(model, trace, served[probe], kernel);
+  // a deep bf16 stack amplifies). Each rank checks its own heads.
+  SelfCheck check;
+  rt->RunAgreed([&] {
+    if (probe < 0) return;
+    const auto it =
+        std::find_if(served.local.begin(), served.local.end(), [&](const RequestResult& r) { return r.id == probe; });
+    Check(it != served.local.end(), "bench: the traced request did not finish");
+    check = ReplayOneShot(model, trace, *it, kernel);
+  });
   double extend_s = 0;
   double decode_s = 0;
   int64_t extend_tokens = 0;
@@ -200,59 +339,38 @@ int RunBenchCommand(const BenchOptions& opt) {
     e.second += s.seconds;
   }
   const int L = model.num_layers();
-  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.state_shape(), dtype);
-  const int64_t running = opt.max_running > 0 ? std::min<int64_t>(opt.max_running, opt.requests) : opt.requests;
-  const double prefill_tps = extend_s > 0 ? static_cast<double>(extend_tokens) / extend_s : 0.0;
-  const double decode_tps = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
-  const std::string kernels = std::string("chunk=") + KernelImplName(ResolveKernelImpl(kernel)) +
-                              " recurrent=" + KernelImplName(ResolveKernelImpl(kernel));
+  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.full_state_shape(), dtype);
 
-  std::printf("kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, fp32 state\n",
-              opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
-              static_cast<long long>(model.shape.hidden), model.shape.H, model.shape.K, model.shape.W,
-              opt.dtype.c_str());
-  std::printf(
-      "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
-      "step budget %lld, max running %lld, %d threads\n",
-      opt.requests, static_cast<long long>(opt.min_prompt), static_cast<long long>(opt.max_prompt),
-      static_cast<long long>(opt.decode_steps), static_cast<long long>(opt.prefill_chunk),
-      static_cast<long long>(opt.step_token_budget), static_cast<long long>(running), NumThreads());
-  for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
-  std::printf("kernels: %s\n\n", kernels.c_str());
-  std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
-  for (const auto& [key, val] : by_batch) {
-    const auto mode = static_cast<ForwardMode>(key.first);
-    int64_t toks = 0;
-    for (const StepRecord& s : steps) {
-      if (s.mode == mode && s.batch_size == key.second) toks += s.tokens;
+  // Every rank's numbers at world rank 0.
+  RankStats mine_stats;
+  mine_stats.tp_rank = groups.tp_rank();
+  mine_stats.dp_rank = groups.dp_rank();
+  mine_stats.heads_begin = model.heads.begin;
+  mine_stats.heads_count = model.heads.count;
+  mine_stats.requests = static_cast<int32_t>(mine.size());
+  mine_stats.check_pass = check.pass ? 1 : 0;
+  mine_stats.running = served.pool_capacity;
+  mine_stats.state_bytes_per_request = RecurrentStatePool::BytesPerRequest(L, model.state_shape(), dtype);
+  mine_stats.extend_tokens = extend_tokens;
+  mine_stats.decode_tokens = decode_tokens;
+  mine_stats.extend_s = extend_s;
+  mine_stats.decode_s = decode_s;
+  mine_stats.allreduce_s = allreduce_s;
+  mine_stats.check_max_ratio = std::max(check.out.max_ratio, check.state.max_ratio);
+  std::vector<RankStats> ranks;
+  rt->RunAgreed([&] {
+    for (const std::vector<uint8_t>& b : groups.world().Gather(&mine_stats, sizeof(mine_stats), 0)) {
+      Check(b.size() == sizeof(RankStats), "bench: bad per-rank statistics");
+      RankStats r;
+      std::memcpy(&r, b.data(), sizeof(r));
+      ranks.push_back(r);
     }
-    std::printf("  %-8s %6lld %8lld %12.2f %14.1f\n", ForwardModeName(mode), static_cast<long long>(key.second),
-                static_cast<long long>(val.first), val.second * 1e3 / static_cast<double>(val.first),
-                static_cast<double>(toks) / val.second);
-  }
-  std::printf("\n  prefill: %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(extend_tokens), extend_s,
-              prefill_tps);
-  std::printf("  decode:  %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(decode_tokens), decode_s,
-              decode_tps);
-  std::printf("  state: %.2f MiB per request, %.2f MiB for %lld running requests (plus the dummy slot)\n",
-              static_cast<double>(per_request) / (1 << 20), static_cast<double>(per_request * running) / (1 << 20),
-              static_cast<long long>(running));
-  std::printf(
-      "  self-check (request %d, each layer served vs one-shot on the same input): worst out %s; worst state "
-      "%s -> %s\n",
-      probe, check.out.Summary().c_str(), check.state.Summary().c_str(), check.pass ? "PASS" : "FAIL");
-  if (opt.json) {
-    std::printf(
-        "{\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"state_bytes_per_request\": %lld, "
-        "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
-        "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
-        "\"kernel\": \"%s\"}\n",
-        prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
-        std::max(check.out.max_ratio, check.state.max_ratio), opt.requests, L, static_cast<long long>(extend_tokens),
-        static_cast<long long>(decode_tokens), opt.dtype.c_str(), NumThreads(),
-        KernelImplName(ResolveKernelImpl(kernel)));
-  }
-  return check.pass ? 0 : 1;
+  });
+  int status = 0;
+  if (root) status = PrintReport(opt, model, kernel, served, by_batch, check, per_request, probe, ranks, groups);
+  std::fflush(stdout);
+  groups.world().Broadcast(&status, sizeof(status), 0);
+  return status;
 }
 
 }  // namespace kda::cli

@@ -21,6 +21,11 @@ struct BenchOptions {
   int threads = 0;
   uint64_t seed = 1;
   bool json = false;
+  // Parallelism (under mpirun, tp * dp processes): tensor-parallel ranks
+  // split the heads, data-parallel ranks split the requests (max_running is
+  // per data-parallel rank).
+  int tp = 1;
+  int dp = 1;
 };
 
 int RunBenchCommand(const BenchOptions& opt);

@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--decode-last", run.decode_last, "Feed the last K tokens of longer sequences as DECODE steps");
   run_cmd->add_option("--max-running", run.max_running, "At most R sequences hold a state slot at once");
   run_cmd->add_option("--lengths", run.lengths, "Embedded default only: comma-separated sequence lengths");
+  run_cmd->add_option("--tp", run.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
+  run_cmd->add_option("--dp", run.dp, "Data-parallel ranks (split the sequences; under mpirun)");
 
   kda::cli::BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Serving benchmark: chunked prefill and batched decode");
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--threads", bench.threads, "Worker threads (0: OpenMP default)");
   bench_cmd->add_option("--seed", bench.seed, "Workload seed");
   bench_cmd->add_flag("--json", bench.json, "End with one JSON line of the results");
+  bench_cmd->add_option("--tp", bench.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
+  bench_cmd->add_option("--dp", bench.dp, "Data-parallel ranks (split the requests; under mpirun)");
 
   try {
     app.parse(argc, argv);

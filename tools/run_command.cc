@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -13,8 +14,10 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
+#include "kda/dist/parallel_groups.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
+#include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda::cli {
@@ -62,7 +65,8 @@ std::vector<int64_t> CheckedCuSeqlens(const TensorInfo& t, int64_t T) {
   return cu;
 }
 
-// The outputs of serving a packed batch: rows in input order, states per sequence.
+// The outputs of serving a packed batch: rows in input order, states per
+// sequence (at world rank 0; the step counts are this rank's).
 struct Served {
   std::vector<float> out;   // [T, hidden]
   std::vector<float> rec;   // [N, L, H, K, V]
@@ -72,27 +76,20 @@ struct Served {
   int64_t extend_steps = 0, decode_steps = 0;
 };
 
-// Serves sequence n = rows [cu[n], cu[n+1]) of x as request n through a fresh
-// pool, with optional initial states ([N, L, ...] layouts, null for zero).
-Served Serve(const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu, const float* init_rec,
-             const ActBuffer* init_conv, int64_t prefill_chunk, const std::vector<int64_t>& decode_tokens,
-             int64_t max_running, KernelImpl kernel) {
+// Serves sequence n = rows [cu[n], cu[n+1]) of x as request n, each rank its
+// data-parallel share through a fresh pool of its heads, with optional initial
+// states (full [N, L, ...] layouts, null for zero). Collective over the
+// groups; each phase's errors are agreed before the next collective.
+Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
+             const float* init_rec, const ActBuffer* init_conv, int64_t prefill_chunk,
+             const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
   const int L = model.num_layers();
-  const StateShape ss = model.state_shape();
-  const int64_t capacity = max_running > 0 ? std::min(max_running, N) : N;
-  RecurrentStatePool pool(L, capacity, ss, model.act_dtype);
-  HybridReqToTokenPool req_pool(&pool);
-  const MemoryPools pools{&pool, &req_pool};
-  ModelRunner runner(model, pools, kernel);
-  SchedulerConfig cfg;
-  cfg.max_running = capacity;
-  cfg.prefill_chunk = prefill_chunk;
-  cfg.step_token_budget = std::max<int64_t>(cu.back(), 1);  // every sequence joins each EXTEND step
-  Scheduler sched(runner, pools, cfg);
+  const StateShape ss = model.full_state_shape();
   const int64_t hidden = model.shape.hidden;
   const int64_t rs = ss.RecurrentSize();
   const int64_t cs = ss.ConvSize();
+  std::vector<ServeRequest> requests;
   for (int64_t n = 0; n < N; ++n) {
     ServeRequest r;
     r.id = n;
@@ -101,22 +98,32 @@ Served Serve(const KdaModel& model, const ActBuffer& x, const std::vector<int64_
     r.decode_tokens = decode_tokens[n];
     if (init_rec != nullptr) r.initial_recurrent = init_rec + n * L * rs;
     if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * L * cs).data;
-    sched.Submit(r);
+    requests.push_back(r);
   }
-  sched.RunToCompletion();
+  ParallelServeOptions options;
+  options.scheduler.max_running = max_running;
+  options.scheduler.prefill_chunk = prefill_chunk;
+  options.scheduler.step_token_budget = std::max<int64_t>(cu.back(), 1);  // every sequence joins each EXTEND step
+  options.kernel = kernel;
+  options.gather = false;
+  const ParallelGroups& groups = rt.groups();
+  ParallelServeResult served;
+  rt.RunAgreed([&] { served = ServeParallel(model, groups, requests, options); });
+  std::vector<RequestResult> results;
+  rt.RunAgreed([&] { results = GatherResults(model, groups, std::move(served.local)); });
 
   Served s;
   s.out.assign(static_cast<size_t>(cu.back() * hidden), 0.0F);
   s.rec.assign(static_cast<size_t>(N * L * rs), 0.0F);
   s.conv.assign(static_cast<size_t>(N * L * cs), 0.0F);
-  for (const RequestResult& r : sched.finished()) {
+  for (const RequestResult& r : results) {
     const std::vector<float> o = BytesToFloat(r.out, model.act_dtype);
     std::copy(o.begin(), o.end(), s.out.begin() + cu[r.id] * hidden);
     std::copy(r.final_recurrent.begin(), r.final_recurrent.end(), s.rec.begin() + r.id * L * rs);
     const std::vector<float> c = BytesToFloat(r.final_conv, model.act_dtype);
     std::copy(c.begin(), c.end(), s.conv.begin() + r.id * L * cs);
   }
-  for (const StepRecord& st : sched.steps()) {
+  for (const StepRecord& st : served.steps) {
     ++s.steps;
     if (st.mode == ForwardMode::kDecode) {
       s.decode_s += st.seconds;
@@ -129,64 +136,89 @@ Served Serve(const KdaModel& model, const ActBuffer& x, const std::vector<int64_
   return s;
 }
 
-int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel) {
-  Check(!opt.input.empty(), "--input is required with --model");
-  Check(!opt.output.empty(), "--output is required with --model");
-  const KimiLinearConfig config = LoadKimiLinearConfig(opt.model_dir);
-  const int layer = opt.layer_given ? opt.layer : config.FirstKdaLayer();
-  const KdaModel model = KdaModel::Load(opt.model_dir, dtype, layer);
-  const KdaLayerShape& shape = model.shape;
+// ", tp 2 x dp 1 ranks" under mpirun; empty for one process.
+std::string ParallelNote(const ParallelGroups& g) {
+  if (g.world().size() == 1) return "";
+  return ", tp " + std::to_string(g.tp_size()) + " x dp " + std::to_string(g.dp_size()) + " ranks";
+}
 
-  const SafetensorsFile in = SafetensorsFile::Open(opt.input);
-  Check(in.Has("hidden_states"), "input file has no hidden_states tensor");
-  Check(in.Has("cu_seqlens"), "input file has no cu_seqlens tensor");
-  const TensorInfo& xs = in.Get("hidden_states");
-  Check(xs.dtype == DType::kF32 || xs.dtype == DType::kBF16,
-        std::string("input tensor hidden_states has dtype ") + DTypeName(xs.dtype) + ", expected F32 or BF16");
-  Check(xs.shape.size() == 2 && xs.shape[1] == shape.hidden, "input tensor hidden_states has shape " +
-                                                                 ShapeString(xs.shape) + ", expected [T, " +
-                                                                 std::to_string(shape.hidden) + "]");
-  const int64_t T = xs.shape[0];
-  const std::vector<int64_t> cu = CheckedCuSeqlens(in.Get("cu_seqlens"), T);
-  const auto N = static_cast<int64_t>(cu.size()) - 1;
-
+// Every rank loads its heads' shard and reads the whole input; world rank 0
+// writes the output file with the full states.
+int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime& rt) {
+  const ParallelGroups& groups = rt.groups();
+  KdaModel model;
+  int layer = 0;
+  int64_t T = 0;
+  int64_t N = 0;
+  std::vector<int64_t> cu;
   std::vector<float> rec;
-  if (in.Has("initial_recurrent_state")) {
-    const TensorInfo& t = in.Get("initial_recurrent_state");
-    Check(t.dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
-    ExpectShape(t, {N, shape.H, shape.K, shape.K});
-    rec = ToFloatVector(t);
-  }
   std::vector<float> conv;
-  if (in.Has("initial_conv_state")) {
-    const TensorInfo& t = in.Get("initial_conv_state");
-    Check(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "input tensor initial_conv_state must be F32 or BF16");
-    ExpectShape(t, {N, shape.W - 1, shape.ConvChannels()});
-    conv = ToFloatVector(t);
-  }
-  // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
-  if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
-  if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
-  const ActBuffer x = ToAct(dtype, ToFloatVector(xs));
-  const ActBuffer conv_act = ToAct(dtype, conv);
+  ActBuffer x;
+  ActBuffer conv_act;
+  // Loading and input checks: no collective inside, so a rank that fails
+  // here (a file missing on one host) stops every rank with its message.
+  rt.RunAgreed([&] {
+    Check(!opt.input.empty(), "--input is required with --model");
+    Check(!opt.output.empty(), "--output is required with --model");
+    const KimiLinearConfig config = LoadKimiLinearConfig(opt.model_dir);
+    layer = opt.layer_given ? opt.layer : config.FirstKdaLayer();
+    model = KdaModel::Load(opt.model_dir, dtype, layer, &groups.tp());
+    const KdaLayerShape shape = model.full_shape();
+
+    const SafetensorsFile in = SafetensorsFile::Open(opt.input);
+    Check(in.Has("hidden_states"), "input file has no hidden_states tensor");
+    Check(in.Has("cu_seqlens"), "input file has no cu_seqlens tensor");
+    const TensorInfo& xs = in.Get("hidden_states");
+    Check(xs.dtype == DType::kF32 || xs.dtype == DType::kBF16,
+          std::string("input tensor hidden_states has dtype ") + DTypeName(xs.dtype) + ", expected F32 or BF16");
+    Check(xs.shape.size() == 2 && xs.shape[1] == shape.hidden, "input tensor hidden_states has shape " +
+                                                                   ShapeString(xs.shape) + ", expected [T, " +
+                                                                   std::to_string(shape.hidden) + "]");
+    T = xs.shape[0];
+    cu = CheckedCuSeqlens(in.Get("cu_seqlens"), T);
+    N = static_cast<int64_t>(cu.size()) - 1;
+
+    if (in.Has("initial_recurrent_state")) {
+      const TensorInfo& t = in.Get("initial_recurrent_state");
+      Check(t.dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
+      ExpectShape(t, {N, shape.H, shape.K, shape.K});
+      rec = ToFloatVector(t);
+    }
+    if (in.Has("initial_conv_state")) {
+      const TensorInfo& t = in.Get("initial_conv_state");
+      Check(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "input tensor initial_conv_state must be F32 or BF16");
+      ExpectShape(t, {N, shape.W - 1, shape.ConvChannels()});
+      conv = ToFloatVector(t);
+    }
+    // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
+    if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
+    if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
+    x = ToAct(dtype, ToFloatVector(xs));
+    conv_act = ToAct(dtype, conv);
+  });
+  const KdaLayerShape shape = model.full_shape();
   std::vector<int64_t> decode(static_cast<size_t>(N), opt.decode_last);
 
   const auto t0 = Clock::now();
-  const Served s = Serve(model, x, cu, rec.empty() ? nullptr : rec.data(), conv.empty() ? nullptr : &conv_act,
+  const Served s = Serve(rt, model, x, cu, rec.empty() ? nullptr : rec.data(), conv.empty() ? nullptr : &conv_act,
                          opt.prefill_chunk, decode, opt.max_running, kernel);
   const double secs = SecondsSince(t0);
 
-  WriteSafetensors(opt.output,
-                   {{"out", DType::kF32, {T, shape.hidden}, s.out.data()},
-                    {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
-                    {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}},
-                   {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
+  rt.RunAgreed([&] {
+    if (!groups.is_root()) return;
+    WriteSafetensors(opt.output,
+                     {{"out", DType::kF32, {T, shape.hidden}, s.out.data()},
+                      {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
+                      {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}},
+                     {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
+  });
+  if (!groups.is_root()) return 0;
   std::printf(
-      "layer %d (%s, kernel %s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
+      "layer %d (%s, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
       "%.3f ms -> %s\n",
-      layer, opt.dtype.c_str(), KernelImplName(ResolveKernelImpl(kernel)), static_cast<long long>(T),
-      static_cast<long long>(N), static_cast<long long>(s.steps), static_cast<long long>(s.extend_steps),
-      static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
+      layer, opt.dtype.c_str(), KernelImplName(ResolveKernelImpl(kernel)), ParallelNote(groups).c_str(),
+      static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(s.steps),
+      static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
   return 0;
 }
 
@@ -213,7 +245,7 @@ std::vector<int64_t> ParseLengths(const std::string& s) {
 // weights. Runs the packed batch as one EXTEND (chunk kernel), then again with
 // every token after the first as a DECODE step (recurrent kernel), and
 // compares the two.
-int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel) {
+int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime& rt) {
   KdaLayerShape shape;
   shape.hidden = 2304;
   shape.H = 32;
@@ -226,23 +258,34 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel) {
   for (int64_t l : lens) cu.push_back(cu.back() + l);
   const int64_t T = cu.back();
 
-  const KdaModel model = KdaModel::Random(shape, 1, dtype, 20261129);
+  const ParallelGroups& groups = rt.groups();
+  KdaModel model;
+  rt.RunAgreed([&] { model = KdaModel::Random(shape, 1, dtype, 20261129, &groups.tp()); });
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::vector<float> xv(static_cast<size_t>(T * shape.hidden));
   for (float& v : xv) v = RoundBF16(normal(rng));
   const ActBuffer x = ToAct(dtype, xv);
 
-  std::printf("kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %d threads\n",
-              static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), NumThreads());
-  std::printf("batch: %lld sequences, %lld tokens (lengths %s)\n", static_cast<long long>(N), static_cast<long long>(T),
-              opt.lengths.c_str());
+  const bool root = groups.is_root();
+  if (root) {
+    std::printf("kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %d threads%s\n",
+                static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), NumThreads(),
+                ParallelNote(groups).c_str());
+    std::printf("batch: %lld sequences, %lld tokens (lengths %s)\n", static_cast<long long>(N),
+                static_cast<long long>(T), opt.lengths.c_str());
+  }
   const std::vector<int64_t> no_decode(static_cast<size_t>(N), 0);
   std::vector<int64_t> all_decode;
   all_decode.reserve(lens.size());
   for (int64_t l : lens) all_decode.push_back(std::max<int64_t>(l - 1, 0));
-  const Served a = Serve(model, x, cu, nullptr, nullptr, 0, no_decode, 0, kernel);
-  const Served b = Serve(model, x, cu, nullptr, nullptr, 0, all_decode, 0, kernel);
+  const Served a = Serve(rt, model, x, cu, nullptr, nullptr, 0, no_decode, 0, kernel);
+  const Served b = Serve(rt, model, x, cu, nullptr, nullptr, 0, all_decode, 0, kernel);
+  if (!root) {
+    int ok = 0;
+    groups.world().Broadcast(&ok, sizeof(ok), 0);  // the verdict is world rank 0's
+    return ok != 0 ? 0 : 1;
+  }
 
   const ToleranceReport out_rep = dtype == DType::kF32 ? CompareF32(b.out.data(), a.out.data(), a.out.size())
                                                        : CompareBF16(b.out.data(), a.out.data(), a.out.size());
@@ -256,7 +299,10 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel) {
               b.decode_s * 1e6 / static_cast<double>(std::max<int64_t>(b.decode_steps, 1)));
   std::printf("check chunk vs recurrent: out %s; final state %s -> %s\n", out_rep.Summary().c_str(),
               state_rep.Summary().c_str(), out_rep.ok && state_rep.ok ? "PASS" : "FAIL");
-  return out_rep.ok && state_rep.ok ? 0 : 1;
+  std::fflush(stdout);
+  int ok = out_rep.ok && state_rep.ok ? 1 : 0;
+  groups.world().Broadcast(&ok, sizeof(ok), 0);
+  return ok != 0 ? 0 : 1;
 }
 
 }  // namespace
@@ -274,9 +320,12 @@ int RunLayerCommand(const RunOptions& opt) {
   SetNumThreads(opt.threads);
   if (opt.model_dir.empty()) {
     Check(opt.input.empty() && opt.output.empty(), "--input and --output need --model");
-    return RunEmbeddedDefault(opt, dtype, kernel);
   }
-  return RunOnFiles(opt, dtype, kernel);
+  // One process, or this rank of tp x dp under mpirun (the checks above are
+  // the same on every rank, so they stop each one before MPI starts).
+  const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
+  if (opt.model_dir.empty()) return RunEmbeddedDefault(opt, dtype, kernel, *rt);
+  return RunOnFiles(opt, dtype, kernel, *rt);
 }
 
 }  // namespace kda::cli

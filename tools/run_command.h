@@ -20,12 +20,17 @@ struct RunOptions {
   // slot at once (0: all).
   int64_t prefill_chunk = 0;
   int64_t decode_last = 0;
-  int64_t max_running = 0;
+  int64_t max_running = 0;  // per data-parallel rank
+  // Parallelism (under mpirun, tp * dp processes): tensor-parallel ranks
+  // split the heads, data-parallel ranks split the sequences.
+  int tp = 1;
+  int dp = 1;
   // Embedded default only: sequence lengths of the packed batch.
   std::string lengths = "512,300,128,77";
 };
 
-// Returns the process exit status; throws kda::Error on bad input.
+// Returns the process exit status; throws kda::Error on bad input (under
+// mpirun: a CollectiveError on every rank).
 int RunLayerCommand(const RunOptions& opt);
 
 }  // namespace kda::cli

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -17,9 +18,9 @@ std::string ShapeString(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-// Reads tensor `name`, whose shape must be one of `shapes`, as fp32 values.
-std::vector<float> ReadTensor(const Checkpoint& ckpt, const std::string& name,
-                              const std::vector<std::vector<int64_t>>& shapes) {
+// Checks that tensor `name` exists, is F32 or BF16 and has one of `shapes`.
+const TensorInfo& CheckedTensor(const Checkpoint& ckpt, const std::string& name,
+                                const std::vector<std::vector<int64_t>>& shapes) {
   Check(ckpt.Has(name), "checkpoint is missing tensor " + name);
   const TensorInfo& t = ckpt.Get(name);
   Check(t.dtype == DType::kF32 || t.dtype == DType::kBF16,
@@ -27,7 +28,64 @@ std::vector<float> ReadTensor(const Checkpoint& ckpt, const std::string& name,
   bool ok = false;
   for (const auto& s : shapes) ok = ok || s == t.shape;
   Check(ok, "tensor " + name + " has shape " + ShapeString(t.shape) + ", expected " + ShapeString(shapes.front()));
-  return ToFloatVector(t);
+  Check(static_cast<uint64_t>(t.numel()) * DTypeSize(t.dtype) == t.nbytes && (t.nbytes == 0 || t.data != nullptr),
+        "tensor " + name + ": its data does not match its shape");
+  return t;
+}
+
+// Reads rows [r0, r1) x columns [c0, c1) of tensor `name` (one of `shapes`)
+// viewed as a row-major [numel / cols, cols] matrix, converting only those
+// elements from the mapped file. Each contiguous run read is logged.
+std::vector<float> ReadBlock(const Checkpoint& ckpt, const std::string& name,
+                             const std::vector<std::vector<int64_t>>& shapes, int64_t cols, int64_t r0, int64_t r1,
+                             int64_t c0, int64_t c1, std::vector<TensorRead>* reads) {
+  const TensorInfo& t = CheckedTensor(ckpt, name, shapes);
+  const int64_t rows = t.numel() / cols;
+  Check(rows * cols == t.numel() && r0 >= 0 && r0 <= r1 && r1 <= rows && c0 >= 0 && c0 <= c1 && c1 <= cols,
+        "tensor " + name + ": block out of range");
+  const size_t esize = DTypeSize(t.dtype);
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>((r1 - r0) * (c1 - c0)));
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t begin = r * cols + c0;
+    const int64_t end = r * cols + c1;
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* p = t.data + static_cast<size_t>(i) * esize;  // memcpy: data may be unaligned
+      if (t.dtype == DType::kF32) {
+        float v = 0.0F;
+        std::memcpy(&v, p, sizeof(v));
+        out.push_back(v);
+      } else {
+        BF16 v;
+        std::memcpy(&v.bits, p, sizeof(v.bits));
+        out.push_back(ToFloat(v));
+      }
+    }
+    if (reads == nullptr || begin == end) continue;
+    if (!reads->empty() && reads->back().name == name && reads->back().end == begin) {
+      reads->back().end = end;  // whole rows: one run
+    } else {
+      reads->push_back({name, begin, end});
+    }
+  }
+  return out;
+}
+
+// Rows [r0, r1) of a [rows, cols] view (a slice of the outermost dimension).
+std::vector<float> ReadRows(const Checkpoint& ckpt, const std::string& name,
+                            const std::vector<std::vector<int64_t>>& shapes, int64_t cols, int64_t r0, int64_t r1,
+                            std::vector<TensorRead>* reads) {
+  return ReadBlock(ckpt, name, shapes, cols, r0, r1, 0, cols, reads);
+}
+
+// Rows [r0, r1) x columns [c0, c1) of a row-major [rows, cols] matrix.
+std::vector<float> CutBlock(const std::vector<float>& m, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>((r1 - r0) * (c1 - c0)));
+  for (int64_t r = r0; r < r1; ++r) {
+    out.insert(out.end(), m.begin() + r * cols + c0, m.begin() + r * cols + c1);
+  }
+  return out;
 }
 
 }  // namespace
@@ -42,33 +100,91 @@ KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& c) {
   return s;
 }
 
+KdaHeadShard MakeKdaHeadShard(int total_heads, int rank, int size) {
+  Check(size >= 1 && rank >= 0 && rank < size,
+        "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
+  Check(total_heads % size == 0, "the model's " + std::to_string(total_heads) +
+                                     " heads cannot be split evenly over --tp " + std::to_string(size) +
+                                     " ranks (--tp must divide the number of heads)");
+  KdaHeadShard s;
+  s.count = total_heads / size;
+  s.begin = rank * s.count;
+  s.total = total_heads;
+  return s;
+}
+
+KdaLayerShape ShardLayerShape(const KdaLayerShape& full, const KdaHeadShard& shard) {
+  Check(shard.total == full.H && shard.count >= 1 && shard.begin >= 0 && shard.begin + shard.count <= full.H,
+        "head shard does not fit the layer's " + std::to_string(full.H) + " heads");
+  KdaLayerShape s = full;
+  s.H = shard.count;
+  return s;
+}
+
 KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConfig& config, int layer) {
+  return LoadKdaLayerWeights(ckpt, config, layer, MakeKdaHeadShard(config.num_heads, 0, 1));
+}
+
+KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConfig& config, int layer,
+                                    const KdaHeadShard& shard, std::vector<TensorRead>* reads) {
   Check(layer >= 0 && layer < config.num_hidden_layers,
         "layer " + std::to_string(layer) + " is out of range [0, " + std::to_string(config.num_hidden_layers) + ")");
   Check(config.IsKdaLayer(layer), "layer " + std::to_string(layer) + " is not a KDA layer");
   const KdaLayerShape s = KdaLayerShapeFromConfig(config);
+  ShardLayerShape(s, shard);  // validates the shard
   const int64_t hid = s.hidden;
   const int64_t p = s.P();
   const int64_t k = s.K;
   const int64_t h = s.H;
   const int64_t w = s.W;
+  // This shard's heads, and their rows / channels (h * K + d) in the P-sized dimensions.
+  const int64_t h0 = shard.begin;
+  const int64_t h1 = shard.begin + shard.count;
+  const int64_t p0 = h0 * k;
+  const int64_t p1 = h1 * k;
   const std::string pre = "model.layers." + std::to_string(layer) + ".self_attn.";
   KdaLayerWeights r;
-  r.q_proj = ReadTensor(ckpt, pre + "q_proj.weight", {{p, hid}});
-  r.k_proj = ReadTensor(ckpt, pre + "k_proj.weight", {{p, hid}});
-  r.v_proj = ReadTensor(ckpt, pre + "v_proj.weight", {{p, hid}});
-  r.q_conv = ReadTensor(ckpt, pre + "q_conv1d.weight", {{p, 1, w}, {p, w}});
-  r.k_conv = ReadTensor(ckpt, pre + "k_conv1d.weight", {{p, 1, w}, {p, w}});
-  r.v_conv = ReadTensor(ckpt, pre + "v_conv1d.weight", {{p, 1, w}, {p, w}});
-  r.f_a_proj = ReadTensor(ckpt, pre + "f_a_proj.weight", {{k, hid}});
-  r.f_b_proj = ReadTensor(ckpt, pre + "f_b_proj.weight", {{p, k}});
-  r.b_proj = ReadTensor(ckpt, pre + "b_proj.weight", {{h, hid}});
-  r.g_a_proj = ReadTensor(ckpt, pre + "g_a_proj.weight", {{k, hid}});
-  r.g_b_proj = ReadTensor(ckpt, pre + "g_b_proj.weight", {{p, k}});
-  r.A_log = ReadTensor(ckpt, pre + "A_log", {{1, 1, h, 1}, {h}});
-  r.dt_bias = ReadTensor(ckpt, pre + "dt_bias", {{p}});
-  r.o_norm = ReadTensor(ckpt, pre + "o_norm.weight", {{k}});
-  r.o_proj = ReadTensor(ckpt, pre + "o_proj.weight", {{hid, p}});
+  r.q_proj = ReadRows(ckpt, pre + "q_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+  r.k_proj = ReadRows(ckpt, pre + "k_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+  r.v_proj = ReadRows(ckpt, pre + "v_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+  r.q_conv = ReadRows(ckpt, pre + "q_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
+  r.k_conv = ReadRows(ckpt, pre + "k_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
+  r.v_conv = ReadRows(ckpt, pre + "v_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
+  r.f_a_proj = ReadRows(ckpt, pre + "f_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
+  r.f_b_proj = ReadRows(ckpt, pre + "f_b_proj.weight", {{p, k}}, k, p0, p1, reads);
+  r.b_proj = ReadRows(ckpt, pre + "b_proj.weight", {{h, hid}}, hid, h0, h1, reads);
+  r.g_a_proj = ReadRows(ckpt, pre + "g_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
+  r.g_b_proj = ReadRows(ckpt, pre + "g_b_proj.weight", {{p, k}}, k, p0, p1, reads);
+  r.A_log = ReadRows(ckpt, pre + "A_log", {{1, 1, h, 1}, {h}}, 1, h0, h1, reads);
+  r.dt_bias = ReadRows(ckpt, pre + "dt_bias", {{p}}, 1, p0, p1, reads);
+  r.o_norm = ReadRows(ckpt, pre + "o_norm.weight", {{k}}, 1, 0, k, reads);
+  r.o_proj = ReadBlock(ckpt, pre + "o_proj.weight", {{hid, p}}, p, 0, hid, p0, p1, reads);
+  return r;
+}
+
+KdaLayerWeights ShardKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& full, const KdaHeadShard& shard) {
+  ShardLayerShape(full, shard);
+  const int64_t hid = full.hidden;
+  const int64_t p = full.P();
+  const int64_t k = full.K;
+  const int64_t p0 = int64_t{shard.begin} * k;
+  const int64_t p1 = int64_t{shard.begin + shard.count} * k;
+  KdaLayerWeights r;
+  r.q_proj = CutBlock(w.q_proj, hid, p0, p1, 0, hid);
+  r.k_proj = CutBlock(w.k_proj, hid, p0, p1, 0, hid);
+  r.v_proj = CutBlock(w.v_proj, hid, p0, p1, 0, hid);
+  r.q_conv = CutBlock(w.q_conv, full.W, p0, p1, 0, full.W);
+  r.k_conv = CutBlock(w.k_conv, full.W, p0, p1, 0, full.W);
+  r.v_conv = CutBlock(w.v_conv, full.W, p0, p1, 0, full.W);
+  r.f_a_proj = w.f_a_proj;
+  r.f_b_proj = CutBlock(w.f_b_proj, k, p0, p1, 0, k);
+  r.b_proj = CutBlock(w.b_proj, hid, shard.begin, shard.begin + shard.count, 0, hid);
+  r.g_a_proj = w.g_a_proj;
+  r.g_b_proj = CutBlock(w.g_b_proj, k, p0, p1, 0, k);
+  r.A_log = CutBlock(w.A_log, 1, shard.begin, shard.begin + shard.count, 0, 1);
+  r.dt_bias = CutBlock(w.dt_bias, 1, p0, p1, 0, 1);
+  r.o_norm = w.o_norm;
+  r.o_proj = CutBlock(w.o_proj, p, 0, hid, p0, p1);
   return r;
 }
 

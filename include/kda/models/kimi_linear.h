@@ -63,6 +63,42 @@ KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConf
 // (every value bf16-representable), for benchmarks and the embedded default.
 KdaLayerWeights RandomKdaLayerWeights(const KdaLayerShape& shape, uint64_t seed);
 
+// Tensor parallelism over heads: the heads [begin, begin + count) of `total`
+// that one rank of a tp group owns.
+struct KdaHeadShard {
+  int begin = 0;
+  int count = 0;
+  int total = 0;
+};
+
+// Rank `rank` of a tp group of `size` ranks: total_heads / size consecutive
+// heads. kda::Error when `size` does not divide total_heads.
+KdaHeadShard MakeKdaHeadShard(int total_heads, int rank, int size);
+
+// The shape of a shard's layer: H = shard.count, everything else unchanged.
+KdaLayerShape ShardLayerShape(const KdaLayerShape& full, const KdaHeadShard& shard);
+
+// A run of elements [begin, end) (flat, row-major) read from checkpoint tensor `name`.
+struct TensorRead {
+  std::string name;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Like LoadKdaLayerWeights, but reads only the shard's part from the
+// checkpoint (every tensor's full shape is still checked): the rows of
+// q/k/v_proj, q/k/v_conv1d, f_b_proj, g_b_proj and b_proj and the entries of
+// A_log and dt_bias that belong to its heads; of o_proj the input columns of
+// its heads ([hidden, shard P]: its partial outputs are summed across the
+// group); f_a_proj, g_a_proj and o_norm whole. The result has the layout of
+// KdaLayerWeights for ShardLayerShape. `reads` (optional) receives each run
+// of elements read.
+KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConfig& config, int layer,
+                                    const KdaHeadShard& shard, std::vector<TensorRead>* reads = nullptr);
+
+// The same shard cut from full weights of shape `full` (for random models).
+KdaLayerWeights ShardKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& full, const KdaHeadShard& shard);
+
 // Per-token intermediate tensors (fp32 values), for checks against the golden
 // cases: conv outputs after SiLU, gates, beta, kernel output, output gate.
 struct KdaIntermediates {

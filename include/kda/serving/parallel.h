@@ -1,0 +1,71 @@
+// Serving across tensor- and data-parallel ranks (design §4): each
+// data-parallel rank serves its share of the requests through its own pool;
+// the tensor-parallel ranks of one data-parallel index serve the same
+// requests, each with the states of its heads. The results come back to
+// world rank 0 in request order, with the states of all heads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kda/dist/parallel_groups.h"
+#include "kda/serving/scheduler.h"
+
+namespace kda {
+
+// Which data-parallel rank serves each request (tokens[i]: request i's rows):
+// in order, each request goes to the rank with the fewest tokens so far
+// (ties: the lowest rank). Deterministic, so every rank computes the same split.
+std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int dp_size);
+
+// One request's states over L layers, the full model's vs one tensor-parallel
+// shard's (`shape`: the full model's state shape; Hs = shard.count heads):
+//   recurrent  full [L, H, K, V] fp32       shard [L, Hs, K, V]
+//   conv       full [L, W-1, 3P]            shard [L, W-1, 3 * Hs * K]
+// Conv channels are q|k|v, each P = H*K wide in the full layout and Hs*K (the
+// shard's heads) in the shard's; conv elements are `elem_size` bytes (the
+// activation dtype). Extract* cut a shard out of full states; Place* write a
+// shard into its part of full states.
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const StateShape& shape, const KdaHeadShard& shard);
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const StateShape& shape,
+                                      const KdaHeadShard& shard);
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const StateShape& shape,
+                         const KdaHeadShard& shard);
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const StateShape& shape,
+                    const KdaHeadShard& shard);
+
+struct ParallelServeOptions {
+  // max_running: per data-parallel rank (0: its whole share); the rest as for
+  // one Scheduler.
+  SchedulerConfig scheduler;
+  KernelImpl kernel = KernelImpl::kAuto;
+  bool gather = true;           // bring every result to world rank 0 (GatherResults)
+  LayerTrace* trace = nullptr;  // records trace->req_id's rows when this rank serves it
+};
+
+struct ParallelServeResult {
+  std::vector<RequestResult> local;     // this rank's requests by id; states of its heads only
+  std::vector<RequestResult> gathered;  // world rank 0 when gathering: every request by id, full states
+  std::vector<StepRecord> steps;        // this rank's scheduler steps
+  std::vector<std::string> notes;       // this rank's scheduler notes
+  int64_t pool_capacity = 0;            // this rank's state pool: usable slots
+  int64_t pool_bytes = 0;               // and its bytes (dummy slot included)
+};
+
+// Collective over the world: every rank's `local` results (ServeParallel
+// without gathering) at world rank 0, by id, with the states of all heads
+// (the full layouts); empty on the other ranks.
+std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGroups& groups,
+                                         std::vector<RequestResult> local);
+
+// Serves `requests` (every request of the job, the same list on every rank,
+// distinct ids) over `groups` with `model`, this rank's tensor-parallel shard
+// (model.tp the groups' tp communicator, or null when tp = 1). Initial states,
+// when given, are in the full layouts above (fp32 and the activation dtype);
+// each rank takes its heads' part. Collective over the world.
+ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
+                                  const std::vector<ServeRequest>& requests, const ParallelServeOptions& options);
+
+}  // namespace kda

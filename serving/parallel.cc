@@ -1,0 +1,264 @@
+#include "kda/serving/parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "kda/base/error.h"
+
+namespace kda {
+namespace {
+
+// Copies the shard's head blocks between a full [rows, groups, H, block] and
+// a shard [rows, groups, Hs, block] layout, elements of `esz` bytes.
+void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, int groups, int H, int64_t block, size_t esz,
+               const KdaHeadShard& s, bool to_shard) {
+  Check(s.total == H && s.begin >= 0 && s.count >= 1 && s.begin + s.count <= H, "head shard does not fit the states");
+  const auto run = static_cast<size_t>(s.count * block) * esz;
+  for (int64_t r = 0; r < rows * groups; ++r) {
+    const size_t full_off = static_cast<size_t>((r * H + s.begin) * block) * esz;
+    const size_t shard_off = static_cast<size_t>(r * s.count * block) * esz;
+    if (to_shard) {
+      std::memcpy(dst + shard_off, src + full_off, run);
+    } else {
+      std::memcpy(dst + full_off, src + shard_off, run);
+    }
+  }
+}
+
+int64_t RecurrentBlock(const StateShape& s) { return static_cast<int64_t>(s.K) * s.K; }
+
+// Byte serialization of request results for the gathers.
+class Writer {
+ public:
+  template <typename T>
+  void Put(const T& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    buf_.insert(buf_.end(), p, p + sizeof(T));
+  }
+  void PutBytes(const void* data, size_t n) {
+    Put(static_cast<int64_t>(n));
+    const auto* p = static_cast<const uint8_t*>(data);
+    buf_.insert(buf_.end(), p, p + n);
+  }
+  const std::vector<uint8_t>& bytes() const { return buf_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<uint8_t>& buf) : buf_(buf) {}
+  template <typename T>
+  T Get() {
+    T v{};
+    Take(&v, sizeof(T));
+    return v;
+  }
+  template <typename T>
+  std::vector<T> GetVector() {
+    const auto n = Get<int64_t>();
+    Check(n >= 0 && n % static_cast<int64_t>(sizeof(T)) == 0, "gather: corrupt result stream");
+    std::vector<T> v(static_cast<size_t>(n) / sizeof(T));
+    Take(v.data(), static_cast<size_t>(n));
+    return v;
+  }
+  bool done() const { return pos_ == buf_.size(); }
+
+ private:
+  void Take(void* dst, size_t n) {
+    Check(n <= buf_.size() - pos_, "gather: truncated result stream");
+    if (n > 0) std::memcpy(dst, buf_.data() + pos_, n);
+    pos_ += n;
+  }
+  const std::vector<uint8_t>& buf_;
+  size_t pos_ = 0;
+};
+
+void SortById(std::vector<RequestResult>& v) {
+  std::sort(v.begin(), v.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+}
+
+// Collective over `tp`: the results (the same requests, by id, on every tp
+// rank) with the states of every head, at tp rank 0 (empty elsewhere).
+std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestResult> local, int L,
+                                          const StateShape& full, size_t esz) {
+  if (tp.size() == 1) return local;
+  Writer w;
+  for (const RequestResult& r : local) {
+    w.Put(r.id);
+    w.PutBytes(r.final_recurrent.data(), r.final_recurrent.size() * sizeof(float));
+    w.PutBytes(r.final_conv.data(), r.final_conv.size());
+  }
+  const std::vector<std::vector<uint8_t>> parts =
+      tp.Gather(w.bytes().data(), static_cast<int64_t>(w.bytes().size()), 0);
+  if (tp.rank() != 0) return {};
+  std::vector<RequestResult> out = std::move(local);
+  for (RequestResult& r : out) {
+    r.final_recurrent.assign(static_cast<size_t>(L * full.RecurrentSize()), 0.0F);
+    r.final_conv.assign(static_cast<size_t>(L * full.ConvSize()) * esz, 0);
+  }
+  for (int rank = 0; rank < tp.size(); ++rank) {
+    const KdaHeadShard shard = MakeKdaHeadShard(full.H, rank, tp.size());
+    Reader rd(parts[rank]);
+    for (RequestResult& r : out) {
+      Check(rd.Get<int64_t>() == r.id, "tensor-parallel ranks finished different requests");
+      const std::vector<float> rec = rd.GetVector<float>();
+      const std::vector<uint8_t> conv = rd.GetVector<uint8_t>();
+      Check(rec.size() == static_cast<size_t>(L * RecurrentBlock(full) * shard.count) &&
+                conv.size() == static_cast<size_t>(L * (full.W - 1) * 3 * shard.count * full.K) * esz,
+            "tensor-parallel rank " + std::to_string(rank) + " sent states of the wrong size");
+      PlaceRecurrentShard(rec.data(), r.final_recurrent.data(), L, full, shard);
+      PlaceConvShard(conv.data(), r.final_conv.data(), esz, L, full, shard);
+    }
+    Check(rd.done(), "tensor-parallel ranks finished different requests");
+  }
+  return out;
+}
+
+// Collective over `dp`: every rank's results at dp rank 0, by id (empty elsewhere).
+std::vector<RequestResult> GatherDpResults(Communicator& dp, std::vector<RequestResult> local) {
+  if (dp.size() == 1) return local;
+  Writer w;
+  for (const RequestResult& r : local) {
+    w.Put(r.id);
+    w.PutBytes(r.out.data(), r.out.size());
+    w.PutBytes(r.final_recurrent.data(), r.final_recurrent.size() * sizeof(float));
+    w.PutBytes(r.final_conv.data(), r.final_conv.size());
+  }
+  const std::vector<std::vector<uint8_t>> parts =
+      dp.Gather(w.bytes().data(), static_cast<int64_t>(w.bytes().size()), 0);
+  if (dp.rank() != 0) return {};
+  std::vector<RequestResult> all;
+  for (const std::vector<uint8_t>& part : parts) {
+    Reader rd(part);
+    while (!rd.done()) {
+      RequestResult r;
+      r.id = rd.Get<int64_t>();
+      r.out = rd.GetVector<uint8_t>();
+      r.final_recurrent = rd.GetVector<float>();
+      r.final_conv = rd.GetVector<uint8_t>();
+      all.push_back(std::move(r));
+    }
+  }
+  SortById(all);
+  return all;
+}
+
+}  // namespace
+
+std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int dp_size) {
+  Check(dp_size >= 1, "data-parallel size must be >= 1");
+  std::vector<int64_t> load(static_cast<size_t>(dp_size), 0);
+  std::vector<int> owner;
+  owner.reserve(tokens.size());
+  for (int64_t t : tokens) {
+    const auto r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner.push_back(r);
+    // Every request counts at least one token, so empty requests spread too.
+    load[r] += std::max<int64_t>(t, 1);
+  }
+  return owner;
+}
+
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const StateShape& shape, const KdaHeadShard& shard) {
+  std::vector<float> out(static_cast<size_t>(L * shard.count * RecurrentBlock(shape)));
+  CopyHeads(reinterpret_cast<const uint8_t*>(full), reinterpret_cast<uint8_t*>(out.data()), L, 1, shape.H,
+            RecurrentBlock(shape), sizeof(float), shard, true);
+  return out;
+}
+
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const StateShape& shape,
+                                      const KdaHeadShard& shard) {
+  std::vector<uint8_t> out(static_cast<size_t>(L * (shape.W - 1) * 3 * shard.count * shape.K) * elem_size);
+  CopyHeads(static_cast<const uint8_t*>(full), out.data(), static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K,
+            elem_size, shard, true);
+  return out;
+}
+
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const StateShape& shape,
+                         const KdaHeadShard& shard) {
+  CopyHeads(reinterpret_cast<const uint8_t*>(shard_states), reinterpret_cast<uint8_t*>(full), L, 1, shape.H,
+            RecurrentBlock(shape), sizeof(float), shard, false);
+}
+
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const StateShape& shape,
+                    const KdaHeadShard& shard) {
+  CopyHeads(static_cast<const uint8_t*>(shard_states), static_cast<uint8_t*>(full),
+            static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K, elem_size, shard, false);
+}
+
+ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
+                                  const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
+  const int L = model.num_layers();
+  const StateShape full = model.full_state_shape();
+  const KdaHeadShard want = MakeKdaHeadShard(full.H, groups.tp_rank(), groups.tp_size());
+  Check(model.heads.begin == want.begin && model.heads.count == want.count && model.heads.total == want.total,
+        "the model is not this rank's tensor-parallel shard");
+  const bool sharded = groups.tp_size() > 1;
+  const size_t esz = DTypeSize(model.act_dtype);
+
+  // This rank's share, with its heads' part of any initial state (the
+  // storage lives until the scheduler has admitted every request).
+  std::vector<int64_t> tokens;
+  tokens.reserve(requests.size());
+  for (const ServeRequest& r : requests) tokens.push_back(r.length);
+  const std::vector<int> owner = AssignRequestsToDpRanks(tokens, groups.dp_size());
+  std::vector<ServeRequest> mine;
+  std::vector<std::vector<float>> rec_parts;
+  std::vector<std::vector<uint8_t>> conv_parts;
+  rec_parts.reserve(requests.size());
+  conv_parts.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (owner[i] != groups.dp_rank()) continue;
+    ServeRequest r = requests[i];
+    if (sharded && r.initial_recurrent != nullptr) {
+      rec_parts.push_back(ExtractRecurrentShard(r.initial_recurrent, L, full, model.heads));
+      r.initial_recurrent = rec_parts.back().data();
+    }
+    if (sharded && r.initial_conv != nullptr) {
+      conv_parts.push_back(ExtractConvShard(r.initial_conv, esz, L, full, model.heads));
+      r.initial_conv = conv_parts.back().data();
+    }
+    mine.push_back(r);
+  }
+
+  ParallelServeResult res;
+  if (!mine.empty()) {
+    const auto share = static_cast<int64_t>(mine.size());
+    const int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
+    RecurrentStatePool pool(L, capacity, model.state_shape(), model.act_dtype);
+    HybridReqToTokenPool req_pool(&pool);
+    const MemoryPools pools{&pool, &req_pool};
+    ModelRunner runner(model, pools, options.kernel);
+    runner.SetTrace(options.trace);
+    SchedulerConfig cfg = options.scheduler;
+    cfg.max_running = capacity;
+    Scheduler sched(runner, pools, cfg);
+    for (const ServeRequest& r : mine) sched.Submit(r);
+    sched.RunToCompletion();
+    res.local = sched.finished();
+    SortById(res.local);
+    res.steps = sched.steps();
+    res.notes = sched.notes();
+    res.pool_capacity = capacity;
+    res.pool_bytes = pool.total_bytes();
+  }
+  if (options.gather) res.gathered = GatherResults(model, groups, res.local);
+  return res;
+}
+
+std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGroups& groups,
+                                         std::vector<RequestResult> local) {
+  SortById(local);
+  // Full states at tp rank 0 of each data-parallel index, then those ranks'
+  // results (the dp group of tp index 0) at world rank 0.
+  std::vector<RequestResult> full = GatherTpStates(groups.tp(), std::move(local), model.num_layers(),
+                                                   model.full_state_shape(), DTypeSize(model.act_dtype));
+  if (groups.tp_rank() != 0) return {};
+  return GatherDpResults(groups.dp(), std::move(full));
+}
+
+}  // namespace kda

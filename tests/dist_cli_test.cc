@@ -1,0 +1,224 @@
+// `kda run` and `kda bench` under mpirun with --tp / --dp (2 and 4 ranks,
+// oversubscribed): world rank 0 writes the same tensors as the one-process
+// run (within the design §5 tolerances), over shared memory and over TCP
+// (the transport between hosts); and the refusals: --tp without mpirun, a
+// world size other than tp x dp, heads that --tp does not divide.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kda/io/safetensors.h"
+#include "tests/golden.h"
+#include "tests/tolerance.h"
+
+namespace kda {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string CliPath() {
+  const char* env = std::getenv("KDA_CLI");
+  return env != nullptr ? env : "build/kda";
+}
+
+// mpirun with the flags this machine needs (root, 2 cores).
+std::string Mpirun() {
+  const char* env = std::getenv("KDA_MPIRUN");
+  return env != nullptr ? env : "mpirun --allow-run-as-root --oversubscribe";
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `prefix kda args` with a time limit, so a hang is a failure, not a stall.
+CliResult RunKda(const std::string& prefix, const std::string& args) {
+  const fs::path dir = fs::path(::testing::TempDir());
+  const fs::path out = dir / ("kda_dist_cli_stdout_" + std::to_string(::getpid()) + ".txt");
+  const fs::path err = dir / ("kda_dist_cli_stderr_" + std::to_string(::getpid()) + ".txt");
+  const std::string cmd = "timeout -k 5 100 " + prefix + (prefix.empty() ? "" : " ") + CliPath() + " " + args + " >" +
+                          out.string() + " 2>" + err.string();
+  const int raw = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  fs::remove(out);
+  fs::remove(err);
+  return r;
+}
+
+std::string Np(int n, bool tcp = false) {
+  return Mpirun() + " -np " + std::to_string(n) + (tcp ? " --mca btl tcp,self" : "");
+}
+
+int CountOf(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+class DistCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(CliPath())) GTEST_SKIP() << "CLI binary not found at " << CliPath();
+    dir_ = fs::path(::testing::TempDir()) / ("kda_dist_cli_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    golden_ = testing::GoldenDir();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // `kda run` on a golden case under `launcher`; the output file must match the
+  // case's expected tensors.
+  void ExpectRunMatches(const std::string& launcher, const std::string& model, const std::string& file,
+                        const std::string& flags, bool bf16) {
+    const std::string dir = golden_ + "/" + model;
+    const std::string in = dir + "/" + file + ".safetensors";
+    KDA_REQUIRE_GOLDEN_PATH(in);
+    const fs::path out = dir_ / "out.safetensors";
+    fs::remove(out);
+    const CliResult r = RunKda(launcher, "run --model " + dir + " --input " + in + " --output " + out.string() +
+                                             " --dtype " + (bf16 ? "bfloat16" : "float32") + " " + flags);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(CountOf(r.out, "layer 0"), 1) << "only rank 0 reports: " << r.out;
+    const SafetensorsFile want = SafetensorsFile::Open(in);
+    const SafetensorsFile got = SafetensorsFile::Open(out.string());
+    for (const char* name : {"out", "final_recurrent_state", "final_conv_state"}) {
+      EXPECT_EQ(got.Get(name).shape, want.Get(std::string(name) == "out" ? "out_fp32" : name).shape) << name;
+    }
+    const std::vector<float> o = ToFloatVector(got.Get("out"));
+    const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
+    const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
+    if (!bf16) {
+      EXPECT_TRUE(testing::AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+      EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+      EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
+    } else {
+      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(), o.size()));
+      EXPECT_TRUE(
+          testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(), s.size()));
+      // The bf16 conv tail: the same layout and values as one process.
+      const fs::path one = dir_ / "one.safetensors";
+      const CliResult r1 = RunKda("", "run --model " + dir + " --input " + in + " --output " + one.string() +
+                                          " --dtype bfloat16 --kernel reference");
+      ASSERT_EQ(r1.status, 0) << r1.err;
+      const std::vector<float> c1 = ToFloatVector(SafetensorsFile::Open(one.string()).Get("final_conv_state"));
+      EXPECT_TRUE(testing::AllCloseBF16(c.data(), c1.data(), c.size()));
+    }
+  }
+
+  // A refusal: nonzero status within the time limit, `needle` in stderr on
+  // `ranks` lines (one per rank), no output file.
+  void ExpectRefused(const std::string& launcher, const std::string& args, const std::string& needle, int ranks) {
+    const fs::path out = dir_ / "refused.safetensors";
+    const bool run = args.rfind("run ", 0) == 0;
+    const CliResult r = RunKda(launcher, run ? args + " --output " + out.string() : args);
+    EXPECT_GE(r.status, 1) << args;
+    EXPECT_LE(r.status, 123) << args << " (124: timed out)";
+    EXPECT_EQ(CountOf(r.err, "kda: error: "), ranks) << r.err;
+    EXPECT_EQ(CountOf(r.err, needle), ranks) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << args;
+  }
+
+  fs::path dir_;
+  std::string golden_;
+};
+
+TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
+  ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--tp 2", false);
+  ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--tp 2 --kernel reference", true);
+  ExpectRunMatches(Np(4), "kda-stress", "stress_varlen_initstate", "--tp 4", false);
+}
+
+// Chunked prefill, decode steps and fewer slots than sequences, every layout.
+TEST_F(DistCliTest, ServingFlagsWorkWithTpAndDp) {
+  const std::string serve = " --prefill-chunk 7 --decode-last 9 --max-running 1";
+  ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--dp 2" + serve, false);
+  ExpectRunMatches(Np(4), "kda-mini", "varlen_initstate", "--tp 2 --dp 2" + serve + " --kernel reference", true);
+  ExpectRunMatches(Np(2), "kda-mini", "single_T128", "--dp 2" + serve, false);  // one rank serves nothing
+}
+
+// The transport between hosts: Open MPI forced onto TCP.
+TEST_F(DistCliTest, RunsOverTcp) {
+  ExpectRunMatches(Np(2, true), "kda-stress", "stress_varlen_initstate", "--tp 2 --prefill-chunk 16", false);
+  ExpectRunMatches(Np(4, true), "kda-mini", "varlen_initstate", "--tp 2 --dp 2 --decode-last 9", true);
+}
+
+TEST_F(DistCliTest, RefusesLayoutsThatDoNotFit) {
+  const std::string mini = golden_ + "/kda-mini";
+  KDA_REQUIRE_GOLDEN_PATH(mini);
+  const std::string run = "run --model " + mini + " --input " + mini + "/varlen_initstate.safetensors";
+  // --tp 2 in one process: refused before MPI starts, one line.
+  ExpectRefused("", run + " --tp 2", "not started by mpirun", 1);
+  ExpectRefused("", run + " --dp 0", "--dp must be >= 1", 1);
+  ExpectRefused("", "bench --tp 2 --requests 2", "mpirun -np 2", 1);
+  // World size other than tp x dp: every rank says so and exits.
+  ExpectRefused(Np(3), run + " --tp 2", "mpirun started 3 processes", 3);
+  ExpectRefused(Np(2), run + " --tp 2 --dp 2", "mpirun started 2 processes", 2);
+  ExpectRefused(Np(2), run, "--tp 1 x --dp 1 = 1 ranks", 2);
+  // 4 heads over 3 ranks.
+  ExpectRefused(Np(3), run + " --tp 3", "cannot be split evenly over --tp 3", 3);
+  // A problem every rank meets after MPI started.
+  ExpectRefused(Np(2), "run --model " + mini + " --input " + (dir_ / "missing.safetensors").string() + " --tp 2",
+                "missing.safetensors", 2);
+}
+
+// bench --tp 2 reports per-rank state bytes and the all-reduce time share.
+TEST_F(DistCliTest, BenchReportsPerRankStateAndAllReduceShare) {
+  const std::string mini = golden_ + "/kda-mini";
+  KDA_REQUIRE_GOLDEN_PATH(mini);
+  const CliResult r = RunKda(Np(2), "bench --tp 2 --model " + mini +
+                                        " --requests 3 --min-prompt 5 --max-prompt 40 --decode-steps 3 --layers 2 "
+                                        "--prefill-chunk 16 --json");
+  ASSERT_EQ(r.status, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("all-reduce share"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("state MiB/req"), std::string::npos) << r.out;
+  std::string last;
+  std::stringstream ss(r.out);
+  for (std::string line; std::getline(ss, line);) {
+    if (!line.empty()) last = line;
+  }
+  for (const char* key : {"\"tp\": 2", "\"dp\": 1", "\"rank_state_bytes_per_request\"", "\"allreduce_time_share\"",
+                          "\"self_check_max_ratio\"", "\"requests\": 3", "\"layers\": 2"}) {
+    EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
+  }
+  // Each rank holds half the heads: half the state bytes per request.
+  const auto number_after = [&](const std::string& key) {
+    const size_t at = last.find("\"" + key + "\": ");
+    return at == std::string::npos ? -1.0 : std::stod(last.substr(at + key.size() + 4));
+  };
+  EXPECT_EQ(number_after("rank_state_bytes_per_request") * 2, number_after("state_bytes_per_request"));
+  const double share = number_after("allreduce_time_share");
+  EXPECT_GT(share, 0.0);
+  EXPECT_LT(share, 1.0);
+  const double ratio = number_after("self_check_max_ratio");
+  EXPECT_LE(ratio, 1.0);
+  EXPECT_GT(ratio, 0.0);
+  // Data parallel too: the requests split, both ranks' self-checks pass.
+  const CliResult d =
+      RunKda(Np(2), "bench --dp 2 --model " + mini +
+                        " --requests 3 --min-prompt 5 --max-prompt 40 --decode-steps 3 --layers 1 --json");
+  ASSERT_EQ(d.status, 0) << d.err << d.out;
+  EXPECT_NE(d.out.find("\"dp\": 2"), std::string::npos) << d.out;
+}
+
+}  // namespace
+}  // namespace kda
