@@ -228,7 +228,11 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
   ParallelServeResult res;
   if (!mine.empty()) {
     const auto share = static_cast<int64_t>(mine.size());
-    const int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
+    int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
+    if (options.state_budget_bytes > 0) {
+      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(options.state_budget_bytes, L,
+                                                                             model.state_shape(), model.act_dtype));
+    }
     RecurrentStatePool pool(L, capacity, model.state_shape(), model.act_dtype);
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};

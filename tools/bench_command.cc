@@ -276,6 +276,8 @@ int RunBenchCommand(const BenchOptions& opt) {
   const Workload w = MakeWorkload(opt, model);
   ParallelServeOptions serve_opt;
   serve_opt.scheduler.max_running = opt.max_running;
+  Check(opt.state_budget_mib >= 0, "--state-budget-mib must be >= 0");
+  serve_opt.state_budget_bytes = static_cast<int64_t>(opt.state_budget_mib * 1024 * 1024);
   serve_opt.scheduler.prefill_chunk = opt.prefill_chunk;
   serve_opt.scheduler.step_token_budget = opt.step_token_budget;
   serve_opt.kernel = kernel;

@@ -15,7 +15,8 @@ struct BenchOptions {
   int64_t decode_steps = 32;
   int64_t prefill_chunk = 512;
   int64_t step_token_budget = 4096;
-  int64_t max_running = 0;  // 0: all requests
+  int64_t max_running = 0;      // 0: all requests
+  double state_budget_mib = 0;  // state pool budget per rank (0: enough for max_running)
   std::string dtype = "bfloat16";
   std::string kernel = "auto";
   int threads = 0;

@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--prefill-chunk", bench.prefill_chunk, "Max prefill tokens per request and step (0: none)");
   bench_cmd->add_option("--step-tokens", bench.step_token_budget, "Max tokens per EXTEND step");
   bench_cmd->add_option("--max-running", bench.max_running, "Max requests holding a slot (0: all)");
+  bench_cmd->add_option("--state-budget-mib", bench.state_budget_mib,
+                        "State pool budget per rank in MiB; the pool holds what fits (0: max-running)");
   bench_cmd->add_option("--dtype", bench.dtype, "Activation dtype: bfloat16 | float32");
   bench_cmd->add_option("--kernel", bench.kernel, "KDA kernels: auto | reference | optimized");
   bench_cmd->add_option("--threads", bench.threads, "Worker threads (0: OpenMP default)");

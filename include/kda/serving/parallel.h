@@ -40,6 +40,9 @@ struct ParallelServeOptions {
   // max_running: per data-parallel rank (0: its whole share); the rest as for
   // one Scheduler.
   SchedulerConfig scheduler;
+  // Bytes this rank's state pool may take (0: no limit); the pool holds as
+  // many requests as fit (design §4 per-request cost), fewer run at once.
+  int64_t state_budget_bytes = 0;
   KernelImpl kernel = KernelImpl::kAuto;
   bool gather = true;           // bring every result to world rank 0 (GatherResults)
   LayerTrace* trace = nullptr;  // records trace->req_id's rows when this rank serves it
