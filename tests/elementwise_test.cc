@@ -116,7 +116,7 @@ TEST(KdaGateBeta, FastMatchesReferenceIncludingExtremes) {
     raw[1] = -200.0F;
     const std::vector<float> logits = Random(static_cast<size_t>(T * H), -30, 30, 5);
     const std::vector<float> a_log = {0.0F, 2.77F, -1.0F};
-    const std::vector<float> dt_bias = Random(static_cast<size_t>(H * K), -5, 5, 6);
+    const std::vector<float> dt_bias = Random(static_cast<size_t>(H) * K, -5, 5, 6);
     const ActBuffer rb = ToAct(dt, raw);
     const ActBuffer lb = ToAct(dt, logits);
     std::vector<float> g_ref(raw.size()), g_fast(raw.size()), b_ref(logits.size()), b_fast(logits.size());

@@ -10,7 +10,6 @@
 namespace kda {
 namespace {
 
-using vecmath::ExpF;
 using vecmath::LoadF;
 using vecmath::SigmoidF;
 using vecmath::SoftplusF;
