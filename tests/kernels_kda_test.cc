@@ -1022,26 +1022,24 @@ TEST_F(KdaDispatchTest, ParsesNames) {
   ExpectError([] { ParseKernelImpl("Reference"); }, "unknown kernel 'Reference'");
 }
 
-TEST_F(KdaDispatchTest, ResolvesAndRefusesOptimized) {
+TEST_F(KdaDispatchTest, ResolvesAutoToOptimized) {
   UseEnv("");
   EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kAuto);
-  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kReference);
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kOptimized);
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
-  ExpectError([] { ResolveKernelImpl(KernelImpl::kOptimized); }, "optimized KDA kernels are not available");
-
-  SetDefaultKernelImpl(KernelImpl::kOptimized);
-  EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kOptimized);
-  ExpectError([] { ResolveKernelImpl(KernelImpl::kAuto); }, "not available");
-  ChunkCall call;
-  ExpectError([&] { chunk_kda(call.args); }, "not available");
-  EXPECT_TRUE(call.Untouched());
-  RecurrentCall rcall;
-  ExpectError([&] { fused_recurrent_kda(rcall.args, KernelImpl::kOptimized); }, "not available");
-  EXPECT_TRUE(rcall.Untouched());
-  EXPECT_NO_THROW(chunk_kda(call.args, KernelImpl::kReference));  // an explicit request ignores the default
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kOptimized), KernelImpl::kOptimized);
+  EXPECT_STREQ(ActiveKernelDescription(KernelImpl::kReference), "reference");
+  EXPECT_EQ(std::string(ActiveKernelDescription(KernelImpl::kOptimized)),
+            std::string("optimized/") + KernelIsaName(ActiveKernelIsa()));
 
   SetDefaultKernelImpl(KernelImpl::kReference);
+  EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kReference);
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kReference);
+  EXPECT_STREQ(ActiveKernelDescription(), "reference");
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kOptimized), KernelImpl::kOptimized);  // an explicit request wins
+
+  SetDefaultKernelImpl(KernelImpl::kOptimized);
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kOptimized);
 }
 
 TEST_F(KdaDispatchTest, EnvironmentVariableSetsDefault) {
@@ -1052,8 +1050,8 @@ TEST_F(KdaDispatchTest, EnvironmentVariableSetsDefault) {
 
   UseEnv("optimized");
   EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kOptimized);
-  ExpectError([] { ResolveKernelImpl(KernelImpl::kAuto); }, "not available");
-  SetDefaultKernelImpl(KernelImpl::kAuto);  // SetDefaultKernelImpl overrides the environment
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kOptimized);
+  SetDefaultKernelImpl(KernelImpl::kReference);  // SetDefaultKernelImpl overrides the environment
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kReference);
 
   UseEnv("turbo");  // a bad value is an Error when the default is needed, not an abort
@@ -1064,7 +1062,7 @@ TEST_F(KdaDispatchTest, EnvironmentVariableSetsDefault) {
   EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kReference);
 }
 
-TEST_F(KdaDispatchTest, EntryPointsRunTheReference) {
+TEST_F(KdaDispatchTest, EntryPointsRunTheRequestedKernel) {
   UseEnv("");
   Spec s;
   s.lengths = {2, 70};
@@ -1091,17 +1089,26 @@ TEST_F(KdaDispatchTest, EntryPointsRunTheReference) {
   a.N = p.N;
   a.H = p.H;
   a.K = a.V = p.K;
-  chunk_kda(a);
+  chunk_kda(a, KernelImpl::kReference);
   EXPECT_EQ(o.ToF32(), want.o);
   EXPECT_EQ(final_state, want.state);
+  // Auto runs the optimized kernel: equal to the reference within the fp32 tolerance.
+  chunk_kda(a);
+  EXPECT_TRUE(AllCloseF32(o.ToF32().data(), want.o.data(), want.o.size()));
+  EXPECT_TRUE(AllCloseF32(final_state.data(), want.state.data(), want.state.size()));
 
   // One decode step through the dispatcher equals the reference.
-  RecurrentCall r1, r2;
-  for (size_t i = 0; i < r1.state.size(); ++i) r1.state[i] = r2.state[i] = 0.01F * static_cast<float>(i % 97);
-  fused_recurrent_kda(r1.args);
+  RecurrentCall r1, r2, r3;
+  for (size_t i = 0; i < r1.state.size(); ++i) {
+    r1.state[i] = r2.state[i] = r3.state[i] = 0.01F * static_cast<float>(i % 97);
+  }
+  fused_recurrent_kda(r1.args, KernelImpl::kReference);
   fused_recurrent_kda_reference(r2.args);
   EXPECT_EQ(r1.o, r2.o);
   EXPECT_EQ(r1.state, r2.state);
+  fused_recurrent_kda(r3.args);
+  EXPECT_TRUE(AllCloseF32(r3.o.data(), r2.o.data(), r2.o.size()));
+  EXPECT_TRUE(AllCloseF32(r3.state.data(), r2.state.data(), r2.state.size()));
 }
 
 }  // namespace

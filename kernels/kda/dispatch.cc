@@ -1,5 +1,6 @@
 // The KDA kernel dispatcher: which implementation a call runs, and the
-// dispatching entry points chunk_kda / fused_recurrent_kda.
+// dispatching entry points chunk_kda / fused_recurrent_kda. Auto runs the
+// optimized kernels (in the ISA variant of ActiveKernelIsa, isa.cc).
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -9,6 +10,7 @@
 #include "kda/kernels/kda.h"
 #include "kernels/kda/dispatch_internal.h"
 #include "kernels/kda/kda_common.h"
+#include "kernels/kda/optimized.h"
 
 namespace kda {
 namespace {
@@ -84,39 +86,46 @@ KernelImpl DefaultKernelImpl() {
 KernelImpl ResolveKernelImpl(KernelImpl requested) {
   const KernelImpl impl = requested == KernelImpl::kAuto ? DefaultKernelImpl() : requested;
   switch (impl) {
-    case KernelImpl::kAuto:  // the best available: for now only the reference exists
     case KernelImpl::kReference:
       return KernelImpl::kReference;
+    case KernelImpl::kAuto:  // the optimized kernels cover every valid shape and CPU (generic variant)
     case KernelImpl::kOptimized:
+      ActiveKernelIsa();  // a bad KDA_ISA is refused here, before any work
+      return KernelImpl::kOptimized;
+  }
+  throw Error("unknown kernel implementation");
+}
+
+const char* ActiveKernelDescription(KernelImpl requested) {
+  if (ResolveKernelImpl(requested) == KernelImpl::kReference) return "reference";
+  switch (ActiveKernelIsa()) {
+    case KernelIsa::kAvx512:
+      return "optimized/avx512";
+    case KernelIsa::kAvx2:
+      return "optimized/avx2";
+    case KernelIsa::kAuto:
+    case KernelIsa::kGeneric:
       break;
   }
-  throw Error("the optimized KDA kernels are not available in this build");
+  return "optimized/generic";
 }
 
 void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl) {
   ValidateChunkKda(a);
-  switch (ResolveKernelImpl(impl)) {
-    case KernelImpl::kReference:
-      internal::ChunkKdaReferenceUnchecked(a);
-      return;
-    case KernelImpl::kAuto:
-    case KernelImpl::kOptimized:
-      break;
+  if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
+    internal::ChunkKdaReferenceUnchecked(a);
+  } else {
+    internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
   }
-  throw Error("chunk_kda: no implementation for kernel '" + std::string(KernelImplName(impl)) + "'");
 }
 
 void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl) {
   ValidateRecurrentKda(a);
-  switch (ResolveKernelImpl(impl)) {
-    case KernelImpl::kReference:
-      internal::FusedRecurrentKdaReferenceUnchecked(a);
-      return;
-    case KernelImpl::kAuto:
-    case KernelImpl::kOptimized:
-      break;
+  if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
+    internal::FusedRecurrentKdaReferenceUnchecked(a);
+  } else {
+    internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
   }
-  throw Error("fused_recurrent_kda: no implementation for kernel '" + std::string(KernelImplName(impl)) + "'");
 }
 
 namespace internal {

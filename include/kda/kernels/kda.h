@@ -93,6 +93,37 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a);
 void chunk_kda_reference(const ChunkKdaArgs& a);
 void fused_recurrent_kda_reference(const RecurrentKdaArgs& a);
 
+// Optimized kernels with the contract of the references (same arguments,
+// validation, aliasing and padding rules; results within the fp32 tolerance of
+// them, and independent of the thread count). Vectorised for the instruction
+// set that ActiveKernelIsa() names; multithreaded over sequences and heads,
+// and over value columns within a head when there are few (sequence, head)
+// pairs. Prefill uses the recurrent form with scaled state rows, decode two
+// passes over each state (kernels/kda/optimized_impl.h).
+void chunk_kda_optimized(const ChunkKdaArgs& a);
+void fused_recurrent_kda_optimized(const RecurrentKdaArgs& a);
+
+// Instruction-set variants of the optimized kernels: one source compiled per
+// ISA level, chosen at run time from the CPU's features.
+enum class KernelIsa : uint8_t { kAuto, kGeneric, kAvx2, kAvx512 };
+
+// "auto" | "generic" | "avx2" | "avx512"; throws kda::Error on anything else.
+KernelIsa ParseKernelIsa(const std::string& name);
+const char* KernelIsaName(KernelIsa isa);
+
+// Whether this CPU (and build) can run the variant; kAuto and kGeneric always can.
+bool CpuSupportsKernelIsa(KernelIsa isa);
+// The best variant this CPU supports (never kAuto).
+KernelIsa BestKernelIsa();
+
+// Forces the variant the optimized kernels use (kAuto: back to the KDA_ISA
+// environment variable, else the best). Throws kda::Error if the CPU lacks it.
+void SetKernelIsa(KernelIsa isa);
+// The variant the optimized kernels use now (never kAuto): SetKernelIsa's,
+// else KDA_ISA (auto|generic|avx2|avx512), else BestKernelIsa(). Throws
+// kda::Error if KDA_ISA is unknown or names a variant the CPU lacks.
+KernelIsa ActiveKernelIsa();
+
 // Which implementation the dispatcher uses.
 enum class KernelImpl : uint8_t { kAuto, kReference, kOptimized };
 
@@ -105,9 +136,16 @@ const char* KernelImplName(KernelImpl impl);
 void SetDefaultKernelImpl(KernelImpl impl);
 KernelImpl DefaultKernelImpl();
 
-// The implementation a call with `requested` actually runs (auto resolves to
-// the best available). Throws kda::Error if the requested one is unavailable.
+// The implementation a call with `requested` actually runs: auto resolves to
+// the optimized kernels (they cover every valid shape, with a generic build for
+// CPUs without AVX2). Throws kda::Error if the requested one is unavailable
+// (for optimized: if KDA_ISA is bad, see ActiveKernelIsa).
 KernelImpl ResolveKernelImpl(KernelImpl requested);
+
+// What a call with `requested` runs, for log lines and benchmark fields:
+// "reference" or "optimized/<isa>" (e.g. "optimized/avx512"). A static string;
+// throws like ResolveKernelImpl / ActiveKernelIsa.
+const char* ActiveKernelDescription(KernelImpl requested = KernelImpl::kAuto);
 
 // Dispatching entry points.
 void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);

@@ -1,0 +1,158 @@
+// Instruction-set selection of the optimized KDA kernels: the CPU's best
+// variant, overridable through SetKernelIsa or the KDA_ISA environment
+// variable. A variant the CPU (or build) lacks is a kda::Error, never a SIGILL.
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kda/base/error.h"
+#include "kda/kernels/kda.h"
+#include "kernels/kda/dispatch_internal.h"
+#include "kernels/kda/optimized.h"
+
+namespace kda {
+namespace {
+
+constexpr int kUnset = -1;
+
+// The value given to SetKernelIsa (never kAuto), or kUnset.
+std::atomic<int> g_set_isa{kUnset};
+
+// KDA_ISA, parsed once; a bad value is kept as a message and thrown when needed.
+struct EnvIsa {
+  std::mutex mutex;
+  bool parsed = false;
+  KernelIsa isa = KernelIsa::kAuto;
+  std::string error;
+};
+
+EnvIsa& Env() {
+  static EnvIsa env;
+  return env;
+}
+
+// The CPU feature checks, run once (cpuid + the OS's register state for AVX/AVX-512).
+struct CpuFeatures {
+  bool avx2_fma = false;
+  bool avx512f = false;
+  CpuFeatures() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    avx512f = avx2_fma && __builtin_cpu_supports("avx512f");
+#endif
+  }
+};
+
+const CpuFeatures& Cpu() {
+  static const CpuFeatures cpu;
+  return cpu;
+}
+
+std::string Unsupported(KernelIsa isa) {
+  const bool built = internal::KernelsFor(isa).chunk_task != nullptr;
+  return std::string("kernel ISA '") + KernelIsaName(isa) + "' is not supported by this " + (built ? "CPU" : "build") +
+         " (best available: " + KernelIsaName(BestKernelIsa()) + ")";
+}
+
+KernelIsa EnvKernelIsa() {
+  EnvIsa& env = Env();
+  std::lock_guard<std::mutex> lock(env.mutex);
+  if (!env.parsed) {
+    env.parsed = true;
+    env.isa = KernelIsa::kAuto;
+    env.error.clear();
+    const char* value = std::getenv("KDA_ISA");
+    if (value != nullptr && value[0] != '\0') {
+      try {
+        env.isa = ParseKernelIsa(value);
+        Check(CpuSupportsKernelIsa(env.isa), Unsupported(env.isa));
+      } catch (const Error& e) {
+        env.error = std::string("KDA_ISA environment variable: ") + e.what();
+      }
+    }
+  }
+  if (!env.error.empty()) throw Error(env.error);
+  return env.isa;
+}
+
+}  // namespace
+
+KernelIsa ParseKernelIsa(const std::string& name) {
+  if (name == "auto") return KernelIsa::kAuto;
+  if (name == "generic") return KernelIsa::kGeneric;
+  if (name == "avx2") return KernelIsa::kAvx2;
+  if (name == "avx512") return KernelIsa::kAvx512;
+  throw Error("unknown kernel ISA '" + name + "' (expected auto, generic, avx2 or avx512)");
+}
+
+const char* KernelIsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+      return "auto";
+    case KernelIsa::kGeneric:
+      return "generic";
+    case KernelIsa::kAvx2:
+      return "avx2";
+    case KernelIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+bool CpuSupportsKernelIsa(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+    case KernelIsa::kGeneric:
+      return true;
+    case KernelIsa::kAvx2:
+      return Cpu().avx2_fma && internal::Avx2Kernels().chunk_task != nullptr;
+    case KernelIsa::kAvx512:
+      return Cpu().avx512f && internal::Avx512Kernels().chunk_task != nullptr;
+  }
+  return false;
+}
+
+KernelIsa BestKernelIsa() {
+  if (CpuSupportsKernelIsa(KernelIsa::kAvx512)) return KernelIsa::kAvx512;
+  if (CpuSupportsKernelIsa(KernelIsa::kAvx2)) return KernelIsa::kAvx2;
+  return KernelIsa::kGeneric;
+}
+
+void SetKernelIsa(KernelIsa isa) {
+  Check(CpuSupportsKernelIsa(isa), Unsupported(isa));
+  g_set_isa.store(isa == KernelIsa::kAuto ? kUnset : static_cast<int>(isa));
+}
+
+KernelIsa ActiveKernelIsa() {
+  const int set = g_set_isa.load();
+  if (set != kUnset) return static_cast<KernelIsa>(set);
+  const KernelIsa env = EnvKernelIsa();
+  return env == KernelIsa::kAuto ? BestKernelIsa() : env;
+}
+
+namespace internal {
+
+IsaKernels KernelsFor(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAvx512:
+      return Avx512Kernels();
+    case KernelIsa::kAvx2:
+      return Avx2Kernels();
+    case KernelIsa::kAuto:
+    case KernelIsa::kGeneric:
+      break;
+  }
+  return GenericKernels();
+}
+
+void ResetKernelIsaForTesting() {
+  g_set_isa.store(kUnset);
+  EnvIsa& env = Env();
+  std::lock_guard<std::mutex> lock(env.mutex);
+  env.parsed = false;
+}
+
+}  // namespace internal
+}  // namespace kda

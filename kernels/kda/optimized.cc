@@ -1,0 +1,186 @@
+// Host side of the optimized KDA kernels: validation, the split into tasks,
+// per-worker scratch and the parallel loop. The compute code is in
+// optimized_impl.h, compiled per instruction set (see optimized.h).
+//
+// Threads: a prefill task is a group of up to kOptHeadGroup heads of one
+// sequence (advanced in lockstep, see optimized.h) when there are enough
+// (sequence, head) pairs for about four tasks per worker; with fewer pairs
+// (N = 1 with few heads) a task is one head's group of value columns (the
+// columns of the recurrence are independent). Longer sequences are scheduled
+// first. Results do not depend on the split. Decode tasks are (entry, head).
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kda/base/parallel.h"
+#include "kda/kernels/kda.h"
+#include "kernels/kda/kda_common.h"
+#include "kernels/kda/optimized.h"
+
+namespace kda {
+namespace {
+
+constexpr size_t kAlignFloats = 16;  // 64 bytes
+
+// Rounds n floats up to whole 64-byte lines.
+size_t Padded(size_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Scratch of one chunk worker (see internal::ChunkScratch), 64-byte aligned.
+class ChunkWorker {
+ public:
+  ChunkWorker(int k_dim, int v_dim) {
+    const auto kd = static_cast<size_t>(k_dim);
+    const auto vd = static_cast<size_t>(v_dim);
+    const auto tb = static_cast<size_t>(internal::kOptTokenBlock);
+    // state, c, then per prepared block: khat, ktil, qhat, mfac, vrow, beta.
+    const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb};
+    size_t total = kAlignFloats + Padded(kd * vd) + Padded(kd);
+    for (size_t n : prep_sizes) total += 2 * Padded(n);
+    // Uninitialised: every element is written before it is read.
+    storage_ = std::make_unique_for_overwrite<float[]>(total);
+    flags_ = std::make_unique_for_overwrite<uint8_t[]>(2 * tb);
+    lines_ = std::make_unique_for_overwrite<const void*[]>(tb * internal::kMaxLinesPerToken);
+    scratch_.lines = lines_.get();
+    const auto address = reinterpret_cast<uintptr_t>(storage_.get());
+    float* next = storage_.get() + ((64 - address % 64) % 64) / sizeof(float);
+    auto take = [&next](size_t n) {
+      float* p = next;
+      next += Padded(n);
+      return p;
+    };
+    scratch_.state = take(kd * vd);
+    scratch_.c = take(kd);
+    for (int b = 0; b < 2; ++b) {
+      internal::PrepBuffers& p = scratch_.prep[b];
+      float** targets[] = {&p.khat, &p.ktil, &p.qhat, &p.mfac, &p.vrow, &p.beta};
+      for (size_t i = 0; i < 6; ++i) *targets[i] = take(prep_sizes[i]);
+      p.flag = flags_.get() + static_cast<size_t>(b) * tb;
+    }
+  }
+  const internal::ChunkScratch& scratch() const { return scratch_; }
+
+ private:
+  std::unique_ptr<float[]> storage_;
+  std::unique_ptr<uint8_t[]> flags_;
+  std::unique_ptr<const void*[]> lines_;
+  internal::ChunkScratch scratch_;
+};
+
+struct TaskRef {
+  int64_t n = 0;
+  int h = 0;
+  int heads = 1;
+  int v_begin = 0;
+  int v_end = 0;
+};
+
+}  // namespace
+
+namespace internal {
+
+void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
+  const IsaKernels kernels = KernelsFor(isa);
+  const float scale = EffectiveScale(a.options, a.K);
+  const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
+  const size_t head_states = static_cast<size_t>(a.H) * state_size;
+
+  // Empty sequences: the final state is the initial state (zeros for none); nothing to write when aliased.
+  std::vector<int64_t> busy;
+  for (int64_t n = 0; n < a.N; ++n) {
+    if (a.cu_seqlens[n + 1] > a.cu_seqlens[n]) {
+      busy.push_back(n);
+    } else if (a.output_final_state && a.initial_state != a.final_state) {
+      float* dst = a.final_state + static_cast<size_t>(n) * head_states;
+      if (a.initial_state != nullptr) {
+        std::copy_n(a.initial_state + static_cast<size_t>(n) * head_states, head_states, dst);
+      } else {
+        std::fill_n(dst, head_states, 0.0F);
+      }
+    }
+  }
+  if (busy.empty()) return;
+  // Longest sequences first, so that the dynamic schedule ends balanced.
+  std::stable_sort(busy.begin(), busy.end(), [&](int64_t x, int64_t y) {
+    return a.cu_seqlens[x + 1] - a.cu_seqlens[x] > a.cu_seqlens[y + 1] - a.cu_seqlens[y];
+  });
+
+  // Heads in lockstep groups when there are enough tasks for about four per worker; with fewer (sequence, head)
+  // pairs, single heads split into value-column groups instead.
+  const int threads = std::max(1, NumThreads());
+  const int blocks = (a.V + kernels.column_block - 1) / kernels.column_block;
+  const auto pairs = static_cast<int64_t>(busy.size()) * a.H;
+  const int want = 4 * threads;
+  const int head_group = static_cast<int>(std::clamp<int64_t>(pairs / std::max<int64_t>(want, 1), 1, kOptHeadGroup));
+  const int col_groups =
+      head_group > 1 ? 1 : static_cast<int>(std::clamp<int64_t>((want + pairs - 1) / pairs, 1, blocks));
+  std::vector<TaskRef> tasks;
+  for (int64_t n : busy) {
+    for (int h = 0; h < a.H; h += head_group) {
+      for (int g = 0; g < col_groups; ++g) {
+        TaskRef t;
+        t.n = n;
+        t.h = h;
+        t.heads = std::min(head_group, a.H - h);
+        t.v_begin = std::min(a.V, blocks * g / col_groups * kernels.column_block);
+        t.v_end = std::min(a.V, blocks * (g + 1) / col_groups * kernels.column_block);
+        tasks.push_back(t);
+      }
+    }
+  }
+
+  const auto num_tasks = static_cast<int64_t>(tasks.size());
+  const int64_t num_workers = std::min<int64_t>(threads, num_tasks);
+  std::vector<ChunkWorker> workers;
+  workers.reserve(static_cast<size_t>(num_workers * head_group));
+  for (int64_t i = 0; i < num_workers * head_group; ++i) workers.emplace_back(a.K, a.V);
+
+  std::atomic<int64_t> next_task{0};
+  ParallelFor(num_workers, [&](int64_t worker) {
+    ChunkGroupTask task;
+    task.args = &a;
+    task.scale = scale;
+    for (int g = 0; g < head_group; ++g) {
+      task.scratch[g] = workers[static_cast<size_t>(worker * head_group + g)].scratch();
+    }
+    for (int64_t i = next_task.fetch_add(1); i < num_tasks; i = next_task.fetch_add(1)) {
+      const TaskRef& t = tasks[static_cast<size_t>(i)];
+      task.n = t.n;
+      task.h = t.h;
+      task.heads = t.heads;
+      task.v_begin = t.v_begin;
+      task.v_end = t.v_end;
+      kernels.chunk_task(task);
+    }
+  });
+}
+
+void FusedRecurrentKdaOptimizedUnchecked(const RecurrentKdaArgs& a, KernelIsa isa) {
+  if (a.N == 0) return;
+  const IsaKernels kernels = KernelsFor(isa);
+  const float scale = EffectiveScale(a.options, a.K);
+  ParallelFor(a.N * a.H, [&](int64_t i) {
+    RecurrentTask task;
+    task.args = &a;
+    task.n = i / a.H;
+    task.h = static_cast<int>(i % a.H);
+    task.scale = scale;
+    kernels.recurrent_task(task);
+  });
+}
+
+}  // namespace internal
+
+void chunk_kda_optimized(const ChunkKdaArgs& a) {
+  ValidateChunkKda(a);
+  internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
+}
+
+void fused_recurrent_kda_optimized(const RecurrentKdaArgs& a) {
+  ValidateRecurrentKda(a);
+  internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
+}
+
+}  // namespace kda

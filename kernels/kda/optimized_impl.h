@@ -1,0 +1,613 @@
+// The compute code of the optimized KDA kernels, written once over a small
+// vector type `Vt` and included by optimized_{generic,avx2,avx512}.cc, each
+// compiled with its own -m flags and defining its Vt. Everything here has
+// internal linkage (anonymous namespace), and it calls no inline library code
+// (no std:: templates, no kda inline helpers): each ISA file owns its copy, so
+// the linker can never hand an AVX-512 copy to a CPU without AVX-512.
+//
+// Vt provides: Reg, Mask, kLanes; Load, Store, Set1, Zero, Fma(a, b, c) = a*b + c,
+// Mul, Sub, Div, Exp; Less, Select(mask, if_true, if_false), Any; ReduceAdd;
+// LoadBF16, StoreBF16 (round to nearest even, NaN kept quiet).
+//
+// Prefill (chunk_kda) uses the recurrent form, not the chunked WY form: at
+// K = V = 128 the chunked form costs ~182 kflop per token and head against
+// 7 K V = 115 kflop for the recurrence (design §3), and the recurrence can be
+// run at the FMA rate. Per token t, head h and key row d the state row is kept
+// scaled, S[d,:] = c_d * Shat[d,:], with c_d in [kTau, 1]:
+//   decay:      c'_d = c_d e^{g_d}                     (Shat untouched)
+//   projection: p = S'^T k = sum_d (k_d c'_d) Shat[d,:]      ktil = k c'
+//   delta rule: Shat[d,:] += (k_d / c'_d) delta, delta = beta (v - p)   khat = k / c'
+//   readout:    o = S''^T (scale q) = sum_d (scale q_d c'_d) Shat[d,:]   qhat = scale q c'
+// so every state element costs three FMAs per token (the plain recurrence
+// needs a fourth operation, the decay multiply). When c'_d would drop below
+// kTau, the row is materialised instead: Shat[d,:] *= c_d e^{g_d} (this can be
+// 0 after a -250 gate, as in the reference) and c'_d = 1. Every exponent fed
+// to Exp is a single gate g <= 0, and c is a running product of e^g (never a
+// difference of running gate sums), so there is no cancellation.
+//
+// The value columns of the recurrence are independent, so the state is swept
+// in blocks of NV registers of columns ([K][NV*lanes], 16 KiB at K = 128 with
+// AVX-512, resident in L1) over a block of kOptTokenBlock tokens whose
+// per-token vectors (ktil, khat, qhat, materialisation factors) are prepared
+// once for all column blocks. One pass per token over the block fuses token
+// t's update and readout with token t+1's projection: each state element is
+// loaded once, takes three FMAs, and is stored once. The preparation of the
+// next token block (it depends only on the gates, not on the state) runs
+// interleaved with the sweeps of the current one, with its input rows
+// prefetched a few tokens ahead (see Pipeline), so it does not wait on memory.
+// A task advances a few heads of one sequence together, block by block, so
+// that their rows of a token, which share pages, share TLB entries.
+//
+// Decode (fused_recurrent_kda) is memory-bound: per (sequence, head) one pass
+// reads the state for the projection and a second pass (hitting L2) applies
+// decay, update and readout and writes it back.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kda/base/bf16.h"
+#include "kda/base/dtype.h"
+#include "kda/kernels/kda.h"
+#include "kernels/kda/optimized.h"
+
+namespace kda::internal {
+namespace {
+
+// Smallest scale factor c of a stored state row before it is materialised.
+// Shat = S / c stays below |S| * 2^64, far from fp32 overflow, and
+// scale q c stays a normal number.
+constexpr float kTau = 0x1p-64F;
+
+// Largest head dim (validated), for stack rows of the decode kernel.
+constexpr int kMaxDim = 256;
+
+// eps of the in-kernel L2 norm (as in kda_common.h): x / sqrt(sum x^2 + eps).
+constexpr float kL2Eps = 1e-6F;
+
+inline float BF16Bits(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f = 0.0F;
+  __builtin_memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Element i of an F32 or BF16 buffer.
+inline float LoadScalar(const ConstBuf& buf, size_t i) {
+  return buf.dtype == DType::kBF16 ? BF16Bits(static_cast<const BF16*>(buf.data)[i].bits)
+                                   : static_cast<const float*>(buf.data)[i];
+}
+
+// Lanes [i, i + lanes) of an F32 or BF16 buffer as fp32.
+template <class Vt>
+inline typename Vt::Reg LoadAt(const ConstBuf& buf, size_t i) {
+  return buf.dtype == DType::kBF16 ? Vt::LoadBF16(static_cast<const BF16*>(buf.data) + i)
+                                   : Vt::Load(static_cast<const float*>(buf.data) + i);
+}
+
+// out[0, len) = buf[offset, offset + len) as fp32; len is a multiple of the lanes.
+template <class Vt>
+inline void LoadRow(const ConstBuf& buf, size_t offset, int len, float* out) {
+  for (int d = 0; d < len; d += Vt::kLanes) Vt::Store(out + d, LoadAt<Vt>(buf, offset + d));
+}
+
+// buf[offset + j] = x[j] for the lanes of one register (F32 or BF16 output).
+template <class Vt>
+inline void StoreOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
+  if (buf.dtype == DType::kBF16) {
+    Vt::StoreBF16(static_cast<BF16*>(buf.data) + offset, x);
+  } else {
+    Vt::Store(static_cast<float*>(buf.data) + offset, x);
+  }
+}
+
+// sum_d x[offset + d]^2 over d < len of an F32 or BF16 buffer.
+template <class Vt>
+inline float SumSquares(const ConstBuf& buf, size_t offset, int len) {
+  typename Vt::Reg acc = Vt::Zero();
+  for (int d = 0; d < len; d += Vt::kLanes) {
+    const typename Vt::Reg v = LoadAt<Vt>(buf, offset + d);
+    acc = Vt::Fma(v, v, acc);
+  }
+  return Vt::ReduceAdd(acc);
+}
+
+// The factor of the in-kernel L2 norm, x / sqrt(sum x^2 + eps), applied as one
+// multiplication (within an ulp of the reference's division).
+template <class Vt>
+inline float InverseNorm(const ConstBuf& buf, size_t offset, int len) {
+  return 1.0F / __builtin_sqrtf(SumSquares<Vt>(buf, offset, len) + kL2Eps);
+}
+
+// The in-kernel gate, element-wise through the out-of-line KdaGate.
+inline void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
+  const float a_log = opt.A_log[h];
+  const float* bias =
+      opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(len) : nullptr;
+  for (int d = 0; d < len; ++d) g[d] = KdaGate(bias != nullptr ? g[d] + bias[d] : g[d], a_log);
+}
+
+inline size_t ElementBytes(DType t) { return t == DType::kBF16 ? 2 : 4; }
+
+// ------------------------------------------------------------------ prefill
+
+// Software prefetch of input rows. One head's rows of consecutive tokens are
+// H * K elements apart (a new page each at real shapes), so the hardware
+// prefetchers do not find them, and a preparation that waits for each row
+// from DRAM costs as much as a third of the sweep. Measured on Zen 4: one
+// row's worth of prefetches (8 lines) every ~100 ns arrives; bursts of 16 or
+// more lines are mostly dropped. So the lines of the next token block are
+// listed once (Pipeline::Init) and issued one at a time inside the update passes
+// (one every 8 state rows), each about kPrefetchAhead tokens before the
+// preparation that reads it. Output rows are not prefetched: stores wait in
+// the store buffer without stalling.
+constexpr int kPrefetchAhead = 2;
+constexpr int kRowsPerPrefetch = 8;
+
+// Appends the addresses of the cache lines that bytes [p, p + bytes) touch to out (rows need not be aligned).
+inline int AppendLines(const void* p, size_t bytes, const void** out) {
+  const char* c = static_cast<const char*>(p);
+  const auto offset = static_cast<size_t>(reinterpret_cast<uintptr_t>(p) % 64);
+  int n = 0;
+  for (size_t i = 0; i < offset + bytes; i += 64) out[n++] = c - offset + i;
+  return n;
+}
+
+// The input lines of token t of the task (q, k, g, v over the task's columns, beta) into out; returns the count.
+inline int ListTokenLines(const ChunkTask& task, int64_t t, const void** out) {
+  const ChunkKdaArgs& a = *task.args;
+  const size_t row = static_cast<size_t>(t * a.H + task.h);
+  const size_t kd = static_cast<size_t>(a.K);
+  const size_t width = static_cast<size_t>(task.v_end - task.v_begin);
+  const size_t qkv = ElementBytes(a.q.dtype);
+  const size_t gate = ElementBytes(a.g.dtype);
+  int n = AppendLines(static_cast<const char*>(a.q.data) + row * kd * qkv, kd * qkv, out);
+  n += AppendLines(static_cast<const char*>(a.k.data) + row * kd * qkv, kd * qkv, out + n);
+  n += AppendLines(static_cast<const char*>(a.g.data) + row * kd * gate, kd * gate, out + n);
+  n += AppendLines(static_cast<const char*>(a.v.data) + (row * a.V + task.v_begin) * qkv, width * qkv, out + n);
+  n += AppendLines(static_cast<const char*>(a.beta.data) + row * ElementBytes(a.beta.dtype), 1, out + n);
+  return n;
+}
+
+inline void PrefetchLines(const void* const* lines, int n) {
+  for (int i = 0; i < n; ++i) __builtin_prefetch(lines[i], 0, 3);
+}
+
+// Prepares token t of the task's (sequence, head) into row i of `b` and
+// advances the row scales c (task.scratch.c):
+//   ktil = k c', khat = k / c', qhat = scale q c', mfac = materialisation factor
+//   (1 for rows that are not materialised), flag = any row materialised,
+//   vrow = v over the task's columns.
+template <class Vt>
+void PrepareToken(const ChunkTask& task, const PrepBuffers& b, int64_t t, int i) {
+  using Reg = typename Vt::Reg;
+  using Mask = typename Vt::Mask;
+  constexpr int kL = Vt::kLanes;
+  const ChunkKdaArgs& a = *task.args;
+  const KdaOptions& opt = a.options;
+  float* c_row = task.scratch.c;
+  const int kd = a.K;
+  const int width = task.v_end - task.v_begin;
+  const size_t row = static_cast<size_t>(t * a.H + task.h);
+  const size_t base = row * static_cast<size_t>(kd);
+  float* qh = b.qhat + static_cast<size_t>(i) * kd;
+  float* kh = b.khat + static_cast<size_t>(i) * kd;
+  float* kt = b.ktil + static_cast<size_t>(i) * kd;
+  float* mf = b.mfac + static_cast<size_t>(i) * kd;
+  float q_mul = task.scale;
+  float k_mul = 1.0F;
+  if (opt.use_qk_l2norm_in_kernel) {
+    q_mul *= InverseNorm<Vt>(a.q, base, kd);
+    k_mul = InverseNorm<Vt>(a.k, base, kd);
+  }
+  if (opt.use_gate_in_kernel) {  // the activated gate, staged in mfac
+    LoadRow<Vt>(a.g, base, kd, mf);
+    ActivateGate(opt, task.h, kd, mf);
+  }
+  const Reg q_scale = Vt::Set1(q_mul);
+  const Reg k_scale = Vt::Set1(k_mul);
+  const Reg one = Vt::Set1(1.0F);
+  const Reg tau = Vt::Set1(kTau);
+  bool any = false;
+  for (int d = 0; d < kd; d += kL) {
+    const Reg q = Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale);
+    const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale) : LoadAt<Vt>(a.k, base + d);
+    const Reg g = opt.use_gate_in_kernel ? Vt::Load(mf + d) : LoadAt<Vt>(a.g, base + d);
+    Reg c = Vt::Mul(Vt::Load(c_row + d), Vt::Exp(g));
+    const Mask low = Vt::Less(c, tau);
+    Vt::Store(mf + d, Vt::Select(low, c, one));
+    c = Vt::Select(low, one, c);
+    any = any || Vt::Any(low);
+    Vt::Store(kt + d, Vt::Mul(k, c));
+    Vt::Store(kh + d, Vt::Div(k, c));
+    Vt::Store(qh + d, Vt::Mul(q, c));
+    Vt::Store(c_row + d, c);
+  }
+  b.flag[i] = any ? 1 : 0;
+  b.beta[i] = LoadScalar(a.beta, row);
+  LoadRow<Vt>(a.v, row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), width,
+              b.vrow + static_cast<size_t>(i) * width);
+}
+
+// The work done alongside the sweeps of one token block: preparing the next
+// block (n tokens from t0) into `next`, and prefetching its input lines. The
+// preparation does not depend on the sweep, only on the row scales, which it
+// advances. On a virtual time axis of n + kPrefetchAhead token slots spread
+// evenly over the `steps` token steps of the sweeps, token j's lines are
+// prefetched during slot j and token j is prepared at the end of slot
+// j + kPrefetchAhead.
+template <class Vt>
+struct Pipeline {
+  const ChunkTask* task = nullptr;
+  const PrepBuffers* next = nullptr;
+  int64_t t0 = 0;
+  int n = 0;
+  int steps = 1;
+  int lines = 0;     // listed lines of the next block (task->scratch.lines)
+  int prepared = 0;  // tokens of the next block prepared so far
+
+  // Lists the next block's lines into task->scratch.lines.
+  void Init(const ChunkTask& t, const PrepBuffers* buf, int64_t first, int count, int num_steps) {
+    task = &t;
+    next = buf;
+    t0 = first;
+    n = count;
+    steps = num_steps;
+    prepared = 0;
+    lines = 0;
+    for (int j = 0; j < n; ++j) lines += ListTokenLines(t, t0 + j, t.scratch.lines + lines);
+  }
+  // The lines to prefetch during step s: [*first, *first + count). The n tokens' lines span the first
+  // n / (n + kPrefetchAhead) of the steps (a line per slot's share when every token has as many).
+  int Lines(int s, const void* const** first) const {
+    const int64_t span = n > 0 ? static_cast<int64_t>(lines) * (n + kPrefetchAhead) / n : 0;
+    int64_t l0 = s * span / steps;
+    int64_t l1 = (s + 1) * span / steps;
+    l0 = l0 < lines ? l0 : lines;
+    l1 = l1 < lines ? l1 : lines;
+    *first = task->scratch.lines + l0;
+    return static_cast<int>(l1 - l0);
+  }
+  // Prepares the tokens due by the end of step s.
+  void Prepare(int s) {
+    while (prepared < n &&
+           static_cast<int64_t>(prepared + kPrefetchAhead + 1) * steps / (n + kPrefetchAhead) <= s + 1) {
+      PrepareToken<Vt>(*task, *next, t0 + prepared, prepared);
+      ++prepared;
+    }
+  }
+};
+
+// p += sum_d ktil[d] w[d,:], first materialising the flagged rows (w[d,:] *= mfac[d]).
+template <class Vt, int NV, bool kMaterialise>
+inline void ProjectPass(float* w, int kd, const float* ktil, const float* mfac, typename Vt::Reg* p) {
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  for (int d = 0; d < kd; ++d) {
+    const typename Vt::Reg kt = Vt::Set1(ktil[d]);
+    float* wd = w + static_cast<size_t>(d) * kB;
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      typename Vt::Reg x = Vt::Load(wd + j * kL);
+      if constexpr (kMaterialise) {
+        x = Vt::Mul(x, Vt::Set1(mfac[d]));
+        Vt::Store(wd + j * kL, x);
+      }
+      p[j] = Vt::Fma(kt, x, p[j]);
+    }
+  }
+}
+
+// One pass over the column block: token t's delta-rule update
+// (w[d,:] += khat[d] delta) and readout (o += qhat[d] w[d,:]); with kProject
+// also token t+1's materialisation (kMaterialise) and projection
+// (p += ktil_next[d] w[d,:]). Issues the prefetches pf[0, npf), one every
+// kRowsPerPrefetch rows.
+template <class Vt, int NV, bool kProject, bool kMaterialise>
+inline void UpdatePass(float* w, int kd, const float* khat, const float* qhat, const float* ktil_next,
+                       const float* mfac_next, const typename Vt::Reg* delta, typename Vt::Reg* o, typename Vt::Reg* p,
+                       const void* const* pf, int npf) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  int issued = 0;
+  for (int d0 = 0; d0 < kd; d0 += kRowsPerPrefetch) {
+    if (issued < npf) __builtin_prefetch(pf[issued++], 0, 3);
+    for (int d = d0; d < d0 + kRowsPerPrefetch; ++d) {
+      const Reg kh = Vt::Set1(khat[d]);
+      const Reg qh = Vt::Set1(qhat[d]);
+      float* wd = w + static_cast<size_t>(d) * kB;
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) {
+        Reg x = Vt::Fma(kh, delta[j], Vt::Load(wd + j * kL));
+        o[j] = Vt::Fma(qh, x, o[j]);
+        if constexpr (kProject) {
+          if constexpr (kMaterialise) x = Vt::Mul(x, Vt::Set1(mfac_next[d]));
+          p[j] = Vt::Fma(Vt::Set1(ktil_next[d]), x, p[j]);
+        }
+        Vt::Store(wd + j * kL, x);
+      }
+    }
+  }
+  PrefetchLines(pf + issued, npf - issued);
+}
+
+// Runs the prepared tokens [t0, t0 + nt) (in `b`) through one column block:
+// columns [col, col + NV*lanes) of the task (w: that block's [K][NV*lanes]
+// state). Token step i also does step `step0 + i` of the pipeline.
+template <class Vt, int NV>
+void SweepBlock(const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt, int col, float* w, Pipeline<Vt>& pipe,
+                int step0) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  const ChunkKdaArgs& a = *task.args;
+  const int kd = a.K;
+  const int width = task.v_end - task.v_begin;
+  Reg p[NV];
+  Reg o[NV];
+  Reg delta[NV];
+  for (int j = 0; j < NV; ++j) p[j] = Vt::Zero();
+  if (b.flag[0] != 0) {
+    ProjectPass<Vt, NV, true>(w, kd, b.ktil, b.mfac, p);
+  } else {
+    ProjectPass<Vt, NV, false>(w, kd, b.ktil, b.mfac, p);
+  }
+  for (int i = 0; i < nt; ++i) {
+    const void* const* pf = nullptr;
+    const int npf = pipe.Lines(step0 + i, &pf);
+    const Reg beta = Vt::Set1(b.beta[i]);
+    const float* v = b.vrow + static_cast<size_t>(i) * width + col;
+    for (int j = 0; j < NV; ++j) {
+      delta[j] = Vt::Mul(beta, Vt::Sub(Vt::Load(v + j * kL), p[j]));
+      o[j] = Vt::Zero();
+      p[j] = Vt::Zero();
+    }
+    const size_t cur = static_cast<size_t>(i) * kd;
+    const size_t next = cur + kd;
+    if (i + 1 == nt) {
+      UpdatePass<Vt, NV, false, false>(w, kd, b.khat + cur, b.qhat + cur, nullptr, nullptr, delta, o, p, pf, npf);
+    } else if (b.flag[i + 1] != 0) {
+      UpdatePass<Vt, NV, true, true>(w, kd, b.khat + cur, b.qhat + cur, b.ktil + next, b.mfac + next, delta, o, p, pf,
+                                     npf);
+    } else {
+      UpdatePass<Vt, NV, true, false>(w, kd, b.khat + cur, b.qhat + cur, b.ktil + next, b.mfac + next, delta, o, p, pf,
+                                      npf);
+    }
+    const size_t out = static_cast<size_t>((t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
+                       static_cast<size_t>(task.v_begin + col);
+    for (int j = 0; j < NV; ++j) StoreOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o[j]);
+    pipe.Prepare(step0 + i);
+  }
+}
+
+// A column block of nv registers (1 <= nv <= 4).
+template <class Vt>
+void SweepAny(int nv, const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt, int col, float* w,
+              Pipeline<Vt>& pipe, int step0) {
+  switch (nv) {
+    case 1:
+      SweepBlock<Vt, 1>(task, b, t0, nt, col, w, pipe, step0);
+      return;
+    case 2:
+      SweepBlock<Vt, 2>(task, b, t0, nt, col, w, pipe, step0);
+      return;
+    case 3:
+      SweepBlock<Vt, 3>(task, b, t0, nt, col, w, pipe, step0);
+      return;
+    default:
+      SweepBlock<Vt, 4>(task, b, t0, nt, col, w, pipe, step0);
+      return;
+  }
+}
+
+// The working state of one head is [blocks][K][block width] in its scratch,
+// each block contiguous (a [K][V] slice with a 512-byte row stride would alias
+// in L1). Loads the head's columns of the initial state (read entirely before
+// any write: it may alias the final state) and resets the row scales.
+template <class Vt, int NV>
+void LoadState(const ChunkTask& task) {
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  const ChunkKdaArgs& a = *task.args;
+  const ChunkScratch& s = task.scratch;
+  const int kd = a.K;
+  const int vd = a.V;
+  const int width = task.v_end - task.v_begin;
+  const size_t state_off =
+      (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) * kd * vd;
+  for (int col = 0; col < width; col += kB) {
+    const int bw = width - col < kB ? width - col : kB;
+    float* w = s.state + static_cast<size_t>(kd) * col;
+    for (int d = 0; d < kd; ++d) {
+      const float* src = a.initial_state != nullptr
+                             ? a.initial_state + state_off + static_cast<size_t>(d) * vd + task.v_begin + col
+                             : nullptr;
+      for (int j = 0; j < bw; j += kL) {
+        Vt::Store(w + static_cast<size_t>(d) * bw + j, src != nullptr ? Vt::Load(src + j) : Vt::Zero());
+      }
+    }
+  }
+  for (int d = 0; d < kd; ++d) s.c[d] = 1.0F;
+}
+
+// Writes the head's final state S = c * Shat, row by row.
+template <class Vt, int NV>
+void StoreState(const ChunkTask& task) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  const ChunkKdaArgs& a = *task.args;
+  const ChunkScratch& s = task.scratch;
+  const int kd = a.K;
+  const int vd = a.V;
+  const int width = task.v_end - task.v_begin;
+  const size_t state_off =
+      (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) * kd * vd;
+  for (int col = 0; col < width; col += kB) {
+    const int bw = width - col < kB ? width - col : kB;
+    const float* w = s.state + static_cast<size_t>(kd) * col;
+    for (int d = 0; d < kd; ++d) {
+      const Reg c = Vt::Set1(s.c[d]);
+      float* dst = a.final_state + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
+      for (int j = 0; j < bw; j += kL) Vt::Store(dst + j, Vt::Mul(c, Vt::Load(w + static_cast<size_t>(d) * bw + j)));
+    }
+  }
+}
+
+// Prepares the head's first token block (n tokens from t0) into prep[0], prefetching as it goes.
+template <class Vt>
+void PrepareFirstBlock(const ChunkTask& task, int64_t t0, int n) {
+  const ChunkScratch& s = task.scratch;
+  for (int i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) PrefetchLines(s.lines, ListTokenLines(task, t0 + i + kPrefetchAhead, s.lines));
+    PrepareToken<Vt>(task, s.prep[0], t0 + i, i);
+  }
+}
+
+// Sweeps the head's prepared block (nt tokens from t0, in prep[cur]) through
+// all its column blocks while preparing the next block (next_n tokens) into
+// prep[1 - cur].
+template <class Vt, int NV>
+void SweepHead(const ChunkTask& task, int cur, int64_t t0, int nt, int next_n) {
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  const ChunkScratch& s = task.scratch;
+  const int kd = task.args->K;
+  const int width = task.v_end - task.v_begin;
+  Pipeline<Vt> pipe;
+  pipe.Init(task, &s.prep[1 - cur], t0 + nt, next_n, (width + kB - 1) / kB * nt);
+  for (int col = 0; col < width; col += kB) {
+    float* w = s.state + static_cast<size_t>(kd) * col;
+    const int step0 = col / kB * nt;
+    if (width - col >= kB) {
+      SweepBlock<Vt, NV>(task, s.prep[cur], t0, nt, col, w, pipe, step0);
+    } else {
+      SweepAny<Vt>((width - col) / kL, task, s.prep[cur], t0, nt, col, w, pipe, step0);
+    }
+  }
+}
+
+// One chunk task (see optimized.h) with column blocks of NV registers: its
+// heads advance together one token block at a time.
+template <class Vt, int NV>
+void RunChunkTask(const ChunkGroupTask& group) {
+  const ChunkKdaArgs& a = *group.args;
+  const int64_t bos = a.cu_seqlens[group.n];
+  const int64_t eos = a.cu_seqlens[group.n + 1];
+  ChunkTask heads[kOptHeadGroup];
+  for (int g = 0; g < group.heads; ++g) {
+    ChunkTask& t = heads[g];
+    t.args = group.args;
+    t.n = group.n;
+    t.h = group.h + g;
+    t.v_begin = group.v_begin;
+    t.v_end = group.v_end;
+    t.scale = group.scale;
+    t.scratch = group.scratch[g];
+    LoadState<Vt, NV>(t);
+  }
+  // The first block is prepared up front; each later one during the sweeps of the block before it.
+  const int first = eos - bos < kOptTokenBlock ? static_cast<int>(eos - bos) : kOptTokenBlock;
+  for (int g = 0; g < group.heads; ++g) PrepareFirstBlock<Vt>(heads[g], bos, first);
+  int cur = 0;
+  for (int64_t t0 = bos; t0 < eos; t0 += kOptTokenBlock) {
+    const int nt = eos - t0 < kOptTokenBlock ? static_cast<int>(eos - t0) : kOptTokenBlock;
+    const int64_t next = t0 + nt;
+    const int next_n = eos - next < kOptTokenBlock ? static_cast<int>(eos - next) : kOptTokenBlock;
+    for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
+    cur = 1 - cur;
+  }
+  if (!a.output_final_state) return;
+  for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g]);
+}
+
+// ------------------------------------------------------------------- decode
+
+// Columns [col, col + NV*lanes) of one decode step on state s ([K][V], in place):
+//   p = sum_d (k_d e^{g_d}) S[d,:];  delta = beta (v - p)
+//   S[d,:] = e^{g_d} S[d,:] + k_d delta;  o = sum_d q_d S[d,:]
+template <class Vt, int NV>
+void DecodeColumns(float* s, int kd, int vd, int col, const float* q, const float* k, const float* e, const float* ke,
+                   const float* v, float beta, const MutBuf& out, size_t out_off) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  Reg p[NV];
+  Reg o[NV];
+  Reg delta[NV];
+  for (int j = 0; j < NV; ++j) p[j] = Vt::Zero();
+  for (int d = 0; d < kd; ++d) {
+    const Reg kv = Vt::Set1(ke[d]);
+    const float* sd = s + static_cast<size_t>(d) * vd + col;
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) p[j] = Vt::Fma(kv, Vt::Load(sd + j * kL), p[j]);
+  }
+  const Reg b = Vt::Set1(beta);
+  for (int j = 0; j < NV; ++j) {
+    delta[j] = Vt::Mul(b, Vt::Sub(Vt::Load(v + col + j * kL), p[j]));
+    o[j] = Vt::Zero();
+  }
+  for (int d = 0; d < kd; ++d) {
+    const Reg ed = Vt::Set1(e[d]);
+    const Reg kv = Vt::Set1(k[d]);
+    const Reg qv = Vt::Set1(q[d]);
+    float* sd = s + static_cast<size_t>(d) * vd + col;
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) {
+      const Reg x = Vt::Fma(kv, delta[j], Vt::Mul(Vt::Load(sd + j * kL), ed));
+      o[j] = Vt::Fma(qv, x, o[j]);
+      Vt::Store(sd + j * kL, x);
+    }
+  }
+  for (int j = 0; j < NV; ++j) StoreOut<Vt>(out, out_off + col + static_cast<size_t>(j) * kL, o[j]);
+}
+
+// One decode task (entry n, head h); column blocks of up to NV registers.
+template <class Vt, int NV>
+void RunRecurrentTask(const RecurrentTask& task) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  const RecurrentKdaArgs& a = *task.args;
+  const int kd = a.K;
+  const int vd = a.V;
+  const size_t row = static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h);
+  const size_t out_off = row * static_cast<size_t>(vd);
+  const int32_t idx = a.state_indices[task.n];
+  if (idx < 0) {  // padding: zero output, no state touched
+    for (int j = 0; j < vd; j += kL) StoreOut<Vt>(a.o, out_off + j, Vt::Zero());
+    return;
+  }
+  alignas(64) float q[kMaxDim];
+  alignas(64) float k[kMaxDim];
+  alignas(64) float e[kMaxDim];
+  alignas(64) float ke[kMaxDim];
+  alignas(64) float v[kMaxDim];
+  const size_t base = row * static_cast<size_t>(kd);
+  LoadRow<Vt>(a.g, base, kd, e);
+  LoadRow<Vt>(a.v, row * vd, vd, v);
+  if (a.options.use_gate_in_kernel) ActivateGate(a.options, task.h, kd, e);
+  float q_mul = task.scale;
+  float k_mul = 1.0F;
+  if (a.options.use_qk_l2norm_in_kernel) {
+    q_mul *= InverseNorm<Vt>(a.q, base, kd);
+    k_mul = InverseNorm<Vt>(a.k, base, kd);
+  }
+  const Reg q_scale = Vt::Set1(q_mul);
+  const Reg k_scale = Vt::Set1(k_mul);
+  for (int d = 0; d < kd; d += kL) {
+    const Reg decay = Vt::Exp(Vt::Load(e + d));
+    const Reg kv = Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale);
+    Vt::Store(e + d, decay);
+    Vt::Store(k + d, kv);
+    Vt::Store(ke + d, Vt::Mul(kv, decay));
+    Vt::Store(q + d, Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale));
+  }
+  const float beta = LoadScalar(a.beta, row);
+  float* s = a.state + (static_cast<size_t>(idx) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) *
+                           static_cast<size_t>(kd) * static_cast<size_t>(vd);
+  int col = 0;
+  for (; col + NV * kL <= vd; col += NV * kL) DecodeColumns<Vt, NV>(s, kd, vd, col, q, k, e, ke, v, beta, a.o, out_off);
+  for (; col < vd; col += kL) DecodeColumns<Vt, 1>(s, kd, vd, col, q, k, e, ke, v, beta, a.o, out_off);
+}
+
+}  // namespace
+}  // namespace kda::internal
