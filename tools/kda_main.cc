@@ -6,6 +6,7 @@
 
 #include "kda/base/error.h"
 #include "tools/bench_command.h"
+#include "tools/bench_kernels_command.h"
 #include "tools/run_command.h"
 
 int main(int argc, char** argv) {
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--tp", bench.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
   bench_cmd->add_option("--dp", bench.dp, "Data-parallel ranks (split the requests; under mpirun)");
 
+  kda::cli::BenchKernelsOptions bench_kernels;
+  CLI::App* bench_kernels_cmd = kda::cli::AddBenchKernelsCommand(app, bench_kernels);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -63,6 +67,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (bench_kernels_cmd->parsed()) return kda::cli::RunBenchKernelsCommand(bench_kernels);
     if (bench_cmd->parsed()) return kda::cli::RunBenchCommand(bench);
     if (run_cmd->parsed()) {
       run.layer_given = layer_opt->count() > 0;
