@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
+#include "base/scratch.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
 
@@ -13,34 +15,35 @@ namespace kda {
 class ActBuffer {
  public:
   ActBuffer() = default;
-  ActBuffer(DType dtype, int64_t n) : dtype_(dtype) {
-    if (dtype_ == DType::kBF16) {
-      bf16_.assign(static_cast<size_t>(n), BF16{});
-    } else {
-      f32_.assign(static_cast<size_t>(n), 0.0F);
-    }
-  }
-  void* data() { return dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : static_cast<void*>(f32_.data()); }
-  const void* data() const {
-    return dtype_ == DType::kBF16 ? static_cast<const void*>(bf16_.data()) : static_cast<const void*>(f32_.data());
-  }
+  // n zeros.
+  ActBuffer(DType dtype, int64_t n) : ActBuffer(dtype, n, /*zero=*/true) {}
+  // n uninitialised values (for buffers that are written whole before they are read).
+  static ActBuffer Uninitialized(DType dtype, int64_t n) { return ActBuffer(dtype, n, /*zero=*/false); }
+
+  void* data() { return block_.data(); }
+  const void* data() const { return block_.data(); }
   DType dtype() const { return dtype_; }
+  int64_t size() const { return n_; }
   MutBuf mut() { return {data(), dtype_}; }
   ConstBuf view() const { return {data(), dtype_}; }
   float Get(int64_t i) const { return LoadAsFloat(data(), dtype_, static_cast<size_t>(i)); }
   void Set(int64_t i, float v) { StoreFromFloat(data(), dtype_, static_cast<size_t>(i), v); }
   // All values as fp32.
   std::vector<float> ToFloat() const {
-    if (dtype_ == DType::kF32) return f32_;
-    std::vector<float> r(bf16_.size());
-    for (size_t i = 0; i < r.size(); ++i) r[i] = kda::ToFloat(bf16_[i]);
+    std::vector<float> r(static_cast<size_t>(n_));
+    for (int64_t i = 0; i < n_; ++i) r[static_cast<size_t>(i)] = Get(i);
     return r;
   }
 
  private:
+  ActBuffer(DType dtype, int64_t n, bool zero)
+      : dtype_(dtype), n_(n), block_(static_cast<size_t>(n) * DTypeSize(dtype)) {
+    if (zero && n > 0) std::memset(block_.data(), 0, static_cast<size_t>(n) * DTypeSize(dtype));
+  }
+
   DType dtype_ = DType::kF32;
-  std::vector<float> f32_;
-  std::vector<BF16> bf16_;
+  int64_t n_ = 0;
+  ScratchBlock block_;
 };
 
 // `b` advanced by `elems` elements of its dtype.

@@ -95,12 +95,12 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
   const DType dt = act_dtype_;
 
   // Projections (fp32 accumulation, rounded once in the bf16 pipeline).
-  ActBuffer qkv(dt, T * 3 * p);
-  ActBuffer f_a(dt, T * K);
-  ActBuffer f_b(dt, T * p);
-  ActBuffer b_logits(dt, T * H);
-  ActBuffer g_a(dt, T * K);
-  ActBuffer g_b(dt, T * p);
+  ActBuffer qkv = ActBuffer::Uninitialized(dt, T * 3 * p);
+  ActBuffer f_a = ActBuffer::Uninitialized(dt, T * K);
+  ActBuffer f_b = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer b_logits = ActBuffer::Uninitialized(dt, T * H);
+  ActBuffer g_a = ActBuffer::Uninitialized(dt, T * K);
+  ActBuffer g_b = ActBuffer::Uninitialized(dt, T * p);
   qkv_proj_->Forward(qkv.mut(), x, T);
   f_a_proj_->Forward(f_a.mut(), x, T);
   f_b_proj_->Forward(f_b.mut(), f_a.view(), T);
@@ -109,12 +109,12 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
   g_b_proj_->Forward(g_b.mut(), g_a.view(), T);
 
   // The attention core: conv, gates, kernel, states.
-  ActBuffer o(dt, T * p);
+  ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
   attn_->Forward(backend, o.mut(), qkv.view(), f_b.view(), b_logits.view(), intermediates);
   if (intermediates != nullptr) intermediates->g_out = g_b.ToFloat();
 
   // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
-  ActBuffer normed(dt, T * p);
+  ActBuffer normed = ActBuffer::Uninitialized(dt, T * p);
   GatedRmsNorm(normed.mut(), o.view(), g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
   if (tp_ == nullptr || tp_->size() == 1) {
     o_proj_->Forward(out, normed.view(), T);

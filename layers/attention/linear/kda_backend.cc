@@ -135,9 +135,9 @@ KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
     : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
 
 struct KDAAttnBackend::Inputs {
-  ActBuffer q, k, v;        // [T, P]
-  std::vector<float> g;     // [T, H, K] fp32 log decay
-  std::vector<float> beta;  // [T, H] fp32
+  ActBuffer q, k, v;         // [T, P]
+  ScratchArray<float> g;     // [T, H, K] fp32 log decay
+  ScratchArray<float> beta;  // [T, H] fp32
 };
 
 void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_qkv, ConstBuf gate_raw,
@@ -146,13 +146,13 @@ void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_q
   const int64_t p = layer.projection_size();
   const int H = layer.num_heads();
   const int K = layer.head_k_dim();
-  in.q = ActBuffer(mixed_qkv.dtype, T * p);
-  in.k = ActBuffer(mixed_qkv.dtype, T * p);
-  in.v = ActBuffer(mixed_qkv.dtype, T * p);
+  in.q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  in.k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  in.v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
   RunShortConv(layer, mixed_qkv, {in.q.mut(), in.k.mut(), in.v.mut()});
   // Forget gate (fp32 log space, unbounded below) and beta.
-  in.g.resize(static_cast<size_t>(T * p));
-  in.beta.resize(static_cast<size_t>(T * H));
+  in.g = ScratchArray<float>(static_cast<size_t>(T * p));
+  in.beta = ScratchArray<float>(static_cast<size_t>(T * H));
   KdaGateBeta(in.g.data(), in.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T, H,
               K);
 }
@@ -160,7 +160,7 @@ void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_q
 namespace {
 
 void FillIntermediates(KdaIntermediates* m, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
-                       ConstBuf gate_raw, const std::vector<float>& g, const std::vector<float>& beta, MutBuf o,
+                       ConstBuf gate_raw, const ScratchArray<float>& g, const ScratchArray<float>& beta, MutBuf o,
                        int64_t tp) {
   m->q_conv = q.ToFloat();
   m->k_conv = k.ToFloat();
@@ -171,8 +171,8 @@ void FillIntermediates(KdaIntermediates* m, const ActBuffer& q, const ActBuffer&
     m->g_raw[i] = LoadAsFloat(gate_raw.data, gate_raw.dtype, static_cast<size_t>(i));
     m->o_kda[i] = LoadAsFloat(o.data, o.dtype, static_cast<size_t>(i));
   }
-  m->g = g;
-  m->beta = beta;
+  m->g.assign(g.data(), g.data() + g.size());
+  m->beta.assign(beta.data(), beta.data() + beta.size());
 }
 
 KdaOptions CoreOptions(const RadixLinearAttention& layer) {
@@ -189,7 +189,7 @@ void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, 
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
   const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  std::vector<float> states(static_cast<size_t>(N * pools_.state_pool->shape().RecurrentSize()));
+  ScratchArray<float> states(static_cast<size_t>(N * pools_.state_pool->shape().RecurrentSize()));
   GatherStates(layer.layer_id(), states.data());
   ChunkKdaArgs a;
   a.o = o;
