@@ -77,13 +77,15 @@ void short_conv_silu_reference(const ShortConvArgs& a) {
 
 namespace {
 
-constexpr int kMaxWidth = 16;   // conv widths beyond this take the reference path
-constexpr int64_t kLanes = 64;  // channels per job: a few vector registers per tap
+constexpr int kMaxWidth = 16;    // conv widths beyond this take the reference path
+constexpr int64_t kChunk = 512;  // channels per job
 
-// One job: channels [c0, c0 + nc) of sequence n. The last W-1 input rows live
-// in a small ring (fp32), so each input element is read once.
+// One job: channels [c0, c0 + nc) of sequence n, token by token. Rows t-W+1..t
+// of the input are contiguous in memory and cached, so each tap reads the
+// projection rows in place; only the first W-1 tokens reach into the tail
+// (copied into `head`, fp32, ahead of the sequence's first row).
 template <class T>
-[[gnu::always_inline]] inline void ConvBlock(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0,
+[[gnu::always_inline]] inline void ConvChunk(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0,
                                              int64_t nc) {
   using vecmath::LoadF;
   using vecmath::SiluF;
@@ -91,56 +93,67 @@ template <class T>
   const int W = a.W;
   const T* x = static_cast<const T*>(a.x.data);
   T* y = static_cast<T*>(a.y.data);
-  T* tails = static_cast<T*>(a.tails.data);
   const int64_t start = a.cu_seqlens[n];
   const int64_t len = a.cu_seqlens[n + 1] - start;
   const bool fresh = a.has_initial_state != nullptr && a.has_initial_state[n] == 0;
-  T* tail = W > 1 ? tails + static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride + c0 : nullptr;
-  alignas(64) float ring[kMaxWidth][kLanes];  // ring[(head + j) % (W-1)] = j-th oldest row
+  T* tail =
+      W > 1 ? static_cast<T*>(a.tails.data) + static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride + c0
+            : nullptr;
+  // rows[r] for r in [0, W-1 + len): input row r - (W-1) of the sequence, as
+  // fp32 for the tail rows (a small copy) and in place for the rest.
+  alignas(64) float tail_rows[kMaxWidth][kChunk];
   for (int r = 0; r < W - 1; ++r) {
 #pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) ring[r][c] = fresh ? 0.0F : LoadF(tail[r * a.tail_row_stride + c]);
+    for (int64_t c = 0; c < nc; ++c) tail_rows[r][c] = fresh ? 0.0F : LoadF(tail[r * a.tail_row_stride + c]);
   }
-  int head = 0;
+  alignas(64) float acc[kChunk];
   for (int64_t t = 0; t < len; ++t) {
-    const T* xrow = x + (start + t) * a.x_row_stride + c0;
-    T* yrow = y + (start + t) * a.C + c0;
     // Taps oldest first, as the reference sums them (bit-identical in fp32).
-    alignas(64) float acc[kLanes];
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) acc[c] = 0.0F;
-    for (int j = 0; j < W - 1; ++j) {
-      const float* row = ring[(head + j) % (W - 1)];
-      const float* wj = wt + j * kLanes;
+    for (int j = 0; j < W; ++j) {
+      const int64_t i = t - (W - 1) + j;  // input row of this tap
+      const float* wj = wt + j * kChunk;
+      if (i >= 0) {
+        const T* row = x + (start + i) * a.x_row_stride + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * row[c];
+        for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * LoadF(row[c]);
+      } else {
+        const float* row = tail_rows[W - 1 + i];
+#pragma omp simd
+        for (int64_t c = 0; c < nc; ++c) acc[c] += wj[c] * row[c];
+      }
     }
-    const float* wl = wt + static_cast<int64_t>(W - 1) * kLanes;
-#pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) acc[c] += wl[c] * LoadF(xrow[c]);
+    T* yrow = y + (start + t) * a.C + c0;
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) StoreF(yrow + c, SiluF(acc[c]));
-    if (W > 1) {  // the oldest row leaves, this token's row enters
-      float* oldest = ring[head];
+  }
+  // New tail: the last W-1 rows of [old tail; inputs], all read before any is written.
+  alignas(64) float new_tail[kMaxWidth][kChunk];
+  for (int r = 0; r < W - 1; ++r) {
+    const int64_t i = len - (W - 1) + r;
+    if (i >= 0) {
+      const T* row = x + (start + i) * a.x_row_stride + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < nc; ++c) oldest[c] = LoadF(xrow[c]);
-      head = (head + 1) % (W - 1);
+      for (int64_t c = 0; c < nc; ++c) new_tail[r][c] = LoadF(row[c]);
+    } else {
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) new_tail[r][c] = tail_rows[W - 1 + i][c];
     }
   }
   for (int r = 0; r < W - 1; ++r) {
-    const float* row = ring[(head + r) % (W - 1)];
 #pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) StoreF(tail + r * a.tail_row_stride + c, row[c]);
+    for (int64_t c = 0; c < nc; ++c) StoreF(tail + r * a.tail_row_stride + c, new_tail[r][c]);
   }
 }
 
 #define KDA_CONV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
-KDA_CONV_CLONES void ConvBlockF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
-  ConvBlock<float>(a, wt, n, c0, nc);
+KDA_CONV_CLONES void ConvChunkF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
+  ConvChunk<float>(a, wt, n, c0, nc);
 }
-KDA_CONV_CLONES void ConvBlockBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
-  ConvBlock<BF16>(a, wt, n, c0, nc);
+KDA_CONV_CLONES void ConvChunkBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
+  ConvChunk<BF16>(a, wt, n, c0, nc);
 }
 
 }  // namespace
@@ -152,22 +165,22 @@ void short_conv_silu(const ShortConvArgs& a) {
   }
   Validate(a);
   const int W = a.W;
-  const int64_t blocks = (a.C + kLanes - 1) / kLanes;
-  // Weights transposed per block: wt[b][j][lane] = w[b*kLanes + lane][j].
-  std::vector<float> wt(static_cast<size_t>(blocks * W * kLanes), 0.0F);
+  const int64_t chunks = (a.C + kChunk - 1) / kChunk;
+  // Weights transposed per chunk: wt[b][j][lane] = w[b*kChunk + lane][j].
+  std::vector<float> wt(static_cast<size_t>(chunks * W * kChunk), 0.0F);
   for (int64_t c = 0; c < a.C; ++c) {
-    for (int j = 0; j < W; ++j) wt[((c / kLanes) * W + j) * kLanes + c % kLanes] = a.weight[c * W + j];
+    for (int j = 0; j < W; ++j) wt[((c / kChunk) * W + j) * kChunk + c % kChunk] = a.weight[c * W + j];
   }
-  ParallelFor(a.N * blocks, [&](int64_t job) {
-    const int64_t n = job / blocks;
-    const int64_t b = job % blocks;
-    const int64_t c0 = b * kLanes;
-    const int64_t nc = std::min(kLanes, a.C - c0);
-    const float* w = wt.data() + b * W * kLanes;
+  ParallelFor(a.N * chunks, [&](int64_t job) {
+    const int64_t n = job / chunks;
+    const int64_t b = job % chunks;
+    const int64_t c0 = b * kChunk;
+    const int64_t nc = std::min(kChunk, a.C - c0);
+    const float* w = wt.data() + b * W * kChunk;
     if (a.x.dtype == DType::kBF16) {
-      ConvBlockBF16(a, w, n, c0, nc);
+      ConvChunkBF16(a, w, n, c0, nc);
     } else {
-      ConvBlockF32(a, w, n, c0, nc);
+      ConvChunkF32(a, w, n, c0, nc);
     }
   });
 }
