@@ -158,8 +158,7 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
   }
   const double prefill_tps = extend_s > 0 ? static_cast<double>(extend_tokens) / extend_s : 0.0;
   const double decode_tps = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
-  const std::string kernels = std::string("chunk=") + KernelImplName(ResolveKernelImpl(kernel)) +
-                              " recurrent=" + KernelImplName(ResolveKernelImpl(kernel));
+  const std::string kernels = std::string("chunk_kda and fused_recurrent_kda ") + ActiveKernelDescription(kernel);
 
   std::printf("kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, fp32 state\n",
               opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
@@ -227,7 +226,7 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
         "\"allreduce_time_share\": %.6g}\n",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
-        opt.dtype.c_str(), NumThreads(), KernelImplName(ResolveKernelImpl(kernel)), groups.tp_size(), groups.dp_size(),
+        opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
         static_cast<long long>(rank_per_request), worst_share);
   }
   return pass ? 0 : 1;

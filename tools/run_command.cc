@@ -216,7 +216,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
   std::printf(
       "layer %d (%s, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
       "%.3f ms -> %s\n",
-      layer, opt.dtype.c_str(), KernelImplName(ResolveKernelImpl(kernel)), ParallelNote(groups).c_str(),
+      layer, opt.dtype.c_str(), ActiveKernelDescription(kernel), ParallelNote(groups).c_str(),
       static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(s.steps),
       static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
   return 0;
@@ -291,9 +291,8 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
                                                        : CompareBF16(b.out.data(), a.out.data(), a.out.size());
   const ToleranceReport state_rep = dtype == DType::kF32 ? CompareF32(b.rec.data(), a.rec.data(), a.rec.size())
                                                          : CompareBF16(b.rec.data(), a.rec.data(), a.rec.size());
-  std::printf("prefill (EXTEND, chunk kernel %s): %8.1f ms  %8.1f us/token\n",
-              KernelImplName(ResolveKernelImpl(kernel)), a.extend_s * 1e3,
-              a.extend_s * 1e6 / static_cast<double>(std::max<int64_t>(T, 1)));
+  std::printf("prefill (EXTEND, chunk kernel %s): %8.1f ms  %8.1f us/token\n", ActiveKernelDescription(kernel),
+              a.extend_s * 1e3, a.extend_s * 1e6 / static_cast<double>(std::max<int64_t>(T, 1)));
   std::printf("decode  (DECODE, recurrent kernel): %lld steps %8.1f ms  %8.1f us/step\n",
               static_cast<long long>(b.decode_steps), b.decode_s * 1e3,
               b.decode_s * 1e6 / static_cast<double>(std::max<int64_t>(b.decode_steps, 1)));
