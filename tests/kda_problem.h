@@ -1,0 +1,178 @@
+// Random KDA kernel problems shared by the kernel tests: packed varlen
+// batches with ragged lengths, mild or stress gates (down to -250 per step),
+// optional initial states and in-kernel norm/gate options, stored as F32 or
+// BF16 on demand.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "kda/base/bf16.h"
+#include "kda/base/dtype.h"
+#include "kda/kernels/kda.h"
+
+namespace kda::testing {
+
+// ---------------------------------------------------------------- problems
+
+enum class GateKind { kMild, kStress, kNone };
+
+struct Spec {
+  std::vector<int64_t> lengths;
+  int H = 2;
+  int K = 64;
+  GateKind gate = GateKind::kMild;
+  bool l2norm_in_kernel = false;
+  bool gate_in_kernel = false;
+  bool initial_state = true;
+  float scale = 0.0F;
+  uint32_t seed = 1;
+};
+
+// Inputs as fp32 values (q/k/v/g/beta may be stored as BF16 later).
+struct Problem {
+  int64_t T = 0;
+  int64_t N = 0;
+  int H = 0;
+  int K = 0;
+  std::vector<int64_t> cu;              // [N + 1]
+  std::vector<float> q, k, v, g, beta;  // [T,H,K] x4 (g raw with gate_in_kernel), [T,H]
+  std::vector<float> h0;                // [N,H,K,K], empty for a null initial state
+  std::vector<float> a_log, dt_bias;    // [H], [H*K] with gate_in_kernel
+  bool l2norm_in_kernel = false;
+  bool gate_in_kernel = false;
+  float scale = 0.0F;
+
+  KdaOptions Options() const {
+    KdaOptions opt;
+    opt.scale = scale;
+    opt.use_qk_l2norm_in_kernel = l2norm_in_kernel;
+    opt.use_gate_in_kernel = gate_in_kernel;
+    opt.A_log = gate_in_kernel ? a_log.data() : nullptr;
+    opt.dt_bias = gate_in_kernel ? dt_bias.data() : nullptr;
+    return opt;
+  }
+  size_t StateSize() const { return static_cast<size_t>(N) * H * K * K; }
+};
+
+inline void NormalizeRows(std::vector<float>& x, int len) {
+  for (size_t base = 0; base < x.size(); base += len) {
+    double ss = 0.0;
+    for (int d = 0; d < len; ++d) ss += static_cast<double>(x[base + d]) * x[base + d];
+    const double inv = 1.0 / std::sqrt(ss + 1e-6);
+    for (int d = 0; d < len; ++d) x[base + d] = static_cast<float>(x[base + d] * inv);
+  }
+}
+
+inline Problem MakeProblem(const Spec& s) {
+  Problem p;
+  p.N = static_cast<int64_t>(s.lengths.size());
+  p.H = s.H;
+  p.K = s.K;
+  p.cu.push_back(0);
+  for (int64_t len : s.lengths) p.cu.push_back(p.cu.back() + len);
+  p.T = p.cu.back();
+  p.l2norm_in_kernel = s.l2norm_in_kernel;
+  p.gate_in_kernel = s.gate_in_kernel;
+  p.scale = s.scale;
+
+  std::mt19937 rng(s.seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::uniform_real_distribution<float> uniform(0.0F, 1.0F);
+  const size_t n_qk = static_cast<size_t>(p.T) * p.H * p.K;
+  auto fill = [&](std::vector<float>& x, size_t n, float mul) {
+    x.resize(n);
+    for (float& e : x) e = mul * normal(rng);
+  };
+  fill(p.q, n_qk, s.l2norm_in_kernel ? 3.0F : 1.0F);
+  fill(p.k, n_qk, s.l2norm_in_kernel ? 3.0F : 1.0F);
+  if (!s.l2norm_in_kernel) {  // the delta rule needs |k| <= 1
+    NormalizeRows(p.q, p.K);
+    NormalizeRows(p.k, p.K);
+  }
+  fill(p.v, n_qk, 1.0F);
+  p.beta.resize(static_cast<size_t>(p.T) * p.H);
+  for (float& b : p.beta) b = 1.0F / (1.0F + std::exp(-normal(rng)));
+
+  p.g.resize(n_qk);
+  if (s.gate_in_kernel) {
+    p.a_log.resize(p.H);
+    for (float& a : p.a_log) a = std::log(1.0F + 9.0F * uniform(rng));
+    fill(p.dt_bias, static_cast<size_t>(p.H) * p.K, 0.5F);
+    for (float& x : p.g) {
+      const float u = uniform(rng);
+      if (s.gate == GateKind::kStress && u < 0.05F) {
+        x = 20.0F + 5.0F * uniform(rng);  // the linear branch of softplus: g down to -250
+      } else if (s.gate == GateKind::kStress && u < 0.25F) {
+        x = normal(rng);
+      } else {
+        x = -6.0F + normal(rng);
+      }
+    }
+  } else if (s.gate == GateKind::kNone) {
+    std::fill(p.g.begin(), p.g.end(), 0.0F);
+  } else {
+    for (float& x : p.g) {
+      const float u = uniform(rng);
+      if (s.gate == GateKind::kMild) {
+        x = -std::exp(-3.5F + normal(rng));
+      } else if (u < 0.05F) {
+        x = -250.0F;
+      } else if (u < 0.10F) {
+        x = -250.0F * uniform(rng);
+      } else if (u < 0.25F) {
+        x = -5.0F * uniform(rng);
+      } else if (u < 0.30F) {
+        x = 0.0F;
+      } else {
+        x = -0.01F * uniform(rng);
+      }
+    }
+  }
+  if (s.initial_state) fill(p.h0, p.StateSize(), 0.5F);
+  return p;
+}
+
+inline void RoundInputsToBF16(Problem& p) {
+  for (std::vector<float>* x : {&p.q, &p.k, &p.v, &p.g, &p.beta}) {
+    for (float& e : *x) e = RoundBF16(e);
+  }
+}
+
+// A float-valued buffer stored as F32 or BF16.
+class Typed {
+ public:
+  Typed(const std::vector<float>& x, DType t) : dtype_(t) {
+    if (t == DType::kBF16) {
+      for (float e : x) bf16_.push_back(ToBF16(e));
+    } else {
+      f32_ = x;
+    }
+  }
+  Typed(size_t n, DType t, float value) : Typed(std::vector<float>(n, value), t) {}
+
+  ConstBuf Const() const { return {Data(), dtype_}; }
+  MutBuf Mut() { return {dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : f32_.data(), dtype_}; }
+  std::vector<float> ToF32() const {
+    if (dtype_ == DType::kF32) return f32_;
+    std::vector<float> r;
+    for (BF16 b : bf16_) r.push_back(ToFloat(b));
+    return r;
+  }
+
+ private:
+  const void* Data() const { return dtype_ == DType::kBF16 ? static_cast<const void*>(bf16_.data()) : f32_.data(); }
+  DType dtype_;
+  std::vector<float> f32_;
+  std::vector<BF16> bf16_;
+};
+
+struct Result {
+  std::vector<float> o;      // [T, H, K]
+  std::vector<float> state;  // [N, H, K, K]
+};
+
+}  // namespace kda::testing
