@@ -5,11 +5,14 @@
 #include <mutex>
 #include <new>
 
+#include <sys/mman.h>
+
 namespace kda {
 namespace {
 
 constexpr size_t kPooledMin = size_t{1} << 20;  // smaller blocks go straight to malloc
 constexpr size_t kPoolCap = size_t{2} << 30;    // bytes kept for reuse at most
+constexpr size_t kHugePage = size_t{2} << 20;
 
 struct Pool {
   std::mutex mu;
@@ -39,10 +42,15 @@ ScratchBlock::ScratchBlock(size_t bytes) {
       return;
     }
   }
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  // Large blocks on 2 MiB pages where the kernel allows it: the KDA kernels
+  // walk one row per token and head, a page apart, and 4 KiB pages make
+  // those walks miss the TLB.
+  const size_t align = bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  data_ = std::aligned_alloc(align, rounded);
   if (data_ == nullptr) throw std::bad_alloc();
   size_ = rounded;
+  if (align == kHugePage) madvise(data_, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 }
 
 ScratchBlock::~ScratchBlock() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/scratch.h"
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
@@ -17,14 +18,17 @@
 namespace kda::bench {
 
 // A float buffer stored as F32 or BF16.
+// Stored in scratch blocks, as the layer's activations are (large ones on
+// huge pages).
 class TypedBuffer {
  public:
   TypedBuffer(const std::vector<float>& x, DType dtype) : dtype_(dtype) {
     if (dtype == DType::kBF16) {
-      bf16_.reserve(x.size());
-      for (float e : x) bf16_.push_back(ToBF16(e));
+      bf16_ = ScratchArray<BF16>(x.size());
+      for (size_t i = 0; i < x.size(); ++i) bf16_[i] = ToBF16(x[i]);
     } else {
-      f32_ = x;
+      f32_ = ScratchArray<float>(x.size());
+      std::copy(x.begin(), x.end(), f32_.data());
     }
   }
   ConstBuf Const() const {
@@ -34,8 +38,8 @@ class TypedBuffer {
 
  private:
   DType dtype_;
-  std::vector<float> f32_;
-  std::vector<BF16> bf16_;
+  ScratchArray<float> f32_;
+  ScratchArray<BF16> bf16_;
 };
 
 // Token inputs of `rows` (token, head) rows: q, k, v, g [rows, K], beta [rows].
