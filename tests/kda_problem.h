@@ -4,6 +4,8 @@
 // BF16 on demand.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +17,9 @@
 #include "kda/kernels/kda.h"
 
 namespace kda::testing {
+
+// Fills outputs and the dummy state slot, so untouched entries are visible.
+constexpr float kSentinel = -12345.0F;
 
 // ---------------------------------------------------------------- problems
 
@@ -174,5 +179,66 @@ struct Result {
   std::vector<float> o;      // [T, H, K]
   std::vector<float> state;  // [N, H, K, K]
 };
+
+// The packed batch through a one-token decode kernel, token by token: step t
+// takes token t of every sequence still running (state slot n + 1; shorter
+// sequences are padding entries, slot 0 holds a sentinel state).
+inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKdaArgs&), DType qkv = DType::kF32,
+                              DType gb = DType::kF32) {
+  const size_t per_state = static_cast<size_t>(p.H) * p.K * p.K;
+  const size_t hk = static_cast<size_t>(p.H) * p.K;
+  std::vector<float> states((p.N + 1) * per_state, 0.0F);
+  for (size_t i = 0; i < per_state; ++i) states[i] = kSentinel;
+  if (!p.h0.empty()) std::copy(p.h0.begin(), p.h0.end(), states.begin() + static_cast<std::ptrdiff_t>(per_state));
+
+  Result r;
+  r.o.assign(p.q.size(), kSentinel);
+  int64_t max_len = 0;
+  for (int64_t n = 0; n < p.N; ++n) max_len = std::max(max_len, p.cu[n + 1] - p.cu[n]);
+  for (int64_t t = 0; t < max_len; ++t) {
+    std::vector<float> q(p.N * hk, 0.0F), k(p.N * hk, 0.0F), v(p.N * hk, 0.0F), g(p.N * hk, 0.0F);
+    std::vector<float> beta(p.N * p.H, 0.0F);
+    std::vector<int32_t> idx(p.N, -1);
+    for (int64_t n = 0; n < p.N; ++n) {
+      if (t >= p.cu[n + 1] - p.cu[n]) continue;
+      const size_t tok = static_cast<size_t>(p.cu[n] + t);
+      idx[n] = static_cast<int32_t>(n + 1);
+      std::copy_n(p.q.begin() + tok * hk, hk, q.begin() + n * hk);
+      std::copy_n(p.k.begin() + tok * hk, hk, k.begin() + n * hk);
+      std::copy_n(p.v.begin() + tok * hk, hk, v.begin() + n * hk);
+      std::copy_n(p.g.begin() + tok * hk, hk, g.begin() + n * hk);
+      std::copy_n(p.beta.begin() + tok * p.H, p.H, beta.begin() + n * p.H);
+    }
+    const Typed tq(q, qkv), tk(k, qkv), tv(v, qkv), tg(g, gb), tbeta(beta, gb);
+    Typed o(q.size(), qkv, kSentinel);
+    RecurrentKdaArgs a;
+    a.o = o.Mut();
+    a.state = states.data();
+    a.state_indices = idx.data();
+    a.num_states = p.N + 1;
+    a.q = tq.Const();
+    a.k = tk.Const();
+    a.v = tv.Const();
+    a.g = tg.Const();
+    a.beta = tbeta.Const();
+    a.N = p.N;
+    a.H = p.H;
+    a.K = p.K;
+    a.V = p.K;
+    a.options = p.Options();
+    decode(a);
+    const std::vector<float> of = o.ToF32();
+    for (int64_t n = 0; n < p.N; ++n) {
+      if (idx[n] < 0) {
+        for (size_t i = 0; i < hk; ++i) EXPECT_EQ(of[n * hk + i], 0.0F) << "padding output not zero";
+        continue;
+      }
+      std::copy_n(of.begin() + n * hk, hk, r.o.begin() + (p.cu[n] + t) * hk);
+    }
+  }
+  for (size_t i = 0; i < per_state; ++i) EXPECT_EQ(states[i], kSentinel) << "slot 0 touched";
+  r.state.assign(states.begin() + static_cast<std::ptrdiff_t>(per_state), states.end());
+  return r;
+}
 
 }  // namespace kda::testing

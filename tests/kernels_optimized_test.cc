@@ -31,9 +31,8 @@ namespace {
 using kda::testing::AllCloseBF16;
 using kda::testing::AllCloseF32;
 
-constexpr float kSentinel = -12345.0F;
-
 using testing::GateKind;
+using testing::kSentinel;
 using testing::MakeProblem;
 using testing::Problem;
 using testing::Result;
@@ -84,64 +83,8 @@ Result RunChunk(const Problem& p, Impl impl, const ChunkRun& run = {}) {
 // token t, the others are padding (index -1). Sequence n lives in slot n + 1
 // of the state buffer; slot 0 must never be touched.
 Result RunDecode(const Problem& p, Impl impl, DType qkv = DType::kF32, DType gb = DType::kF32) {
-  const size_t per_state = static_cast<size_t>(p.H) * p.K * p.K;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
-  std::vector<float> states((p.N + 1) * per_state, 0.0F);
-  for (size_t i = 0; i < per_state; ++i) states[i] = kSentinel;
-  if (!p.h0.empty()) std::copy(p.h0.begin(), p.h0.end(), states.begin() + static_cast<std::ptrdiff_t>(per_state));
-
-  Result r;
-  r.o.assign(p.q.size(), kSentinel);
-  int64_t max_len = 0;
-  for (int64_t n = 0; n < p.N; ++n) max_len = std::max(max_len, p.cu[n + 1] - p.cu[n]);
-  for (int64_t t = 0; t < max_len; ++t) {
-    std::vector<float> q(p.N * hk, 0.0F), k(p.N * hk, 0.0F), v(p.N * hk, 0.0F), g(p.N * hk, 0.0F);
-    std::vector<float> beta(p.N * p.H, 0.0F);
-    std::vector<int32_t> idx(p.N, -1);
-    for (int64_t n = 0; n < p.N; ++n) {
-      if (t >= p.cu[n + 1] - p.cu[n]) continue;
-      const size_t tok = static_cast<size_t>(p.cu[n] + t);
-      idx[n] = static_cast<int32_t>(n + 1);
-      std::copy_n(p.q.begin() + tok * hk, hk, q.begin() + n * hk);
-      std::copy_n(p.k.begin() + tok * hk, hk, k.begin() + n * hk);
-      std::copy_n(p.v.begin() + tok * hk, hk, v.begin() + n * hk);
-      std::copy_n(p.g.begin() + tok * hk, hk, g.begin() + n * hk);
-      std::copy_n(p.beta.begin() + tok * p.H, p.H, beta.begin() + n * p.H);
-    }
-    const Typed tq(q, qkv), tk(k, qkv), tv(v, qkv), tg(g, gb), tbeta(beta, gb);
-    Typed o(q.size(), qkv, kSentinel);
-    RecurrentKdaArgs a;
-    a.o = o.Mut();
-    a.state = states.data();
-    a.state_indices = idx.data();
-    a.num_states = p.N + 1;
-    a.q = tq.Const();
-    a.k = tk.Const();
-    a.v = tv.Const();
-    a.g = tg.Const();
-    a.beta = tbeta.Const();
-    a.N = p.N;
-    a.H = p.H;
-    a.K = p.K;
-    a.V = p.K;
-    a.options = p.Options();
-    if (impl == Impl::kReference) {
-      fused_recurrent_kda_reference(a);
-    } else {
-      fused_recurrent_kda_optimized(a);
-    }
-    const std::vector<float> of = o.ToF32();
-    for (int64_t n = 0; n < p.N; ++n) {
-      if (idx[n] < 0) {
-        for (size_t i = 0; i < hk; ++i) EXPECT_EQ(of[n * hk + i], 0.0F) << "padding output not zero";
-        continue;
-      }
-      std::copy_n(of.begin() + n * hk, hk, r.o.begin() + (p.cu[n] + t) * hk);
-    }
-  }
-  for (size_t i = 0; i < per_state; ++i) EXPECT_EQ(states[i], kSentinel) << "slot 0 touched";
-  r.state.assign(states.begin() + static_cast<std::ptrdiff_t>(per_state), states.end());
-  return r;
+  return testing::RunTokenByToken(
+      p, impl == Impl::kReference ? &fused_recurrent_kda_reference : &fused_recurrent_kda_optimized, qkv, gb);
 }
 
 ::testing::AssertionResult AllFinite(const std::vector<float>& x) {
