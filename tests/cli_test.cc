@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kda/io/safetensors.h"
+#include "tests/cli_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
 
@@ -20,28 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string CliPath() {
-  const char* env = std::getenv("KDA_CLI");
-  return env != nullptr ? env : "build/kda";
-}
+using testing::CliPath;
+using testing::CliResult;
 
-struct CliResult {
-  int status = -1;
-  std::string err;
-};
-
-CliResult RunCli(const std::string& args) {
-  const fs::path err_file = fs::path(::testing::TempDir()) / "kda_cli_stderr.txt";
-  const std::string cmd = CliPath() + " " + args + " >/dev/null 2>" + err_file.string();
-  const int raw = std::system(cmd.c_str());
-  CliResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.err = ss.str();
-  return r;
-}
+CliResult RunCli(const std::string& args) { return testing::RunKda("", args); }
 
 class CliTest : public ::testing::Test {
  protected:
@@ -120,15 +103,14 @@ TEST_F(CliTest, ServingFlagsKeepTheOutputs) {
 
 // The serving benchmark's JSON line on a small workload of the embedded model.
 TEST_F(CliTest, BenchPrintsItsJsonLine) {
-  const fs::path log = dir_ / "bench.txt";
-  const int raw = std::system((CliPath() + " bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 " +
-                               "--layers 2 --prefill-chunk 16 --max-running 2 --json >" + log.string() + " 2>&1")
-                                  .c_str());
-  std::ifstream in(log);
+  const CliResult r = RunCli(
+      "bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 2 --prefill-chunk 16 "
+      "--max-running 2 --json");
+  std::stringstream out(r.out);
   std::string line;
   std::string last;
-  while (std::getline(in, line)) last = line;
-  ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << last;
+  while (std::getline(out, line)) last = line;
+  ASSERT_EQ(r.status, 0) << r.err;
   for (const char* key : {"\"prefill_tokens_per_s\"", "\"decode_tokens_per_s\"", "\"state_bytes_per_request\"",
                           "\"self_check_max_ratio\"", "\"requests\": 3", "\"layers\": 2"}) {
     EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;

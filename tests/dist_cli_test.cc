@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kda/io/safetensors.h"
+#include "tests/cli_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
 
@@ -24,46 +25,14 @@ namespace kda {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string CliPath() {
-  const char* env = std::getenv("KDA_CLI");
-  return env != nullptr ? env : "build/kda";
-}
+using testing::CliPath;
+using testing::CliResult;
+using testing::RunKda;
 
 // mpirun with the flags this machine needs (root, 2 cores).
 std::string Mpirun() {
   const char* env = std::getenv("KDA_MPIRUN");
   return env != nullptr ? env : "mpirun --allow-run-as-root --oversubscribe";
-}
-
-struct CliResult {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string Slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs `prefix kda args` with a time limit, so a hang is a failure, not a stall.
-CliResult RunKda(const std::string& prefix, const std::string& args) {
-  const fs::path dir = fs::path(::testing::TempDir());
-  const fs::path out = dir / ("kda_dist_cli_stdout_" + std::to_string(::getpid()) + ".txt");
-  const fs::path err = dir / ("kda_dist_cli_stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = "timeout -k 5 100 " + prefix + (prefix.empty() ? "" : " ") + CliPath() + " " + args + " >" +
-                          out.string() + " 2>" + err.string();
-  const int raw = std::system(cmd.c_str());
-  CliResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
 }
 
 std::string Np(int n, bool tcp = false) {

@@ -1,0 +1,52 @@
+// Running the `kda` CLI from tests: its path ($KDA_CLI, else build/kda) and a
+// launcher that captures status, stdout and stderr under a time limit.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace kda::testing {
+
+inline std::string CliPath() {
+  const char* env = std::getenv("KDA_CLI");
+  return env != nullptr ? env : "build/kda";
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string Slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `prefix kda args` with a time limit, so a hang is a failure, not a stall.
+inline CliResult RunKda(const std::string& prefix, const std::string& args) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir());
+  const std::filesystem::path out = dir / ("kda_dist_cli_stdout_" + std::to_string(::getpid()) + ".txt");
+  const std::filesystem::path err = dir / ("kda_dist_cli_stderr_" + std::to_string(::getpid()) + ".txt");
+  const std::string cmd = "timeout -k 5 100 " + prefix + (prefix.empty() ? "" : " ") + CliPath() + " " + args + " >" +
+                          out.string() + " 2>" + err.string();
+  const int raw = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  r.out = Slurp(out);
+  r.err = Slurp(err);
+  std::filesystem::remove(out);
+  std::filesystem::remove(err);
+  return r;
+}
+
+}  // namespace kda::testing
