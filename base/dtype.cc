@@ -16,6 +16,21 @@ const char* DTypeName(DType t) {
   return "?";
 }
 
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t) {
+  std::vector<float> r(bytes.size() / DTypeSize(t));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = LoadAsFloat(bytes.data(), t, i);
+  return r;
+}
+
 size_t DTypeSize(DType t) {
   switch (t) {
     case DType::kF32:

@@ -69,12 +69,6 @@ IntStatus ReadNonNegative(const json& value, uint64_t* out) {
   return IntStatus::kOk;
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string OffsetsText(uint64_t begin, uint64_t end) {
   std::string s = "[";  // built with += (GCC 12 warns falsely on "literal" + std::to_string(...))
   s += std::to_string(begin);
@@ -119,7 +113,7 @@ ParsedEntry ParseEntry(const std::string& path, const std::string& name, const j
   }
   uint64_t nbytes = 0;
   Check(MultiplyChecked(numel, DTypeSize(parsed.info.dtype), &nbytes),
-        where + ": shape " + ShapeText(parsed.info.shape) + " overflows the byte count");
+        where + ": shape " + ShapeString(parsed.info.shape) + " overflows the byte count");
 
   const auto offsets_it = entry.find("data_offsets");
   Check(offsets_it != entry.end(), where + ": missing data_offsets");
@@ -133,7 +127,7 @@ ParsedEntry ParseEntry(const std::string& path, const std::string& name, const j
   Check(parsed.begin <= parsed.end, where + ": data_offsets " + offsets_text + " have begin > end");
   Check(parsed.end <= data_size, where + ": data_offsets " + offsets_text + " lie outside the data section (" +
                                      std::to_string(data_size) + " bytes)");
-  Check(nbytes == parsed.end - parsed.begin, where + ": shape " + ShapeText(parsed.info.shape) + " of " + dtype_name +
+  Check(nbytes == parsed.end - parsed.begin, where + ": shape " + ShapeString(parsed.info.shape) + " of " + dtype_name +
                                                  " needs " + std::to_string(nbytes) + " bytes but data_offsets " +
                                                  offsets_text + " span " + std::to_string(parsed.end - parsed.begin));
   parsed.info.nbytes = static_cast<size_t>(nbytes);
@@ -184,7 +178,7 @@ void CheckTensorForCopy(const TensorInfo& tensor) {
   const int64_t numel = tensor.numel();
   Check(numel >= 0 && static_cast<uint64_t>(numel) * DTypeSize(tensor.dtype) == tensor.nbytes,
         "tensor '" + tensor.name + "': nbytes " + std::to_string(tensor.nbytes) + " does not match shape " +
-            ShapeText(tensor.shape) + " of " + DTypeName(tensor.dtype));
+            ShapeString(tensor.shape) + " of " + DTypeName(tensor.dtype));
   Check(tensor.nbytes == 0 || tensor.data != nullptr, "tensor '" + tensor.name + "' has no data");
 }
 
@@ -400,7 +394,7 @@ void WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>&
     Check(DTypeSize(t.dtype) != 0, where + ": invalid dtype");
     uint64_t nbytes = DTypeSize(t.dtype);
     for (int64_t d : t.shape) {
-      Check(d >= 0, where + ": shape " + ShapeText(t.shape) + " has a negative dimension");
+      Check(d >= 0, where + ": shape " + ShapeString(t.shape) + " has a negative dimension");
       Check(MultiplyChecked(nbytes, static_cast<uint64_t>(d), &nbytes), where + ": shape overflows the byte count");
     }
     Check(nbytes == 0 || t.data != nullptr, where + ": data is null");

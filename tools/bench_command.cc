@@ -23,13 +23,6 @@
 namespace kda::cli {
 namespace {
 
-std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType dt) {
-  const size_t n = bytes.size() / DTypeSize(dt);
-  std::vector<float> r(n);
-  for (size_t i = 0; i < n; ++i) r[i] = LoadAsFloat(bytes.data(), dt, i);
-  return r;
-}
-
 // Prompt lengths spaced geometrically from min to max.
 std::vector<int64_t> PromptLengths(int n, int64_t lo, int64_t hi) {
   std::vector<int64_t> lens;

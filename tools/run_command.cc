@@ -27,12 +27,6 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string ShapeString(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 void ExpectShape(const TensorInfo& t, const std::vector<int64_t>& want) {
   Check(t.shape == want,
         "input tensor " + t.name + " has shape " + ShapeString(t.shape) + ", expected " + ShapeString(want));
@@ -42,13 +36,6 @@ ActBuffer ToAct(DType dt, const std::vector<float>& v) {
   ActBuffer b(dt, static_cast<int64_t>(v.size()));
   for (size_t i = 0; i < v.size(); ++i) b.Set(static_cast<int64_t>(i), v[i]);
   return b;
-}
-
-std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType dt) {
-  const size_t n = bytes.size() / DTypeSize(dt);
-  std::vector<float> r(n);
-  for (size_t i = 0; i < n; ++i) r[i] = LoadAsFloat(bytes.data(), dt, i);
-  return r;
 }
 
 std::vector<int64_t> CheckedCuSeqlens(const TensorInfo& t, int64_t T) {

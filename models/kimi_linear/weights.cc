@@ -12,12 +12,6 @@
 namespace kda {
 namespace {
 
-std::string ShapeString(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // Checks that tensor `name` exists, is F32 or BF16 and has one of `shapes`.
 const TensorInfo& CheckedTensor(const Checkpoint& ckpt, const std::string& name,
                                 const std::vector<std::vector<int64_t>>& shapes) {

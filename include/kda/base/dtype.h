@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kda/base/bf16.h"
 
@@ -14,6 +15,12 @@ enum class DType : uint8_t { kF32, kBF16, kI32, kI64 };
 // Safetensors spelling: "F32", "BF16", "I32", "I64".
 const char* DTypeName(DType t);
 size_t DTypeSize(DType t);
+
+// "[d0, d1, ...]", for messages.
+std::string ShapeString(const std::vector<int64_t>& shape);
+
+// Every element of a float-valued buffer (F32 or BF16) held as raw bytes.
+std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t);
 
 // Reads element i of a float-valued buffer (F32 or BF16) as float.
 inline float LoadAsFloat(const void* data, DType t, size_t i) {
