@@ -1,5 +1,7 @@
 #include "kda/base/dtype.h"
 
+#include "kda/base/error.h"
+
 namespace kda {
 
 const char* DTypeName(DType t) {
@@ -42,6 +44,23 @@ size_t DTypeSize(DType t) {
       return 8;
   }
   return 0;
+}
+
+DType ParseActivationDType(const std::string& name) {
+  if (name == "float32") return DType::kF32;
+  if (name == "bfloat16") return DType::kBF16;
+  throw Error("unknown dtype '" + name + "' (expected float32 or bfloat16)");
+}
+
+const char* ActivationDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    default:
+      return "?";
+  }
 }
 
 }  // namespace kda

@@ -228,9 +228,7 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
 }  // namespace
 
 int RunBenchCommand(const BenchOptions& opt) {
-  Check(opt.dtype == "float32" || opt.dtype == "bfloat16",
-        "unknown dtype '" + opt.dtype + "' (expected float32 or bfloat16)");
-  const DType dtype = opt.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  const DType dtype = ParseActivationDType(opt.dtype);
   const KernelImpl kernel = ParseKernelImpl(opt.kernel);
   ResolveKernelImpl(kernel);
   Check(opt.requests >= 1, "--requests must be >= 1");

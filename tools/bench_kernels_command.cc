@@ -236,8 +236,6 @@ void PrintHeader(const Machine& m, bool json) {
               "thr", "us/token");
 }
 
-const char* DTypeLabel(DType t) { return t == DType::kBF16 ? "bfloat16" : "float32"; }
-
 // The isa field of an implementation.
 std::string IsaField(KernelImpl impl) {
   return impl == KernelImpl::kReference ? "none" : KernelIsaName(ActiveKernelIsa());
@@ -258,7 +256,7 @@ BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vec
   r.kernel = "chunk";
   r.impl = KernelImplName(impl);
   r.isa = IsaField(impl);
-  r.dtype = DTypeLabel(dtype);
+  r.dtype = ActivationDTypeName(dtype);
   r.H = kHeads;
   r.K = kHeadDim;
   r.N = p.args.N;
@@ -298,7 +296,7 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
   r.kernel = "recurrent";
   r.impl = KernelImplName(impl);
   r.isa = IsaField(impl);
-  r.dtype = DTypeLabel(DType::kF32);
+  r.dtype = ActivationDTypeName(DType::kF32);
   r.H = kHeads;
   r.K = kHeadDim;
   r.N = n;
@@ -327,7 +325,7 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   r.kernel = "layer";
   r.impl = KernelImplName(impl);
   r.isa = IsaField(impl);
-  r.dtype = DTypeLabel(dtype);
+  r.dtype = ActivationDTypeName(dtype);
   r.H = kHeads;
   r.K = kHeadDim;
   r.N = n;

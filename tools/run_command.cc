@@ -294,9 +294,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
 }  // namespace
 
 int RunLayerCommand(const RunOptions& opt) {
-  Check(opt.dtype == "float32" || opt.dtype == "bfloat16",
-        "unknown dtype '" + opt.dtype + "' (expected float32 or bfloat16)");
-  const DType dtype = opt.dtype == "float32" ? DType::kF32 : DType::kBF16;
+  const DType dtype = ParseActivationDType(opt.dtype);
   const KernelImpl kernel = ParseKernelImpl(opt.kernel);
   ResolveKernelImpl(kernel);  // an unavailable implementation is refused before any work
   Check(opt.threads >= 0, "--threads must be >= 0");

@@ -16,6 +16,12 @@ enum class DType : uint8_t { kF32, kBF16, kI32, kI64 };
 const char* DTypeName(DType t);
 size_t DTypeSize(DType t);
 
+// Activation dtypes as torch and Hugging Face configs spell them: "float32"
+// (F32) and "bfloat16" (BF16). The parser throws kda::Error naming any other
+// string; the name of a non-activation dtype is "?".
+DType ParseActivationDType(const std::string& name);
+const char* ActivationDTypeName(DType t);
+
 // "[d0, d1, ...]", for messages.
 std::string ShapeString(const std::vector<int64_t>& shape);
 
