@@ -1,11 +1,13 @@
 #include "kda/serving/model_runner.h"
 
+#include <cstring>
 #include <string>
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
+#include "kda/kernels/elementwise.h"
 
 namespace kda {
 
@@ -104,8 +106,8 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   ActBuffer h;
   ConstBuf in = x;
   if (L > 1) {
-    h = ActBuffer(dt, T * hidden);
-    for (int64_t i = 0; i < T * hidden; ++i) h.Set(i, LoadAsFloat(x.data, dt, static_cast<size_t>(i)));
+    h = ActBuffer::Uninitialized(dt, T * hidden);
+    std::memcpy(h.data(), x.data, static_cast<size_t>(T * hidden) * DTypeSize(dt));
     in = h.view();
   }
   for (int l = 0; l < L; ++l) {
@@ -113,7 +115,7 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
     model_.layers[l].Forward(out, in, backend_);
     if (trace_rows > 0) record(trace_->outputs[l], out.data);
     if (l + 1 < L) {
-      for (int64_t i = 0; i < T * hidden; ++i) h.Set(i, h.Get(i) + LoadAsFloat(out.data, dt, static_cast<size_t>(i)));
+      AddInPlace(h.mut(), {out.data, dt}, T * hidden);
     }
   }
 }

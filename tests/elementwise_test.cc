@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "kda/base/error.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kernels/elementwise/vec_math.h"
@@ -147,6 +149,32 @@ TEST(GatedRmsNorm, FastMatchesReference) {
       EXPECT_TRUE(testing::AllCloseBF16(f.data(), r.data(), r.size()));
     }
   }
+}
+
+TEST(AddInPlace, FastMatchesReferenceBitForBit) {
+  // Spans several parallel jobs and ends off a vector boundary.
+  const int64_t n = 3 * (int64_t{1} << 16) + 7;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const ActBuffer x = ToAct(dt, Random(static_cast<size_t>(n), -4, 4, 11));
+    const ActBuffer start = ToAct(dt, Random(static_cast<size_t>(n), -4, 4, 12));
+    ActBuffer ref = ToAct(dt, start.ToFloat());
+    ActBuffer fast = ToAct(dt, start.ToFloat());
+    AddInPlaceReference(ref.mut(), x.view(), n);
+    AddInPlace(fast.mut(), x.view(), n);
+    ASSERT_EQ(std::memcmp(ref.data(), fast.data(), static_cast<size_t>(n) * DTypeSize(dt)), 0) << DTypeName(dt);
+    // One value checked by hand: the sum rounded once.
+    const float want = dt == DType::kBF16 ? RoundBF16(start.Get(5) + x.Get(5)) : start.Get(5) + x.Get(5);
+    EXPECT_EQ(fast.Get(5), want);
+    EXPECT_NE(fast.Get(5), start.Get(5));
+  }
+}
+
+TEST(AddInPlace, RefusesMixedDtypesAndLeavesTheSumUntouched) {
+  ActBuffer acc = ToAct(DType::kF32, {1.0F, 2.0F});
+  const ActBuffer x = ToAct(DType::kBF16, {1.0F, 1.0F});
+  EXPECT_THROW(AddInPlace(acc.mut(), x.view(), 2), Error);
+  EXPECT_EQ(acc.Get(0), 1.0F);
+  EXPECT_EQ(acc.Get(1), 2.0F);
 }
 
 }  // namespace

@@ -77,6 +77,17 @@ KDA_CLONES void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const floa
   RmsNormRows(y, o, gate, w, r0, r1, V, eps);
 }
 
+// ------------------------------------------------------------ residual add
+
+template <class T>
+[[gnu::always_inline]] inline void AddRows(T* acc, const T* x, int64_t i0, int64_t i1) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) StoreF(acc + i, LoadF(acc[i]) + LoadF(x[i]));
+}
+
+KDA_CLONES void AddF32(float* acc, const float* x, int64_t i0, int64_t i1) { AddRows(acc, x, i0, i1); }
+KDA_CLONES void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1) { AddRows(acc, x, i0, i1); }
+
 void CheckFloatBuf(DType t, const char* what) {
   Check(t == DType::kF32 || t == DType::kBF16, std::string(what) + " must be F32 or BF16");
 }
@@ -146,6 +157,28 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
     } else {
       RmsNormF32(static_cast<float*>(y.data), static_cast<const float*>(o.data), static_cast<const float*>(gate.data),
                  w, r0, r1, V, eps);
+    }
+  });
+}
+
+void AddInPlaceReference(MutBuf acc, ConstBuf x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const auto j = static_cast<size_t>(i);
+    StoreFromFloat(acc.data, acc.dtype, j, LoadAsFloat(acc.data, acc.dtype, j) + LoadAsFloat(x.data, x.dtype, j));
+  }
+}
+
+void AddInPlace(MutBuf acc, ConstBuf x, int64_t n) {
+  CheckFloatBuf(acc.dtype, "residual sum");
+  Check(x.dtype == acc.dtype, "residual add: the addend and the sum must share a dtype");
+  constexpr int64_t kPerJob = int64_t{1} << 16;  // elements: memory-bound, big jobs
+  ParallelFor((n + kPerJob - 1) / kPerJob, [&](int64_t job) {
+    const int64_t i0 = job * kPerJob;
+    const int64_t i1 = std::min(n, i0 + kPerJob);
+    if (acc.dtype == DType::kBF16) {
+      AddBF16(static_cast<BF16*>(acc.data), static_cast<const BF16*>(x.data), i0, i1);
+    } else {
+      AddF32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), i0, i1);
     }
   });
 }

@@ -25,4 +25,9 @@ void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, 
 void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
 void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
 
+// The residual add between layers: acc[i] = acc[i] + x[i] for i < n, summed
+// in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.
+void AddInPlace(MutBuf acc, ConstBuf x, int64_t n);
+void AddInPlaceReference(MutBuf acc, ConstBuf x, int64_t n);
+
 }  // namespace kda
