@@ -47,12 +47,41 @@ struct ChunkRun {
   DType gb = DType::kF32;
   bool alias = false;
   bool output_final_state = true;
+  // The output starts this many elements past a 64-byte boundary. At 0 the
+  // optimized kernel streams its output rows (non-temporal stores); off
+  // alignment it stores them plainly.
+  int out_shift = 0;
+};
+
+// A [n] output of dtype t filled with kSentinel, starting `shift` elements
+// past a 64-byte boundary.
+class ShiftedOut {
+ public:
+  ShiftedOut(size_t n, DType t, int shift) : dtype_(t), n_(n) {
+    const size_t esize = DTypeSize(t);
+    storage_.resize((n + static_cast<size_t>(shift)) * esize + 64);
+    const auto base = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = storage_.data() + ((64 - base % 64) % 64) + static_cast<size_t>(shift) * esize;
+    for (size_t i = 0; i < n; ++i) StoreFromFloat(data_, t, i, kSentinel);
+  }
+  MutBuf Mut() { return {data_, dtype_}; }
+  std::vector<float> ToF32() const {
+    std::vector<float> r(n_);
+    for (size_t i = 0; i < n_; ++i) r[i] = LoadAsFloat(data_, dtype_, i);
+    return r;
+  }
+
+ private:
+  DType dtype_;
+  size_t n_;
+  std::vector<uint8_t> storage_;
+  uint8_t* data_ = nullptr;
 };
 
 // chunk_kda over the whole packed batch.
 Result RunChunk(const Problem& p, Impl impl, const ChunkRun& run = {}) {
   const Typed q(p.q, run.qkv), k(p.k, run.qkv), v(p.v, run.qkv), g(p.g, run.gb), beta(p.beta, run.gb);
-  Typed o(p.q.size(), run.qkv, kSentinel);
+  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
   std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
   ChunkKdaArgs a;
   a.o = o.Mut();
@@ -481,6 +510,30 @@ TEST_F(KdaOptimizedTest, ResultsDoNotDependOnThreadCountOrTaskSplit) {
       }
     });
   }
+}
+
+TEST_F(KdaOptimizedTest, AlignedAndUnalignedOutputsGiveTheSameBits) {
+  // Aligned output rows take the streaming stores, others the plain ones.
+  Spec s;
+  s.lengths = {0, 1, 37, 70};
+  s.H = 3;
+  s.K = 64;
+  s.gate = GateKind::kStress;
+  s.seed = 330;
+  const Problem p = MakeProblem(s);
+  ForEachIsa([&] {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(DTypeName(dt));
+      ChunkRun aligned;
+      aligned.qkv = dt;
+      const Result want = RunChunk(p, Impl::kOptimized, aligned);
+      for (int shift : {1, 8}) {
+        ChunkRun run = aligned;
+        run.out_shift = shift;
+        ExpectBitEqual(RunChunk(p, Impl::kOptimized, run), want);
+      }
+    }
+  });
 }
 
 TEST_F(KdaOptimizedTest, DecodePaddingWritesZerosAndTouchesNoState) {

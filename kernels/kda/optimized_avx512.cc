@@ -63,15 +63,23 @@ struct VecAvx512 {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
   // Round to nearest even (as kda::ToBF16), NaN kept a quiet NaN.
-  static void StoreBF16(BF16* p, Reg x) {
+  static __m256i ToBF16Bits(Reg x) {
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
     const __mmask16 nan =
         _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+    return _mm512_cvtepi32_epi16(r);
   }
+  static void StoreBF16(BF16* p, Reg x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), ToBF16Bits(x)); }
+
+  // Non-temporal stores (p aligned to the stored width) for outputs that are
+  // written once and read by the next op, not by this kernel; StreamFence
+  // orders them before the results are handed over.
+  static void StoreStream(float* p, Reg x) { _mm512_stream_ps(p, x); }
+  static void StoreStreamBF16(BF16* p, Reg x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), ToBF16Bits(x)); }
+  static void StreamFence() { _mm_sfence(); }
 };
 
 }  // namespace

@@ -7,7 +7,11 @@
 //
 // Vt provides: Reg, Mask, kLanes; Load, Store, Set1, Zero, Fma(a, b, c) = a*b + c,
 // Mul, Sub, Div, Exp; Less, Select(mask, if_true, if_false), Any; ReduceAdd;
-// LoadBF16, StoreBF16 (round to nearest even, NaN kept quiet).
+// LoadBF16, StoreBF16 (round to nearest even, NaN kept quiet). Optionally
+// StoreStream, StoreStreamBF16 (non-temporal stores of one register to an
+// address aligned to its width) and StreamFence: the prefill output rows then
+// bypass the cache, where they would evict the input rows prefetched for the
+// next tokens.
 //
 // Prefill (chunk_kda) uses the recurrent form, not the chunked WY form: at
 // K = V = 128 the chunked form costs ~182 kflop per token and head against
@@ -99,6 +103,27 @@ inline void StoreOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
   } else {
     Vt::Store(static_cast<float*>(buf.data) + offset, x);
   }
+}
+
+// StoreOut with a non-temporal store where the destination is aligned for it.
+template <class Vt>
+inline void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
+  if constexpr (requires { Vt::StoreStream; }) {
+    if (buf.dtype == DType::kF32) {
+      float* p = static_cast<float*>(buf.data) + offset;
+      if (reinterpret_cast<uintptr_t>(p) % sizeof(typename Vt::Reg) == 0) {
+        Vt::StoreStream(p, x);
+        return;
+      }
+    } else {
+      BF16* p = static_cast<BF16*>(buf.data) + offset;
+      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
+        Vt::StoreStreamBF16(p, x);
+        return;
+      }
+    }
+  }
+  StoreOut<Vt>(buf, offset, x);
 }
 
 // sum_d x[offset + d]^2 over d < len of an F32 or BF16 buffer.
@@ -375,7 +400,7 @@ void SweepBlock(const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt,
     }
     const size_t out = static_cast<size_t>((t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
-    for (int j = 0; j < NV; ++j) StoreOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o[j]);
+    for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o[j]);
     pipe.Prepare(step0 + i);
   }
 }
@@ -517,6 +542,7 @@ void RunChunkTask(const ChunkGroupTask& group) {
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
     cur = 1 - cur;
   }
+  if constexpr (requires { Vt::StreamFence; }) Vt::StreamFence();  // the outputs' streaming stores, before any reader
   if (!a.output_final_state) return;
   for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g]);
 }
