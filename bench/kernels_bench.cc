@@ -1,22 +1,29 @@
-// Google Benchmark programs of the KDA core kernels at the real shapes
-// (H = 32, K = V = 128), reference vs optimized:
+// Google Benchmark programs of the KDA core kernels and the whole layer at
+// the real shapes (hidden 2304, H = 32, K = V = 128), reference vs optimized:
 //   BM_ChunkKda/<impl>/<dtype>/<batch>: chunk_kda prefill, one sequence of
 //     2048 tokens (batch 0) or 8 packed sequences of 256 (batch 1);
 //     counter time_per_token (seconds, printed with an SI prefix: "21.3u").
+//     The reference takes ~1 ms per token here: one call per repetition.
+//     The optimized kernel runs once untimed first, then several calls per
+//     repetition.
 //   BM_RecurrentKda/<impl>/<N>: one fused_recurrent_kda decode step of N
 //     sequences, states cycling over >= 256 MiB of buffers (as over a
 //     model's layers) so that they come from memory; counter time_per_token
 //     (step time / N).
+//   BM_KdaLayer/<dtype>/<part>: one KimiDeltaAttention prefill of 2048
+//     tokens (part 0) or its projection GEMMs alone (part 1), optimized
+//     kernels; counter time_per_token. The layer over the GEMMs is the ratio
+//     `kda bench-kernels` reports.
 // impl: 0 = reference, 1 = optimized (the CPU's best ISA variant, or KDA_ISA);
-// dtype: 0 = float32, 1 = bfloat16. The reference chunk kernel takes ~1 ms per
-// token here: it runs one iteration per repetition.
-// Example: ./build/kda_bench --benchmark_filter='Chunk.*/1/' --benchmark_repetitions=5
+// dtype: 0 = float32, 1 = bfloat16.
+// Example: ./build/kda_bench --benchmark_filter='Chunk.*/impl:1/' --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "bench/kda_kernel_problems.h"
+#include "bench/kda_layer_problem.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
 
@@ -34,6 +41,7 @@ void BM_ChunkKda(benchmark::State& state) {
   const std::vector<int64_t> lengths = state.range(2) == 0 ? std::vector<int64_t>{2048} : std::vector<int64_t>(8, 256);
   bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
   state.SetLabel(ActiveKernelDescription(impl));
+  if (impl == KernelImpl::kOptimized) chunk_kda(p.args, impl);  // warm-up: scratch and first touches
   for (auto _ : state) chunk_kda(p.args, impl);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
   state.counters["time_per_token"] = benchmark::Counter(
       static_cast<double>(p.args.T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
@@ -53,12 +61,28 @@ void BM_RecurrentKda(benchmark::State& state) {
       static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
-void ChunkArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "dtype", "batch"});
-  for (int64_t impl : {0, 1}) {
-    for (int64_t dtype : {0, 1}) {
-      for (int64_t batch : {0, 1}) b->Args({impl, dtype, batch});
+void BM_KdaLayer(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
+  const bool gemms_only = state.range(1) != 0;
+  bench::LayerProblem p(dtype, KernelImpl::kOptimized, 2304, kHeads, kHeadDim, 4, 1, 2048);
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  p.Forward();  // warm-up: GEMM primitives, scratch
+  p.Gemms();
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+    if (gemms_only) {
+      p.Gemms();
+    } else {
+      p.Forward();
     }
+  }
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(p.tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+void ChunkArgs(benchmark::internal::Benchmark* b, int64_t impl) {
+  b->ArgNames({"impl", "dtype", "batch"});
+  for (int64_t dtype : {0, 1}) {
+    for (int64_t batch : {0, 1}) b->Args({impl, dtype, batch});
   }
 }
 
@@ -66,11 +90,19 @@ void ChunkArgs(benchmark::internal::Benchmark* b) {
 
 // The reference chunk kernel at these shapes takes seconds per call: one iteration per repetition.
 BENCHMARK(BM_ChunkKda)
-    ->Apply(ChunkArgs)
+    ->Apply([](benchmark::internal::Benchmark* b) { ChunkArgs(b, 0); })
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime()
     ->Iterations(1)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_ChunkKda)
+    ->Apply([](benchmark::internal::Benchmark* b) { ChunkArgs(b, 1); })
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime()
+    ->MinTime(0.5)
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_RecurrentKda)
@@ -79,6 +111,14 @@ BENCHMARK(BM_RecurrentKda)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->MinTime(0.5);
+BENCHMARK(BM_KdaLayer)
+    ->ArgNames({"dtype", "gemms_only"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(1.0)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace kda
 

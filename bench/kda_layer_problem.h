@@ -1,0 +1,95 @@
+// One KimiDeltaAttention layer with random weights over a packed prefill
+// batch, for the benchmarks (bench/kernels_bench.cc and `kda bench-kernels`):
+// Forward() runs the layer (EXTEND through the serving backend and pool), and
+// Gemms() runs the same projection GEMMs alone, as separate Linears of the
+// layer's shapes through the same GEMM library, so that the two can be timed
+// in one run.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/act_buffer.h"
+#include "kda/base/error.h"
+#include "kda/serving/model_runner.h"
+
+namespace kda::bench {
+
+struct LayerProblem {
+  // hidden, H heads of K, conv width W; N sequences of T/N tokens.
+  LayerProblem(DType dtype, KernelImpl kernel, int64_t hidden, int H, int K, int W, int64_t N, int64_t T)
+      : shape(Shape(hidden, H, K, W)),
+        layer(0, shape, RandomKdaLayerWeights(shape, 3), dtype),
+        pool(1, N, {H, K, W}, dtype),
+        req(&pool),
+        backend({&pool, &req}, kernel),
+        tokens(T),
+        x(dtype, T * hidden),
+        out(dtype, T * hidden),
+        y_qkv(dtype, T * 3 * shape.P()),
+        y_k(dtype, T * K),
+        y_p(dtype, T * shape.P()),
+        y_h(dtype, T * H) {
+    Check(N >= 1 && T >= N && T % N == 0, "layer problem: need N >= 1 and T a multiple of N");
+    for (int64_t n = 0; n < N; ++n) {
+      req.Alloc(n);
+      batch.req_ids.push_back(n);
+      batch.extend_lens.push_back(T / N);
+      batch.prefix_lens.push_back(0);
+    }
+    for (int64_t i = 0; i < T * hidden; ++i) x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
+    const int64_t p = shape.P();
+    auto lin = [&](int64_t o, int64_t i) {
+      return std::make_unique<Linear>(std::vector<float>(static_cast<size_t>(o * i), 0.01F), o, i, dtype);
+    };
+    qkv = lin(3 * p, hidden);
+    f_a = lin(K, hidden);
+    f_b = lin(p, K);
+    b = lin(H, hidden);
+    g_a = lin(K, hidden);
+    g_b = lin(p, K);
+    o = lin(hidden, p);
+  }
+  LayerProblem(const LayerProblem&) = delete;
+  LayerProblem& operator=(const LayerProblem&) = delete;
+
+  static KdaLayerShape Shape(int64_t hidden, int H, int K, int W) {
+    KdaLayerShape s;
+    s.hidden = hidden;
+    s.H = H;
+    s.K = K;
+    s.W = W;
+    return s;
+  }
+
+  // One layer forward over the batch (every sequence starts from a zero state).
+  void Forward() {
+    backend.InitForwardMetadata(batch);
+    layer.Forward(out.mut(), x.view(), backend);
+  }
+
+  // The layer's projection GEMMs alone, on the same shapes.
+  void Gemms() {
+    qkv->Forward(y_qkv.mut(), x.view(), tokens);
+    f_a->Forward(y_k.mut(), x.view(), tokens);
+    f_b->Forward(y_p.mut(), y_k.view(), tokens);
+    b->Forward(y_h.mut(), x.view(), tokens);
+    g_a->Forward(y_k.mut(), x.view(), tokens);
+    g_b->Forward(y_p.mut(), y_k.view(), tokens);
+    o->Forward(out.mut(), y_p.view(), tokens);
+  }
+
+  KdaLayerShape shape;
+  KimiDeltaAttention layer;
+  RecurrentStatePool pool;
+  HybridReqToTokenPool req;
+  KDAAttnBackend backend;
+  ForwardBatch batch;
+  int64_t tokens;
+  ActBuffer x, out;
+  ActBuffer y_qkv, y_k, y_p, y_h;
+  std::unique_ptr<Linear> qkv, f_a, f_b, b, g_a, g_b, o;
+};
+
+}  // namespace kda::bench
