@@ -9,7 +9,7 @@ namespace kda::cli {
 struct BenchKernelsOptions {
   bool json = false;  // one JSON object per line per measurement (else a table)
   int threads = 0;    // worker threads (0: OpenMP default)
-  int repeats = 5;    // timed runs per measurement (the slow reference chunk kernel runs ceil(repeats / 3))
+  int repeats = 9;    // timed runs per measurement (the slow reference chunk kernel runs ceil(repeats / 3))
 };
 
 // Registers the subcommand and its options (bound to `opt`); returns it so
