@@ -77,8 +77,10 @@ void short_conv_silu_reference(const ShortConvArgs& a) {
 
 namespace {
 
-constexpr int kMaxWidth = 16;    // conv widths beyond this take the reference path
-constexpr int64_t kChunk = 512;  // channels per job
+constexpr int kMaxWidth = 16;          // conv widths beyond this take the reference path
+constexpr int64_t kChunk = 512;        // channels per job
+constexpr int kFusedWidth = 4;         // the conv width with a register-resident path (Kimi-Linear's)
+constexpr int kConvPrefetchAhead = 2;  // tokens
 
 // One job: channels [c0, c0 + nc) of sequence n, token by token. Rows t-W+1..t
 // of the input are contiguous in memory and cached, so each tap reads the
@@ -106,9 +108,31 @@ template <class T>
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) tail_rows[r][c] = fresh ? 0.0F : LoadF(tail[r * a.tail_row_stride + c]);
   }
+  // Tokens whose taps are all input rows, at the model's width: one pass per
+  // token with the sums in registers, the rows a few tokens ahead prefetched
+  // (they are a row stride apart, a page or more, beyond the hardware
+  // prefetchers' reach).
+  const int64_t steady = W == kFusedWidth ? std::min<int64_t>(W - 1, len) : len;
+  const int64_t stride = a.x_row_stride;
+  for (int64_t t = steady; t < len; ++t) {
+    const T* cur = x + (start + t) * stride + c0;  // tap W-1
+    if (t + kConvPrefetchAhead < len) {
+      const char* ahead = reinterpret_cast<const char*>(cur + kConvPrefetchAhead * stride);
+      for (int64_t byte = 0; byte < nc * static_cast<int64_t>(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
+    }
+    T* yrow = y + (start + t) * a.C + c0;
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) {
+      float acc = 0.0F;
+      // Taps oldest first, as the reference sums them.
+      for (int j = 0; j < kFusedWidth; ++j)
+        acc += wt[j * kChunk + c] * LoadF(cur[(j - (kFusedWidth - 1)) * stride + c]);
+      StoreF(yrow + c, SiluF(acc));
+    }
+  }
   alignas(64) float acc[kChunk];
-  for (int64_t t = 0; t < len; ++t) {
-    // Taps oldest first, as the reference sums them (bit-identical in fp32).
+  for (int64_t t = 0; t < steady; ++t) {
+    // Taps oldest first, as the reference sums them.
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) acc[c] = 0.0F;
     for (int j = 0; j < W; ++j) {

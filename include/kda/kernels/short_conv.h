@@ -39,8 +39,8 @@ struct ShortConvArgs {
 };
 
 // Both validate (kda::Error, nothing written). The reference is the plain
-// loop; short_conv_silu keeps the last W-1 rows in registers and vectorises
-// over channels.
+// loop; short_conv_silu vectorises over channels, in jobs of (sequence,
+// channel chunk), and at width 4 sums each token's taps in registers.
 void short_conv_silu(const ShortConvArgs& a);
 void short_conv_silu_reference(const ShortConvArgs& a);
 
