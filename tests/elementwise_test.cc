@@ -129,6 +129,27 @@ TEST(KdaGateBeta, FastMatchesReferenceIncludingExtremes) {
   }
 }
 
+TEST(KdaGateRowInPlace, MatchesKdaGateIncludingExtremes) {
+  const int len = 131;  // not a whole number of vectors
+  std::vector<float> raw = Random(static_cast<size_t>(len), -60, 60, 14);
+  raw[0] = 25.0F;  // softplus linear branch
+  raw[1] = -200.0F;
+  raw[2] = 20.0F;
+  const std::vector<float> bias = Random(static_cast<size_t>(len), -5, 5, 15);
+  for (float a_log : {0.0F, 2.77F, -1.0F}) {
+    for (bool with_bias : {true, false}) {
+      std::vector<float> want(raw.size());
+      for (size_t d = 0; d < raw.size(); ++d) want[d] = KdaGate(with_bias ? raw[d] + bias[d] : raw[d], a_log);
+      std::vector<float> got = raw;
+      KdaGateRowInPlace(got.data(), with_bias ? bias.data() : nullptr, a_log, len);
+      EXPECT_TRUE(AllCloseF32(got.data(), want.data(), want.size(), 1e-30, 1e-6)) << a_log << " " << with_bias;
+      const float x0 = with_bias ? raw[0] + bias[0] : raw[0];  // > 20: softplus is the identity
+      EXPECT_EQ(got[0], -std::exp(a_log) * x0);
+      EXPECT_EQ(got[1], 0.0F);  // softplus(-200 + bias) underflows fp32, as in the reference
+    }
+  }
+}
+
 TEST(GatedRmsNorm, FastMatchesReference) {
   const int H = 4;
   const int V = 64;

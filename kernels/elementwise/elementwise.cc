@@ -47,6 +47,16 @@ KDA_CLONES void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16*
   GateBetaRows(g, beta, raw, logits, neg_a, dt_bias, t0, t1, H, K);
 }
 
+KDA_CLONES void GateRow(float* g, const float* bias, float neg_a, int len) {
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int d = 0; d < len; ++d) g[d] = neg_a * SoftplusF(g[d] + bias[d]);
+  } else {
+#pragma omp simd
+    for (int d = 0; d < len; ++d) g[d] = neg_a * SoftplusF(g[d]);
+  }
+}
+
 // ----------------------------------------------------------- gated RMSNorm
 
 template <class T>
@@ -127,6 +137,8 @@ void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const flo
     }
   });
 }
+
+void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) { GateRow(g, bias, -std::exp(A_log), len); }
 
 void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps) {
   for (int64_t r = 0; r < T * H; ++r) {

@@ -52,6 +52,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
+#include "kda/kernels/elementwise.h"
 #include "kda/kernels/kda.h"
 #include "kernels/kda/optimized.h"
 
@@ -144,12 +145,11 @@ inline float InverseNorm(const ConstBuf& buf, size_t offset, int len) {
   return 1.0F / __builtin_sqrtf(SumSquares<Vt>(buf, offset, len) + kL2Eps);
 }
 
-// The in-kernel gate, element-wise through the out-of-line KdaGate.
+// The in-kernel gate of one row, through the out-of-line vectorised KdaGateRowInPlace.
 inline void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
-  const float a_log = opt.A_log[h];
   const float* bias =
       opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(len) : nullptr;
-  for (int d = 0; d < len; ++d) g[d] = KdaGate(bias != nullptr ? g[d] + bias[d] : g[d], a_log);
+  KdaGateRowInPlace(g, bias, opt.A_log[h], len);
 }
 
 inline size_t ElementBytes(DType t) { return t == DType::kBF16 ? 2 : 4; }

@@ -19,6 +19,11 @@ void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const flo
 void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
                           const float* dt_bias, int64_t T, int H, int K);
 
+// The same forget gate over one head's row, in place: the in-kernel gate of
+// the optimized KDA kernels (use_gate_in_kernel). Reference: KdaGate per
+// element. g [len] holds the raw gate on entry; bias [len] or null.
+void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len);
+
 // Gated RMSNorm per token and head over V (design §2.6), fp32 arithmetic:
 //   y[t, h, :] = o * rsqrt(mean(o^2) + eps) * w * sigmoid(gate)
 // y, o, gate [T, H, V] F32 or BF16 (y rounded once); w [V].
