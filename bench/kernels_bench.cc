@@ -6,6 +6,8 @@
 //     The reference takes ~1 ms per token here: one call per repetition.
 //     The optimized kernel runs once untimed first, then several calls per
 //     repetition.
+//   BM_ChunkKdaGateInKernel: the optimized chunk kernel, bf16, T = 2048, with
+//     the forget gate activated inside it (use_gate_in_kernel).
 //   BM_RecurrentKda/<impl>/<N>: one fused_recurrent_kda decode step of N
 //     sequences, states cycling over >= 256 MiB of buffers (as over a
 //     model's layers) so that they come from memory; counter time_per_token
@@ -61,6 +63,22 @@ void BM_RecurrentKda(benchmark::State& state) {
       static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// The optimized chunk kernel with the gate activated inside it
+// (use_gate_in_kernel: raw gates, A_log, dt_bias), bf16, one sequence of 2048.
+void BM_ChunkKdaGateInKernel(benchmark::State& state) {
+  bench::ChunkProblem p({2048}, kHeads, kHeadDim, DType::kBF16);
+  const std::vector<float> a_log(kHeads, 0.5F);
+  const std::vector<float> dt_bias(static_cast<size_t>(kHeads) * kHeadDim, 0.1F);
+  p.args.options.use_gate_in_kernel = true;
+  p.args.options.A_log = a_log.data();
+  p.args.options.dt_bias = dt_bias.data();
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  chunk_kda(p.args, KernelImpl::kOptimized);                       // warm-up
+  for (auto _ : state) chunk_kda(p.args, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(p.args.T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
 void BM_KdaLayer(benchmark::State& state) {
   const DType dtype = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
   const bool gemms_only = state.range(1) != 0;
@@ -102,6 +120,12 @@ BENCHMARK(BM_ChunkKda)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime()
+    ->MinTime(0.5)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_ChunkKdaGateInKernel)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
     ->MinTime(0.5)
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
