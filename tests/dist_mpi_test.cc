@@ -25,6 +25,7 @@
 #include "kda/serving/parallel.h"
 #include "tests/dist_mpi_world.h"
 #include "tests/dist_util.h"
+#include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
 
@@ -33,14 +34,7 @@ namespace {
 
 using testing::MpiWorld;
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 // ------------------------------------------------------------ communicator
 

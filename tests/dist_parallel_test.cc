@@ -22,20 +22,14 @@
 #include "kda/io/config.h"
 #include "kda/serving/parallel.h"
 #include "tests/dist_util.h"
+#include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
 
 namespace kda {
 namespace {
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 TEST(SingleProcessCommunicator, EveryCollectiveIsTheIdentity) {
   SingleProcessCommunicator c;

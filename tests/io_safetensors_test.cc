@@ -14,6 +14,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/error.h"
+#include "tests/error_util.h"
 
 namespace kda {
 namespace {
@@ -67,19 +68,11 @@ void ExpectOpenError(const std::string& path, const std::string& expected) {
   }
 }
 
-template <typename Fn>
-std::string ErrorMessageOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::ErrorOf;
 
 // Expects WriteSafetensors(path, tensors) to throw a kda::Error containing `expected`.
 void ExpectWriteError(const std::string& path, const std::vector<TensorToWrite>& tensors, const std::string& expected) {
-  const std::string message = ErrorMessageOf([&] { WriteSafetensors(path, tensors); });
+  const std::string message = ErrorOf([&] { WriteSafetensors(path, tensors); });
   EXPECT_NE(message.find(expected), std::string::npos) << "message: " << message << "\nexpected: " << expected;
 }
 
@@ -151,10 +144,10 @@ TEST_F(SafetensorsTest, AccessorErrors) {
   const std::string path = PathOf("a.safetensors");
   WriteSafetensors(path, {{"ints", DType::kI32, {2}, ints}, {"floats", DType::kF32, {1}, floats}});
   const SafetensorsFile file = SafetensorsFile::Open(path);
-  EXPECT_EQ(ErrorMessageOf([&] { file.Get("nope"); }), "tensor 'nope' not found in " + path);
-  EXPECT_NE(ErrorMessageOf([&] { ToFloatVector(file.Get("ints")); }).find("has dtype I32, expected F32 or BF16"),
+  EXPECT_EQ(ErrorOf([&] { file.Get("nope"); }), "tensor 'nope' not found in " + path);
+  EXPECT_NE(ErrorOf([&] { ToFloatVector(file.Get("ints")); }).find("has dtype I32, expected F32 or BF16"),
             std::string::npos);
-  EXPECT_NE(ErrorMessageOf([&] { ToInt64Vector(file.Get("floats")); }).find("has dtype F32, expected I32 or I64"),
+  EXPECT_NE(ErrorOf([&] { ToInt64Vector(file.Get("floats")); }).find("has dtype F32, expected I32 or I64"),
             std::string::npos);
 }
 

@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
+#include "tests/tolerance.h"
 
 namespace kda::testing {
 
@@ -238,6 +241,110 @@ inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKd
   }
   for (size_t i = 0; i < per_state; ++i) EXPECT_EQ(states[i], kSentinel) << "slot 0 touched";
   r.state.assign(states.begin() + static_cast<std::ptrdiff_t>(per_state), states.end());
+  return r;
+}
+
+// ------------------------------------------------------- chunk runs, checks
+
+// How RunChunkWith calls the prefill kernel.
+struct ChunkRun {
+  DType qkv = DType::kF32;  // q, k, v and o
+  DType gb = DType::kF32;   // g and beta
+  bool alias = false;       // the initial state buffer is also the final one
+  bool output_final_state = true;
+  // The output starts this many elements past a 64-byte boundary. At 0 the
+  // optimized kernel streams its output rows (non-temporal stores); off
+  // alignment it stores them plainly.
+  int out_shift = 0;
+};
+
+// A [n] output of dtype t filled with kSentinel, starting `shift` elements
+// past a 64-byte boundary.
+class ShiftedOut {
+ public:
+  ShiftedOut(size_t n, DType t, int shift) : dtype_(t), n_(n) {
+    const size_t esize = DTypeSize(t);
+    storage_.resize((n + static_cast<size_t>(shift)) * esize + 64);
+    const auto base = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = storage_.data() + ((64 - base % 64) % 64) + static_cast<size_t>(shift) * esize;
+    for (size_t i = 0; i < n; ++i) StoreFromFloat(data_, t, i, kSentinel);
+  }
+  MutBuf Mut() { return {data_, dtype_}; }
+  std::vector<float> ToF32() const {
+    std::vector<float> r(n_);
+    for (size_t i = 0; i < n_; ++i) r[i] = LoadAsFloat(data_, dtype_, i);
+    return r;
+  }
+
+ private:
+  DType dtype_;
+  size_t n_;
+  std::vector<uint8_t> storage_;
+  uint8_t* data_ = nullptr;
+};
+
+// A chunk_kda implementation over the whole packed batch.
+inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&), const ChunkRun& run = {}) {
+  const Typed q(p.q, run.qkv), k(p.k, run.qkv), v(p.v, run.qkv), g(p.g, run.gb), beta(p.beta, run.gb);
+  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
+  std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
+  ChunkKdaArgs a;
+  a.o = o.Mut();
+  a.final_state = state.data();
+  a.q = q.Const();
+  a.k = k.Const();
+  a.v = v.Const();
+  a.g = g.Const();
+  a.beta = beta.Const();
+  a.cu_seqlens = p.cu.data();
+  a.initial_state = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
+  a.output_final_state = run.output_final_state;
+  a.T = p.T;
+  a.N = p.N;
+  a.H = p.H;
+  a.K = p.K;
+  a.V = p.K;
+  a.options = p.Options();
+  chunk(a);
+  return {o.ToF32(), state};
+}
+
+inline ::testing::AssertionResult AllFinite(const std::vector<float>& x) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) return ::testing::AssertionFailure() << "element " << i << " is " << x[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Bit-for-bit equality of two float arrays (unlike ==, tells -0 from 0 and compares NaNs).
+inline bool BitEqual(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// Outputs and final states finite and within the fp32 tolerance.
+inline void ExpectClose(const Result& got, const Result& want) {
+  ASSERT_EQ(got.o.size(), want.o.size());
+  ASSERT_EQ(got.state.size(), want.state.size());
+  EXPECT_TRUE(AllFinite(got.o));
+  EXPECT_TRUE(AllFinite(got.state));
+  EXPECT_TRUE(AllCloseF32(got.o.data(), want.o.data(), got.o.size())) << "outputs";
+  EXPECT_TRUE(AllCloseF32(got.state.data(), want.state.data(), got.state.size())) << "final states";
+}
+
+inline void ExpectBitEqual(const Result& got, const Result& want) {
+  ASSERT_EQ(got.o.size(), want.o.size());
+  ASSERT_EQ(got.state.size(), want.state.size());
+  EXPECT_TRUE(BitEqual(got.o.data(), want.o.data(), got.o.size())) << "outputs";
+  EXPECT_TRUE(BitEqual(got.state.data(), want.state.data(), got.state.size())) << "final states";
+}
+
+// The spec in a line, for SCOPED_TRACE.
+inline std::string Describe(const Spec& s) {
+  std::string r = "H=" + std::to_string(s.H) + " K=" + std::to_string(s.K) + " lengths={";
+  for (int64_t len : s.lengths) r += std::to_string(len) + ",";
+  r += "} gate=";
+  r += s.gate == GateKind::kStress ? "stress" : (s.gate == GateKind::kMild ? "mild" : "none");
+  r += s.l2norm_in_kernel ? " l2norm" : "";
+  r += s.gate_in_kernel ? " gate_in_kernel" : "";
+  r += s.initial_state ? " h0" : " no-h0";
   return r;
 }
 

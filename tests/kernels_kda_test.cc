@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
@@ -21,6 +20,7 @@
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
 #include "kernels/kda/dispatch_internal.h"
+#include "tests/error_util.h"
 #include "tests/kda_problem.h"
 #include "tests/tolerance.h"
 
@@ -30,6 +30,11 @@ namespace {
 using kda::testing::AllCloseBF16;
 using kda::testing::AllCloseF32;
 
+using testing::BitEqual;
+using testing::ChunkRun;
+using testing::Describe;
+using testing::ExpectClose;
+using testing::ExpectErrorContaining;
 using testing::GateKind;
 using testing::kSentinel;
 using testing::MakeProblem;
@@ -43,27 +48,11 @@ using testing::Typed;
 // chunk_kda_reference over the whole packed batch. With `alias` the initial
 // state buffer is also the final state buffer.
 Result RunChunk(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, bool alias = false) {
-  const Typed q(p.q, qkv), k(p.k, qkv), v(p.v, qkv), g(p.g, gb), beta(p.beta, gb);
-  Typed o(p.q.size(), qkv, kSentinel);
-  std::vector<float> state = alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.final_state = state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.empty() ? nullptr : (alias ? state.data() : p.h0.data());
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = p.K;
-  a.V = p.K;
-  a.options = p.Options();
-  chunk_kda_reference(a);
-  return {o.ToF32(), state};
+  ChunkRun run;
+  run.qkv = qkv;
+  run.gb = gb;
+  run.alias = alias;
+  return testing::RunChunkWith(p, &chunk_kda_reference, run);
 }
 
 // Runs a scope with one worker thread and restores the previous count.
@@ -88,44 +77,6 @@ Result RunRecurrent(const Problem& p, DType qkv = DType::kF32, DType gb = DType:
   // covered by the padding and dispatcher tests.
   const SingleThreadScope single_thread;
   return testing::RunTokenByToken(p, &fused_recurrent_kda_reference, qkv, gb);
-}
-
-::testing::AssertionResult AllFinite(const std::vector<float>& x) {
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return ::testing::AssertionFailure() << "element " << i << " is " << x[i];
-  }
-  return ::testing::AssertionSuccess();
-}
-
-// Bit-for-bit equality of two float arrays (unlike ==, tells -0 from 0 and compares NaNs).
-bool BitEqual(const float* a, const float* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t ua = 0;
-    uint32_t ub = 0;
-    std::memcpy(&ua, &a[i], sizeof(ua));
-    std::memcpy(&ub, &b[i], sizeof(ub));
-    if (ua != ub) return false;
-  }
-  return true;
-}
-
-void ExpectClose(const Result& got, const Result& want) {
-  ASSERT_EQ(got.o.size(), want.o.size());
-  ASSERT_EQ(got.state.size(), want.state.size());
-  EXPECT_TRUE(AllFinite(got.o));
-  EXPECT_TRUE(AllFinite(got.state));
-  EXPECT_TRUE(AllCloseF32(got.o.data(), want.o.data(), got.o.size())) << "outputs";
-  EXPECT_TRUE(AllCloseF32(got.state.data(), want.state.data(), got.state.size())) << "final states";
-}
-
-std::string Describe(const Spec& s) {
-  std::string r = "H=" + std::to_string(s.H) + " K=" + std::to_string(s.K) + " lengths={";
-  for (int64_t len : s.lengths) r += std::to_string(len) + ",";
-  r += "} gate=" + std::string(s.gate == GateKind::kStress ? "stress" : "mild");
-  r += s.l2norm_in_kernel ? " l2norm" : "";
-  r += s.gate_in_kernel ? " gate_in_kernel" : "";
-  r += s.initial_state ? " h0" : " no-h0";
-  return r;
 }
 
 void CheckChunkMatchesRecurrent(const Spec& s) {
@@ -541,62 +492,7 @@ TEST(KdaChunkState, NoFinalStateWhenNotRequested) {
   EXPECT_NO_THROW(chunk_kda_reference(a));
 }
 
-TEST(KdaRecurrentState, PaddingEntryWritesZerosAndTouchesNoState) {
-  const int h = 2, kd = 16;
-  const size_t hk = static_cast<size_t>(h) * kd;
-  const size_t per_state = hk * kd;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0F, 1.0F);
-  auto random = [&](size_t n) {
-    std::vector<float> x(n);
-    for (float& e : x) e = 0.3F * normal(rng);
-    return x;
-  };
-  const std::vector<float> q = random(3 * hk), k = random(3 * hk), v = random(3 * hk);
-  std::vector<float> g = random(3 * hk);
-  for (float& e : g) e = -std::fabs(e);
-  const std::vector<float> beta(3 * h, 0.5F);
-  const std::vector<float> states0 = random(4 * per_state);
-  std::vector<float> states = states0;
-  const std::vector<int32_t> idx = {2, -1, 0};
-  Typed o(3 * hk, DType::kF32, kSentinel);
-  const Typed tq(q, DType::kF32), tk(k, DType::kF32), tv(v, DType::kF32), tg(g, DType::kF32), tb(beta, DType::kF32);
-  RecurrentKdaArgs a;
-  a.o = o.Mut();
-  a.state = states.data();
-  a.state_indices = idx.data();
-  a.num_states = 4;
-  a.q = tq.Const();
-  a.k = tk.Const();
-  a.v = tv.Const();
-  a.g = tg.Const();
-  a.beta = tb.Const();
-  a.N = 3;
-  a.H = h;
-  a.K = a.V = kd;
-  fused_recurrent_kda_reference(a);
-  const std::vector<float> of = o.ToF32();
-  for (size_t i = hk; i < 2 * hk; ++i) EXPECT_EQ(of[i], 0.0F);
-  for (size_t i = 0; i < hk; ++i) EXPECT_NE(of[i], kSentinel);
-  for (int s : {1, 3}) {
-    EXPECT_TRUE(BitEqual(states.data() + s * per_state, states0.data() + s * per_state, per_state)) << "state " << s;
-  }
-  for (int s : {0, 2}) {
-    EXPECT_FALSE(BitEqual(states.data() + s * per_state, states0.data() + s * per_state, per_state)) << "state " << s;
-  }
-}
-
 // ------------------------------------------------- validation
-
-// Runs fn and expects a kda::Error whose message contains `what`.
-void ExpectError(const std::function<void()>& fn, const std::string& what) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected one containing '" << what << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << "message: " << e.what();
-  }
-}
 
 // A valid chunk_kda call (T = 4, N = 2, H = 2, K = V = 16) with sentinel outputs.
 struct ChunkCall {
@@ -676,7 +572,7 @@ TEST(KdaValidation, ChunkRejectsBadArgumentsWithoutWriting) {
     for (bool dispatch : {false, true}) {
       ChunkCall call;
       c.mutate(call.args);
-      ExpectError(
+      ExpectErrorContaining(
           [&] {
             if (dispatch) {
               chunk_kda(call.args);
@@ -762,7 +658,7 @@ TEST(KdaValidation, RecurrentRejectsBadArgumentsWithoutWriting) {
     for (bool dispatch : {false, true}) {
       RecurrentCall call;
       c.mutate(call.args);
-      ExpectError(
+      ExpectErrorContaining(
           [&] {
             if (dispatch) {
               fused_recurrent_kda(call.args);
@@ -813,9 +709,10 @@ TEST_F(KdaDispatchTest, ParsesNames) {
   for (KernelImpl impl : {KernelImpl::kAuto, KernelImpl::kReference, KernelImpl::kOptimized}) {
     EXPECT_EQ(ParseKernelImpl(KernelImplName(impl)), impl);
   }
-  ExpectError([] { ParseKernelImpl("fast"); }, "unknown kernel 'fast' (expected auto, reference or optimized)");
-  ExpectError([] { ParseKernelImpl(""); }, "unknown kernel ''");
-  ExpectError([] { ParseKernelImpl("Reference"); }, "unknown kernel 'Reference'");
+  ExpectErrorContaining([] { ParseKernelImpl("fast"); },
+                        "unknown kernel 'fast' (expected auto, reference or optimized)");
+  ExpectErrorContaining([] { ParseKernelImpl(""); }, "unknown kernel ''");
+  ExpectErrorContaining([] { ParseKernelImpl("Reference"); }, "unknown kernel 'Reference'");
 }
 
 TEST_F(KdaDispatchTest, ResolvesAutoToOptimized) {
@@ -851,8 +748,8 @@ TEST_F(KdaDispatchTest, EnvironmentVariableSetsDefault) {
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kAuto), KernelImpl::kReference);
 
   UseEnv("turbo");  // a bad value is an Error when the default is needed, not an abort
-  ExpectError([] { DefaultKernelImpl(); }, "KDA_KERNEL");
-  ExpectError([] { ResolveKernelImpl(KernelImpl::kAuto); }, "unknown kernel 'turbo'");
+  ExpectErrorContaining([] { DefaultKernelImpl(); }, "KDA_KERNEL");
+  ExpectErrorContaining([] { ResolveKernelImpl(KernelImpl::kAuto); }, "unknown kernel 'turbo'");
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
   SetDefaultKernelImpl(KernelImpl::kReference);
   EXPECT_EQ(DefaultKernelImpl(), KernelImpl::kReference);

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <random>
@@ -22,6 +21,7 @@
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
 #include "kernels/kda/dispatch_internal.h"
+#include "tests/error_util.h"
 #include "tests/kda_problem.h"
 #include "tests/tolerance.h"
 
@@ -31,6 +31,12 @@ namespace {
 using kda::testing::AllCloseBF16;
 using kda::testing::AllCloseF32;
 
+using testing::BitEqual;
+using testing::ChunkRun;
+using testing::Describe;
+using testing::ExpectBitEqual;
+using testing::ExpectClose;
+using testing::ExpectErrorContaining;
 using testing::GateKind;
 using testing::kSentinel;
 using testing::MakeProblem;
@@ -42,70 +48,9 @@ using testing::Typed;
 
 enum class Impl { kReference, kOptimized };
 
-struct ChunkRun {
-  DType qkv = DType::kF32;
-  DType gb = DType::kF32;
-  bool alias = false;
-  bool output_final_state = true;
-  // The output starts this many elements past a 64-byte boundary. At 0 the
-  // optimized kernel streams its output rows (non-temporal stores); off
-  // alignment it stores them plainly.
-  int out_shift = 0;
-};
-
-// A [n] output of dtype t filled with kSentinel, starting `shift` elements
-// past a 64-byte boundary.
-class ShiftedOut {
- public:
-  ShiftedOut(size_t n, DType t, int shift) : dtype_(t), n_(n) {
-    const size_t esize = DTypeSize(t);
-    storage_.resize((n + static_cast<size_t>(shift)) * esize + 64);
-    const auto base = reinterpret_cast<uintptr_t>(storage_.data());
-    data_ = storage_.data() + ((64 - base % 64) % 64) + static_cast<size_t>(shift) * esize;
-    for (size_t i = 0; i < n; ++i) StoreFromFloat(data_, t, i, kSentinel);
-  }
-  MutBuf Mut() { return {data_, dtype_}; }
-  std::vector<float> ToF32() const {
-    std::vector<float> r(n_);
-    for (size_t i = 0; i < n_; ++i) r[i] = LoadAsFloat(data_, dtype_, i);
-    return r;
-  }
-
- private:
-  DType dtype_;
-  size_t n_;
-  std::vector<uint8_t> storage_;
-  uint8_t* data_ = nullptr;
-};
-
 // chunk_kda over the whole packed batch.
 Result RunChunk(const Problem& p, Impl impl, const ChunkRun& run = {}) {
-  const Typed q(p.q, run.qkv), k(p.k, run.qkv), v(p.v, run.qkv), g(p.g, run.gb), beta(p.beta, run.gb);
-  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
-  std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.final_state = state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
-  a.output_final_state = run.output_final_state;
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = p.K;
-  a.V = p.K;
-  a.options = p.Options();
-  if (impl == Impl::kReference) {
-    chunk_kda_reference(a);
-  } else {
-    chunk_kda_optimized(a);
-  }
-  return {o.ToF32(), state};
+  return testing::RunChunkWith(p, impl == Impl::kReference ? &chunk_kda_reference : &chunk_kda_optimized, run);
 }
 
 // fused_recurrent_kda token by token: step t runs every sequence that has a
@@ -114,42 +59,6 @@ Result RunChunk(const Problem& p, Impl impl, const ChunkRun& run = {}) {
 Result RunDecode(const Problem& p, Impl impl, DType qkv = DType::kF32, DType gb = DType::kF32) {
   return testing::RunTokenByToken(
       p, impl == Impl::kReference ? &fused_recurrent_kda_reference : &fused_recurrent_kda_optimized, qkv, gb);
-}
-
-::testing::AssertionResult AllFinite(const std::vector<float>& x) {
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (!std::isfinite(x[i])) return ::testing::AssertionFailure() << "element " << i << " is " << x[i];
-  }
-  return ::testing::AssertionSuccess();
-}
-
-bool BitEqual(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
-
-void ExpectClose(const Result& got, const Result& want) {
-  ASSERT_EQ(got.o.size(), want.o.size());
-  ASSERT_EQ(got.state.size(), want.state.size());
-  EXPECT_TRUE(AllFinite(got.o));
-  EXPECT_TRUE(AllFinite(got.state));
-  EXPECT_TRUE(AllCloseF32(got.o.data(), want.o.data(), got.o.size())) << "outputs";
-  EXPECT_TRUE(AllCloseF32(got.state.data(), want.state.data(), got.state.size())) << "final states";
-}
-
-void ExpectBitEqual(const Result& got, const Result& want) {
-  ASSERT_EQ(got.o.size(), want.o.size());
-  ASSERT_EQ(got.state.size(), want.state.size());
-  EXPECT_TRUE(BitEqual(got.o.data(), want.o.data(), got.o.size())) << "outputs";
-  EXPECT_TRUE(BitEqual(got.state.data(), want.state.data(), got.state.size())) << "final states";
-}
-
-std::string Describe(const Spec& s) {
-  std::string r = "H=" + std::to_string(s.H) + " K=" + std::to_string(s.K) + " lengths={";
-  for (int64_t len : s.lengths) r += std::to_string(len) + ",";
-  r += "} gate=";
-  r += s.gate == GateKind::kStress ? "stress" : (s.gate == GateKind::kMild ? "mild" : "none");
-  r += s.l2norm_in_kernel ? " l2norm" : "";
-  r += s.gate_in_kernel ? " gate_in_kernel" : "";
-  r += s.initial_state ? " h0" : " no-h0";
-  return r;
 }
 
 // The ISA variants this CPU supports.
@@ -537,7 +446,7 @@ TEST_F(KdaOptimizedTest, AlignedAndUnalignedOutputsGiveTheSameBits) {
 }
 
 TEST_F(KdaOptimizedTest, DecodePaddingWritesZerosAndTouchesNoState) {
-  // Mixed padding / live entries in one call (slots 1 and 3 stay bit-identical).
+  // Mixed padding / live entries in one call, reference and optimized.
   const int h = 2, kd = 32;
   const size_t hk = static_cast<size_t>(h) * kd;
   const size_t per_state = hk * kd;
@@ -577,35 +486,40 @@ TEST_F(KdaOptimizedTest, DecodePaddingWritesZerosAndTouchesNoState) {
     }
     return o.ToF32();
   };
-  std::vector<float> ref_states = states0;
-  const std::vector<float> ref_o = run(Impl::kReference, ref_states);
-  ForEachIsa([&] {
-    std::vector<float> states = states0;
-    const std::vector<float> o = run(Impl::kOptimized, states);
+  // Entries 1 and 3 are padding: zero outputs, their slots (1, 3) untouched;
+  // the live entries write outputs and update slots 2 and 0.
+  auto check_padding = [&](const std::vector<float>& o, const std::vector<float>& states) {
     for (size_t i = 0; i < hk; ++i) {
       EXPECT_EQ(o[hk + i], 0.0F);
       EXPECT_EQ(o[3 * hk + i], 0.0F);
+      EXPECT_NE(o[i], kSentinel);
+      EXPECT_NE(o[2 * hk + i], kSentinel);
     }
-    EXPECT_TRUE(AllCloseF32(o.data(), ref_o.data(), o.size()));
-    EXPECT_TRUE(AllCloseF32(states.data(), ref_states.data(), states.size()));
     for (int slot : {1, 3}) {
       EXPECT_TRUE(BitEqual(states.data() + slot * per_state, states0.data() + slot * per_state, per_state))
           << "slot " << slot;
     }
+    for (int slot : {0, 2}) {
+      EXPECT_FALSE(BitEqual(states.data() + slot * per_state, states0.data() + slot * per_state, per_state))
+          << "slot " << slot;
+    }
+  };
+  std::vector<float> ref_states = states0;
+  const std::vector<float> ref_o = run(Impl::kReference, ref_states);
+  {
+    SCOPED_TRACE("reference");
+    check_padding(ref_o, ref_states);
+  }
+  ForEachIsa([&] {
+    std::vector<float> states = states0;
+    const std::vector<float> o = run(Impl::kOptimized, states);
+    check_padding(o, states);
+    EXPECT_TRUE(AllCloseF32(o.data(), ref_o.data(), o.size()));
+    EXPECT_TRUE(AllCloseF32(states.data(), ref_states.data(), states.size()));
   });
 }
 
 // ------------------------------------------------- validation and ISA selection
-
-// Runs fn and expects a kda::Error whose message contains `what`.
-void ExpectError(const std::function<void()>& fn, const std::string& what) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected one containing '" << what << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << "message: " << e.what();
-  }
-}
 
 TEST_F(KdaOptimizedTest, ValidatesBeforeWriting) {
   Spec s;
@@ -627,10 +541,10 @@ TEST_F(KdaOptimizedTest, ValidatesBeforeWriting) {
   a.N = p.N;
   a.H = 1;
   a.K = a.V = 24;
-  ExpectError([&] { chunk_kda_optimized(a); }, "K must be a multiple of 16");
+  ExpectErrorContaining([&] { chunk_kda_optimized(a); }, "K must be a multiple of 16");
   a.K = a.V = 16;
   a.v.dtype = DType::kBF16;
-  ExpectError([&] { chunk_kda_optimized(a); }, "v dtype BF16 differs");
+  ExpectErrorContaining([&] { chunk_kda_optimized(a); }, "v dtype BF16 differs");
   EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == kSentinel; }));
   EXPECT_TRUE(std::all_of(final_state.begin(), final_state.end(), [](float x) { return x == kSentinel; }));
 
@@ -647,7 +561,7 @@ TEST_F(KdaOptimizedTest, ValidatesBeforeWriting) {
   r.N = 2;
   r.H = 1;
   r.K = r.V = 16;
-  ExpectError([&] { fused_recurrent_kda_optimized(r); }, "duplicate state index 1");
+  ExpectErrorContaining([&] { fused_recurrent_kda_optimized(r); }, "duplicate state index 1");
   EXPECT_TRUE(std::all_of(states.begin(), states.end(), [](float x) { return x == kSentinel; }));
   r.N = 0;  // an empty batch needs no buffers
   r.state = nullptr;
@@ -658,7 +572,8 @@ TEST_F(KdaOptimizedTest, IsaNamesAndSupport) {
   for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     EXPECT_EQ(ParseKernelIsa(KernelIsaName(isa)), isa);
   }
-  ExpectError([] { ParseKernelIsa("sse"); }, "unknown kernel ISA 'sse' (expected auto, generic, avx2 or avx512)");
+  ExpectErrorContaining([] { ParseKernelIsa("sse"); },
+                        "unknown kernel ISA 'sse' (expected auto, generic, avx2 or avx512)");
   EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kGeneric));
   EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kAuto));
   EXPECT_NE(BestKernelIsa(), KernelIsa::kAuto);
@@ -682,7 +597,7 @@ TEST_F(KdaOptimizedTest, IsaOverrideThroughApiAndEnvironment) {
   EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
   for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (CpuSupportsKernelIsa(isa)) continue;
-    ExpectError([isa] { SetKernelIsa(isa); }, "is not supported by this");
+    ExpectErrorContaining([isa] { SetKernelIsa(isa); }, "is not supported by this");
   }
 
   setenv("KDA_ISA", "generic", 1);
@@ -695,20 +610,20 @@ TEST_F(KdaOptimizedTest, IsaOverrideThroughApiAndEnvironment) {
 
   setenv("KDA_ISA", "avx1024", 1);  // a bad value is an Error when needed, not an abort
   internal::ResetKernelIsaForTesting();
-  ExpectError([] { ActiveKernelIsa(); }, "KDA_ISA environment variable: unknown kernel ISA 'avx1024'");
-  ExpectError([] { ResolveKernelImpl(KernelImpl::kOptimized); }, "KDA_ISA");
+  ExpectErrorContaining([] { ActiveKernelIsa(); }, "KDA_ISA environment variable: unknown kernel ISA 'avx1024'");
+  ExpectErrorContaining([] { ResolveKernelImpl(KernelImpl::kOptimized); }, "KDA_ISA");
   Spec s;
   s.lengths = {4};
   s.H = 1;
   s.K = 16;
   const Problem p = MakeProblem(s);
-  ExpectError([&] { RunChunk(p, Impl::kOptimized); }, "KDA_ISA");
+  ExpectErrorContaining([&] { RunChunk(p, Impl::kOptimized); }, "KDA_ISA");
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
   for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
     if (CpuSupportsKernelIsa(isa)) continue;
     setenv("KDA_ISA", KernelIsaName(isa), 1);
     internal::ResetKernelIsaForTesting();
-    ExpectError([] { ActiveKernelIsa(); }, "is not supported by this");
+    ExpectErrorContaining([] { ActiveKernelIsa(); }, "is not supported by this");
   }
 }
 

@@ -13,6 +13,7 @@
 #include "kda/io/safetensors.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/scheduler.h"
+#include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
 
@@ -24,14 +25,7 @@ using testing::AllCloseF32;
 
 const StateShape kSmall{2, 16, 4};
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::ErrorOf;
 
 // --------------------------------------------------------------------- pool
 
