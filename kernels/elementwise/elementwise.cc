@@ -19,6 +19,16 @@ constexpr int64_t kRowsPerJob = 16;
 
 // ---------------------------------------------------------------- gate, beta
 
+// g[d] = neg_a * softplus(raw[d] (+ bias[d])) over one head's row (g may be raw).
+template <bool kBias, class TR>
+[[gnu::always_inline]] inline void GateRowOf(float* g, const TR* raw, const float* bias, float neg_a, int len) {
+#pragma omp simd
+  for (int d = 0; d < len; ++d) {
+    const float x = LoadF(raw[d]);
+    g[d] = neg_a * SoftplusF(kBias ? x + bias[d] : x);
+  }
+}
+
 template <class TR, class TL>
 [[gnu::always_inline]] inline void GateBetaRows(float* g, float* beta, const TR* raw, const TL* logits,
                                                 const float* neg_a, const float* dt_bias, int64_t t0, int64_t t1, int H,
@@ -26,10 +36,8 @@ template <class TR, class TL>
   const int64_t p = static_cast<int64_t>(H) * K;
   for (int64_t t = t0; t < t1; ++t) {
     for (int h = 0; h < H; ++h) {
-      const float a = neg_a[h];
       const int64_t base = t * p + static_cast<int64_t>(h) * K;
-#pragma omp simd
-      for (int d = 0; d < K; ++d) g[base + d] = a * SoftplusF(LoadF(raw[base + d]) + dt_bias[h * K + d]);
+      GateRowOf<true>(g + base, raw + base, dt_bias + static_cast<int64_t>(h) * K, neg_a[h], K);
     }
 #pragma omp simd
     for (int h = 0; h < H; ++h) beta[t * H + h] = SigmoidF(LoadF(logits[t * H + h]));
@@ -49,11 +57,9 @@ KDA_CLONES void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16*
 
 KDA_CLONES void GateRow(float* g, const float* bias, float neg_a, int len) {
   if (bias != nullptr) {
-#pragma omp simd
-    for (int d = 0; d < len; ++d) g[d] = neg_a * SoftplusF(g[d] + bias[d]);
+    GateRowOf<true>(g, g, bias, neg_a, len);
   } else {
-#pragma omp simd
-    for (int d = 0; d < len; ++d) g[d] = neg_a * SoftplusF(g[d]);
+    GateRowOf<false>(g, g, bias, neg_a, len);
   }
 }
 
