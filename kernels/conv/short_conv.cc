@@ -79,13 +79,40 @@ namespace {
 
 constexpr int kMaxWidth = 16;          // conv widths beyond this take the reference path
 constexpr int64_t kChunk = 512;        // channels per job
-constexpr int kFusedWidth = 4;         // the conv width with a register-resident path (Kimi-Linear's)
 constexpr int kConvPrefetchAhead = 2;  // tokens
+constexpr int kMaxRegisterWidth = 4;   // widths summed in registers (Kimi-Linear's is 4)
 
-// One job: channels [c0, c0 + nc) of sequence n, token by token. Rows t-W+1..t
-// of the input are contiguous in memory and cached, so each tap reads the
-// projection rows in place; only the first W-1 tokens reach into the tail
-// (copied into `head`, fp32, ahead of the sequence's first row).
+// Tokens [t0, t1) of a job whose taps are all input rows (t0 >= kW - 1): one
+// pass per token with the sums in registers, taps oldest first as the
+// reference sums them, and the row kConvPrefetchAhead tokens ahead prefetched
+// (rows are a row stride apart, a page or more, beyond the hardware
+// prefetchers' reach). x_c0: row 0 of the sequence at the job's first channel.
+template <int kW, class T>
+[[gnu::always_inline]] inline void ConvTokensInRegisters(T* y_c0, int64_t y_stride, const T* x_c0, int64_t x_stride,
+                                                         const float* wt, int64_t nc, int64_t t0, int64_t t1) {
+  using vecmath::LoadF;
+  using vecmath::SiluF;
+  using vecmath::StoreF;
+  for (int64_t t = t0; t < t1; ++t) {
+    const T* cur = x_c0 + t * x_stride;  // tap kW-1
+    if (t + kConvPrefetchAhead < t1) {
+      const char* ahead = reinterpret_cast<const char*>(cur + kConvPrefetchAhead * x_stride);
+      for (int64_t byte = 0; byte < nc * static_cast<int64_t>(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
+    }
+    T* yrow = y_c0 + t * y_stride;
+#pragma omp simd
+    for (int64_t c = 0; c < nc; ++c) {
+      float acc = 0.0F;
+      for (int j = 0; j < kW; ++j) acc += wt[j * kChunk + c] * LoadF(cur[(j - (kW - 1)) * x_stride + c]);
+      StoreF(yrow + c, SiluF(acc));
+    }
+  }
+}
+
+// One job: channels [c0, c0 + nc) of sequence n, token by token. Each tap
+// reads the projection rows in place; only the first W-1 tokens reach into
+// the tail (copied as fp32 into tail_rows). Widths up to kMaxRegisterWidth sum
+// the other tokens in registers; wider ones take the general pass throughout.
 template <class T>
 [[gnu::always_inline]] inline void ConvChunk(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0,
                                              int64_t nc) {
@@ -108,30 +135,29 @@ template <class T>
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) tail_rows[r][c] = fresh ? 0.0F : LoadF(tail[r * a.tail_row_stride + c]);
   }
-  // Tokens whose taps are all input rows, at the model's width: one pass per
-  // token with the sums in registers, the rows a few tokens ahead prefetched
-  // (they are a row stride apart, a page or more, beyond the hardware
-  // prefetchers' reach).
-  const int64_t steady = W == kFusedWidth ? std::min<int64_t>(W - 1, len) : len;
-  const int64_t stride = a.x_row_stride;
-  for (int64_t t = steady; t < len; ++t) {
-    const T* cur = x + (start + t) * stride + c0;  // tap W-1
-    if (t + kConvPrefetchAhead < len) {
-      const char* ahead = reinterpret_cast<const char*>(cur + kConvPrefetchAhead * stride);
-      for (int64_t byte = 0; byte < nc * static_cast<int64_t>(sizeof(T)); byte += 64) __builtin_prefetch(ahead + byte);
-    }
-    T* yrow = y + (start + t) * a.C + c0;
-#pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) {
-      float acc = 0.0F;
-      // Taps oldest first, as the reference sums them.
-      for (int j = 0; j < kFusedWidth; ++j)
-        acc += wt[j * kChunk + c] * LoadF(cur[(j - (kFusedWidth - 1)) * stride + c]);
-      StoreF(yrow + c, SiluF(acc));
+  // Tokens whose taps are all input rows: in registers at the usual widths.
+  int64_t general_end = len;  // tokens [0, general_end) take the general pass below
+  if (W <= kMaxRegisterWidth) {
+    general_end = std::min<int64_t>(W - 1, len);
+    T* y_c0 = y + start * a.C + c0;
+    const T* x_c0 = x + start * a.x_row_stride + c0;
+    switch (W) {
+      case 1:
+        ConvTokensInRegisters<1>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        break;
+      case 2:
+        ConvTokensInRegisters<2>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        break;
+      case 3:
+        ConvTokensInRegisters<3>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        break;
+      default:
+        ConvTokensInRegisters<kMaxRegisterWidth>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        break;
     }
   }
   alignas(64) float acc[kChunk];
-  for (int64_t t = 0; t < steady; ++t) {
+  for (int64_t t = 0; t < general_end; ++t) {
     // Taps oldest first, as the reference sums them.
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) acc[c] = 0.0F;
