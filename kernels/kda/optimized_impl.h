@@ -425,6 +425,13 @@ void SweepAny(int nv, const ChunkTask& task, const PrepBuffers& b, int64_t t0, i
   }
 }
 
+// Offset of the task's (sequence, head) state in [N, H, K, V] states.
+inline size_t HeadStateOffset(const ChunkTask& task) {
+  const ChunkKdaArgs& a = *task.args;
+  return (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) *
+         static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
+}
+
 // The working state of one head is [blocks][K][block width] in its scratch,
 // each block contiguous (a [K][V] slice with a 512-byte row stride would alias
 // in L1). Loads the head's columns of the initial state (read entirely before
@@ -438,8 +445,7 @@ void LoadState(const ChunkTask& task) {
   const int kd = a.K;
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
-  const size_t state_off =
-      (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) * kd * vd;
+  const size_t state_off = HeadStateOffset(task);
   for (int col = 0; col < width; col += kB) {
     const int bw = width - col < kB ? width - col : kB;
     float* w = s.state + static_cast<size_t>(kd) * col;
@@ -466,8 +472,7 @@ void StoreState(const ChunkTask& task) {
   const int kd = a.K;
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
-  const size_t state_off =
-      (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) * kd * vd;
+  const size_t state_off = HeadStateOffset(task);
   for (int col = 0; col < width; col += kB) {
     const int bw = width - col < kB ? width - col : kB;
     const float* w = s.state + static_cast<size_t>(kd) * col;
