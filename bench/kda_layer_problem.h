@@ -17,20 +17,20 @@
 namespace kda::bench {
 
 struct LayerProblem {
-  // hidden, H heads of K, conv width W; N sequences of T/N tokens.
-  LayerProblem(DType dtype, KernelImpl kernel, int64_t hidden, int H, int K, int W, int64_t N, int64_t T)
-      : shape(Shape(hidden, H, K, W)),
+  // N sequences of T/N tokens.
+  LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& layer_shape, int64_t N, int64_t T)
+      : shape(layer_shape),
         layer(0, shape, RandomKdaLayerWeights(shape, 3), dtype),
-        pool(1, N, {H, K, W}, dtype),
+        pool(1, N, {shape.H, shape.K, shape.W}, dtype),
         req(&pool),
         backend({&pool, &req}, kernel),
         tokens(T),
-        x(dtype, T * hidden),
-        out(dtype, T * hidden),
+        x(dtype, T * shape.hidden),
+        out(dtype, T * shape.hidden),
         y_qkv(dtype, T * 3 * shape.P()),
-        y_k(dtype, T * K),
+        y_k(dtype, T * shape.K),
         y_p(dtype, T * shape.P()),
-        y_h(dtype, T * H) {
+        y_h(dtype, T * shape.H) {
     Check(N >= 1 && T >= N && T % N == 0, "layer problem: need N >= 1 and T a multiple of N");
     for (int64_t n = 0; n < N; ++n) {
       req.Alloc(n);
@@ -38,30 +38,22 @@ struct LayerProblem {
       batch.extend_lens.push_back(T / N);
       batch.prefix_lens.push_back(0);
     }
+    const int64_t hidden = shape.hidden;
     for (int64_t i = 0; i < T * hidden; ++i) x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
     const int64_t p = shape.P();
     auto lin = [&](int64_t o, int64_t i) {
       return std::make_unique<Linear>(std::vector<float>(static_cast<size_t>(o * i), 0.01F), o, i, dtype);
     };
     qkv = lin(3 * p, hidden);
-    f_a = lin(K, hidden);
-    f_b = lin(p, K);
-    b = lin(H, hidden);
-    g_a = lin(K, hidden);
-    g_b = lin(p, K);
+    f_a = lin(shape.K, hidden);
+    f_b = lin(p, shape.K);
+    b = lin(shape.H, hidden);
+    g_a = lin(shape.K, hidden);
+    g_b = lin(p, shape.K);
     o = lin(hidden, p);
   }
   LayerProblem(const LayerProblem&) = delete;
   LayerProblem& operator=(const LayerProblem&) = delete;
-
-  static KdaLayerShape Shape(int64_t hidden, int H, int K, int W) {
-    KdaLayerShape s;
-    s.hidden = hidden;
-    s.H = H;
-    s.K = K;
-    s.W = W;
-    return s;
-  }
 
   // One layer forward over the batch (every sequence starts from a zero state).
   void Forward() {

@@ -32,8 +32,9 @@
 namespace kda {
 namespace {
 
-constexpr int kHeads = 32;
-constexpr int kHeadDim = 128;
+constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
+constexpr int kHeads = kShape.H;
+constexpr int kHeadDim = kShape.K;
 
 KernelImpl ImplArg(int64_t x) { return x == 0 ? KernelImpl::kReference : KernelImpl::kOptimized; }
 
@@ -82,7 +83,7 @@ void BM_ChunkKdaGateInKernel(benchmark::State& state) {
 void BM_KdaLayer(benchmark::State& state) {
   const DType dtype = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
   const bool gemms_only = state.range(1) != 0;
-  bench::LayerProblem p(dtype, KernelImpl::kOptimized, 2304, kHeads, kHeadDim, 4, 1, 2048);
+  bench::LayerProblem p(dtype, KernelImpl::kOptimized, kShape, 1, 2048);
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
   p.Forward();  // warm-up: GEMM primitives, scratch
   p.Gemms();

@@ -247,13 +247,7 @@ int RunBenchCommand(const BenchOptions& opt) {
   rt->RunAgreed([&] {
     if (opt.model_dir.empty()) {
       Check(opt.layers >= 1, "--layers must be >= 1");
-      KdaLayerShape shape;
-      shape.hidden = 2304;
-      shape.H = 32;
-      shape.K = 128;
-      shape.W = 4;
-      shape.rms_norm_eps = 1e-5;
-      model = KdaModel::Random(shape, opt.layers, dtype, 20261129, &tp_comm);
+      model = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, dtype, 20261129, &tp_comm);
     } else {
       model = KdaModel::Load(opt.model_dir, dtype, std::nullopt, &tp_comm);
       Check(opt.layers >= 0, "--layers must be >= 0");

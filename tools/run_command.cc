@@ -233,12 +233,7 @@ std::vector<int64_t> ParseLengths(const std::string& s) {
 // every token after the first as a DECODE step (recurrent kernel), and
 // compares the two.
 int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime& rt) {
-  KdaLayerShape shape;
-  shape.hidden = 2304;
-  shape.H = 32;
-  shape.K = 128;
-  shape.W = 4;
-  shape.rms_norm_eps = 1e-5;
+  const KdaLayerShape shape = KimiLinear48BLayerShape();
   const std::vector<int64_t> lens = ParseLengths(opt.lengths);
   const auto N = static_cast<int64_t>(lens.size());
   std::vector<int64_t> cu(1, 0);

@@ -37,6 +37,18 @@ struct KdaLayerShape {
   int64_t ConvStateSize() const { return static_cast<int64_t>(W - 1) * ConvChannels(); }  // per sequence
 };
 
+// Kimi-Linear-48B-A3B's KDA layer: hidden 2304, 32 heads of 128, conv width 4,
+// RMSNorm eps 1e-5 (the embedded default model and the benchmarks' shape).
+constexpr KdaLayerShape KimiLinear48BLayerShape() {
+  KdaLayerShape s;
+  s.hidden = 2304;
+  s.H = 32;
+  s.K = 128;
+  s.W = 4;
+  s.rms_norm_eps = 1e-5;
+  return s;
+}
+
 // One layer's weights as fp32 values, Hugging Face layouts (Linear [out, in]).
 struct KdaLayerWeights {
   std::vector<float> q_proj, k_proj, v_proj;  // [P, hidden]
