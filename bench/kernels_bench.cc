@@ -12,6 +12,10 @@
 //     sequences, states cycling over >= 256 MiB of buffers (as over a
 //     model's layers) so that they come from memory; counter time_per_token
 //     (step time / N).
+//   BM_ShortConv/<impl>: the layer's q, k and v short convs + SiLU (bf16, one
+//     sequence of 2048 tokens, 3 x 4096 channels read from the fused q/k/v
+//     projection rows, width 4), as the backend calls them; counter
+//     time_per_token.
 //   BM_KdaLayer/<dtype>/<part>: one KimiDeltaAttention prefill of 2048
 //     tokens (part 0) or its projection GEMMs alone (part 1), optimized
 //     kernels; counter time_per_token. The layer over the GEMMs is the ratio
@@ -28,6 +32,7 @@
 #include "bench/kda_layer_problem.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
+#include "kda/kernels/short_conv.h"
 
 namespace kda {
 namespace {
@@ -78,6 +83,49 @@ void BM_ChunkKdaGateInKernel(benchmark::State& state) {
   for (auto _ : state) chunk_kda(p.args, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
   state.counters["time_per_token"] = benchmark::Counter(
       static_cast<double>(p.args.T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+void BM_ShortConv(benchmark::State& state) {
+  const bool reference = state.range(0) == 0;
+  const int64_t T = 2048;
+  const int64_t p = kShape.P();
+  const int W = kShape.W;
+  const std::vector<float> x_values = bench::TokenInputs::Random(T * 3 * p, 7, 1.0F);
+  const bench::TypedBuffer x(x_values, DType::kBF16);
+  bench::TypedBuffer y(std::vector<float>(static_cast<size_t>(T * 3 * p), 0.0F), DType::kBF16);
+  bench::TypedBuffer tails(std::vector<float>(static_cast<size_t>((W - 1) * 3 * p), 0.0F), DType::kBF16);
+  const std::vector<float> weight = bench::TokenInputs::Random(3 * p * W, 8, 0.5F);
+  const std::vector<int64_t> cu = {0, T};
+  const std::vector<int32_t> tail_index = {0};
+  const std::vector<uint8_t> has_initial_state = {0};
+  auto run = [&] {
+    for (int group = 0; group < 3; ++group) {
+      ShortConvArgs a;
+      a.y = {static_cast<BF16*>(y.Mut().data) + group * T * p, DType::kBF16};
+      a.x = {static_cast<const BF16*>(x.Const().data) + group * p, DType::kBF16};
+      a.x_row_stride = 3 * p;
+      a.weight = weight.data() + group * p * W;
+      a.cu_seqlens = cu.data();
+      a.N = 1;
+      a.T = T;
+      a.C = p;
+      a.W = W;
+      a.tails = {static_cast<BF16*>(tails.Mut().data) + group * p, DType::kBF16};
+      a.tail_row_stride = 3 * p;
+      a.num_tails = 1;
+      a.tail_indices = tail_index.data();
+      a.has_initial_state = has_initial_state.data();
+      if (reference) {
+        short_conv_silu_reference(a);
+      } else {
+        short_conv_silu(a);
+      }
+    }
+  };
+  run();                       // warm-up
+  for (auto _ : state) run();  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_KdaLayer(benchmark::State& state) {
@@ -136,6 +184,15 @@ BENCHMARK(BM_RecurrentKda)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->MinTime(0.5);
+BENCHMARK(BM_ShortConv)
+    ->ArgNames({"impl"})
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(0.5)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 BENCHMARK(BM_KdaLayer)
     ->ArgNames({"dtype", "gemms_only"})
     ->ArgsProduct({{0, 1}, {0, 1}})
