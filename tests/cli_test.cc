@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/io/safetensors.h"
@@ -56,15 +57,21 @@ class CliTest : public ::testing::Test {
   std::string mini_;
 };
 
-TEST_F(CliTest, RunMatchesGoldenFp32AndBf16) {
-  KDA_REQUIRE_GOLDEN_PATH(mini_);
-  const std::string in = mini_ + "/varlen_initstate.safetensors";
+// Runs `prefix kda run` on the golden case `in` (its model is the golden
+// directory that holds it), in both pipelines, and checks the written tensors
+// against the golden ones. Returns what the runs printed (each names the
+// kernel that ran).
+std::string ExpectRunMatchesGolden(const std::string& prefix, const std::string& in, const fs::path& dir) {
   const SafetensorsFile want = SafetensorsFile::Open(in);
+  std::string printed;
   for (const std::string dtype : {"float32", "bfloat16"}) {
-    const fs::path out = dir_ / ("out_" + dtype + ".safetensors");
-    const CliResult r = RunCli("run --model " + mini_ + " --input " + in + " --output " + out.string() + " --dtype " +
-                               dtype + " --threads 2");
-    ASSERT_EQ(r.status, 0) << r.err;
+    SCOPED_TRACE(prefix + " " + dtype);
+    const fs::path out = dir / ("out_" + dtype + ".safetensors");
+    const CliResult r = testing::RunKda(prefix, "run --model " + in.substr(0, in.rfind('/')) + " --input " + in +
+                                                    " --output " + out.string() + " --dtype " + dtype + " --threads 2");
+    EXPECT_EQ(r.status, 0) << r.err;
+    if (r.status != 0) continue;
+    printed += r.out;
     const SafetensorsFile got = SafetensorsFile::Open(out.string());
     const std::vector<float> o = ToFloatVector(got.Get("out"));
     const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
@@ -79,6 +86,32 @@ TEST_F(CliTest, RunMatchesGoldenFp32AndBf16) {
       EXPECT_TRUE(
           testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(), s.size()));
     }
+  }
+  return printed;
+}
+
+TEST_F(CliTest, RunMatchesGoldenFp32AndBf16) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  ExpectRunMatchesGolden("", mini_ + "/varlen_initstate.safetensors", dir_);
+}
+
+// Any x86-64 CPU: on an emulated CPU without AVX-512 (Haswell: AVX2 + FMA) and
+// on a baseline x86-64 CPU (qemu64: SSE2 only), the program picks the AVX2 and
+// generic kernels by itself (no KDA_ISA) and gives the golden results; an
+// instruction the CPU lacks would end it with SIGILL. Emulation (Debian's
+// qemu-user) is slow, so this runs the smallest multi-token case.
+TEST_F(CliTest, RunsOnCpusWithoutAvx512) {
+#ifdef KDA_SANITIZED
+  GTEST_SKIP() << "sanitizer runtimes do not run under qemu-user; the plain build runs this test";
+#endif
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  ASSERT_EQ(std::system("command -v qemu-x86_64 >/dev/null 2>&1"), 0)
+      << "qemu-x86_64 not found: scripts/install-deps.sh installs qemu-user";
+  const std::pair<const char*, const char*> cpus[] = {{"Haswell", "optimized/avx2"}, {"qemu64", "optimized/generic"}};
+  for (const auto& [cpu, kernel] : cpus) {
+    const std::string printed = ExpectRunMatchesGolden(
+        std::string("env -u KDA_ISA -u KDA_KERNEL qemu-x86_64 -cpu ") + cpu, mini_ + "/single_T8.safetensors", dir_);
+    EXPECT_NE(printed.find(std::string("kernel ") + kernel), std::string::npos) << cpu << ": " << printed;
   }
 }
 
