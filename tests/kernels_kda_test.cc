@@ -593,6 +593,57 @@ TEST(KdaValidation, ChunkRejectsBadArgumentsWithoutWriting) {
   EXPECT_NO_THROW(chunk_kda_reference(gated.args));
 }
 
+// ChunkCall in the pool form: sequences 0 and 1 in slots 1 and 3 of a 4-slot pool.
+struct ChunkPoolCall : ChunkCall {
+  std::vector<int32_t> idx = {1, 3};
+  std::vector<float> pool = std::vector<float>(4 * 2 * 16 * 16, kSentinel);
+
+  ChunkPoolCall() {
+    args.initial_state = nullptr;
+    args.final_state = nullptr;
+    args.state = pool.data();
+    args.state_indices = idx.data();
+    args.num_states = 4;
+  }
+  bool Untouched() const {
+    return ChunkCall::Untouched() && std::all_of(pool.begin(), pool.end(), [](float x) { return x == kSentinel; });
+  }
+};
+
+TEST(KdaValidation, ChunkPoolFormRejectsBadIndicesWithoutWriting) {
+  static const int32_t kOutOfRange[] = {1, 4};
+  static const int32_t kDuplicate[] = {2, 2};
+  static const float kState[2 * 2 * 16 * 16] = {};
+  static float scratch[2 * 2 * 16 * 16];
+  const std::vector<ChunkBadCase> cases = {
+      {"index out of range", [](ChunkKdaArgs& a) { a.state_indices = kOutOfRange; },
+       "state_indices[1] = 4 is out of range for num_states = 4"},
+      {"duplicate index", [](ChunkKdaArgs& a) { a.state_indices = kDuplicate; },
+       "duplicate state index 2 in state_indices[0] and state_indices[1]"},
+      {"null state", [](ChunkKdaArgs& a) { a.state = nullptr; }, "state_indices given but state is null"},
+      {"negative num_states", [](ChunkKdaArgs& a) { a.num_states = -1; }, "num_states must be >= 0"},
+      {"also initial_state", [](ChunkKdaArgs& a) { a.initial_state = kState; },
+       "excludes initial_state and final_state"},
+      {"also final_state", [](ChunkKdaArgs& a) { a.final_state = scratch; }, "excludes initial_state and final_state"},
+      {"state without indices", [](ChunkKdaArgs& a) { a.state_indices = nullptr; },
+       "state (pool form) requires state_indices"},
+  };
+  for (const ChunkBadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+      ChunkPoolCall call;
+      c.mutate(call.args);
+      ExpectErrorContaining([&] { chunk_kda(call.args, impl); }, c.message);
+      EXPECT_TRUE(call.Untouched());
+    }
+  }
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    ChunkPoolCall ok;
+    EXPECT_NO_THROW(chunk_kda(ok.args, impl));
+    EXPECT_FALSE(ok.Untouched());
+  }
+}
+
 // A valid fused_recurrent_kda call (N = 3, H = 2, K = V = 16, 4 states) with sentinel outputs.
 struct RecurrentCall {
   std::vector<int32_t> idx = {1, -1, 3};

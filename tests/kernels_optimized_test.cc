@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -517,6 +518,207 @@ TEST_F(KdaOptimizedTest, DecodePaddingWritesZerosAndTouchesNoState) {
     EXPECT_TRUE(AllCloseF32(o.data(), ref_o.data(), o.size()));
     EXPECT_TRUE(AllCloseF32(states.data(), ref_states.data(), states.size()));
   });
+}
+
+// ------------------------------------------------- pool form (state_indices)
+
+// chunk_kda's outputs and its whole [S, H, K, V] state pool after a pool-form call.
+struct PoolResult {
+  std::vector<float> o;
+  std::vector<float> pool;
+};
+
+// chunk_kda in the pool form: sequence n in slot idx[n] (< 0: padding) of a
+// pool of num_states slots. Slots start as kSentinel; a sequence that reads
+// its initial state (has_init empty or 1) finds p.h0[n] in its slot. Fresh
+// sequences' slots keep the sentinel, which must never be read.
+PoolResult RunChunkPool(const Problem& p, Impl impl, const std::vector<int32_t>& idx,
+                        const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32) {
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  PoolResult r;
+  r.pool.assign(static_cast<size_t>(num_states) * per, kSentinel);
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (idx[n] >= 0 && (has_init.empty() || has_init[n] != 0) && !p.h0.empty()) {
+      std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, r.pool.begin() + idx[n] * per);
+    }
+  }
+  const Typed q(p.q, qkv), k(p.k, qkv), v(p.v, qkv), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
+  Typed o(p.q.size(), qkv, kSentinel);
+  ChunkKdaArgs a;
+  a.o = o.Mut();
+  a.q = q.Const();
+  a.k = k.Const();
+  a.v = v.Const();
+  a.g = g.Const();
+  a.beta = beta.Const();
+  a.cu_seqlens = p.cu.data();
+  a.state = r.pool.data();
+  a.state_indices = idx.data();
+  a.num_states = num_states;
+  a.has_initial_state = has_init.empty() ? nullptr : has_init.data();
+  a.T = p.T;
+  a.N = p.N;
+  a.H = p.H;
+  a.K = a.V = p.K;
+  a.options = p.Options();
+  if (impl == Impl::kReference) {
+    chunk_kda_reference(a);
+  } else {
+    chunk_kda_optimized(a);
+  }
+  r.o = o.ToF32();
+  return r;
+}
+
+// The pool-form call against the contiguous form of the same kernel (initial
+// states of fresh sequences zeroed), bit for bit: live sequences' outputs and
+// final states (in their slots), padding outputs zero, every other slot
+// untouched.
+void ExpectPoolMatchesContiguous(const Problem& p, Impl impl, const std::vector<int32_t>& idx,
+                                 const std::vector<uint8_t>& has_init, int64_t num_states) {
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  const size_t hk = static_cast<size_t>(p.H) * p.K;
+  Problem contiguous = p;
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (!has_init.empty() && has_init[n] == 0) {
+      std::fill_n(contiguous.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, 0.0F);
+    }
+  }
+  const Result want = RunChunk(contiguous, impl);
+  const PoolResult got = RunChunkPool(p, impl, idx, has_init, num_states);
+  std::vector<bool> used(static_cast<size_t>(num_states), false);
+  for (int64_t n = 0; n < p.N; ++n) {
+    SCOPED_TRACE("sequence " + std::to_string(n) + " slot " + std::to_string(idx[n]));
+    const size_t rows = static_cast<size_t>(p.cu[n + 1] - p.cu[n]) * hk;
+    const float* o = got.o.data() + p.cu[n] * hk;
+    if (idx[n] < 0) {
+      for (size_t i = 0; i < rows; ++i) ASSERT_EQ(o[i], 0.0F) << "padding output";
+      continue;
+    }
+    used[idx[n]] = true;
+    EXPECT_TRUE(BitEqual(o, want.o.data() + p.cu[n] * hk, rows)) << "outputs";
+    EXPECT_TRUE(BitEqual(got.pool.data() + idx[n] * per, want.state.data() + n * per, per)) << "final state";
+  }
+  for (int64_t slot = 0; slot < num_states; ++slot) {
+    if (used[slot]) continue;
+    for (size_t i = 0; i < per; ++i) ASSERT_EQ(got.pool[slot * per + i], kSentinel) << "slot " << slot << " touched";
+  }
+}
+
+TEST_F(KdaOptimizedTest, PoolFormMatchesContiguousForm) {
+  // Permuted slots, fresh sequences (their slots hold sentinels), empty
+  // sequences fresh and continuing; slots 0 and 4 belong to no sequence.
+  Spec s;
+  s.lengths = {0, 5, 70, 33, 1, 0};
+  s.H = 3;
+  s.K = 32;
+  s.gate = GateKind::kStress;
+  s.seed = 401;
+  const Problem p = MakeProblem(s);
+  const std::vector<int32_t> idx = {3, 7, 1, 5, 2, 6};
+  const std::vector<uint8_t> has_init = {1, 0, 1, 1, 0, 0};
+  {
+    SCOPED_TRACE("reference");
+    ExpectPoolMatchesContiguous(p, Impl::kReference, idx, has_init, 8);
+    ExpectPoolMatchesContiguous(p, Impl::kReference, idx, {}, 8);
+  }
+  ForEachIsa([&] {
+    ExpectPoolMatchesContiguous(p, Impl::kOptimized, idx, has_init, 8);
+    ExpectPoolMatchesContiguous(p, Impl::kOptimized, idx, {}, 8);
+  });
+}
+
+TEST_F(KdaOptimizedTest, PoolPaddingWritesZerosAndTouchesNoState) {
+  // Padding sequences with and without tokens (indices -1 and -3), mixed with
+  // live ones; slot 0, the dummy slot, is never used.
+  Spec s;
+  s.lengths = {4, 0, 7, 3, 40};
+  s.H = 2;
+  s.K = 16;
+  s.seed = 411;
+  const Problem p = MakeProblem(s);
+  const std::vector<int32_t> idx = {2, -1, 5, -3, 1};
+  const std::vector<uint8_t> has_init = {1, 1, 0, 1, 1};
+  {
+    SCOPED_TRACE("reference");
+    ExpectPoolMatchesContiguous(p, Impl::kReference, idx, has_init, 6);
+  }
+  ForEachIsa([&] { ExpectPoolMatchesContiguous(p, Impl::kOptimized, idx, has_init, 6); });
+}
+
+TEST_F(KdaOptimizedTest, PoolFormOptimizedMatchesReference) {
+  Spec s;
+  s.lengths = {130, 1, 0, 65, 33};
+  s.H = 4;
+  s.K = 64;
+  s.gate = GateKind::kStress;
+  s.l2norm_in_kernel = true;
+  s.seed = 421;
+  const Problem p = MakeProblem(s);
+  const std::vector<int32_t> idx = {4, 9, -1, 1, 6};
+  const std::vector<uint8_t> has_init = {1, 0, 0, 1, 0};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const PoolResult want = RunChunkPool(p, Impl::kReference, idx, has_init, 10, dt);
+    ForEachIsa([&] {
+      const PoolResult got = RunChunkPool(p, Impl::kOptimized, idx, has_init, 10, dt);
+      EXPECT_TRUE(testing::AllFinite(got.o));
+      if (dt == DType::kF32) {
+        EXPECT_TRUE(AllCloseF32(got.o.data(), want.o.data(), want.o.size())) << "outputs";
+      } else {
+        EXPECT_TRUE(AllCloseBF16(got.o.data(), want.o.data(), want.o.size())) << "outputs";
+      }
+      EXPECT_TRUE(AllCloseF32(got.pool.data(), want.pool.data(), want.pool.size())) << "pool";
+    });
+  }
+}
+
+TEST_F(KdaOptimizedTest, HasInitialStateInContiguousForm) {
+  // has_initial_state[n] == 0 starts sequence n from zeros whatever its
+  // initial_state holds, aliased or not; same bits as a zeroed initial state.
+  Spec s;
+  s.lengths = {5, 0, 40, 0};
+  s.H = 2;
+  s.K = 32;
+  s.seed = 431;
+  const Problem p = MakeProblem(s);
+  const std::vector<uint8_t> has_init = {0, 0, 1, 1};
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  Problem zeroed = p;
+  for (int64_t n : {0, 1}) std::fill_n(zeroed.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, 0.0F);
+  auto run = [&](Impl impl, bool alias) {
+    const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), v(p.v, DType::kF32), g(p.g, DType::kF32),
+        beta(p.beta, DType::kF32);
+    Typed o(p.q.size(), DType::kF32, kSentinel);
+    std::vector<float> final_state = alias ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
+    ChunkKdaArgs a;
+    a.o = o.Mut();
+    a.final_state = final_state.data();
+    a.q = q.Const();
+    a.k = k.Const();
+    a.v = v.Const();
+    a.g = g.Const();
+    a.beta = beta.Const();
+    a.cu_seqlens = p.cu.data();
+    a.initial_state = alias ? final_state.data() : p.h0.data();
+    a.has_initial_state = has_init.data();
+    a.T = p.T;
+    a.N = p.N;
+    a.H = p.H;
+    a.K = a.V = p.K;
+    a.options = p.Options();
+    if (impl == Impl::kReference) {
+      chunk_kda_reference(a);
+    } else {
+      chunk_kda_optimized(a);
+    }
+    return Result{o.ToF32(), final_state};
+  };
+  for (bool alias : {false, true}) {
+    SCOPED_TRACE(alias ? "aliased" : "separate");
+    ExpectBitEqual(run(Impl::kReference, alias), RunChunk(zeroed, Impl::kReference));
+    ForEachIsa([&] { ExpectBitEqual(run(Impl::kOptimized, alias), RunChunk(zeroed, Impl::kOptimized)); });
+  }
 }
 
 // ------------------------------------------------- validation and ISA selection

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/act_buffer.h"
@@ -235,6 +237,59 @@ TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
     return r;
   };
   EXPECT_EQ(run(0.0F), run(123.0F));
+}
+
+// EXTEND reads and writes the states in place in the batch's slots, with
+// either kernel: a fresh request's slot holds garbage that must not be read,
+// a continuing request's slot its state; a slot outside the batch and the
+// dummy slot stay as they are, and both kernels agree.
+TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
+  const KdaLayerShape s = SmallShape();
+  const ActBuffer x = RandomRows(DType::kF32, 7, s.hidden, 21);
+  std::vector<std::vector<float>> results;
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    SCOPED_TRACE(KernelImplName(impl));
+    KDAAttnBackend backend({&pool_, &req_}, impl);
+    const int32_t fresh = req_.Alloc(1);
+    const int32_t cont = req_.Alloc(2);
+    const int32_t outside = req_.Alloc(3);
+    std::vector<float> garbage(static_cast<size_t>(kSmall.RecurrentSize()), 1e30F);
+    std::vector<float> conv_garbage(static_cast<size_t>(kSmall.ConvSize()), 1e30F);
+    std::vector<float> h0(garbage.size());
+    std::vector<float> conv0(conv_garbage.size());
+    for (size_t i = 0; i < h0.size(); ++i) h0[i] = 0.01F * static_cast<float>(i % 17) - 0.08F;
+    for (size_t i = 0; i < conv0.size(); ++i) conv0[i] = 0.1F * static_cast<float>(i % 5) - 0.2F;
+    pool_.SetLayerState(0, fresh, garbage.data(), conv_garbage.data());
+    pool_.SetLayerState(0, cont, h0.data(), conv0.data());
+    pool_.SetLayerState(0, outside, h0.data(), conv0.data());
+    ForwardBatch b;
+    b.req_ids = {2, 1};
+    b.extend_lens = {3, 4};
+    b.prefix_lens = {5, 0};
+    backend.InitForwardMetadata(b);
+    ActBuffer out(DType::kF32, 7 * s.hidden);
+    model_.layers[0].Forward(out.mut(), x.view(), backend);
+    std::vector<float> r = out.ToFloat();
+    for (int32_t slot : {fresh, cont}) {
+      std::vector<float> rec(h0.size());
+      std::vector<float> conv(conv0.size());
+      pool_.GetLayerState(0, slot, rec.data(), conv.data());
+      EXPECT_TRUE(std::all_of(rec.begin(), rec.end(), [](float v) { return std::fabs(v) < 1e3F; })) << slot;
+      EXPECT_NE(rec, h0) << slot;
+      r.insert(r.end(), rec.begin(), rec.end());
+      r.insert(r.end(), conv.begin(), conv.end());
+    }
+    std::vector<float> rec(h0.size());
+    std::vector<float> conv(conv0.size());
+    pool_.GetLayerState(0, outside, rec.data(), conv.data());
+    EXPECT_EQ(rec, h0);
+    EXPECT_EQ(conv, conv0);
+    const LayerStateCache c = pool_.GetLayerCache(0);
+    EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+    for (int64_t req : {1, 2, 3}) req_.Free(req);
+    results.push_back(std::move(r));
+  }
+  EXPECT_TRUE(AllCloseF32(results[1].data(), results[0].data(), results[0].size()));
 }
 
 TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {

@@ -190,13 +190,23 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
 // One (sequence n, head h) task: load the initial state, run the chunks, store the final state.
 void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, ChunkWorkspace& ws) {
   const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
-  const size_t state_off = (static_cast<size_t>(n) * static_cast<size_t>(a.H) + static_cast<size_t>(h)) * state_size;
+  const size_t head_off = static_cast<size_t>(h) * state_size;
   const int64_t bos = a.cu_seqlens[n];
   const int64_t eos = a.cu_seqlens[n + 1];
 
-  // The whole state is read here, before anything is written: initial_state may alias final_state.
-  if (a.initial_state != nullptr) {
-    std::copy(a.initial_state + state_off, a.initial_state + state_off + state_size, ws.state.begin());
+  if (internal::IsPaddingSequence(a, n)) {  // zero outputs, no state read or written
+    for (int64_t t = bos; t < eos; ++t) {
+      const size_t out_base = static_cast<size_t>(t * a.H + h) * static_cast<size_t>(a.V);
+      for (int j = 0; j < a.V; ++j) StoreFromFloat(a.o.data, a.o.dtype, out_base + j, 0.0F);
+    }
+    return;
+  }
+  const float* initial = internal::SequenceInitialState(a, n);
+  float* final_state = internal::SequenceFinalState(a, n);
+
+  // The whole state is read here, before anything is written: the initial state may alias the final one.
+  if (initial != nullptr) {
+    std::copy(initial + head_off, initial + head_off + state_size, ws.state.begin());
   } else {
     std::fill(ws.state.begin(), ws.state.end(), 0.0F);
   }
@@ -206,10 +216,10 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
     ProcessChunk(a, h, scale, t0, rows, ws);
   }
 
-  if (!a.output_final_state) return;
+  if (final_state == nullptr) return;
   // A zero-length sequence's final state is its initial state: with aliasing there is nothing to write.
-  if (bos == eos && a.initial_state == a.final_state) return;
-  std::copy(ws.state.begin(), ws.state.end(), a.final_state + state_off);
+  if (bos == eos && initial == final_state) return;
+  std::copy(ws.state.begin(), ws.state.end(), final_state + head_off);
 }
 
 }  // namespace

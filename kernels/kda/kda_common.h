@@ -67,6 +67,26 @@ inline float LoadBeta(const ConstBuf& beta, int64_t row) {
   return LoadAsFloat(beta.data, beta.dtype, static_cast<size_t>(row));
 }
 
+// The states of chunk_kda's sequence n ([H, K, V] each, see ChunkKdaArgs):
+// where its initial state is read from (null: zeros) and where its final state
+// goes (null: nowhere). A padding sequence (pool form, index < 0) has neither.
+inline bool IsPaddingSequence(const ChunkKdaArgs& a, int64_t n) {
+  return a.state_indices != nullptr && a.state_indices[n] < 0;
+}
+inline size_t SequenceStateOffset(const ChunkKdaArgs& a, int64_t n) {
+  const int64_t slot = a.state_indices != nullptr ? a.state_indices[n] : n;
+  return static_cast<size_t>(slot) * static_cast<size_t>(a.H) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
+}
+inline const float* SequenceInitialState(const ChunkKdaArgs& a, int64_t n) {
+  if (IsPaddingSequence(a, n) || (a.has_initial_state != nullptr && a.has_initial_state[n] == 0)) return nullptr;
+  const float* base = a.state_indices != nullptr ? a.state : a.initial_state;
+  return base != nullptr ? base + SequenceStateOffset(a, n) : nullptr;
+}
+inline float* SequenceFinalState(const ChunkKdaArgs& a, int64_t n) {
+  if (!a.output_final_state || IsPaddingSequence(a, n)) return nullptr;
+  return (a.state_indices != nullptr ? a.state : a.final_state) + SequenceStateOffset(a, n);
+}
+
 // The reference kernels without validation (callers validate first).
 void ChunkKdaReferenceUnchecked(const ChunkKdaArgs& a);
 void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a);

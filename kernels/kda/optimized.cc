@@ -12,9 +12,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
 #include "kernels/kda/kda_common.h"
@@ -87,18 +89,30 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
   const size_t head_states = static_cast<size_t>(a.H) * state_size;
 
-  // Empty sequences: the final state is the initial state (zeros for none); nothing to write when aliased.
+  // Padding sequences: zero outputs, no state touched. Empty sequences: the final state is the initial state
+  // (zeros for none); nothing to write when aliased.
   std::vector<int64_t> busy;
   for (int64_t n = 0; n < a.N; ++n) {
-    if (a.cu_seqlens[n + 1] > a.cu_seqlens[n]) {
+    const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];
+    if (IsPaddingSequence(a, n)) {
+      if (len == 0) continue;
+      const size_t row_bytes = static_cast<size_t>(a.H) * static_cast<size_t>(a.V) * DTypeSize(a.o.dtype);
+      // All-zero bits are 0.0 in F32 and BF16 alike.
+      std::memset(static_cast<char*>(a.o.data) + static_cast<size_t>(a.cu_seqlens[n]) * row_bytes, 0,
+                  static_cast<size_t>(len) * row_bytes);
+      continue;
+    }
+    if (len > 0) {
       busy.push_back(n);
-    } else if (a.output_final_state && a.initial_state != a.final_state) {
-      float* dst = a.final_state + static_cast<size_t>(n) * head_states;
-      if (a.initial_state != nullptr) {
-        std::copy_n(a.initial_state + static_cast<size_t>(n) * head_states, head_states, dst);
-      } else {
-        std::fill_n(dst, head_states, 0.0F);
-      }
+      continue;
+    }
+    const float* initial = SequenceInitialState(a, n);
+    float* final_state = SequenceFinalState(a, n);
+    if (final_state == nullptr || final_state == initial) continue;
+    if (initial != nullptr) {
+      std::copy_n(initial, head_states, final_state);
+    } else {
+      std::fill_n(final_state, head_states, 0.0F);
     }
   }
   if (busy.empty()) return;
@@ -149,6 +163,8 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
       const TaskRef& t = tasks[static_cast<size_t>(i)];
       task.n = t.n;
       task.h = t.h;
+      task.initial = SequenceInitialState(a, t.n);
+      task.final = SequenceFinalState(a, t.n);
       task.heads = t.heads;
       task.v_begin = t.v_begin;
       task.v_end = t.v_end;

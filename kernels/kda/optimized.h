@@ -51,11 +51,15 @@ struct ChunkScratch {
 inline constexpr int kOptHeadGroup = 4;
 
 // One head of a chunk task: sequence n, head h, value columns [v_begin, v_end)
-// (a multiple of the ISA's column block, except at V), its scratch.
+// (a multiple of the ISA's column block, except at V), its scratch. initial
+// and final are sequence n's states [H, K, V], resolved by the host from the
+// contiguous or the pool form (null: start from zeros / do not write).
 struct ChunkTask {
   const ChunkKdaArgs* args = nullptr;
   int64_t n = 0;
   int h = 0;
+  const float* initial = nullptr;
+  float* final = nullptr;
   int v_begin = 0;
   int v_end = 0;
   float scale = 1.0F;
@@ -64,11 +68,13 @@ struct ChunkTask {
 
 // One chunk task: heads [h, h + heads) (heads <= kOptHeadGroup) of sequence n
 // over value columns [v_begin, v_end), one scratch per head. The sequence is
-// not empty.
+// not empty (nor padding); initial and final as in ChunkTask.
 struct ChunkGroupTask {
   const ChunkKdaArgs* args = nullptr;
   int64_t n = 0;
   int h = 0;
+  const float* initial = nullptr;
+  float* final = nullptr;
   int heads = 1;
   int v_begin = 0;
   int v_end = 0;

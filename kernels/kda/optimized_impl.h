@@ -425,11 +425,10 @@ void SweepAny(int nv, const ChunkTask& task, const PrepBuffers& b, int64_t t0, i
   }
 }
 
-// Offset of the task's (sequence, head) state in [N, H, K, V] states.
+// Offset of the task's head state in its sequence's [H, K, V] states.
 inline size_t HeadStateOffset(const ChunkTask& task) {
   const ChunkKdaArgs& a = *task.args;
-  return (static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) *
-         static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
+  return static_cast<size_t>(task.h) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
 }
 
 // The working state of one head is [blocks][K][block width] in its scratch,
@@ -450,8 +449,8 @@ void LoadState(const ChunkTask& task) {
     const int bw = width - col < kB ? width - col : kB;
     float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kd; ++d) {
-      const float* src = a.initial_state != nullptr
-                             ? a.initial_state + state_off + static_cast<size_t>(d) * vd + task.v_begin + col
+      const float* src = task.initial != nullptr
+                             ? task.initial + state_off + static_cast<size_t>(d) * vd + task.v_begin + col
                              : nullptr;
       for (int j = 0; j < bw; j += kL) {
         Vt::Store(w + static_cast<size_t>(d) * bw + j, src != nullptr ? Vt::Load(src + j) : Vt::Zero());
@@ -478,7 +477,7 @@ void StoreState(const ChunkTask& task) {
     const float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kd; ++d) {
       const Reg c = Vt::Set1(s.c[d]);
-      float* dst = a.final_state + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
+      float* dst = task.final + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
       for (int j = 0; j < bw; j += kL) Vt::Store(dst + j, Vt::Mul(c, Vt::Load(w + static_cast<size_t>(d) * bw + j)));
     }
   }
@@ -530,6 +529,8 @@ void RunChunkTask(const ChunkGroupTask& group) {
     t.args = group.args;
     t.n = group.n;
     t.h = group.h + g;
+    t.initial = group.initial;
+    t.final = group.final;
     t.v_begin = group.v_begin;
     t.v_end = group.v_end;
     t.scale = group.scale;
@@ -548,7 +549,7 @@ void RunChunkTask(const ChunkGroupTask& group) {
     cur = 1 - cur;
   }
   if constexpr (requires { Vt::StreamFence; }) Vt::StreamFence();  // the outputs' streaming stores, before any reader
-  if (!a.output_final_state) return;
+  if (group.final == nullptr) return;
   for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g]);
 }
 

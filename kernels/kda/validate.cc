@@ -44,6 +44,27 @@ void CheckTokenBuffers(const std::string& who, const ConstBuf& q, const ConstBuf
   Check(o.data != nullptr, who + ": o is null");
 }
 
+// Indices into a [num_states, ...] state buffer: each < num_states, negative
+// for padding, the others distinct.
+void CheckStateIndices(const std::string& who, const int32_t* indices, int64_t n_entries, int64_t num_states) {
+  std::vector<std::pair<int32_t, int64_t>> used;  // (state index, entry) of the non-padding entries
+  for (int64_t n = 0; n < n_entries; ++n) {
+    const int32_t idx = indices[n];
+    if (idx < 0) continue;  // padding
+    Check(idx < num_states, who + ": state_indices[" + std::to_string(n) + "] = " + std::to_string(idx) +
+                                " is out of range for num_states = " + std::to_string(num_states) +
+                                " (use a negative index for padding)");
+    used.emplace_back(idx, n);
+  }
+  // Two entries updating one state would race (and the result would depend on the order).
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i) {
+    Check(used[i].first != used[i - 1].first, who + ": duplicate state index " + std::to_string(used[i].first) +
+                                                  " in state_indices[" + std::to_string(used[i - 1].second) +
+                                                  "] and state_indices[" + std::to_string(used[i].second) + "]");
+  }
+}
+
 }  // namespace
 
 void ValidateChunkKda(const ChunkKdaArgs& a) {
@@ -62,6 +83,15 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
   }
   Check(a.cu_seqlens[a.N] == a.T, who + ": cu_seqlens[N] must equal T, got " + std::to_string(a.cu_seqlens[a.N]) +
                                       " with T = " + std::to_string(a.T));
+  if (a.state_indices != nullptr) {
+    Check(a.initial_state == nullptr && a.final_state == nullptr,
+          who + ": state_indices (pool form) excludes initial_state and final_state");
+    Check(a.state != nullptr, who + ": state_indices given but state is null");
+    Check(a.num_states >= 0, who + ": num_states must be >= 0, got " + std::to_string(a.num_states));
+    CheckStateIndices(who, a.state_indices, a.N, a.num_states);
+    return;
+  }
+  Check(a.state == nullptr, who + ": state (pool form) requires state_indices");
   Check(!a.output_final_state || a.final_state != nullptr, who + ": output_final_state requires final_state");
   if (a.output_final_state && a.initial_state != nullptr && a.initial_state != a.final_state) {
     // Aliasing is supported only as the very same buffer: a shifted overlap would read states already written.
@@ -83,22 +113,7 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
   CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
   Check(a.state != nullptr, who + ": state is null");
   Check(a.state_indices != nullptr, who + ": state_indices is null");
-  std::vector<std::pair<int32_t, int64_t>> used;  // (state index, entry) of the non-padding entries
-  for (int64_t n = 0; n < a.N; ++n) {
-    const int32_t idx = a.state_indices[n];
-    if (idx < 0) continue;  // padding
-    Check(idx < a.num_states, who + ": state_indices[" + std::to_string(n) + "] = " + std::to_string(idx) +
-                                  " is out of range for num_states = " + std::to_string(a.num_states) +
-                                  " (use a negative index for padding)");
-    used.emplace_back(idx, n);
-  }
-  // Two entries updating one state would race (and the result would depend on the order).
-  std::sort(used.begin(), used.end());
-  for (size_t i = 1; i < used.size(); ++i) {
-    Check(used[i].first != used[i - 1].first, who + ": duplicate state index " + std::to_string(used[i].first) +
-                                                  " in state_indices[" + std::to_string(used[i - 1].second) +
-                                                  "] and state_indices[" + std::to_string(used[i].second) + "]");
-  }
+  CheckStateIndices(who, a.state_indices, a.N, a.num_states);
 }
 
 }  // namespace kda

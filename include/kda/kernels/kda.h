@@ -44,6 +44,17 @@ struct KdaOptions {
 };
 
 // Arguments of chunk_kda (prefill over a packed variable-length batch).
+//
+// States come in one of two forms:
+// - contiguous: initial_state / final_state [N, H, K, V], one per sequence;
+// - pool (state_indices set): sequence n reads its initial state from and
+//   writes its final state to state[state_indices[n]] of a [S, H, K, V]
+//   buffer, in place (as fused_recurrent_kda; initial_state and final_state
+//   stay null). An index < 0 marks a padding sequence: its outputs are zero
+//   and no state is read or written. Indices must be distinct.
+// In both forms has_initial_state[n] == 0 makes sequence n start from zeros
+// without reading its initial state (a fresh request's slot need not be
+// cleared first).
 struct ChunkKdaArgs {
   // Outputs.
   MutBuf o;                      // [T, H, V], dtype of q
@@ -55,6 +66,12 @@ struct ChunkKdaArgs {
   ConstBuf beta;                         // [T, H]
   const int64_t* cu_seqlens = nullptr;   // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
   const float* initial_state = nullptr;  // [N, H, K, V] or null (zeros); may alias final_state
+  // Pool form (see above): state [S, H, K, V], read and written in place
+  // (the final state only when output_final_state).
+  float* state = nullptr;
+  const int32_t* state_indices = nullptr;      // [N] or null (contiguous form)
+  int64_t num_states = 0;                      // S
+  const uint8_t* has_initial_state = nullptr;  // [N] or null (every sequence reads its initial state)
   bool output_final_state = true;
   int64_t T = 0;
   int64_t N = 0;

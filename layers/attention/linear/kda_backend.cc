@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <unordered_set>
 
@@ -109,28 +108,6 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
   }
 }
 
-void LinearRecurrentAttnBackend::GatherStates(int layer_id, float* states) const {
-  const LayerStateCache cache = Cache(layer_id);
-  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
-  for (size_t n = 0; n < md_.recurrent_indices.size(); ++n) {
-    float* dst = states + static_cast<int64_t>(n) * rs;
-    if (md_.has_initial_state[n] != 0) {
-      std::memcpy(dst, cache.recurrent + md_.recurrent_indices[n] * rs, sizeof(float) * rs);
-    } else {
-      std::fill_n(dst, rs, 0.0F);
-    }
-  }
-}
-
-void LinearRecurrentAttnBackend::ScatterStates(int layer_id, const float* states) {
-  const LayerStateCache cache = Cache(layer_id);
-  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
-  for (size_t n = 0; n < md_.recurrent_indices.size(); ++n) {
-    std::memcpy(cache.recurrent + md_.recurrent_indices[n] * rs, states + static_cast<int64_t>(n) * rs,
-                sizeof(float) * rs);
-  }
-}
-
 KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
     : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
 
@@ -188,28 +165,28 @@ void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, 
                                    ConstBuf beta_logits, KdaIntermediates* intermediates) {
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
-  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  ScratchArray<float> states(static_cast<size_t>(N * pools_.state_pool->shape().RecurrentSize()));
-  GatherStates(layer.layer_id(), states.data());
+  const LayerStateCache cache = Cache(layer.layer_id());
   ChunkKdaArgs a;
   a.o = o;
-  a.final_state = states.data();
   a.q = in.q.view();
   a.k = in.k.view();
   a.v = in.v.view();
   a.g = {in.g.data(), DType::kF32};
   a.beta = {in.beta.data(), DType::kF32};
   a.cu_seqlens = md_.cu_q_lens.data();
-  a.initial_state = states.data();
+  // States read and written in place in the pool's slots; fresh requests start from zeros.
+  a.state = cache.recurrent;
+  a.state_indices = md_.recurrent_indices.data();
+  a.num_states = cache.num_slots;
+  a.has_initial_state = md_.has_initial_state.data();
   a.output_final_state = true;
   a.T = md_.num_tokens;
-  a.N = N;
+  a.N = static_cast<int64_t>(md_.recurrent_indices.size());
   a.H = layer.num_heads();
   a.K = layer.head_k_dim();
   a.V = layer.head_v_dim();
   a.options = CoreOptions(layer);
   chunk_kda(a, kernel_);
-  ScatterStates(layer.layer_id(), states.data());
   if (intermediates != nullptr) {
     FillIntermediates(intermediates, in.q, in.k, in.v, gate_raw, in.g, in.beta, o, md_.num_tokens * a.H * a.K);
   }

@@ -2,8 +2,9 @@
 //
 // LinearRecurrentAttnBackend is the part a KDA, GDN or Mamba2 backend shares:
 // per-batch metadata computed once and read by every layer, forward-mode
-// dispatch, the short conv with its pool tails, and state gather/scatter.
-// KDAAttnBackend binds the KDA kernels through the dispatcher. One backend
+// dispatch, the short conv with its pool tails. KDAAttnBackend binds the KDA
+// kernels through the dispatcher; both prefill and decode read and write the
+// recurrent states in place in the pool's slots (no gather or scatter). One backend
 // instance serves every KDA layer of a model.
 #pragma once
 
@@ -58,10 +59,6 @@ class LinearRecurrentAttnBackend {
   // The q/k/v short convs + SiLU over the batch, tails read from and written
   // to the layer's pool slots (zero tails where has_initial_state is 0).
   void RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv, const ConvOutputs& out);
-  // Initial states [N, H, K, V] gathered from the slots (zero where
-  // has_initial_state is 0), and final states scattered back.
-  void GatherStates(int layer_id, float* states) const;
-  void ScatterStates(int layer_id, const float* states);
   LayerStateCache Cache(int layer_id) const;
 
   MemoryPools pools_;
