@@ -104,7 +104,7 @@ void BM_ShortConv(benchmark::State& state) {
       a.y = {static_cast<BF16*>(y.Mut().data) + group * T * p, DType::kBF16};
       a.x = {static_cast<const BF16*>(x.Const().data) + group * p, DType::kBF16};
       a.x_row_stride = 3 * p;
-      a.weight = weight.data() + group * p * W;
+      a.weight = weight.data() + group * W * p;  // [3][W][P], as the layer holds it
       a.cu_seqlens = cu.data();
       a.N = 1;
       a.T = T;

@@ -24,7 +24,7 @@ RadixLinearAttention::RadixLinearAttention(int layer_id, int num_heads, int head
   Check(head_k_dim == head_v_dim, "RadixLinearAttention: KDA needs head_k_dim == head_v_dim");
   const int64_t p = projection_size();
   Check(static_cast<int64_t>(conv_weight_.size()) == 3 * p * conv_width,
-        "RadixLinearAttention: conv weight must be [3P, W]");
+        "RadixLinearAttention: conv weight must be [3, W, P]");
   Check(static_cast<int64_t>(A_log_.size()) == num_heads, "RadixLinearAttention: A_log must be [H]");
   Check(static_cast<int64_t>(dt_bias_.size()) == p, "RadixLinearAttention: dt_bias must be [P]");
 }

@@ -12,12 +12,14 @@
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kernels/elementwise/vec_math.h"
+#include "tests/error_util.h"
 #include "tests/tolerance.h"
 
 namespace kda {
 namespace {
 
 using testing::AllCloseF32;
+using testing::ExpectErrorContaining;
 
 TEST(VecMath, ExpLogSoftplusMatchLibm) {
   double worst_exp = 0;
@@ -106,6 +108,62 @@ TEST(ShortConv, FastMatchesReference) {
       }
     }
   }
+}
+
+TEST(ShortConv, CheckpointWeightIsLaidOutTapMajor) {
+  // A checkpoint conv1d weight [C, 1, W] laid out once as [W, C]; both kernels
+  // then compute y[t, c] = silu(sum_j w_ckpt[c, j] x[t - (W-1) + j, c]) (one
+  // fresh sequence, so taps before the start read zeros).
+  const int64_t C = 600;  // a whole channel chunk of the fast kernel and a partial one
+  const int W = 4;
+  const int64_t T = 6;
+  const std::vector<float> w_ckpt = Random(static_cast<size_t>(C * W), -1, 1, 21);
+  const std::vector<float> w = ShortConvWeightFromCheckpoint(w_ckpt, C, W);
+  ASSERT_EQ(w.size(), w_ckpt.size());
+  EXPECT_EQ(w[1 * C + 5], w_ckpt[5 * W + 1]);
+  const std::vector<float> x = Random(static_cast<size_t>(T * C), -2, 2, 22);
+  std::vector<float> want(static_cast<size_t>(T * C));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0.0;
+      for (int j = 0; j < W; ++j) {
+        const int64_t i = t - (W - 1) + j;
+        if (i >= 0) acc += static_cast<double>(w_ckpt[c * W + j]) * x[i * C + c];
+      }
+      want[t * C + c] = static_cast<float>(acc / (1.0 + std::exp(-acc)));
+    }
+  }
+  const std::vector<int64_t> cu = {0, T};
+  const std::vector<int32_t> idx = {0};
+  const std::vector<uint8_t> fresh = {0};
+  for (bool fast : {false, true}) {
+    SCOPED_TRACE(fast ? "short_conv_silu" : "short_conv_silu_reference");
+    std::vector<float> y(static_cast<size_t>(T * C), 0.0F);
+    std::vector<float> tails(static_cast<size_t>((W - 1) * C), 7.0F);
+    ShortConvArgs a;
+    a.y = {y.data(), DType::kF32};
+    a.x = {x.data(), DType::kF32};
+    a.x_row_stride = C;
+    a.weight = w.data();
+    a.cu_seqlens = cu.data();
+    a.N = 1;
+    a.T = T;
+    a.C = C;
+    a.W = W;
+    a.tails = {tails.data(), DType::kF32};
+    a.tail_row_stride = C;
+    a.num_tails = 1;
+    a.tail_indices = idx.data();
+    a.has_initial_state = fresh.data();
+    if (fast) {
+      short_conv_silu(a);
+    } else {
+      short_conv_silu_reference(a);
+    }
+    EXPECT_TRUE(AllCloseF32(y.data(), want.data(), want.size()));
+  }
+  ExpectErrorContaining([&] { ShortConvWeightFromCheckpoint(w_ckpt, C, W + 1); },
+                        "checkpoint conv weight must be [C, W] = [600, 5]");
 }
 
 TEST(KdaGateBeta, FastMatchesReferenceIncludingExtremes) {

@@ -56,7 +56,7 @@ void short_conv_silu_reference(const ShortConvArgs& a) {
     for (int64_t t = 0; t < len; ++t) {
       for (int64_t c = c0; c < c1; ++c) {
         float acc = 0.0F;
-        for (int j = 0; j < W; ++j) acc += a.weight[c * W + j] * input(t - (W - 1) + j, c);
+        for (int j = 0; j < W; ++j) acc += a.weight[j * a.C + c] * input(t - (W - 1) + j, c);
         const float silu = acc / (1.0F + std::exp(-acc));
         StoreFromFloat(a.y.data, a.y.dtype, static_cast<size_t>((start + t) * a.C + c), silu);
       }
@@ -89,7 +89,8 @@ constexpr int kMaxRegisterWidth = 4;   // widths summed in registers (Kimi-Linea
 // prefetchers' reach). x_c0: row 0 of the sequence at the job's first channel.
 template <int kW, class T>
 [[gnu::always_inline]] inline void ConvTokensInRegisters(T* y_c0, int64_t y_stride, const T* x_c0, int64_t x_stride,
-                                                         const float* wt, int64_t nc, int64_t t0, int64_t t1) {
+                                                         const float* wt, int64_t w_stride, int64_t nc, int64_t t0,
+                                                         int64_t t1) {
   using vecmath::LoadF;
   using vecmath::SiluF;
   using vecmath::StoreF;
@@ -103,7 +104,7 @@ template <int kW, class T>
 #pragma omp simd
     for (int64_t c = 0; c < nc; ++c) {
       float acc = 0.0F;
-      for (int j = 0; j < kW; ++j) acc += wt[j * kChunk + c] * LoadF(cur[(j - (kW - 1)) * x_stride + c]);
+      for (int j = 0; j < kW; ++j) acc += wt[j * w_stride + c] * LoadF(cur[(j - (kW - 1)) * x_stride + c]);
       StoreF(yrow + c, SiluF(acc));
     }
   }
@@ -143,16 +144,16 @@ template <class T>
     const T* x_c0 = x + start * a.x_row_stride + c0;
     switch (W) {
       case 1:
-        ConvTokensInRegisters<1>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        ConvTokensInRegisters<1>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
         break;
       case 2:
-        ConvTokensInRegisters<2>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        ConvTokensInRegisters<2>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
         break;
       case 3:
-        ConvTokensInRegisters<3>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        ConvTokensInRegisters<3>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
         break;
       default:
-        ConvTokensInRegisters<kMaxRegisterWidth>(y_c0, a.C, x_c0, a.x_row_stride, wt, nc, general_end, len);
+        ConvTokensInRegisters<kMaxRegisterWidth>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
         break;
     }
   }
@@ -163,7 +164,7 @@ template <class T>
     for (int64_t c = 0; c < nc; ++c) acc[c] = 0.0F;
     for (int j = 0; j < W; ++j) {
       const int64_t i = t - (W - 1) + j;  // input row of this tap
-      const float* wj = wt + j * kChunk;
+      const float* wj = wt + j * a.C;
       if (i >= 0) {
         const T* row = x + (start + i) * a.x_row_stride + c0;
 #pragma omp simd
@@ -199,6 +200,7 @@ template <class T>
 
 #define KDA_CONV_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
+// wt: the job's first channel in the [W, C] weight (taps C apart).
 KDA_CONV_CLONES void ConvChunkF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) {
   ConvChunk<float>(a, wt, n, c0, nc);
 }
@@ -214,25 +216,30 @@ void short_conv_silu(const ShortConvArgs& a) {
     return;
   }
   Validate(a);
-  const int W = a.W;
   const int64_t chunks = (a.C + kChunk - 1) / kChunk;
-  // Weights transposed per chunk: wt[b][j][lane] = w[b*kChunk + lane][j].
-  std::vector<float> wt(static_cast<size_t>(chunks * W * kChunk), 0.0F);
-  for (int64_t c = 0; c < a.C; ++c) {
-    for (int j = 0; j < W; ++j) wt[((c / kChunk) * W + j) * kChunk + c % kChunk] = a.weight[c * W + j];
-  }
   ParallelFor(a.N * chunks, [&](int64_t job) {
     const int64_t n = job / chunks;
     const int64_t b = job % chunks;
     const int64_t c0 = b * kChunk;
     const int64_t nc = std::min(kChunk, a.C - c0);
-    const float* w = wt.data() + b * W * kChunk;
+    const float* w = a.weight + c0;  // tap j of channel c0 + lane at w[j * C + lane]
     if (a.x.dtype == DType::kBF16) {
       ConvChunkBF16(a, w, n, c0, nc);
     } else {
       ConvChunkF32(a, w, n, c0, nc);
     }
   });
+}
+
+std::vector<float> ShortConvWeightFromCheckpoint(const std::vector<float>& weight_cw, int64_t C, int W) {
+  Check(C >= 1 && W >= 1 && static_cast<int64_t>(weight_cw.size()) == C * W,
+        "short_conv: checkpoint conv weight must be [C, W] = [" + std::to_string(C) + ", " + std::to_string(W) +
+            "], got " + std::to_string(weight_cw.size()) + " values");
+  std::vector<float> wc(weight_cw.size());
+  for (int64_t c = 0; c < C; ++c) {
+    for (int j = 0; j < W; ++j) wc[j * C + c] = weight_cw[c * W + j];
+  }
+  return wc;
 }
 
 }  // namespace kda

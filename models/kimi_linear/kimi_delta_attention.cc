@@ -6,6 +6,7 @@
 #include "kda/base/error.h"
 #include "kda/dist/communicator.h"
 #include "kda/kernels/elementwise.h"
+#include "kda/kernels/short_conv.h"
 #include "kda/models/kimi_linear.h"
 
 namespace kda {
@@ -61,7 +62,10 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
   g_a_proj_ = std::make_unique<Linear>(w.g_a_proj, kd, hid, act_dtype);
   g_b_proj_ = std::make_unique<Linear>(w.g_b_proj, p, kd, act_dtype);
   o_proj_ = std::make_unique<Linear>(w.o_proj, hid, p, act_dtype);
-  std::vector<float> conv_w = Concat3(w.q_conv, w.k_conv, w.v_conv);
+  // The convs in the kernels' tap-major layout, laid out once here: [3][W][P] (q|k|v).
+  std::vector<float> conv_w =
+      Concat3(ShortConvWeightFromCheckpoint(w.q_conv, p, shape.W), ShortConvWeightFromCheckpoint(w.k_conv, p, shape.W),
+              ShortConvWeightFromCheckpoint(w.v_conv, p, shape.W));
   o_norm_ = w.o_norm;
   if (act_dtype == DType::kBF16) {
     for (float& x : conv_w) x = RoundBF16(x);

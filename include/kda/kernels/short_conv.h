@@ -3,14 +3,20 @@
 // buffer: the q/k/v short convs of KDA (design §2.2).
 //
 // For sequence n with tokens [cu[n], cu[n+1]) and channel c:
-//   y[t, c] = silu( sum_{j=0..W-1} w[c, j] * X[t - (W-1) + j, c] )
+//   y[t, c] = silu( sum_{j=0..W-1} w[j, c] * X[t - (W-1) + j, c] )
 // where rows before the sequence start come from its tail (oldest first), or
 // are zero when has_initial_state[n] == 0. Tap W-1 multiplies the current token.
 // The new tail is the last W-1 rows of [old tail; the sequence's inputs] (for a
 // sequence shorter than W-1 tokens: the old tail shifted).
+//
+// Weight layout: tap-major [W, C] (w[j, c] at weight[j * C + c]), so each tap
+// is one contiguous row over the channels, which the vectorised kernel reads
+// directly. Checkpoints store conv1d weights as [C, 1, W]; they are laid out
+// once at load time (ShortConvWeightFromCheckpoint), never per call.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kda/kernels/kda.h"
 
@@ -22,7 +28,7 @@ struct ShortConvArgs {
   // Inputs.
   ConstBuf x;                           // [T, x_row_stride], the C channels at the start of each row
   int64_t x_row_stride = 0;             // elements between rows of x (>= C)
-  const float* weight = nullptr;        // [C, W]
+  const float* weight = nullptr;        // [W, C], tap-major (see above)
   const int64_t* cu_seqlens = nullptr;  // [N + 1]
   int64_t N = 0;
   int64_t T = 0;
@@ -43,5 +49,10 @@ struct ShortConvArgs {
 // channel chunk), and at width 4 sums each token's taps in registers.
 void short_conv_silu(const ShortConvArgs& a);
 void short_conv_silu_reference(const ShortConvArgs& a);
+
+// The kernels' weight layout [W, C] from a checkpoint's conv1d weight
+// [C, W] (its [C, 1, W] without the unit dim). Throws kda::Error on a size
+// other than C * W.
+std::vector<float> ShortConvWeightFromCheckpoint(const std::vector<float>& weight_cw, int64_t C, int W);
 
 }  // namespace kda

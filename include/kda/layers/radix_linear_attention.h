@@ -17,8 +17,9 @@ struct KdaIntermediates;
 class RadixLinearAttention {
  public:
   // layer_id: this layer's index in the state pool (its ordinal among the
-  // model's KDA layers). conv_weight [3P, W] (q|k|v channels); A_log [H];
-  // dt_bias [P]; scale multiplies q (K^-0.5).
+  // model's KDA layers). conv_weight [3, W, P]: the q, k and v convs, each
+  // in the short conv kernels' tap-major layout [W, P] (short_conv.h); A_log
+  // [H]; dt_bias [P]; scale multiplies q (K^-0.5).
   RadixLinearAttention(int layer_id, int num_heads, int head_k_dim, int head_v_dim, int conv_width,
                        std::vector<float> conv_weight, std::vector<float> A_log, std::vector<float> dt_bias,
                        float scale);

@@ -93,7 +93,7 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
     a.y = outs[group];
     a.x = Offset(mixed_qkv, group * p);
     a.x_row_stride = 3 * p;
-    a.weight = layer.conv_weight().data() + group * p * W;
+    a.weight = layer.conv_weight().data() + group * W * p;  // [3][W][P]: this group's [W, P]
     a.cu_seqlens = md_.cu_q_lens.data();
     a.N = static_cast<int64_t>(md_.recurrent_indices.size());
     a.T = md_.num_tokens;
