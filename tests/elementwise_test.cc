@@ -69,7 +69,7 @@ TEST(ShortConv, FastMatchesReference) {
         const std::vector<float> x = Random(static_cast<size_t>(T * stride), -3, 3, rng());
         const std::vector<float> w = Random(static_cast<size_t>(C * W), -1, 1, rng());
         const std::vector<float> tails = Random(static_cast<size_t>(7 * std::max(W - 1, 1) * stride), -2, 2, rng());
-        const std::vector<int32_t> idx = {6, 2, 0, 5, 3};
+        const std::vector<int32_t> idx = {6, 2, -1, 5, 3};  // sequence 2 (tokens 1, 2) is padding
         const std::vector<uint8_t> has_init = {1, 0, 1, 1, 0};
         ActBuffer xb = ToAct(dt, x);
         ActBuffer t_ref = ToAct(dt, tails);
@@ -105,6 +105,17 @@ TEST(ShortConv, FastMatchesReference) {
           EXPECT_TRUE(testing::AllCloseBF16(yf.data(), yr.data(), yr.size())) << "W " << W << " C " << C;
         }
         EXPECT_EQ(t_fast.ToFloat(), t_ref.ToFloat()) << "W " << W << " C " << C;
+        // Padding: zero outputs; the slots no sequence uses (0, 1, 4) keep their tails.
+        for (int64_t i = cu[2] * C; i < cu[3] * C; ++i) {
+          ASSERT_EQ(yr[i], 0.0F);
+          ASSERT_EQ(yf[i], 0.0F);
+        }
+        const int64_t slot_size = (W - 1) * stride;
+        const std::vector<float> t_after = t_fast.ToFloat();
+        const std::vector<float> t_before = ToAct(dt, tails).ToFloat();
+        for (int64_t slot : {0, 1, 4}) {
+          for (int64_t i = slot * slot_size; i < (slot + 1) * slot_size; ++i) ASSERT_EQ(t_after[i], t_before[i]);
+        }
       }
     }
   }

@@ -22,10 +22,12 @@ void Validate(const ShortConvArgs& a) {
   Check(a.T == 0 || (a.x.data != nullptr && a.y.data != nullptr), "short_conv: null input or output");
   Check(a.W == 1 || a.tails.data != nullptr, "short_conv: null tails");
   Check(a.cu_seqlens[0] == 0 && a.cu_seqlens[a.N] == a.T, "short_conv: cu_seqlens must run from 0 to T");
-  std::vector<int32_t> idx(a.tail_indices, a.tail_indices + a.N);
+  std::vector<int32_t> idx;  // the non-padding tail indices
   for (int64_t n = 0; n < a.N; ++n) {
     Check(a.cu_seqlens[n + 1] >= a.cu_seqlens[n], "short_conv: cu_seqlens must be non-decreasing");
-    Check(idx[n] >= 0 && idx[n] < a.num_tails, "short_conv: tail index " + std::to_string(idx[n]) + " out of range");
+    const int32_t i = a.tail_indices[n];
+    Check(i < a.num_tails, "short_conv: tail index " + std::to_string(i) + " out of range");
+    if (i >= 0) idx.push_back(i);
   }
   std::sort(idx.begin(), idx.end());
   Check(std::adjacent_find(idx.begin(), idx.end()) == idx.end(), "short_conv: two sequences share a tail");
@@ -44,6 +46,13 @@ void short_conv_silu_reference(const ShortConvArgs& a) {
     const int64_t c1 = std::min(a.C, c0 + kBlock);
     const int64_t start = a.cu_seqlens[n];
     const int64_t len = a.cu_seqlens[n + 1] - start;
+    if (a.tail_indices[n] < 0) {  // padding: zero outputs, no tail touched
+      for (int64_t t = 0; t < len; ++t) {
+        for (int64_t c = c0; c < c1; ++c)
+          StoreFromFloat(a.y.data, a.y.dtype, static_cast<size_t>((start + t) * a.C + c), 0.0F);
+      }
+      return;
+    }
     const bool fresh = a.has_initial_state != nullptr && a.has_initial_state[n] == 0;
     const int64_t tail_base = static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride;
     // Input row i of the sequence, i in [-(W-1), len): the tail for i < 0.
@@ -125,6 +134,14 @@ template <class T>
   T* y = static_cast<T*>(a.y.data);
   const int64_t start = a.cu_seqlens[n];
   const int64_t len = a.cu_seqlens[n + 1] - start;
+  if (a.tail_indices[n] < 0) {  // padding: zero outputs, no tail touched
+    for (int64_t t = 0; t < len; ++t) {
+      T* yrow = y + (start + t) * a.C + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < nc; ++c) StoreF(yrow + c, 0.0F);
+    }
+    return;
+  }
   const bool fresh = a.has_initial_state != nullptr && a.has_initial_state[n] == 0;
   T* tail =
       W > 1 ? static_cast<T*>(a.tails.data) + static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride + c0

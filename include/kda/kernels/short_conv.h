@@ -40,7 +40,9 @@ struct ShortConvArgs {
   MutBuf tails;
   int64_t tail_row_stride = 0;
   int64_t num_tails = 0;
-  const int32_t* tail_indices = nullptr;       // [N], distinct
+  // [N], distinct; < 0 marks a padding sequence (as chunk_kda's
+  // state_indices): zero outputs, no tail read or written.
+  const int32_t* tail_indices = nullptr;
   const uint8_t* has_initial_state = nullptr;  // [N] or null (all continue)
 };
 
