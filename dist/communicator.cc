@@ -1,6 +1,8 @@
 #include "kda/dist/communicator.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kda/base/error.h"
@@ -12,6 +14,11 @@ void Communicator::AllReduceSumBF16(BF16* data, int64_t n) {
   for (int64_t i = 0; i < n; ++i) sum[i] = ToFloat(data[i]);
   AllReduceSum(sum.data(), n);
   for (int64_t i = 0; i < n; ++i) data[i] = ToBF16(sum[i]);
+}
+
+void Communicator::Abort(int code) {
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
 
 std::vector<std::vector<uint8_t>> SingleProcessCommunicator::Gather(const void* data, int64_t nbytes, int root) {
@@ -36,6 +43,11 @@ double Since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+void TimedCommunicator::Abort(int code) {
+  inner_->Abort(code);
+  Communicator::Abort(code);  // not reached: the inner communicator ends the process
+}
 
 void TimedCommunicator::AllReduceSum(float* data, int64_t n) {
   const auto t0 = std::chrono::steady_clock::now();

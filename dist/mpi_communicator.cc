@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -129,11 +130,18 @@ std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key) {
   return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(std::move(h)));
 }
 
+void MpiCommunicator::Abort(int code) {
+  std::fflush(nullptr);  // this rank's last words before mpirun kills the job
+  if (MpiRunning()) MPI_Abort(handle_->comm, code);
+  std::_Exit(code);
+}
+
 void FinalizeMpi() {
   if (MpiRunning()) MPI_Finalize();
 }
 
 void AbortMpi(int code) {
+  std::fflush(nullptr);
   if (MpiRunning()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }

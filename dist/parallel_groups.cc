@@ -69,6 +69,11 @@ ParallelRuntime::~ParallelRuntime() {
   if (mpi_ && unagreed_failure && multi_rank) AbortMpi(1);
 }
 
+void ParallelRuntime::Abort(int code) {
+  if (world_ != nullptr) world_->Abort(code);
+  AbortMpi(code);
+}
+
 void ParallelRuntime::RunAgreed(const std::function<void()>& fn) {
   Communicator& world = *world_;
   if (!mpi_) {
@@ -99,13 +104,15 @@ void ParallelRuntime::RunAgreed(const std::function<void()>& fn) {
     }
   }
   if (first < 0) return;
+  std::string own = message.empty() ? std::string("unknown error") : message;
   int64_t len = world.rank() == first ? static_cast<int64_t>(message.size()) : 0;
   world.Broadcast(&len, sizeof(len), first);
   message.resize(static_cast<size_t>(len));
   world.Broadcast(message.data(), len, first);
-  if (count < n) message += " (on rank " + std::to_string(first) + ")";
+  std::string agreed = message;
+  if (count < n) agreed += " (on rank " + std::to_string(first) + ")";
   agreed_failure_ = true;
-  throw CollectiveError(message);
+  throw CollectiveError(agreed, failed ? std::move(own) : std::string());
 }
 
 }  // namespace kda

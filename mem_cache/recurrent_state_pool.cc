@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <string>
+
+#include "base/fault_inject.h"
 
 namespace kda {
 
@@ -14,13 +17,23 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
   Check(shape.H >= 1 && shape.K >= 1 && shape.W >= 1, "state pool: invalid state shape");
   Check(conv_dtype == DType::kF32 || conv_dtype == DType::kBF16, "state pool: conv dtype must be F32 or BF16");
   const auto slots = static_cast<size_t>(max_requests + 1);
-  recurrent_.resize(static_cast<size_t>(num_layers));
-  conv_.resize(static_cast<size_t>(num_layers));
-  for (int l = 0; l < num_layers; ++l) {
-    recurrent_[l].assign(slots * shape.RecurrentSize(), 0.0F);
-    conv_[l].assign(slots * shape.ConvSize() * DTypeSize(conv_dtype), 0);
+  try {
+    MaybeInjectFault(FaultPoint::kAlloc);
+    recurrent_.resize(static_cast<size_t>(num_layers));
+    conv_.resize(static_cast<size_t>(num_layers));
+    for (int l = 0; l < num_layers; ++l) {
+      recurrent_[l].assign(slots * shape.RecurrentSize(), 0.0F);
+      conv_[l].assign(slots * shape.ConvSize() * DTypeSize(conv_dtype), 0);
+    }
+    allocated_.assign(slots, 0);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {  // std::bad_alloc, or std::length_error beyond what a vector can hold
+    throw Error("state pool: cannot allocate " + std::to_string(total_bytes()) + " bytes (" +
+                std::to_string(max_requests) + " slots + the dummy of " +
+                std::to_string(BytesPerRequest(num_layers, shape, conv_dtype)) + " bytes each): out of memory (" +
+                e.what() + ")");
   }
-  allocated_.assign(slots, 0);
   // Hand out low slots first: pop_back takes the smallest.
   for (auto s = static_cast<int32_t>(max_requests); s >= 1; --s) free_.push_back(s);
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "base/act_buffer.h"
+#include "base/fault_inject.h"
 #include "kda/base/error.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
@@ -33,6 +34,7 @@ KdaModel KdaModel::Load(const std::string& model_dir, DType act_dtype, std::opti
   std::vector<int> ids = config.kda_layers;
   if (only_layer) ids = {*only_layer};  // validated by LoadKdaLayerWeights
   for (int id : ids) {
+    MaybeInjectFault(FaultPoint::kLoad);
     const KdaLayerWeights w = LoadKdaLayerWeights(ckpt, config, id, m.heads);
     m.layers.emplace_back(static_cast<int>(m.layers.size()), m.shape, w, act_dtype, m.tp);
     m.model_layer_ids.push_back(id);
@@ -50,6 +52,7 @@ KdaModel KdaModel::Random(const KdaLayerShape& shape, int num_layers, DType act_
   m.act_dtype = act_dtype;
   m.tp = tp != nullptr && tp->size() > 1 ? tp : nullptr;
   for (int l = 0; l < num_layers; ++l) {
+    MaybeInjectFault(FaultPoint::kLoad);
     const KdaLayerWeights full = RandomKdaLayerWeights(shape, seed + static_cast<uint64_t>(l));
     m.layers.emplace_back(l, m.shape, m.tp == nullptr ? full : ShardKdaLayerWeights(full, shape, m.heads), act_dtype,
                           m.tp);
@@ -111,6 +114,7 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
     in = h.view();
   }
   for (int l = 0; l < L; ++l) {
+    MaybeInjectFault(FaultPoint::kForward);
     if (trace_rows > 0) record(trace_->inputs[l], in.data);
     model_.layers[l].Forward(out, in, backend_);
     if (trace_rows > 0) record(trace_->outputs[l], out.data);

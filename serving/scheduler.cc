@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "base/act_buffer.h"
@@ -52,18 +53,20 @@ void Scheduler::Admit() {
     Running r;
     r.req = waiting_.front();
     waiting_.pop_front();
-    const int32_t slot = pools_.req_to_token_pool->Alloc(r.req.id);
-    if (r.req.initial_recurrent != nullptr || r.req.initial_conv != nullptr) {
+    pools_.req_to_token_pool->Alloc(r.req.id);
+    running_.push_back(std::move(r));  // from here on the slot is released with the request
+    Running& a = running_.back();
+    const int32_t slot = pools_.req_to_token_pool->SlotOf(a.req.id);
+    if (a.req.initial_recurrent != nullptr || a.req.initial_conv != nullptr) {
       for (int l = 0; l < model.num_layers(); ++l) {
-        pool.SetLayerState(l, slot, r.req.initial_recurrent ? r.req.initial_recurrent + l * rs : nullptr,
-                           r.req.initial_conv ? static_cast<const uint8_t*>(r.req.initial_conv) + l * cs : nullptr);
+        pool.SetLayerState(l, slot, a.req.initial_recurrent ? a.req.initial_recurrent + l * rs : nullptr,
+                           a.req.initial_conv ? static_cast<const uint8_t*>(a.req.initial_conv) + l * cs : nullptr);
       }
-      r.seeded = true;
+      a.seeded = true;
     }
-    r.result.id = r.req.id;
-    r.result.out.assign(static_cast<size_t>(r.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
-    running_.push_back(std::move(r));
-    if (running_.back().req.length == 0) Finish(running_.size() - 1);  // nothing to run: its state is final
+    a.result.id = a.req.id;
+    a.result.out.assign(static_cast<size_t>(a.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
+    if (a.req.length == 0) Finish(running_.size() - 1);  // nothing to run: its state is final
   }
 }
 
@@ -82,6 +85,35 @@ void Scheduler::Finish(size_t index) {
   pools_.req_to_token_pool->Free(r.req.id);
   finished_.push_back(std::move(r.result));
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void Scheduler::Drop(size_t index, const std::string& error) {
+  Running& r = running_[index];
+  if (pools_.req_to_token_pool->Has(r.req.id)) pools_.req_to_token_pool->Free(r.req.id);
+  failed_.push_back({r.req.id, error});
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+Scheduler::~Scheduler() {
+  for (const Running& r : running_) {
+    if (pools_.req_to_token_pool->Has(r.req.id)) pools_.req_to_token_pool->Free(r.req.id);
+  }
+}
+
+bool Scheduler::Cancel(int64_t id) {
+  const auto w = std::find_if(waiting_.begin(), waiting_.end(), [&](const ServeRequest& r) { return r.id == id; });
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+    failed_.push_back({id, "cancelled"});
+    return true;
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i].req.id == id) {
+      Drop(i, "cancelled");
+      return true;
+    }
+  }
+  return false;
 }
 
 bool Scheduler::Step() {
@@ -128,7 +160,14 @@ bool Scheduler::Step() {
   const int64_t T = batch.num_tokens();
   ActBuffer out(model.act_dtype, T * hidden);
   const auto t0 = std::chrono::steady_clock::now();
-  runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
+  try {
+    runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
+  } catch (const std::exception& e) {
+    // The step's states are half-updated: its requests fail, their slots go
+    // back to the pool.
+    for (size_t m = members.size(); m-- > 0;) Drop(members[m], e.what());
+    throw;
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs});
 
@@ -152,7 +191,9 @@ bool Scheduler::Step() {
 void Scheduler::RunToCompletion() {
   while (Step()) {
   }
-  Check(waiting_.empty() && running_.empty(), "scheduler stopped with requests left");
+  Check(waiting_.empty() && running_.empty(),
+        "scheduler: " + std::to_string(waiting_.size()) + " requests wait for a state slot, but all " +
+            std::to_string(pools_.state_pool->capacity()) + " slots of the pool are held outside this scheduler");
 }
 
 }  // namespace kda

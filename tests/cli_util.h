@@ -32,13 +32,14 @@ inline std::string Slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
-// Runs `prefix kda args` with a time limit, so a hang is a failure, not a stall.
-inline CliResult RunKda(const std::string& prefix, const std::string& args) {
+// Runs `prefix kda args` with a time limit (`limit_s`; status 124 when it
+// ran out), so a hang is a failure, not a stall.
+inline CliResult RunKda(const std::string& prefix, const std::string& args, int limit_s = 100) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir());
   const std::filesystem::path out = dir / ("kda_dist_cli_stdout_" + std::to_string(::getpid()) + ".txt");
   const std::filesystem::path err = dir / ("kda_dist_cli_stderr_" + std::to_string(::getpid()) + ".txt");
-  const std::string cmd = "timeout -k 5 100 " + prefix + (prefix.empty() ? "" : " ") + CliPath() + " " + args + " >" +
-                          out.string() + " 2>" + err.string();
+  const std::string cmd = "timeout -k 5 " + std::to_string(limit_s) + " " + prefix + (prefix.empty() ? "" : " ") +
+                          CliPath() + " " + args + " >" + out.string() + " 2>" + err.string();
   const int raw = std::system(cmd.c_str());
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);

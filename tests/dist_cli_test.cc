@@ -1,13 +1,15 @@
 // `kda run` and `kda bench` under mpirun with --tp / --dp (2 and 4 ranks,
 // oversubscribed): world rank 0 writes the same tensors as the one-process
 // run (within the design §5 tolerances), over shared memory and over TCP
-// (the transport between hosts); and the refusals: --tp without mpirun, a
-// world size other than tp x dp, heads that --tp does not divide.
+// (the transport between hosts); the refusals: --tp without mpirun, a
+// world size other than tp x dp, heads that --tp does not divide; and faults
+// on one rank (KDA_FAULT_INJECT, SIGKILL), which end the whole job promptly.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -187,6 +189,114 @@ TEST_F(DistCliTest, BenchReportsPerRankStateAndAllReduceShare) {
                         " --requests 3 --min-prompt 5 --max-prompt 40 --decode-steps 3 --layers 1 --json");
   ASSERT_EQ(d.status, 0) << d.err << d.out;
   EXPECT_NE(d.out.find("\"dp\": 2"), std::string::npos) << d.out;
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// ------------------------------------------------------------------ faults
+
+// What a job with a fault on one rank did, and how long it took.
+struct FaultRun {
+  testing::CliResult r;
+  double seconds = 0.0;
+};
+
+class DistFaultTest : public DistCliTest {
+ protected:
+  // `kda args` under `ranks` processes with KDA_FAULT_INJECT=spec. The limit
+  // (60 s) is well above the 30 s the job must end in, so a hang fails here
+  // as status 124 instead of blocking the suite.
+  FaultRun RunWithFault(int ranks, const std::string& spec, const std::string& args) {
+    const auto t0 = std::chrono::steady_clock::now();
+    FaultRun f;
+    f.r = RunKda("env KDA_FAULT_INJECT=" + spec + " " + Np(ranks), args, 60);
+    f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return f;
+  }
+
+  // `kda run` of kda-mini under `ranks` processes with `flags` and a fault.
+  FaultRun RunMiniWithFault(int ranks, const std::string& spec, const std::string& flags) {
+    const std::string mini = golden_ + "/kda-mini";
+    return RunWithFault(ranks, spec,
+                        "run --model " + mini + " --input " + mini + "/varlen_initstate.safetensors --output " +
+                            (dir_ / "fault.safetensors").string() + " --prefill-chunk 7 --decode-last 9 " + flags);
+  }
+
+  // Non-zero status, well within 30 s, exactly one error line, from `rank`,
+  // holding `needle`; no output file.
+  void ExpectEndedByRank(const FaultRun& f, int rank, const std::string& needle) {
+    EXPECT_NE(f.r.status, 0) << f.r.err;
+    EXPECT_NE(f.r.status, 124) << "timed out: " << f.r.err;
+    EXPECT_LT(f.seconds, 30.0) << f.r.err;
+    EXPECT_EQ(CountOf(f.r.err, "kda: "), 1) << f.r.err;
+    const std::string line = "kda: error: rank " + std::to_string(rank) + ": ";
+    const size_t at = f.r.err.find(line);
+    ASSERT_NE(at, std::string::npos) << f.r.err;
+    const std::string text = f.r.err.substr(at, f.r.err.find('\n', at) - at);
+    EXPECT_NE(text.find(needle), std::string::npos) << text;
+    EXPECT_FALSE(fs::exists(dir_ / "fault.safetensors"));
+  }
+};
+
+// A shard that one rank fails to read: agreed, so every rank stops cleanly;
+// only the failing rank speaks, and the job's status is 1.
+TEST_F(DistFaultTest, LoadFailureOnOneRank) {
+  KDA_REQUIRE_GOLDEN_PATH(golden_ + "/kda-mini");
+  const FaultRun f = RunMiniWithFault(2, "rank:1,at:load", "--tp 2");
+  ExpectEndedByRank(f, 1, "fault injected by KDA_FAULT_INJECT (at:load on rank 1)");
+  EXPECT_EQ(f.r.status, 1) << f.r.err;
+  const FaultRun d = RunMiniWithFault(4, "rank:2,at:load", "--tp 2 --dp 2");
+  ExpectEndedByRank(d, 2, "at:load on rank 2");
+}
+
+// An error inside a layer forward while the other tp rank waits in that
+// layer's all-reduce: the failing rank aborts the job.
+TEST_F(DistFaultTest, ForwardFailureMidRun) {
+  KDA_REQUIRE_GOLDEN_PATH(golden_ + "/kda-mini");
+  ExpectEndedByRank(RunMiniWithFault(2, "rank:1,at:forward", "--tp 2"), 1, "at:forward on rank 1");
+  // Late in the run (the 6th layer forward), and on the root.
+  ExpectEndedByRank(RunMiniWithFault(2, "rank:0,at:forward,skip:5", "--tp 2"), 0, "at:forward on rank 0");
+  // Data parallel: the other rank waits in the results gather.
+  ExpectEndedByRank(RunMiniWithFault(2, "rank:1,at:forward", "--dp 2"), 1, "at:forward on rank 1");
+  // The serving benchmark alike.
+  const std::string mini = golden_ + "/kda-mini";
+  ExpectEndedByRank(RunWithFault(2, "rank:1,at:forward,skip:3",
+                                 "bench --tp 2 --model " + mini +
+                                     " --requests 3 --min-prompt 5 --max-prompt 40 --decode-steps 3 --layers 2"),
+                    1, "at:forward on rank 1");
+}
+
+// The state pool of one rank cannot be allocated: a clear error, the job ends.
+TEST_F(DistFaultTest, AllocationFailureOnOneRank) {
+  KDA_REQUIRE_GOLDEN_PATH(golden_ + "/kda-mini");
+  const FaultRun f = RunMiniWithFault(2, "rank:1,at:alloc", "--tp 2");
+  ExpectEndedByRank(f, 1, "state pool: cannot allocate");
+  EXPECT_NE(f.r.err.find("out of memory"), std::string::npos) << f.r.err;
+}
+
+// A rank killed mid-run (SIGKILL to itself between layer forwards): Open MPI
+// ends the job; the dead rank says nothing, the others neither.
+TEST_F(DistFaultTest, RankKilledMidRun) {
+  KDA_REQUIRE_GOLDEN_PATH(golden_ + "/kda-mini");
+  const FaultRun f = RunMiniWithFault(2, "rank:1,at:kill", "--tp 2");
+  EXPECT_NE(f.r.status, 0) << f.r.err;
+  EXPECT_NE(f.r.status, 124) << "timed out: " << f.r.err;
+  EXPECT_LT(f.seconds, 30.0) << f.r.err;
+  EXPECT_EQ(CountOf(f.r.err, "kda: "), 0) << f.r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "fault.safetensors"));
+}
+
+// A malformed switch is refused by every rank, never ignored.
+TEST_F(DistFaultTest, MalformedSwitchIsRefused) {
+  KDA_REQUIRE_GOLDEN_PATH(golden_ + "/kda-mini");
+  const FaultRun f = RunMiniWithFault(2, "rank:1,at:everywhere", "--tp 2");
+  EXPECT_EQ(f.r.status, 1) << f.r.err;
+  EXPECT_EQ(CountOf(f.r.err, "kda: error: rank "), 2) << f.r.err;
+  EXPECT_EQ(CountOf(f.r.err, "KDA_FAULT_INJECT: bad entry 'at:everywhere'"), 2) << f.r.err;
 }
 
 }  // namespace

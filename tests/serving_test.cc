@@ -1,10 +1,13 @@
 // The serving side: state pool, KDA backend per forward mode, scheduler
-// invariance (chunked prefill, decode, slot reuse) on golden cases, and churn.
+// invariance (chunked prefill, decode, slot reuse) on golden cases, and churn
+// (with cancelled and failed requests: no slot or memory leaks).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <ostream>
 #include <random>
 #include <string>
@@ -12,6 +15,8 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "base/fault_inject.h"
+#include "kda/base/parallel.h"
 #include "kda/io/safetensors.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/scheduler.h"
@@ -538,6 +543,177 @@ TEST(Scheduler, QueuesWhenSlotsRunOutAndRefusesBadRequests) {
   sched.RunToCompletion();
   EXPECT_EQ(sched.finished().size(), 5U);
   EXPECT_EQ(pool.num_free(), 2);
+}
+
+// Resident set size of this process in bytes (/proc/self/statm).
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0;
+  int64_t resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+// 10,000 requests of random lengths through 8 slots, in rounds, with requests
+// cancelled while waiting or mid-way and forward failures injected: every
+// request ends exactly once (finished or failed), every slot is free after
+// each round, and resident memory stays flat after the first round.
+TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
+  // Tiny shapes: one thread (workers would only wait on each other).
+  const int threads = NumThreads();
+  SetNumThreads(1);
+  struct Restore {
+    int n;
+    ~Restore() { SetNumThreads(n); }
+  } restore{threads};
+  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 13);
+  const int64_t hidden = model.shape.hidden;
+  constexpr int kRounds = 10;
+  constexpr int kPerRound = 1000;
+  constexpr int64_t kMaxLen = 32;
+  const ActBuffer x = RandomRows(DType::kF32, kMaxLen, hidden, 21);  // every request reads a prefix of it
+  RecurrentStatePool pool(model.num_layers(), 8, model.state_shape(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req});
+  SchedulerConfig cfg;
+  cfg.prefill_chunk = 7;
+  cfg.step_token_budget = 40;
+  Scheduler sched(runner, {&pool, &req}, cfg);
+  std::mt19937 rng(5);
+  int64_t rss_after_warmup = 0;
+  int64_t finished = 0;
+  int64_t cancelled = 0;
+  int64_t failed_in_forward = 0;
+  int64_t forward_errors = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<int64_t> lens(kPerRound);
+    for (int i = 0; i < kPerRound; ++i) {
+      const int64_t id = static_cast<int64_t>(round) * kPerRound + i;
+      lens[i] = rng() % (kMaxLen + 1);
+      sched.Submit({id, x.view(), lens[i], static_cast<int64_t>(rng() % 6), nullptr, nullptr});
+    }
+    // Cancel a few while they wait, and a few once they run.
+    for (int i = 0; i < kPerRound; i += 97) EXPECT_TRUE(sched.Cancel(static_cast<int64_t>(round) * kPerRound + i));
+    // One forward failure per round, a few hundred layer forwards in.
+    SetFaultInjection("rank:0,at:forward,skip:" + std::to_string(100 + 37 * round));
+    int64_t steps = 0;
+    for (;;) {
+      bool more = false;
+      try {
+        more = sched.Step();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("fault injected"), std::string::npos) << e.what();
+        ++forward_errors;
+        more = true;
+      }
+      if (!more) break;
+      if (++steps % 50 == 0 && sched.num_running() > 0) {
+        // The oldest running request, mid-way.
+        const int64_t before = sched.num_running();
+        for (int64_t id = static_cast<int64_t>(round) * kPerRound; id < (round + 1) * kPerRound; ++id) {
+          if (req.Has(id)) {
+            EXPECT_TRUE(sched.Cancel(id));
+            break;
+          }
+        }
+        EXPECT_EQ(sched.num_running(), before - 1);
+      }
+      EXPECT_EQ(pool.num_free() + req.size(), 8) << "a slot is neither free nor held by a request";
+    }
+    SetFaultInjection("");
+    EXPECT_EQ(sched.num_waiting(), 0);
+    EXPECT_EQ(sched.num_running(), 0);
+    ASSERT_EQ(pool.num_free(), 8) << "round " << round;
+    ASSERT_EQ(req.size(), 0) << "round " << round;
+    // Every request of the round ended exactly once.
+    std::vector<int> seen(kPerRound, 0);
+    const std::vector<RequestResult> done = sched.TakeFinished();
+    for (const RequestResult& r : done) {
+      ++seen[r.id - static_cast<int64_t>(round) * kPerRound];
+      EXPECT_EQ(r.out.size(), static_cast<size_t>(lens[r.id % kPerRound] * hidden) * sizeof(float));
+    }
+    for (const FailedRequest& f : sched.TakeFailed()) {
+      ++seen[f.id - static_cast<int64_t>(round) * kPerRound];
+      if (f.error == "cancelled") {
+        ++cancelled;
+      } else {
+        EXPECT_NE(f.error.find("fault injected"), std::string::npos) << f.error;
+        ++failed_in_forward;
+      }
+    }
+    for (int i = 0; i < kPerRound; ++i) ASSERT_EQ(seen[i], 1) << "request " << round * kPerRound + i;
+    finished += static_cast<int64_t>(done.size());
+    if (round == 0) rss_after_warmup = ResidentBytes();
+  }
+  EXPECT_EQ(forward_errors, kRounds);
+  EXPECT_GE(failed_in_forward, kRounds);  // each failure takes its whole batch
+  EXPECT_GE(cancelled, kRounds * (kPerRound / 97));
+  EXPECT_EQ(finished + cancelled + failed_in_forward, kRounds * kPerRound);
+  EXPECT_GT(finished, kRounds * kPerRound * 8 / 10);
+  const int64_t growth = ResidentBytes() - rss_after_warmup;
+  EXPECT_LT(growth, int64_t{4} << 20) << "resident memory grew by " << growth << " bytes after the first round";
+}
+
+// A request that can never get a slot is a clear error, not a wait forever;
+// a pool that cannot be allocated is one too.
+TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
+  const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
+  RecurrentStatePool pool(1, 2, model.state_shape(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
+  req.Alloc(100);  // both slots held outside the scheduler
+  req.Alloc(101);
+  {
+    SchedulerConfig cfg;
+    cfg.max_running = 0;  // the pool's capacity
+    Scheduler sched(runner, {&pool, &req}, cfg);
+    sched.Submit({1, x.view(), 4, 0, nullptr, nullptr});
+    const std::string e = ErrorOf([&] { sched.RunToCompletion(); });
+    EXPECT_NE(e.find("1 requests wait for a state slot, but all 2 slots of the pool are held outside"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(sched.num_waiting(), 1);
+    EXPECT_FALSE(sched.Cancel(7));
+    EXPECT_TRUE(sched.Cancel(1));
+    sched.RunToCompletion();  // nothing left
+  }
+  req.Free(100);
+  req.Free(101);
+  SchedulerConfig bad;
+  bad.max_running = -1;
+  EXPECT_NE(ErrorOf([&] {
+              Scheduler s(runner, {&pool, &req}, bad);
+            }).find("max_running must be >= 0"),
+            std::string::npos);
+  // A scheduler that stops on an error gives its slots back when destroyed.
+  {
+    Scheduler sched(runner, {&pool, &req}, SchedulerConfig{});
+    sched.Submit({1, x.view(), 4, 2, nullptr, nullptr});
+    sched.Submit({2, x.view(), 4, 2, nullptr, nullptr});
+    ASSERT_TRUE(sched.Step());
+    EXPECT_EQ(pool.num_free(), 0);
+  }
+  EXPECT_EQ(pool.num_free(), 2);
+  EXPECT_EQ(req.size(), 0);
+  // The allocation of a pool fails: a kda::Error naming the bytes.
+  SetFaultInjection("rank:0,at:alloc");
+  const std::string e = ErrorOf([&] { RecurrentStatePool p(2, 8, model.state_shape(), DType::kF32); });
+  SetFaultInjection("");
+  EXPECT_NE(e.find("state pool: cannot allocate " +
+                   std::to_string(9 * RecurrentStatePool::BytesPerRequest(2, model.state_shape(), DType::kF32)) +
+                   " bytes (8 slots"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("out of memory"), std::string::npos) << e;
+  // A malformed switch is refused at the first check, never ignored.
+  SetFaultInjection("rank:0,at:nowhere");
+  EXPECT_NE(ErrorOf([&] { MaybeInjectFault(FaultPoint::kLoad); }).find("KDA_FAULT_INJECT: bad entry 'at:nowhere'"),
+            std::string::npos);
+  SetFaultInjection("at:load");
+  EXPECT_NE(ErrorOf([&] { MaybeInjectFault(FaultPoint::kLoad); }).find("needs rank:R"), std::string::npos);
+  SetFaultInjection("");
+  MaybeInjectFault(FaultPoint::kLoad);
 }
 
 }  // namespace

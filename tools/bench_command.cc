@@ -19,6 +19,7 @@
 #include "kda/dist/parallel_groups.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
+#include "tools/rank_errors.h"
 
 namespace kda::cli {
 namespace {
@@ -225,20 +226,8 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
   return pass ? 0 : 1;
 }
 
-}  // namespace
-
-int RunBenchCommand(const BenchOptions& opt) {
-  const DType dtype = ParseActivationDType(opt.dtype);
-  const KernelImpl kernel = ParseKernelImpl(opt.kernel);
-  ResolveKernelImpl(kernel);
-  Check(opt.requests >= 1, "--requests must be >= 1");
-  Check(opt.min_prompt >= 1 && opt.max_prompt >= opt.min_prompt, "--min-prompt/--max-prompt: need 1 <= min <= max");
-  Check(opt.decode_steps >= 0, "--decode-steps must be >= 0");
-  Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
-        "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
-  SetNumThreads(opt.threads);
-  // One process, or this rank of tp x dp under mpirun.
-  const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
+// This rank's part of the benchmark (every rank of the job runs it).
+int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime* rt) {
   const ParallelGroups& groups = rt->groups();
   const bool root = groups.is_root();
   TimedCommunicator tp_comm(&groups.tp());  // the layers' all-reduces, timed
@@ -289,8 +278,9 @@ int RunBenchCommand(const BenchOptions& opt) {
   LayerTrace trace;
   trace.req_id = probe;
   serve_opt.trace = probe >= 0 ? &trace : nullptr;
-  ParallelServeResult served;
-  rt->RunAgreed([&] { served = ServeParallel(model, groups, requests, serve_opt); });
+  // Not agreed: the layers all-reduce, so an error on one rank ends the job
+  // (RunOnRanks).
+  const ParallelServeResult served = ServeParallel(model, groups, requests, serve_opt);
   const double allreduce_s = tp_comm.allreduce_seconds();
   const std::vector<StepRecord>& steps = served.steps;
 
@@ -300,13 +290,12 @@ int RunBenchCommand(const BenchOptions& opt) {
   // layer's output would mix in bf16 rounding flips of earlier layers, which
   // a deep bf16 stack amplifies). Each rank checks its own heads.
   SelfCheck check;
-  rt->RunAgreed([&] {
-    if (probe < 0) return;
+  if (probe >= 0) {  // not agreed either: the replay all-reduces too
     const auto it =
         std::find_if(served.local.begin(), served.local.end(), [&](const RequestResult& r) { return r.id == probe; });
     Check(it != served.local.end(), "bench: the traced request did not finish");
     check = ReplayOneShot(model, trace, *it, kernel);
-  });
+  }
   double extend_s = 0;
   double decode_s = 0;
   int64_t extend_tokens = 0;
@@ -357,6 +346,23 @@ int RunBenchCommand(const BenchOptions& opt) {
   std::fflush(stdout);
   groups.world().Broadcast(&status, sizeof(status), 0);
   return status;
+}
+
+}  // namespace
+
+int RunBenchCommand(const BenchOptions& opt) {
+  const DType dtype = ParseActivationDType(opt.dtype);
+  const KernelImpl kernel = ParseKernelImpl(opt.kernel);
+  ResolveKernelImpl(kernel);
+  Check(opt.requests >= 1, "--requests must be >= 1");
+  Check(opt.min_prompt >= 1 && opt.max_prompt >= opt.min_prompt, "--min-prompt/--max-prompt: need 1 <= min <= max");
+  Check(opt.decode_steps >= 0, "--decode-steps must be >= 0");
+  Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
+        "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
+  SetNumThreads(opt.threads);
+  // One process, or this rank of tp x dp under mpirun.
+  const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
+  return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, kernel, rt.get()); });
 }
 
 }  // namespace kda::cli

@@ -1,12 +1,11 @@
 // The kda command-line tool.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <exception>
 #include <string>
 
-#include "kda/base/error.h"
 #include "tools/bench_command.h"
 #include "tools/bench_kernels_command.h"
+#include "tools/rank_errors.h"
 #include "tools/run_command.h"
 
 int main(int argc, char** argv) {
@@ -73,12 +72,8 @@ int main(int argc, char** argv) {
       run.layer_given = layer_opt->count() > 0;
       return kda::cli::RunLayerCommand(run);
     }
-  } catch (const kda::Error& e) {
-    std::fprintf(stderr, "kda: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kda: internal error: %s\n", e.what());
-    return 3;
+  } catch (...) {
+    return kda::cli::ReportCurrentException();
   }
   return 0;
 }

@@ -19,6 +19,7 @@
 #include "kda/io/safetensors.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
+#include "tools/rank_errors.h"
 
 namespace kda::cli {
 namespace {
@@ -94,8 +95,9 @@ Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, con
   options.kernel = kernel;
   options.gather = false;
   const ParallelGroups& groups = rt.groups();
-  ParallelServeResult served;
-  rt.RunAgreed([&] { served = ServeParallel(model, groups, requests, options); });
+  // Not agreed: the layers all-reduce, so an error on one rank ends the job
+  // (RunOnRanks).
+  ParallelServeResult served = ServeParallel(model, groups, requests, options);
   std::vector<RequestResult> results;
   rt.RunAgreed([&] { results = GatherResults(model, groups, std::move(served.local)); });
 
@@ -303,8 +305,9 @@ int RunLayerCommand(const RunOptions& opt) {
   // One process, or this rank of tp x dp under mpirun (the checks above are
   // the same on every rank, so they stop each one before MPI starts).
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
-  if (opt.model_dir.empty()) return RunEmbeddedDefault(opt, dtype, kernel, *rt);
-  return RunOnFiles(opt, dtype, kernel, *rt);
+  return RunOnRanks(*rt, [&] {
+    return opt.model_dir.empty() ? RunEmbeddedDefault(opt, dtype, kernel, *rt) : RunOnFiles(opt, dtype, kernel, *rt);
+  });
 }
 
 }  // namespace kda::cli

@@ -29,8 +29,9 @@ struct RunOptions {
   std::string lengths = "512,300,128,77";
 };
 
-// Returns the process exit status; throws kda::Error on bad input (under
-// mpirun: a CollectiveError on every rank).
+// Returns the process exit status; throws kda::Error on bad input found
+// before the ranks start. Under mpirun, later errors end the job as
+// RunOnRanks (tools/rank_errors.h) says.
 int RunLayerCommand(const RunOptions& opt);
 
 }  // namespace kda::cli

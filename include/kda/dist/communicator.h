@@ -35,6 +35,11 @@ class Communicator {
   // A sub-group: the ranks that pass the same `color` (>= 0) form one new
   // communicator, ranked by `key` (ties by rank here). Collective.
   virtual std::unique_ptr<Communicator> Split(int color, int key) = 0;
+  // Ends every process of the job with exit status `code`, at once: for an
+  // error on this rank alone, while other ranks may be waiting in a
+  // collective this rank will never join. Not collective. Here (one
+  // process): flushes stdio and exits.
+  [[noreturn]] virtual void Abort(int code);
 };
 
 // One process: every collective is the identity.
@@ -67,6 +72,7 @@ class TimedCommunicator : public Communicator {
   void Broadcast(void* data, int64_t nbytes, int root) override { inner_->Broadcast(data, nbytes, root); }
   void Barrier() override { inner_->Barrier(); }
   std::unique_ptr<Communicator> Split(int color, int key) override { return inner_->Split(color, key); }
+  [[noreturn]] void Abort(int code) override;
 
   double allreduce_seconds() const { return allreduce_seconds_; }
   int64_t allreduce_calls() const { return allreduce_calls_; }

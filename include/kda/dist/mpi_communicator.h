@@ -34,6 +34,8 @@ class MpiCommunicator : public Communicator {
   void Broadcast(void* data, int64_t nbytes, int root) override;
   void Barrier() override;
   std::unique_ptr<Communicator> Split(int color, int key) override;
+  // MPI_Abort on this communicator: mpirun ends every process of the job.
+  [[noreturn]] void Abort(int code) override;
 
  private:
   struct Handle;

@@ -9,6 +9,8 @@
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/dist/communicator.h"
@@ -44,6 +46,16 @@ class ParallelGroups {
 class CollectiveError : public Error {
  public:
   using Error::Error;
+  // `own`: what this rank's work threw (empty when it succeeded).
+  CollectiveError(const std::string& what, std::string own) : Error(what), own_(std::move(own)) {}
+
+  // Whether this rank's own work failed (its message: own_message()), or
+  // only another rank's.
+  bool failed_here() const { return !own_.empty(); }
+  const std::string& own_message() const { return own_; }
+
+ private:
+  std::string own_;
 };
 
 // The process group a command runs in. One process when tp * dp == 1 and no
@@ -67,6 +79,11 @@ class ParallelRuntime {
 
   const ParallelGroups& groups() const { return *groups_; }
   bool uses_mpi() const { return mpi_; }
+  // More than one process: an error on one rank alone must end the job
+  // (Abort) or be agreed (RunAgreed), or the others may wait forever.
+  bool multi_rank() const { return world_ != nullptr && world_->size() > 1; }
+  // Ends the whole job now with `code` (Communicator::Abort on the world).
+  [[noreturn]] void Abort(int code);
 
   // Runs `fn` on every rank, then agrees on the outcome: when any rank threw
   // (kda::Error or another std::exception), every rank throws a
@@ -75,7 +92,10 @@ class ParallelRuntime {
   // call collectives only where every rank that shares them fails or
   // succeeds alike (errors that depend only on the common input); a failure
   // between its collectives and the agreement is a mismatch MPI may not
-  // survive. In one process, `fn` runs unwrapped.
+  // survive: work with collectives (serving, layer forwards) runs outside
+  // RunAgreed, and an error there ends the job through Abort. Each rank's
+  // CollectiveError also says whether its own `fn` failed and with what. In
+  // one process, `fn` runs unwrapped.
   void RunAgreed(const std::function<void()>& fn);
 
  private:

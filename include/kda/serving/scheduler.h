@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/layers/forward_batch.h"
@@ -48,6 +49,13 @@ struct RequestResult {
   std::vector<uint8_t> final_conv;     // [L, W-1, 3P] in the activation dtype
 };
 
+// A request that ended without a result: cancelled, or in a step whose
+// forward failed. Its slot was freed.
+struct FailedRequest {
+  int64_t id = 0;
+  std::string error;
+};
+
 struct StepRecord {
   ForwardMode mode = ForwardMode::kIdle;
   int64_t batch_size = 0;  // requests in the step
@@ -60,15 +68,33 @@ class Scheduler {
   // `pools` must be the runner's pools. Applies CheckServerArgs to `config`.
   Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConfig& config);
 
+  // Frees the slots of the requests still running: the pool outlives a
+  // scheduler that stopped on an error with nothing leaked.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
   // Queues a request (kda::Error on a bad or duplicate request).
   void Submit(const ServeRequest& request);
-  // Runs one forward step; false when nothing was left to run.
+  // Runs one forward step; false when nothing was left to run. When the
+  // forward throws, the step's requests fail (their slots freed, their ids in
+  // failed()) and the error propagates; the other requests can go on.
   bool Step();
-  // Steps until every submitted request has finished.
+  // Steps until every submitted request has finished or failed. kda::Error
+  // when requests wait but no slot can ever be had (the pool's slots are all
+  // held outside this scheduler).
   void RunToCompletion();
+  // Ends a waiting or running request without a result (its slot freed, its
+  // id in failed()); false when it is neither.
+  bool Cancel(int64_t id);
 
   // Results in the order requests finished.
   const std::vector<RequestResult>& finished() const { return finished_; }
+  const std::vector<FailedRequest>& failed() const { return failed_; }
+  // Hands over the finished and failed requests so far (a long-running
+  // server drains them; finished() and failed() are empty afterwards).
+  std::vector<RequestResult> TakeFinished() { return std::exchange(finished_, {}); }
+  std::vector<FailedRequest> TakeFailed() { return std::exchange(failed_, {}); }
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<std::string>& notes() const { return notes_; }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
@@ -85,6 +111,7 @@ class Scheduler {
   };
   void Admit();
   void Finish(size_t index);
+  void Drop(size_t index, const std::string& error);  // running_[index] fails
 
   ModelRunner& runner_;
   MemoryPools pools_;
@@ -93,6 +120,7 @@ class Scheduler {
   std::deque<ServeRequest> waiting_;
   std::vector<Running> running_;
   std::vector<RequestResult> finished_;
+  std::vector<FailedRequest> failed_;
   std::vector<StepRecord> steps_;
   std::vector<int64_t> known_ids_;
 };
