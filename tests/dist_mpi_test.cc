@@ -130,14 +130,21 @@ TEST(ParallelRuntime, RefusesAWrongWorldSizeAndAgreesOnErrors) {
   ASSERT_TRUE(rt->uses_mpi());
   // One rank fails: every rank throws its message.
   std::string one;
+  std::string own;
+  bool failed_here = false;
   try {
     rt->RunAgreed([&] {
       if (w.rank() == n - 1) throw Error("input missing on the last host");
     });
   } catch (const CollectiveError& e) {
     one = e.what();
+    own = e.own_message();
+    failed_here = e.failed_here();
   }
   EXPECT_EQ(one, "input missing on the last host (on rank " + std::to_string(n - 1) + ")");
+  // Only the failing rank knows it failed (and it alone reports, in the CLI).
+  EXPECT_EQ(failed_here, w.rank() == n - 1);
+  EXPECT_EQ(own, w.rank() == n - 1 ? "input missing on the last host" : "");
   // Every rank fails alike: the message as it is.
   std::string all;
   try {

@@ -1,6 +1,7 @@
 // The kda command-line tool.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "tools/bench_command.h"
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
       return kda::cli::RunLayerCommand(run);
     }
   } catch (...) {
-    return kda::cli::ReportCurrentException();
+    return kda::cli::ReportException(std::current_exception());
   }
   return 0;
 }

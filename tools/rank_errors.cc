@@ -14,18 +14,18 @@ std::string RankPrefix(int rank) { return rank >= 0 ? "rank " + std::to_string(r
 
 }  // namespace
 
-int ReportCurrentException(int rank) {
+int ReportException(const std::exception_ptr& e, int rank) {
   const std::string where = RankPrefix(rank);
   try {
-    throw;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "kda: error: %s%s\n", where.c_str(), e.what());
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    std::fprintf(stderr, "kda: error: %s%s\n", where.c_str(), err.what());
     return 1;
-  } catch (const std::bad_alloc& e) {
-    std::fprintf(stderr, "kda: error: %sout of memory (%s)\n", where.c_str(), e.what());
+  } catch (const std::bad_alloc& err) {
+    std::fprintf(stderr, "kda: error: %sout of memory (%s)\n", where.c_str(), err.what());
     return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kda: internal error: %s%s\n", where.c_str(), e.what());
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "kda: internal error: %s%s\n", where.c_str(), err.what());
     return 3;
   } catch (...) {
     std::fprintf(stderr, "kda: internal error: %sunknown exception\n", where.c_str());
@@ -43,7 +43,7 @@ int RunOnRanks(ParallelRuntime& rt, const std::function<int()>& work) {
     if (e.failed_here()) std::fprintf(stderr, "kda: error: %s%s\n", RankPrefix(rank).c_str(), e.own_message().c_str());
     return 1;
   } catch (...) {
-    const int status = ReportCurrentException(rank);
+    const int status = ReportException(std::current_exception(), rank);
     rt.Abort(status);
   }
 }

@@ -2,17 +2,18 @@
 // rank of an MPI job.
 #pragma once
 
+#include <exception>
 #include <functional>
 
 #include "kda/dist/parallel_groups.h"
 
 namespace kda::cli {
 
-// For use inside a catch block: prints the one stderr line for the exception
-// being handled ("kda: error: ..." for a kda::Error or an allocation failure,
-// "kda: internal error: ..." otherwise; with "rank R: " after the colon when
-// `rank` >= 0) and returns the exit status (1, or 3 for an internal error).
-int ReportCurrentException(int rank = -1);
+// Prints the one stderr line for exception `e` ("kda: error: ..." for a
+// kda::Error or an allocation failure, "kda: internal error: ..." otherwise;
+// with "rank R: " after the colon when `rank` >= 0) and returns the exit
+// status (1, or 3 for an internal error).
+int ReportException(const std::exception_ptr& e, int rank = -1);
 
 // Runs a command's work on this process and returns its exit status. Under a
 // multi-rank job an error ends the job promptly:
