@@ -10,8 +10,85 @@
 
 namespace kda::io_internal {
 
+namespace {
+
+// Refuses nesting deeper than kMaxJsonDepth. A scan of the bytes, counting brackets outside strings, without
+// recursion: it runs before the parser, so no deep value is ever built. Unbalanced brackets are left to the
+// parser to report.
+void CheckNestingDepth(std::string_view text, const std::string& origin, const std::string& what) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw Error(origin + ": " + what + " nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
+                    " levels (at byte " + std::to_string(i) + ")");
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+constexpr size_t kDescribeMaxChars = 60;
+constexpr int kDescribeMaxDepth = 2;     // deeper containers are shown as [...] / {...}
+constexpr size_t kDescribeMaxItems = 8;  // items shown per container
+
+// A scalar as JSON text; invalid UTF-8 (possible after truncation) is replaced, never thrown on.
+std::string DumpScalar(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Appends a bounded rendering of `value` to *out: recursion is limited to kDescribeMaxDepth levels whatever the
+// value's own depth, and stops once *out is longer than kDescribeMaxChars.
+void AppendBounded(const nlohmann::json& value, int depth, std::string* out) {
+  if (value.is_array() || value.is_object()) {
+    const bool array = value.is_array();
+    if (depth >= kDescribeMaxDepth && !value.empty()) {
+      *out += array ? "[...]" : "{...}";
+      return;
+    }
+    *out += array ? '[' : '{';
+    size_t shown = 0;
+    for (auto it = value.begin(); it != value.end(); ++it, ++shown) {
+      if (shown > 0) *out += ',';
+      if (shown == kDescribeMaxItems || out->size() > kDescribeMaxChars) {
+        *out += "...";
+        break;
+      }
+      if (!array) {
+        AppendBounded(nlohmann::json(it.key()), depth + 1, out);
+        *out += ':';
+      }
+      AppendBounded(*it, depth + 1, out);
+    }
+    *out += array ? ']' : '}';
+  } else if (value.is_string() && value.get_ref<const std::string&>().size() > kDescribeMaxChars) {
+    *out += DumpScalar(nlohmann::json(value.get_ref<const std::string&>().substr(0, kDescribeMaxChars))) + "...";
+  } else {
+    *out += DumpScalar(value);
+  }
+}
+
+}  // namespace
+
 nlohmann::json ParseJsonNoDuplicates(std::string_view text, const std::string& origin, const std::string& what,
                                      const std::string& top_key_noun) {
+  CheckNestingDepth(text, origin, what);
   // One key set per open object; the first repeated key found is remembered and reported after the parse
   // (throwing from inside the callback would leave nlohmann's parser mid-state).
   std::vector<std::set<std::string>> open_objects;
@@ -60,9 +137,9 @@ std::string ReadFile(const std::string& path) {
 }
 
 std::string Describe(const nlohmann::json& value) {
-  std::string s = value.dump();
-  constexpr size_t kMax = 60;
-  if (s.size() > kMax) s.replace(kMax, std::string::npos, "...");
+  std::string s;
+  AppendBounded(value, 0, &s);
+  if (s.size() > kDescribeMaxChars) s.replace(kDescribeMaxChars, std::string::npos, "...");
   return s;
 }
 

@@ -8,8 +8,14 @@
 
 namespace kda::io_internal {
 
-// Parses `text` as JSON. Refuses (kda::Error naming `origin`) malformed JSON and any object with a repeated key:
-// nlohmann silently keeps the last duplicate, which would hide e.g. two tensors with the same name.
+// The deepest nesting of arrays and objects any JSON document read by the component may have. Real headers,
+// configs and indexes nest 3 deep; the bound keeps everything that walks a parsed value recursively (nlohmann's
+// dump, comparisons) far from the stack limit.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text` as JSON. Refuses (kda::Error naming `origin`) malformed JSON, nesting deeper than kMaxJsonDepth
+// (checked on the bytes before parsing) and any object with a repeated key: nlohmann silently keeps the last
+// duplicate, which would hide e.g. two tensors with the same name.
 // `what` names the document in messages ("header", "config"); `top_key_noun` names what a top-level key is
 // ("tensor name" for a safetensors header).
 nlohmann::json ParseJsonNoDuplicates(std::string_view text, const std::string& origin, const std::string& what,
@@ -18,7 +24,8 @@ nlohmann::json ParseJsonNoDuplicates(std::string_view text, const std::string& o
 // The whole content of a file; kda::Error naming the path when it cannot be read.
 std::string ReadFile(const std::string& path);
 
-// A short, bounded rendering of a JSON value for error messages.
+// A short rendering of a JSON value for error messages: at most ~60 characters, containers shown to a small depth
+// and width ("[[...], 2, ...]"), so an untrusted value costs bounded time and stack whatever its size.
 std::string Describe(const nlohmann::json& value);
 
 }  // namespace kda::io_internal

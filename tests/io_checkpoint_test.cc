@@ -183,3 +183,23 @@ TEST(CheckpointGoldenTest, OpensAGoldenCaseFile) {
 
 }  // namespace
 }  // namespace kda
+
+namespace kda {
+namespace {
+
+// The index, like every JSON the component reads, is refused when nested deeper than 64 levels (a deep value
+// used to overflow the stack when an error message formatted it).
+TEST_F(CheckpointTest, RefusesDeeplyNestedIndex) {
+  WriteShards();
+  const std::string deep = std::string(66000, '[') + std::string(66000, ']');
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"metadata": {"x": )" << deep << R"(}, "weight_map": {}})";
+  EXPECT_NE(OpenError().find("model.safetensors.index.json: index nests arrays or objects deeper than 64 levels"),
+            std::string::npos)
+      << OpenError();
+  std::ofstream(dir_ / "model.safetensors.index.json")
+      << R"({"weight_map": {"a": )" << std::string(40, '[') << "1" << std::string(40, ']') << "}}";
+  EXPECT_NE(OpenError().find("weight_map entry for tensor 'a' is not a string"), std::string::npos) << OpenError();
+}
+
+}  // namespace
+}  // namespace kda

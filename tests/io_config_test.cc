@@ -5,12 +5,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "kda/base/error.h"
+#include "tests/error_util.h"
 #include "tests/golden.h"
 
 namespace kda {
@@ -198,6 +201,51 @@ TEST(IoConfigTest, MissingConfigFile) {
     EXPECT_EQ(std::string(e.what()), (dir / "config.json").string() + ": missing hidden_size");
   }
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// BaseConfig() as text with `value` (JSON text) in place of the field set by `put`.
+std::string ConfigTextWith(const std::function<void(json&)>& put, const std::string& value) {
+  json config = BaseConfig();
+  put(config);  // puts the marker string
+  std::string text = config.dump();
+  const std::string marker = "\"@value@\"";
+  text.replace(text.find(marker), marker.size(), value);
+  return text;
+}
+
+using testing::ErrorOf;
+
+std::string Nested(int depth, const std::string& inner) {
+  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
+}
+
+// Found by fuzzing: hidden_size, rms_norm_eps or a kda_layers entry nested ~66k deep crashed `kda run` with a
+// stack overflow while the error message formatted the value. Nesting is refused before parsing, and values are
+// shown briefly.
+TEST(IoConfigTest, RefusesDeeplyNestedValues) {
+  const std::vector<std::pair<std::string, std::function<void(json&)>>> fields = {
+      {"hidden_size", [](json& c) { c["hidden_size"] = "@value@"; }},
+      {"rms_norm_eps", [](json& c) { c["rms_norm_eps"] = "@value@"; }},
+      {"kda_layers entry", [](json& c) { c["linear_attn_config"]["kda_layers"][2] = "@value@"; }},
+  };
+  for (const auto& [name, put] : fields) {
+    SCOPED_TRACE(name);
+    const std::string deep = ConfigTextWith(put, Nested(66000, "1"));
+    const std::string message = ErrorOf([&] { ParseKimiLinearConfig(deep, "test-config"); });
+    EXPECT_EQ(message.rfind("test-config: config nests arrays or objects deeper than 64 levels (at byte ", 0), 0U)
+        << message;
+    // Within the limit: refused for its type, the value shown in brief.
+    const std::string shallow = ConfigTextWith(put, Nested(60, "1"));
+    const std::string brief = ErrorOf([&] { ParseKimiLinearConfig(shallow, "test-config"); });
+    EXPECT_NE(brief.find("[[[...]]]"), std::string::npos) << brief;
+    EXPECT_LT(brief.size(), 200U) << brief;
+  }
 }
 
 }  // namespace
