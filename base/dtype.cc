@@ -1,5 +1,7 @@
 #include "kda/base/dtype.h"
 
+#include <cmath>
+
 #include "kda/base/error.h"
 
 namespace kda {
@@ -25,6 +27,26 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
+}
+
+std::string ElementIndexString(const std::vector<int64_t>& shape, int64_t flat) {
+  std::vector<int64_t> index(shape.size(), 0);
+  int64_t rest = flat;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] <= 0) continue;
+    index[i] = rest % shape[i];
+    rest /= shape[i];
+  }
+  return ShapeString(index) + " (flat index " + std::to_string(flat) + ")";
+}
+
+void CheckAllFinite(const float* values, int64_t n, const std::vector<int64_t>& shape, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = values[i];
+    if (std::isfinite(v)) continue;
+    const char* kind = std::isnan(v) ? "nan" : (v > 0 ? "+inf" : "-inf");
+    throw Error(what + " has a non-finite value (" + kind + ") at element " + ElementIndexString(shape, i));
+  }
 }
 
 std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t) {

@@ -185,8 +185,17 @@ void CheckTensorForCopy(const TensorInfo& tensor) {
 }  // namespace
 
 int64_t TensorInfo::numel() const {
+  // A zero dimension makes the count 0 whatever the others are (their product may not fit int64: the file check
+  // counts in uint64, and only up to the zero).
+  for (int64_t d : shape) {
+    Check(d >= 0, "tensor '" + name + "' has shape " + ShapeString(shape) + " with a negative dimension");
+  }
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    Check(!__builtin_mul_overflow(n, d, &n),
+          "tensor '" + name + "': the element count of shape " + ShapeString(shape) + " overflows int64");
+  }
   return n;
 }
 

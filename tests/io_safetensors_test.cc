@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -362,6 +363,100 @@ TEST_F(SafetensorsTest, WriterRemovesTempFileWhenRenameFails) {
   const float v = 1.0F;
   ExpectWriteError(path, {{"x", DType::kF32, {1}, &v}}, "cannot rename " + path + ".tmp.");
   EXPECT_EQ(Listing(), std::vector<std::string>{"target"});
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// `depth` nested arrays around `inner`: [[...inner...]].
+std::string Nested(int depth, const std::string& inner) {
+  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
+}
+
+// Found by fuzzing: a shape or data_offsets element nested ~66k deep (a 130 KB header) crashed the reader with a
+// stack overflow while formatting the error. Nesting is refused before parsing.
+TEST_F(SafetensorsTest, RefusesDeeplyNestedHeader) {
+  const std::string deep = Nested(66000, "1");
+  ExpectOpenError(WriteRaw("deep_shape.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})", "abcd"),
+                  "header nests arrays or objects deeper than 64 levels");
+  ExpectOpenError(WriteRaw("deep_offsets.safetensors",
+                           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[)" + deep + R"(,4]}})", "abcd"),
+                  "header nests arrays or objects deeper than 64 levels");
+  ExpectOpenError(WriteRaw("deep_meta.safetensors", R"({"__metadata__":{"k":)" + Nested(65, "") + "}}"),
+                  "deeper than 64 levels (at byte 83)");
+}
+
+TEST_F(SafetensorsTest, NestingUpToTheLimitIsParsedAndDescribedBriefly) {
+  // Header object, entry object and shape array are 3 levels: 61 more reach the limit of 64.
+  const std::string path =
+      WriteRaw("limit.safetensors",
+               R"({"a":{"dtype":"F32","shape":[)" + Nested(61, "1") + R"(],"data_offsets":[0,4]}})", "abcd");
+  const std::string message = ErrorOf([&] { SafetensorsFile::Open(path); });
+  EXPECT_NE(message.find("shape has a non-integer dimension [[[...]]]"), std::string::npos) << message;
+  // Brackets inside strings are not nesting.
+  const std::string name = std::string(100, '[') + std::string(100, '{');
+  const std::string ok = WriteRaw("brackets.safetensors",
+                                  R"({")" + name + R"(":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "abcd");
+  EXPECT_TRUE(SafetensorsFile::Open(ok).Has(name));
+}
+
+TEST_F(SafetensorsTest, ErrorMessagesShowLargeValuesBriefly) {
+  std::string huge = "[";
+  for (int i = 0; i < 100000; ++i) huge += "1.5,";
+  huge += "1]";
+  const std::string message = ErrorOf([&] {
+    SafetensorsFile::Open(WriteRaw("wide.safetensors", R"({"a":{"dtype":"F32","shape":[1],)"
+                                                       R"("data_offsets":[)" +
+                                                           huge + ",4]}}"));
+  });
+  EXPECT_NE(message.find("data_offsets [[1.5,1.5,1.5,"), std::string::npos) << message;
+  EXPECT_LT(message.size(), 200U) << message;
+}
+
+// Found by fuzzing (UBSan): numel() multiplied in int64 and overflowed for a zero-element shape whose other
+// dimensions multiply to between 2^63 and 2^64 (the reader's check counts in uint64 and stops growing at 0).
+TEST_F(SafetensorsTest, ZeroDimensionAfterHugeDimensionsHasNoElements) {
+  const std::string path =
+      WriteRaw("zero.safetensors", R"({"a":{"dtype":"I64","shape":[4294967296,2147483649,0],"data_offsets":[0,0]}})");
+  const SafetensorsFile file = SafetensorsFile::Open(path);
+  const TensorInfo& t = file.Get("a");
+  EXPECT_EQ(t.numel(), 0);
+  EXPECT_TRUE(ToInt64Vector(t).empty());
+}
+
+TEST(TensorInfoTest, NumelIsCheckedForHandBuiltShapes) {
+  TensorInfo t;
+  t.name = "w";
+  t.shape = {4294967296, 2147483649, 0};
+  EXPECT_EQ(t.numel(), 0);
+  t.shape = {0, -1};
+  EXPECT_NE(ErrorOf([&] { (void)t.numel(); }).find("tensor 'w' has shape [0, -1] with a negative dimension"),
+            std::string::npos);
+  t.shape = {4294967296, 2147483649};
+  EXPECT_NE(ErrorOf([&] { (void)t.numel(); }).find("overflows int64"), std::string::npos);
+  t.shape = {3037000499, 3037000499};  // just under 2^63
+  EXPECT_EQ(t.numel(), int64_t{3037000499} * 3037000499);
+  t.shape = {};
+  EXPECT_EQ(t.numel(), 1);
+}
+
+TEST(CheckAllFiniteTest, NamesTheFirstBadElement) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v = {0.0F, 1.0F, 2.0F, 3.0F, -inf, 5.0F, nan};
+  EXPECT_EQ(ErrorOf([&] { CheckAllFinite(v.data(), 4, {2, 2}, "x"); }), "(no error)");
+  EXPECT_EQ(ErrorOf([&] { CheckAllFinite(v.data(), 7, {7}, "x"); }),
+            "x has a non-finite value (-inf) at element [4] (flat index 4)");
+  const std::vector<float> w = {0.0F, 0.0F, 0.0F, 0.0F, 0.0F, nan, inf};
+  EXPECT_EQ(ErrorOf([&] {
+              CheckAllFinite(w.data(), 6, {1, 2, 3}, "t");
+            }),
+            "t has a non-finite value (nan) at element [0, 1, 2] (flat index 5)");
+  EXPECT_EQ(ElementIndexString({2, 3, 4}, 23), "[1, 2, 3] (flat index 23)");
 }
 
 }  // namespace

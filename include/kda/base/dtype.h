@@ -25,6 +25,15 @@ const char* ActivationDTypeName(DType t);
 // "[d0, d1, ...]", for messages.
 std::string ShapeString(const std::vector<int64_t>& shape);
 
+// "[i0, i1, ...] (flat index F)": element `flat` of a row-major tensor of `shape`, for messages. `flat` must be
+// in [0, product(shape)).
+std::string ElementIndexString(const std::vector<int64_t>& shape, int64_t flat);
+
+// Throws kda::Error "WHAT has a non-finite value (nan) at element [i, j] (flat index F)" for the first NaN or
+// infinity of values[0, n), which hold a row-major tensor of `shape`. For untrusted data where it enters (input
+// files, checkpoint weights); the kernels, layers and Forward never check their operands.
+void CheckAllFinite(const float* values, int64_t n, const std::vector<int64_t>& shape, const std::string& what);
+
 // Every element of a float-valued buffer (F32 or BF16) held as raw bytes.
 std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t);
 

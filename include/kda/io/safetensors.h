@@ -27,6 +27,8 @@ struct TensorInfo {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;  // == numel() * DTypeSize(dtype)
 
+  // The product of `shape` (0 when any dimension is 0, whatever the others). A TensorInfo built by hand may hold
+  // anything: a negative dimension or a count past int64 is a kda::Error, never a wrapped value.
   int64_t numel() const;
 };
 
