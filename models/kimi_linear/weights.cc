@@ -29,7 +29,9 @@ const TensorInfo& CheckedTensor(const Checkpoint& ckpt, const std::string& name,
 
 // Reads rows [r0, r1) x columns [c0, c1) of tensor `name` (one of `shapes`)
 // viewed as a row-major [numel / cols, cols] matrix, converting only those
-// elements from the mapped file. Each contiguous run read is logged.
+// elements from the mapped file. Each contiguous run read is logged. A NaN or
+// infinity read is a kda::Error naming the tensor and the element: weights
+// are checked once here, so the layer's hot paths need not.
 std::vector<float> ReadBlock(const Checkpoint& ckpt, const std::string& name,
                              const std::vector<std::vector<int64_t>>& shapes, int64_t cols, int64_t r0, int64_t r1,
                              int64_t c0, int64_t c1, std::vector<TensorRead>* reads) {
@@ -53,6 +55,11 @@ std::vector<float> ReadBlock(const Checkpoint& ckpt, const std::string& name,
         BF16 v;
         std::memcpy(&v.bits, p, sizeof(v.bits));
         out.push_back(ToFloat(v));
+      }
+      if (!std::isfinite(out.back())) {
+        const char* kind = std::isnan(out.back()) ? "nan" : (out.back() > 0 ? "+inf" : "-inf");
+        throw Error("checkpoint tensor " + name + " has a non-finite value (" + kind + ") at element " +
+                    ElementIndexString(t.shape, i));
       }
     }
     if (reads == nullptr || begin == end) continue;

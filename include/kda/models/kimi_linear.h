@@ -68,7 +68,9 @@ struct KdaLayerWeights {
 KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& config);
 
 // Reads `model.layers.{layer}.self_attn.*` (0-based layer, which must be a
-// KDA layer) and checks every tensor's presence, dtype and shape.
+// KDA layer) and checks every tensor's presence, dtype and shape, and that
+// every value read is finite (a NaN or infinity is a kda::Error naming the
+// checkpoint key and the element). Weights built otherwise are not checked.
 KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConfig& config, int layer);
 
 // Deterministic random weights with the statistics of an initialised model
@@ -142,7 +144,10 @@ class KimiDeltaAttention {
   // out [T, hidden] = the layer applied to x [T, hidden] (both in the
   // activation dtype) for the batch the backend's metadata describes (T =
   // metadata().num_tokens). Reads and updates this layer's states in the pool.
-  // Throws kda::Error on bad input before writing anything.
+  // Throws kda::Error on bad input before writing anything. Values are not
+  // checked: a NaN or infinity in x or in the pool's states propagates (this
+  // is the hot path, like the kernels under it; untrusted data is checked
+  // where it enters, e.g. `kda run`'s input file and LoadKdaLayerWeights).
   void Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend,
                KdaIntermediates* intermediates = nullptr) const;
 

@@ -32,7 +32,8 @@ struct KdaModel {
   // Every KDA layer of a checkpoint (config.json + safetensors), or only
   // `only_layer` (0-based; it must be a KDA layer). With a `tp` group, only
   // tp rank r's heads are read (kda::Error when tp->size() does not divide
-  // the number of heads).
+  // the number of heads). Weights holding a NaN or infinity are refused
+  // (kda::Error naming the checkpoint key and element).
   static KdaModel Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer = std::nullopt,
                        Communicator* tp = nullptr);
   // `num_layers` layers of deterministic random weights (the same full

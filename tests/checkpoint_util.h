@@ -1,0 +1,43 @@
+// Writing altered copies of a checkpoint, for tests of what loading refuses.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kda/base/bf16.h"
+#include "kda/io/safetensors.h"
+
+namespace kda::testing {
+
+// Copies the checkpoint in `src_dir` (config.json + model.safetensors) to `dst_dir`, with element `flat` of
+// tensor `name` (F32 or BF16) set to `value`.
+inline void CopyCheckpointWithValue(const std::string& src_dir, const std::string& dst_dir, const std::string& name,
+                                    int64_t flat, float value) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dst_dir);
+  fs::copy_file(fs::path(src_dir) / "config.json", fs::path(dst_dir) / "config.json",
+                fs::copy_options::overwrite_existing);
+  const SafetensorsFile src = SafetensorsFile::Open((fs::path(src_dir) / "model.safetensors").string());
+  std::vector<std::vector<uint8_t>> data;
+  data.reserve(src.tensors().size());
+  std::vector<TensorToWrite> tensors;
+  for (const TensorInfo& t : src.tensors()) {
+    data.emplace_back(t.data, t.data + t.nbytes);
+    if (t.name == name) {
+      uint8_t* at = data.back().data() + static_cast<size_t>(flat) * DTypeSize(t.dtype);
+      if (t.dtype == DType::kBF16) {
+        const BF16 b = ToBF16(value);
+        std::memcpy(at, &b.bits, sizeof(b.bits));
+      } else {
+        std::memcpy(at, &value, sizeof(value));
+      }
+    }
+    tensors.push_back({t.name, t.dtype, t.shape, data.back().data()});
+  }
+  WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
+}
+
+}  // namespace kda::testing
