@@ -7,12 +7,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kda/base/bf16.h"
 #include "kda/io/safetensors.h"
+#include "tests/checkpoint_util.h"
 #include "tests/cli_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"
@@ -220,6 +223,114 @@ TEST_F(CliTest, RefusesBadInputFiles) {
   fs::copy_file(mini_ + "/single_T8.safetensors", trunc);
   fs::resize_file(trunc, fs::file_size(trunc) / 2);
   ExpectRefused("run --model " + mini_ + " --input " + trunc.string(), "truncated");
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// `depth` nested arrays around `inner`.
+std::string Nested(int depth, const std::string& inner) {
+  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
+}
+
+// Found by fuzzing: deeply nested JSON in an input header or config.json crashed `kda run` with SIGSEGV (exit
+// 139, no message); a zero-element shape with huge other dimensions overflowed the element count.
+TEST_F(CliTest, RefusesDeeplyNestedJsonAndHugeShapes) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::string deep = Nested(66000, "1");
+  auto write_raw = [&](const std::string& name, const std::string& header, const std::string& data) {
+    const fs::path path = dir_ / name;
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((uint64_t{header.size()} >> (8 * i)) & 0xff));
+    out << header << data;
+    return path.string();
+  };
+  const std::string shape_in =
+      write_raw("deep_shape.safetensors",
+                R"({"hidden_states":{"dtype":"F32","shape":[)" + deep + R"(],"data_offsets":[0,4]}})", "abcd");
+  ExpectRefused("run --model " + mini_ + " --input " + shape_in, "deeper than 64 levels");
+  const std::string offsets_in =
+      write_raw("deep_offsets.safetensors",
+                R"({"hidden_states":{"dtype":"F32","shape":[1],"data_offsets":[)" + deep + R"(,4]}})", "abcd");
+  ExpectRefused("run --model " + mini_ + " --input " + offsets_in, "deeper than 64 levels");
+  const std::string zero_in =
+      write_raw("zero_dim.safetensors",
+                R"({"cu_seqlens":{"dtype":"I64","shape":[4294967296,2147483649,0],"data_offsets":[0,0]},)"
+                R"("hidden_states":{"dtype":"F32","shape":[1,512],"data_offsets":[0,2048]}})",
+                std::string(2048, '\0'));
+  ExpectRefused("run --model " + mini_ + " --input " + zero_in, "cu_seqlens must be 1-D");
+
+  const std::string good_in = mini_ + "/single_T8.safetensors";
+  const std::string config = testing::Slurp(mini_ + "/config.json");
+  const std::vector<std::pair<std::string, std::string>> fields = {
+      {"\"hidden_size\": 512", "\"hidden_size\": " + deep},
+      {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": " + deep},
+      {"      1,\n", deep + ",\n"},  // the first kda_layers entry
+  };
+  const fs::path model = dir_ / "model";
+  fs::create_directories(model);
+  fs::copy_file(mini_ + "/model.safetensors", model / "model.safetensors");
+  for (const auto& [from, to] : fields) {
+    SCOPED_TRACE(from);
+    std::string text = config;
+    ASSERT_NE(text.find(from), std::string::npos);
+    text.replace(text.find(from), from.size(), to);
+    std::ofstream(model / "config.json", std::ios::trunc) << text;
+    ExpectRefused("run --model " + model.string() + " --input " + good_in, "config.json: config nests arrays");
+  }
+}
+
+// NaN or infinity in an input tensor is refused before any work, naming the tensor and the element.
+TEST_F(CliTest, RefusesNonFiniteInputs) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(8 * 512, 0.5F);
+  const std::vector<int64_t> cu = {0, 3, 8};
+  std::vector<float> rec(2 * 4 * 128 * 128, 0.0F);
+  std::vector<BF16> conv(2 * 3 * 1536, ToBF16(0.25F));
+  const fs::path in = dir_ / "in.safetensors";
+  auto write = [&] {
+    WriteSafetensors(in.string(), {{"hidden_states", DType::kF32, {8, 512}, x.data()},
+                                   {"cu_seqlens", DType::kI64, {3}, cu.data()},
+                                   {"initial_recurrent_state", DType::kF32, {2, 4, 128, 128}, rec.data()},
+                                   {"initial_conv_state", DType::kBF16, {2, 3, 1536}, conv.data()}});
+  };
+  const std::string args = "run --model " + mini_ + " --input " + in.string();
+  x[3 * 512 + 7] = nan;
+  x[5 * 512] = inf;  // only the first is named
+  write();
+  ExpectRefused(args, "input tensor hidden_states has a non-finite value (nan) at element [3, 7] (flat index 1543)");
+  x[3 * 512 + 7] = 0.5F;
+  x[5 * 512] = 0.5F;
+  rec[128 * 128 * 1 + 128 * 2 + 9] = -inf;  // [0, 1, 2, 9] of [2, 4, 128, 128]
+  write();
+  ExpectRefused(args,
+                "input tensor initial_recurrent_state has a non-finite value (-inf) at element [0, 1, 2, 9] "
+                "(flat index 16649)");
+  rec.assign(rec.size(), 0.0F);
+  conv[3 * 1536 + 1535] = ToBF16(inf);  // [1, 0, 1535]
+  write();
+  ExpectRefused(args, "input tensor initial_conv_state has a non-finite value (+inf) at element [1, 0, 1535]");
+  // All finite again: runs.
+  conv[3 * 1536 + 1535] = ToBF16(0.25F);
+  write();
+  const CliResult ok = RunCli(args + " --output " + (dir_ / "ok.safetensors").string());
+  EXPECT_EQ(ok.status, 0) << ok.err;
+}
+
+// NaN or infinity in the checkpoint's weights is refused at load, naming the key and the element.
+TEST_F(CliTest, RefusesNonFiniteWeights) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const fs::path model = dir_ / "nan_model";
+  testing::CopyCheckpointWithValue(mini_, model.string(), "model.layers.0.self_attn.k_proj.weight", 1030,
+                                   std::numeric_limits<float>::quiet_NaN());
+  ExpectRefused("run --model " + model.string() + " --input " + mini_ + "/single_T8.safetensors",
+                "checkpoint tensor model.layers.0.self_attn.k_proj.weight has a non-finite value (nan) at element "
+                "[2, 6] (flat index 1030)");
 }
 
 }  // namespace

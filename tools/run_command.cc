@@ -20,6 +20,7 @@
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/rank_errors.h"
+#include "tools/run_input.h"
 
 namespace kda::cli {
 namespace {
@@ -28,29 +29,10 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void ExpectShape(const TensorInfo& t, const std::vector<int64_t>& want) {
-  Check(t.shape == want,
-        "input tensor " + t.name + " has shape " + ShapeString(t.shape) + ", expected " + ShapeString(want));
-}
-
 ActBuffer ToAct(DType dt, const std::vector<float>& v) {
   ActBuffer b(dt, static_cast<int64_t>(v.size()));
   for (size_t i = 0; i < v.size(); ++i) b.Set(static_cast<int64_t>(i), v[i]);
   return b;
-}
-
-std::vector<int64_t> CheckedCuSeqlens(const TensorInfo& t, int64_t T) {
-  Check(t.shape.size() == 1 && t.shape[0] >= 2,
-        "input tensor cu_seqlens must be 1-D with at least 2 entries, got shape " + ShapeString(t.shape));
-  Check(t.dtype == DType::kI32 || t.dtype == DType::kI64,
-        std::string("input tensor cu_seqlens has dtype ") + DTypeName(t.dtype) + ", expected I32 or I64");
-  std::vector<int64_t> cu = ToInt64Vector(t);
-  Check(cu.front() == 0, "cu_seqlens must start at 0, got " + std::to_string(cu.front()));
-  for (size_t i = 1; i < cu.size(); ++i) {
-    Check(cu[i] >= cu[i - 1], "cu_seqlens must be non-decreasing (entry " + std::to_string(i) + ")");
-  }
-  Check(cu.back() == T, "cu_seqlens must end at T = " + std::to_string(T) + ", got " + std::to_string(cu.back()));
-  return cu;
 }
 
 // The outputs of serving a packed batch: rows in input order, states per
@@ -151,38 +133,19 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
     Check(!opt.output.empty(), "--output is required with --model");
     const KimiLinearConfig config = LoadKimiLinearConfig(opt.model_dir);
     layer = opt.layer_given ? opt.layer : config.FirstKdaLayer();
+    // The input is checked (shapes, cu_seqlens, finite values) before the weights are read.
+    const KdaLayerShape shape = KdaLayerShapeFromConfig(config);
+    RunInput input = ReadRunInput(SafetensorsFile::Open(opt.input), shape);
     model = KdaModel::Load(opt.model_dir, dtype, layer, &groups.tp());
-    const KdaLayerShape shape = model.full_shape();
-
-    const SafetensorsFile in = SafetensorsFile::Open(opt.input);
-    Check(in.Has("hidden_states"), "input file has no hidden_states tensor");
-    Check(in.Has("cu_seqlens"), "input file has no cu_seqlens tensor");
-    const TensorInfo& xs = in.Get("hidden_states");
-    Check(xs.dtype == DType::kF32 || xs.dtype == DType::kBF16,
-          std::string("input tensor hidden_states has dtype ") + DTypeName(xs.dtype) + ", expected F32 or BF16");
-    Check(xs.shape.size() == 2 && xs.shape[1] == shape.hidden, "input tensor hidden_states has shape " +
-                                                                   ShapeString(xs.shape) + ", expected [T, " +
-                                                                   std::to_string(shape.hidden) + "]");
-    T = xs.shape[0];
-    cu = CheckedCuSeqlens(in.Get("cu_seqlens"), T);
-    N = static_cast<int64_t>(cu.size()) - 1;
-
-    if (in.Has("initial_recurrent_state")) {
-      const TensorInfo& t = in.Get("initial_recurrent_state");
-      Check(t.dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
-      ExpectShape(t, {N, shape.H, shape.K, shape.K});
-      rec = ToFloatVector(t);
-    }
-    if (in.Has("initial_conv_state")) {
-      const TensorInfo& t = in.Get("initial_conv_state");
-      Check(t.dtype == DType::kF32 || t.dtype == DType::kBF16, "input tensor initial_conv_state must be F32 or BF16");
-      ExpectShape(t, {N, shape.W - 1, shape.ConvChannels()});
-      conv = ToFloatVector(t);
-    }
+    T = input.T;
+    N = input.N;
+    cu = std::move(input.cu);
+    rec = std::move(input.rec);
+    conv = std::move(input.conv);
     // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
     if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
     if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
-    x = ToAct(dtype, ToFloatVector(xs));
+    x = ToAct(dtype, input.x);
     conv_act = ToAct(dtype, conv);
   });
   const KdaLayerShape shape = model.full_shape();
