@@ -21,9 +21,17 @@ const char* DTypeName(DType t) {
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
+  // A shape from a file may have any number of dimensions: long ones are shown by their first few.
+  constexpr size_t kMaxShown = 8;
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i > 0) s += ", ";
+    if (i == kMaxShown && shape.size() > 2 * kMaxShown) {
+      s += "... (";
+      s += std::to_string(shape.size());
+      s += " dimensions)";
+      break;
+    }
     s += std::to_string(shape[i]);
   }
   return s + "]";

@@ -187,14 +187,16 @@ void CheckTensorForCopy(const TensorInfo& tensor) {
 int64_t TensorInfo::numel() const {
   // A zero dimension makes the count 0 whatever the others are (their product may not fit int64: the file check
   // counts in uint64, and only up to the zero).
-  for (int64_t d : shape) {
-    Check(d >= 0, "tensor '" + name + "' has shape " + ShapeString(shape) + " with a negative dimension");
+  // Messages are built only on failure: a shape may have very many dimensions.
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    throw Error("tensor '" + name + "' has shape " + ShapeString(shape) + " with a negative dimension");
   }
   if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
   for (int64_t d : shape) {
-    Check(!__builtin_mul_overflow(n, d, &n),
-          "tensor '" + name + "': the element count of shape " + ShapeString(shape) + " overflows int64");
+    if (__builtin_mul_overflow(n, d, &n)) {
+      throw Error("tensor '" + name + "': the element count of shape " + ShapeString(shape) + " overflows int64");
+    }
   }
   return n;
 }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -442,6 +443,26 @@ TEST(TensorInfoTest, NumelIsCheckedForHandBuiltShapes) {
   EXPECT_EQ(t.numel(), int64_t{3037000499} * 3037000499);
   t.shape = {};
   EXPECT_EQ(t.numel(), 1);
+}
+
+// Found by fuzzing (a hang): numel() built its error message, shape and all, for every dimension, so a shape of
+// many dimensions took quadratic time. Messages show long shapes by their first dimensions.
+TEST_F(SafetensorsTest, ShapeWithManyDimensionsIsFastAndShownBriefly) {
+  std::string dims;
+  for (int i = 0; i < 200000; ++i) dims += "1,";
+  const auto t0 = std::chrono::steady_clock::now();
+  const SafetensorsFile file = SafetensorsFile::Open(
+      WriteRaw("dims.safetensors", R"({"a":{"dtype":"F32","shape":[)" + dims + R"(1],"data_offsets":[0,4]}})", "abcd"));
+  const TensorInfo& t = file.Get("a");
+  EXPECT_EQ(t.shape.size(), 200001U);
+  EXPECT_EQ(t.numel(), 1);
+  EXPECT_EQ(ToFloatVector(t).size(), 1U);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+  TensorInfo bad = t;
+  bad.shape.back() = -1;
+  EXPECT_EQ(ErrorOf([&] { (void)bad.numel(); }),
+            "tensor 'a' has shape [1, 1, 1, 1, 1, 1, 1, 1, ... (200001 dimensions)] with a negative dimension");
+  EXPECT_EQ(ShapeString(std::vector<int64_t>(16, 2)), "[2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]");
 }
 
 TEST(CheckAllFiniteTest, NamesTheFirstBadElement) {

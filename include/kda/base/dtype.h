@@ -22,7 +22,7 @@ size_t DTypeSize(DType t);
 DType ParseActivationDType(const std::string& name);
 const char* ActivationDTypeName(DType t);
 
-// "[d0, d1, ...]", for messages.
+// "[d0, d1, ...]", for messages; beyond 16 dimensions the first 8 and "... (N dimensions)".
 std::string ShapeString(const std::vector<int64_t>& shape);
 
 // "[i0, i1, ...] (flat index F)": element `flat` of a row-major tensor of `shape`, for messages. `flat` must be
