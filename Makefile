@@ -1,10 +1,13 @@
 # Thin driver over CMake. Every target installs what it needs first.
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZERS := safetensors config checkpoint_index run_input
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: deps build test test-asan run lint clean
+.PHONY: deps build test test-asan fuzz run lint clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -24,6 +27,22 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
+# Each libFuzzer harness of fuzz/ for FUZZ_SECONDS (clang, ASan + UBSan), starting from its seeds in
+# fuzz/corpus/NAME. New inputs are kept in $(FUZZ_BUILD)/corpus/NAME (the seeds in the tree stay as they are).
+# A crash, hang, leak or sanitizer report stops here with the log's tail; the input is left in
+# $(FUZZ_BUILD)/crashes/NAME/ (replay: $(FUZZ_BUILD)/fuzz/NAME_fuzzer FILE).
+fuzz: deps
+	@cmake -S . -B $(FUZZ_BUILD) -DKDA_BUILD_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	@for f in $(FUZZERS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$f $(FUZZ_BUILD)/crashes/$$f; \
+	  echo "fuzz: $$f for $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_BUILD)/fuzz/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+	    -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/$$f/ $(FUZZ_BUILD)/corpus/$$f fuzz/corpus/$$f \
+	    >$(FUZZ_BUILD)/$$f.log 2>&1 || { tail -n 60 $(FUZZ_BUILD)/$$f.log; echo "fuzz: $$f FAILED"; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' $(FUZZ_BUILD)/$$f.log | tr '\n' ' '; echo; \
+	done
+
 # The main job.
 run: build
 	@$(BUILD)/kda bench
@@ -32,4 +51,4 @@ lint: build
 	@pre-commit run --all-files
 
 clean:
-	@rm -rf $(BUILD) $(ASAN_BUILD)
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
