@@ -30,6 +30,10 @@ struct ModelDir {
 
 }  // namespace
 
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return kda::fuzz::MutateWithMacros(data, size, max_size, seed);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const ModelDir model;
   const kda::fuzz::TempDir& dir = model.dir;

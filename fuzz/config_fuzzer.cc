@@ -11,6 +11,10 @@
 #include "kda/base/error.h"
 #include "kda/io/config.h"
 
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return kda::fuzz::MutateWithMacros(data, size, max_size, seed);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text = kda::fuzz::Expand(data, size);
   try {

@@ -160,6 +160,10 @@ void BuildFile(FuzzedDataProvider& p, const kda::KdaLayerShape& shape, const std
 
 }  // namespace
 
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return kda::fuzz::MutateWithMacros(data, size, max_size, seed);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
   kda::KdaLayerShape shape;

@@ -12,6 +12,10 @@
 #include "kda/base/error.h"
 #include "kda/io/safetensors.h"
 
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
+  return kda::fuzz::MutateWithMacros(data, size, max_size, seed);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string body = kda::fuzz::Expand(data + 1, size - 1);
