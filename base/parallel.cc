@@ -10,14 +10,18 @@ void SetNumThreads(int n) {
 
 int NumThreads() { return omp_get_max_threads(); }
 
-void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {
+namespace internal {
+
+void ParallelForErased(int64_t n, void (*call)(const void* fn, int64_t i), const void* fn) {
   if (n <= 0) return;
   if (n == 1 || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t i = 0; i < n; ++i) call(fn, i);
     return;
   }
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) fn(i);
+  for (int64_t i = 0; i < n; ++i) call(fn, i);
 }
+
+}  // namespace internal
 
 }  // namespace kda
