@@ -84,9 +84,11 @@ int32_t RecurrentStatePool::Alloc() {
 
 void RecurrentStatePool::Free(int32_t slot) {
   Check(slot != 0, "state pool: slot 0 is the dummy slot and cannot be freed");
-  Check(slot > 0 && slot <= max_requests_,
-        "state pool: slot " + std::to_string(slot) + " out of range [1, " + std::to_string(max_requests_) + "]");
-  Check(allocated_[slot] != 0, "state pool: slot " + std::to_string(slot) + " is not allocated (double free?)");
+  Check(slot > 0 && slot <= max_requests_, [&] {
+    return "state pool: slot " + std::to_string(slot) + " out of range [1, " + std::to_string(max_requests_) + "]";
+  });
+  Check(allocated_[slot] != 0,
+        [&] { return "state pool: slot " + std::to_string(slot) + " is not allocated (double free?)"; });
   allocated_[slot] = 0;
   free_.push_back(slot);
 }
@@ -96,14 +98,17 @@ bool RecurrentStatePool::IsAllocated(int32_t slot) const {
 }
 
 void RecurrentStatePool::CheckLayer(int layer) const {
-  Check(layer >= 0 && layer < num_layers_,
-        "state pool: layer " + std::to_string(layer) + " out of range [0, " + std::to_string(num_layers_) + ")");
+  Check(layer >= 0 && layer < num_layers_, [&] {
+    return "state pool: layer " + std::to_string(layer) + " out of range [0, " + std::to_string(num_layers_) + ")";
+  });
 }
 
 void RecurrentStatePool::CheckAllocated(int32_t slot) const {
-  Check(slot >= 0 && slot <= max_requests_,
-        "state pool: slot " + std::to_string(slot) + " out of range [0, " + std::to_string(max_requests_) + "]");
-  Check(slot == 0 || allocated_[slot] != 0, "state pool: slot " + std::to_string(slot) + " is not allocated");
+  Check(slot >= 0 && slot <= max_requests_, [&] {
+    return "state pool: slot " + std::to_string(slot) + " out of range [0, " + std::to_string(max_requests_) + "]";
+  });
+  Check(slot == 0 || allocated_[slot] != 0,
+        [&] { return "state pool: slot " + std::to_string(slot) + " is not allocated"; });
 }
 
 LayerStateCache RecurrentStatePool::GetLayerCache(int layer) {

@@ -2,6 +2,7 @@
 // whose message names what is wrong.
 #pragma once
 
+#include <concepts>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,14 @@ class Error : public std::runtime_error {
 // Throws kda::Error(message) when `ok` is false.
 inline void Check(bool ok, const std::string& message) {
   if (!ok) throw Error(message);
+}
+
+// As above, with the message built only on failure: for checks on hot paths
+// (a kernel call's validation must not allocate when the input is good).
+template <class MessageFn>
+requires std::invocable<MessageFn&>
+inline void Check(bool ok, MessageFn&& message) {
+  if (!ok) throw Error(message());
 }
 
 }  // namespace kda
