@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "base/scratch.h"
@@ -112,6 +113,15 @@ struct ChunkProblem {
   }
   ChunkProblem(const ChunkProblem&) = delete;
   ChunkProblem& operator=(const ChunkProblem&) = delete;
+
+  // The q, k, v, g buffers, for HugePageFraction (the rows the kernel walks a page apart).
+  std::vector<std::pair<const void*, size_t>> InputBuffers() const {
+    std::vector<std::pair<const void*, size_t>> out;
+    for (const ConstBuf& b : {args.q, args.k, args.v, args.g}) {
+      out.emplace_back(b.data, static_cast<size_t>(args.T) * args.H * args.K * DTypeSize(b.dtype));
+    }
+    return out;
+  }
 
   static std::vector<int64_t> CuSeqlens(const std::vector<int64_t>& lengths) {
     std::vector<int64_t> cu = {0};

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,8 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
+
+#include <sys/resource.h>
 
 namespace kda::cli {
 namespace {
@@ -51,6 +54,67 @@ double MedianSeconds(int repeats, const std::function<void()>& fn) {
     t.push_back(Seconds(t0));
   }
   return Median(t);
+}
+
+// ------------------------------------------------------------ counters
+
+// Deterministic counters of the process (all threads), read around a timed
+// loop: a call that page-faults or whose workers sleep and are woken (a
+// voluntary context switch each, e.g. under OMP_WAIT_POLICY=passive) is slow
+// for a reason no clock shows.
+struct ProcessCounters {
+  int64_t minor_faults = 0;
+  int64_t voluntary_switches = 0;
+
+  static ProcessCounters Now() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return {u.ru_minflt, u.ru_nvcsw};
+  }
+};
+
+// The share of [p, p + bytes) backed by transparent huge pages, from
+// /proc/self/smaps (each mapping's AnonHugePages spread evenly over it);
+// -1 where smaps cannot be read. Large inputs on 4 KiB pages make the
+// kernels' per-token row walks miss the TLB; whether the kernel grants huge
+// pages varies from run to run, so each row reports it.
+double HugePageFraction(const void* p, size_t bytes) {
+  std::ifstream smaps("/proc/self/smaps");
+  if (!smaps || bytes == 0) return -1.0;
+  const auto lo = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t hi = lo + bytes;
+  double huge = 0.0;
+  uintptr_t start = 0;
+  uintptr_t end = 0;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    unsigned long long a = 0;
+    unsigned long long b = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx ", &a, &b) == 2 && line.find(':') > line.find(' ')) {
+      start = a;
+      end = b;
+      continue;
+    }
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str(), "AnonHugePages: %llu kB", &kib) == 1 && end > lo && start < hi) {
+      const double overlap = static_cast<double>(std::min(end, hi) - std::max(start, lo));
+      huge += static_cast<double>(kib) * 1024.0 * overlap / static_cast<double>(end - start);
+    }
+  }
+  return huge / static_cast<double>(bytes);
+}
+
+// The huge-page share of a prefill problem's q, k, v, g, weighted by bytes.
+double InputHugePageFraction(const bench::ChunkProblem& p) {
+  double huge = 0.0;
+  double total = 0.0;
+  for (const auto& [data, bytes] : p.InputBuffers()) {
+    const double f = HugePageFraction(data, bytes);
+    if (f < 0.0) return -1.0;
+    huge += f * static_cast<double>(bytes);
+    total += static_cast<double>(bytes);
+  }
+  return total > 0.0 ? huge / total : -1.0;
 }
 
 // ------------------------------------------------------------ machine ceilings
@@ -252,7 +316,9 @@ constexpr int kHeadDim = kShape.K;
 BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vector<int64_t>& lengths, int repeats) {
   bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
   if (impl == KernelImpl::kOptimized) chunk_kda(p.args, impl);  // warm-up (the reference is too slow for one)
+  const ProcessCounters c0 = ProcessCounters::Now();
   const double s = MedianSeconds(repeats, [&] { chunk_kda(p.args, impl); });
+  const ProcessCounters c1 = ProcessCounters::Now();
   BenchRow r;
   r.kernel = "chunk";
   r.impl = KernelImplName(impl);
@@ -268,7 +334,10 @@ BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vec
   const double floor_us = 7.0 * kHeadDim * kHeadDim * kHeads / (m.fma_peak_gflops * 1e3);
   r.extra = {{"fma_peak_gflops", m.fma_peak_gflops},
              {"flop_floor_us_per_token", floor_us},
-             {"ratio_to_flop_floor", r.us_per_token / floor_us}};
+             {"ratio_to_flop_floor", r.us_per_token / floor_us},
+             {"minflt_per_call", static_cast<double>(c1.minor_faults - c0.minor_faults) / repeats},
+             {"vcsw_per_call", static_cast<double>(c1.voluntary_switches - c0.voluntary_switches) / repeats},
+             {"input_huge_page_fraction", InputHugePageFraction(p)}};
   return r;
 }
 
@@ -284,12 +353,15 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
   for (int i = 0; i < layers; ++i) fused_recurrent_kda(p.Step(i), impl);  // warm-up: one pass over the buffers
   std::vector<double> t;
   const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
+  t.reserve(static_cast<size_t>(steps));  // nothing allocated or faulted between the clock reads
+  const ProcessCounters c0 = ProcessCounters::Now();
   for (int64_t i = 0; i < steps; ++i) {
     const RecurrentKdaArgs& a = p.Step(i);
     const Clock::time_point t0 = Clock::now();
     fused_recurrent_kda(a, impl);
     t.push_back(Seconds(t0));
   }
+  const ProcessCounters c1 = ProcessCounters::Now();
   const double step_us = Median(t) * 1e6;
   const double state_bytes = static_cast<double>(n) * kHeads * kHeadDim * kHeadDim * sizeof(float);
   const double floor_us = state_bytes / (m.copy_gbps * 1e3);
@@ -312,7 +384,11 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
              {"ratio_to_copy_floor", step_us / floor_us},
              {"rmw_gbps", m.rmw_gbps},
              {"rmw_floor_us", rmw_floor_us},
-             {"ratio_to_rmw_floor", step_us / rmw_floor_us}};
+             {"ratio_to_rmw_floor", step_us / rmw_floor_us},
+             {"minflt_per_call", static_cast<double>(c1.minor_faults - c0.minor_faults) / static_cast<double>(steps)},
+             {"vcsw_per_call",
+              static_cast<double>(c1.voluntary_switches - c0.voluntary_switches) / static_cast<double>(steps)},
+             {"state_huge_page_fraction", HugePageFraction(p.states.data(), p.states.size() * sizeof(float))}};
   return r;
 }
 
