@@ -1,0 +1,149 @@
+// Steady-state properties that the kernels' timings depend on, asserted with
+// deterministic counters instead of clocks: heap allocations per call (this
+// test program counts every global operator new) and minor page faults per
+// call (getrusage). A decode step after warm-up must neither allocate nor
+// fault, and a fresh state slot's first write must not fault (the pool is
+// touched when it is built, not inside a timed step).
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "bench/kda_kernel_problems.h"
+#include "kda/base/dtype.h"
+#include "kda/base/parallel.h"
+#include "kda/kernels/kda.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+
+namespace {
+
+std::atomic<int64_t> g_news{0};
+
+}  // namespace
+
+// Counting replacements of the global allocation functions (the array and
+// nothrow forms call these).
+void* operator new(size_t bytes) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t /*bytes*/) noexcept { std::free(p); }
+
+namespace kda {
+namespace {
+
+int64_t MinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Heap allocations and minor page faults of one run of fn.
+struct Counts {
+  int64_t news = 0;
+  int64_t faults = 0;
+};
+
+template <class Fn>
+Counts Count(const Fn& fn) {
+  const int64_t news0 = g_news.load();
+  const int64_t faults0 = MinorFaults();
+  fn();
+  return {g_news.load() - news0, MinorFaults() - faults0};
+}
+
+// A few faults of slack for the runtime's own pages (a thread's first stack
+// touch, the dynamic loader); far below the pages that the buffers span.
+constexpr int64_t kFaultSlack = 4;
+
+TEST(SteadyState, CountersSeeAllocationsAndFaults) {
+  // The counters themselves: a vector allocates, and a fresh mapping of
+  // 8 MiB touched page by page faults (at least once per 2 MiB huge page).
+  const Counts c = Count([] {
+    std::vector<char> v(size_t{8} << 20);
+    for (size_t i = 0; i < v.size(); i += 4096) v[i] = 1;
+    ASSERT_EQ(v[4096], 1);
+  });
+  EXPECT_GE(c.news, 1);
+  EXPECT_GE(c.faults, 4);
+}
+
+TEST(SteadyState, ParallelForAllocatesNothing) {
+  std::vector<int64_t> out(64, 0);
+  const int64_t a = 3;
+  const int64_t b = 5;
+  const int64_t d = 7;
+  // Captures more than two references: a std::function would allocate.
+  auto body = [&](int64_t i) { out[static_cast<size_t>(i)] = a * i + b + d; };
+  ParallelFor(64, body);  // warm-up: the thread team
+  const Counts c = Count([&] {
+    for (int r = 0; r < 10; ++r) ParallelFor(64, body);
+  });
+  EXPECT_EQ(c.news, 0);
+  EXPECT_LE(c.faults, kFaultSlack);
+  EXPECT_EQ(out[63], 3 * 63 + 12);
+}
+
+// Decode steps into a state pool's slots, as the serving path runs them: the
+// first step into fresh slots and every step after warm-up neither allocate
+// nor fault.
+TEST(SteadyState, DecodeStepIntoPoolSlotsAllocatesAndFaultsNothing) {
+  constexpr int kH = 4;
+  constexpr int kK = 128;
+  constexpr int64_t kN = 8;
+  // 64 slots of 4 heads x 128 x 128 fp32 (256 KiB each): 16 MiB per layer.
+  RecurrentStatePool pool(/*num_layers=*/1, /*max_requests=*/64, StateShape{kH, kK, 4}, DType::kF32);
+  bench::DecodeProblem p(kN, kH, kK, /*layers=*/1, DType::kF32);
+  const LayerStateCache cache = pool.GetLayerCache(0);
+  std::vector<int32_t> slots;
+  // The highest slots: far from anything a smaller test would have touched.
+  for (int64_t i = 0; i < 64; ++i) slots.push_back(pool.Alloc());
+  for (int64_t i = 0; i < 64 - kN; ++i) pool.Free(slots[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < kN; ++i) p.indices[static_cast<size_t>(i)] = slots[static_cast<size_t>(64 - kN + i)];
+  RecurrentKdaArgs args = p.args;
+  args.state = cache.recurrent;
+  args.num_states = cache.num_slots;
+
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    SCOPED_TRACE(KernelImplName(impl));
+    fused_recurrent_kda(args, impl);  // warm-up: thread team, per-thread validation scratch
+    const Counts c = Count([&] {
+      for (int r = 0; r < 10; ++r) fused_recurrent_kda(args, impl);
+    });
+    EXPECT_EQ(c.news, 0);
+    EXPECT_LE(c.faults, kFaultSlack);
+  }
+}
+
+TEST(SteadyState, FreshPoolSlotIsAlreadyFaultedIn) {
+  constexpr int kH = 4;
+  constexpr int kK = 128;
+  constexpr int kLayers = 2;
+  RecurrentStatePool pool(kLayers, /*max_requests=*/64, StateShape{kH, kK, 4}, DType::kF32);
+  // Allocating a slot zeroes it (touching it); so write through the layer
+  // caches into slots that were never handed out, as a kernel would.
+  const int64_t rs = StateShape{kH, kK, 4}.RecurrentSize();
+  const Counts c = Count([&] {
+    for (int l = 0; l < kLayers; ++l) {
+      float* state = pool.GetLayerCache(l).recurrent;
+      for (int64_t slot = 1; slot <= 64; ++slot) {
+        for (int64_t i = 0; i < rs; i += 1024) state[slot * rs + i] = 1.0F;  // one write per 4 KiB page
+      }
+    }
+  });
+  // 2 layers x 64 slots x 64 pages written (32 MiB): a lazily faulted pool
+  // would fault on each 4 KiB page, or on each of 16 huge pages at least.
+  EXPECT_EQ(c.news, 0);
+  EXPECT_LE(c.faults, kFaultSlack);
+}
+
+}  // namespace
+}  // namespace kda
