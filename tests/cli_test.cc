@@ -85,9 +85,10 @@ std::string ExpectRunMatchesGolden(const std::string& prefix, const std::string&
       EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
       EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
     } else {
-      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(), o.size()));
-      EXPECT_TRUE(
-          testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(), s.size()));
+      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(),
+                                        ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+      EXPECT_TRUE(testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
+                                        ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
     }
   }
   return printed;

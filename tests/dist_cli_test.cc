@@ -83,16 +83,18 @@ class DistCliTest : public ::testing::Test {
       EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
       EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
     } else {
-      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(), o.size()));
-      EXPECT_TRUE(
-          testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(), s.size()));
+      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(),
+                                        ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+      EXPECT_TRUE(testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
+                                        ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
       // The bf16 conv tail: the same layout and values as one process.
       const fs::path one = dir_ / "one.safetensors";
       const CliResult r1 = RunKda("", "run --model " + dir + " --input " + in + " --output " + one.string() +
                                           " --dtype bfloat16 --kernel reference");
       ASSERT_EQ(r1.status, 0) << r1.err;
       const std::vector<float> c1 = ToFloatVector(SafetensorsFile::Open(one.string()).Get("final_conv_state"));
-      EXPECT_TRUE(testing::AllCloseBF16(c.data(), c1.data(), c.size()));
+      EXPECT_TRUE(
+          testing::AllCloseBF16(c.data(), c1.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
     }
   }
 

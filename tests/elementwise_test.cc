@@ -102,7 +102,17 @@ TEST(ShortConv, FastMatchesReference) {
         if (dt == DType::kF32) {
           EXPECT_TRUE(AllCloseF32(yf.data(), yr.data(), yr.size(), 1e-6, 1e-6)) << "W " << W << " C " << C;
         } else {
-          EXPECT_TRUE(testing::AllCloseBF16(yf.data(), yr.data(), yr.size())) << "W " << W << " C " << C;
+          // The exact output: the fp32 reference on the same (bf16-exact) inputs.
+          const ActBuffer x32 = ToAct(DType::kF32, xb.ToFloat());
+          ActBuffer t32 = ToAct(DType::kF32, ToAct(dt, tails).ToFloat());
+          ActBuffer y32(DType::kF32, T * C);
+          ShortConvArgs e = a;
+          e.x = x32.view();
+          e.y = y32.mut();
+          e.tails = t32.mut();
+          short_conv_silu_reference(e);
+          const std::vector<float> yx = y32.ToFloat();
+          EXPECT_TRUE(testing::AllCloseBF16(yf.data(), yr.data(), yx.data(), yr.size())) << "W " << W << " C " << C;
         }
         EXPECT_EQ(t_fast.ToFloat(), t_ref.ToFloat()) << "W " << W << " C " << C;
         // Padding: zero outputs; the slots no sequence uses (0, 1, 4) keep their tails.
@@ -236,7 +246,13 @@ TEST(GatedRmsNorm, FastMatchesReference) {
     if (dt == DType::kF32) {
       EXPECT_TRUE(AllCloseF32(f.data(), r.data(), r.size(), 1e-6, 1e-6));
     } else {
-      EXPECT_TRUE(testing::AllCloseBF16(f.data(), r.data(), r.size()));
+      // The exact output: the fp32 reference on the same (bf16-exact) inputs.
+      const ActBuffer o32 = ToAct(DType::kF32, o.ToFloat());
+      const ActBuffer gate32 = ToAct(DType::kF32, gate.ToFloat());
+      ActBuffer y32(DType::kF32, T * H * V);
+      GatedRmsNormReference(y32.mut(), o32.view(), gate32.view(), w.data(), T, H, V, 1e-5F);
+      const std::vector<float> x = y32.ToFloat();
+      EXPECT_TRUE(testing::AllCloseBF16(f.data(), r.data(), x.data(), r.size()));
     }
   }
 }

@@ -1,12 +1,16 @@
 // Locating the golden cases: $KDA_GOLDEN_DIR, else ../shared/golden beside the
-// source tree. Missing golden data skips the golden tests visibly, or fails
-// them when KDA_REQUIRE_GOLDEN=1.
+// source tree; sets named "generated/<set>" are written into the build tree at
+// test time (tests/generate_golden.cmake, the golden_generate fixture). Missing
+// golden data skips the golden tests visibly, or fails them when
+// KDA_REQUIRE_GOLDEN=1.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace kda::testing {
@@ -16,18 +20,44 @@ inline std::string GoldenDir() {
   return std::string(KDA_SOURCE_DIR) + "/../shared/golden";
 }
 
+// Where the golden_generate fixture writes its sets.
+inline std::string GeneratedGoldenDir() { return std::string(KDA_BINARY_DIR) + "/golden"; }
+
+inline constexpr const char* kGeneratedPrefix = "generated/";
+
+// The directory of a golden set: "kda-mini" under GoldenDir(),
+// "generated/kda-real" under GeneratedGoldenDir().
+inline std::string GoldenSetDir(const std::string& set) {
+  const std::string prefix = kGeneratedPrefix;
+  if (set.rfind(prefix, 0) == 0) return GeneratedGoldenDir() + "/" + set.substr(prefix.size());
+  return GoldenDir() + "/" + set;
+}
+
 inline bool GoldenRequired() {
   const char* env = std::getenv("KDA_REQUIRE_GOLDEN");
   return env != nullptr && std::string(env) == "1";
 }
 
+// Why `path` may be missing: for generated sets, the fixture's note.
+inline std::string GoldenMissingReason(const std::string& path) {
+  if (path.rfind(GeneratedGoldenDir(), 0) != 0) return "set KDA_GOLDEN_DIR";
+  std::ifstream note(GeneratedGoldenDir() + "/NOT_GENERATED");
+  if (!note) return "not generated: run the golden_generate test first (ctest runs it for the tests that need it)";
+  std::ostringstream s;
+  s << note.rdbuf();
+  std::string r = s.str();
+  while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
+  return "not generated: " + r;
+}
+
 }  // namespace kda::testing
 
 // Skips (or fails under KDA_REQUIRE_GOLDEN=1) when `path` does not exist.
-#define KDA_REQUIRE_GOLDEN_PATH(path)                                                    \
-  do {                                                                                   \
-    if (!std::filesystem::exists(path)) {                                                \
-      if (::kda::testing::GoldenRequired()) FAIL() << "golden data missing: " << (path); \
-      GTEST_SKIP() << "golden data missing: " << (path) << " (set KDA_GOLDEN_DIR)";      \
-    }                                                                                    \
+#define KDA_REQUIRE_GOLDEN_PATH(path)                                                                                  \
+  do {                                                                                                                 \
+    if (!std::filesystem::exists(path)) {                                                                              \
+      const std::string kda_reason_ = ::kda::testing::GoldenMissingReason(path);                                       \
+      if (::kda::testing::GoldenRequired()) FAIL() << "golden data missing: " << (path) << " (" << kda_reason_ << ")"; \
+      GTEST_SKIP() << "golden data missing: " << (path) << " (" << kda_reason_ << ")";                                 \
+    }                                                                                                                  \
   } while (0)

@@ -201,7 +201,7 @@ TEST(KdaChunkVsRecurrent, Bf16Inputs) {
     ASSERT_EQ(chunk_bf16.o[i], RoundBF16(chunk_f32.o[i])) << i;
     ASSERT_EQ(rec_bf16.o[i], RoundBF16(rec_f32.o[i])) << i;
   }
-  EXPECT_TRUE(AllCloseBF16(chunk_bf16.o.data(), rec_bf16.o.data(), chunk_bf16.o.size()));
+  EXPECT_TRUE(AllCloseBF16(chunk_bf16.o.data(), rec_bf16.o.data(), chunk_f32.o.data(), chunk_bf16.o.size()));
   EXPECT_TRUE(AllCloseF32(chunk_bf16.state.data(), rec_bf16.state.data(), chunk_bf16.state.size()));
 
   // bf16 gate and beta with fp32 q/k/v: the output stays fp32.

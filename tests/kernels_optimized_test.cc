@@ -242,6 +242,7 @@ TEST_F(KdaOptimizedTest, MatchesReferenceWithBf16Inputs) {
   const Result ref_f32 = RunChunk(p, Impl::kReference);
   const Result ref_mixed = RunChunk(p, Impl::kReference, mixed);
   const Result dec_bf16 = RunDecode(p, Impl::kReference, DType::kBF16, DType::kBF16);
+  const Result dec_f32 = RunDecode(p, Impl::kReference);
   ForEachIsa([&] {
     // bf16 storage of the same values runs the same fp32 arithmetic: the state
     // is identical to the fp32 run's, the output is the fp32 output rounded once.
@@ -249,12 +250,13 @@ TEST_F(KdaOptimizedTest, MatchesReferenceWithBf16Inputs) {
     const Result opt_f32 = RunChunk(p, Impl::kOptimized);
     EXPECT_TRUE(BitEqual(opt_bf16.state.data(), opt_f32.state.data(), opt_f32.state.size()));
     for (size_t i = 0; i < opt_f32.o.size(); ++i) ASSERT_EQ(opt_bf16.o[i], RoundBF16(opt_f32.o[i])) << i;
-    EXPECT_TRUE(AllCloseBF16(opt_bf16.o.data(), ref_bf16.o.data(), ref_bf16.o.size()));
+    // x: the reference kernel's fp32 run on the same (bf16-exact) inputs.
+    EXPECT_TRUE(AllCloseBF16(opt_bf16.o.data(), ref_bf16.o.data(), ref_f32.o.data(), ref_bf16.o.size()));
     EXPECT_TRUE(AllCloseF32(opt_bf16.state.data(), ref_bf16.state.data(), ref_bf16.state.size()));
     ExpectClose(opt_f32, ref_f32);
     ExpectClose(RunChunk(p, Impl::kOptimized, mixed), ref_mixed);
     const Result opt_dec = RunDecode(p, Impl::kOptimized, DType::kBF16, DType::kBF16);
-    EXPECT_TRUE(AllCloseBF16(opt_dec.o.data(), dec_bf16.o.data(), dec_bf16.o.size()));
+    EXPECT_TRUE(AllCloseBF16(opt_dec.o.data(), dec_bf16.o.data(), dec_f32.o.data(), dec_bf16.o.size()));
     EXPECT_TRUE(AllCloseF32(opt_dec.state.data(), dec_bf16.state.data(), dec_bf16.state.size()));
   });
 }

@@ -61,12 +61,21 @@ struct SelfCheck {
   bool pass = true;
 };
 
-SelfCheck ReplayOneShot(const KdaModel& model, const LayerTrace& trace, const RequestResult& served,
-                        KernelImpl kernel) {
+// One layer's one-shot run: its output rows and final recurrent state.
+struct OneShot {
+  std::vector<float> out;
+  std::vector<float> state;
+};
+
+// The traced request again, alone, every row in one EXTEND step, each layer of
+// `model` fed the input that layer saw while served (converted to the model's
+// activation dtype).
+std::vector<OneShot> ReplayLayers(const KdaModel& model, const LayerTrace& trace, DType trace_dt, KernelImpl kernel) {
   const int L = model.num_layers();
   const DType dt = model.act_dtype;
   const int64_t hidden = model.shape.hidden;
-  const auto rows = static_cast<int64_t>(trace.inputs.at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(dt)));
+  const auto rows =
+      static_cast<int64_t>(trace.inputs.at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
   RecurrentStatePool pool(L, 1, model.state_shape(), dt);
   HybridReqToTokenPool req_pool(&pool);
   KDAAttnBackend backend({&pool, &req_pool}, kernel);
@@ -77,20 +86,47 @@ SelfCheck ReplayOneShot(const KdaModel& model, const LayerTrace& trace, const Re
   batch.prefix_lens = {0};
   backend.InitForwardMetadata(batch);
   const int64_t rs = model.state_shape().RecurrentSize();
-  SelfCheck c;
+  std::vector<OneShot> r(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
+    const std::vector<float> in = BytesToFloat(trace.inputs[l], trace_dt);
+    ActBuffer x(dt, rows * hidden);
+    for (int64_t i = 0; i < rows * hidden; ++i) x.Set(i, in[static_cast<size_t>(i)]);
     ActBuffer out(dt, rows * hidden);
-    model.layers[l].Forward(out.mut(), {trace.inputs[l].data(), dt}, backend);
-    const std::vector<float> got = out.ToFloat();
-    const std::vector<float> want = BytesToFloat(trace.outputs[l], dt);
-    std::vector<float> state(static_cast<size_t>(rs));
-    pool.GetLayerState(l, slot, state.data(), nullptr);
+    model.layers[l].Forward(out.mut(), x.view(), backend);
+    r[l].out = out.ToFloat();
+    r[l].state.resize(static_cast<size_t>(rs));
+    pool.GetLayerState(l, slot, r[l].state.data(), nullptr);
+  }
+  return r;
+}
+
+// Each layer served vs one-shot on the same input. `exact` (bf16 only): the
+// same layers as the fp32 pipeline (fp32 activations, unrounded weights).
+// The served run is the tested pipeline, the one-shot run of the same
+// pipeline the reference; the bf16 rule (design §5) also needs the exact
+// output of that layer on that input, which the fp32 one-shot run is: served
+// may differ from one-shot in bf16 rounding flips, not be less accurate.
+SelfCheck ReplayOneShot(const KdaModel& model, const KdaModel* exact, const LayerTrace& trace,
+                        const RequestResult& served, KernelImpl kernel) {
+  const DType dt = model.act_dtype;
+  const std::vector<OneShot> ref = ReplayLayers(model, trace, dt, kernel);
+  std::vector<OneShot> ex;
+  if (dt == DType::kBF16) {
+    Check(exact != nullptr && exact->act_dtype == DType::kF32, "bench: the bf16 self-check needs the fp32 layers");
+    ex = ReplayLayers(*exact, trace, dt, kernel);
+  }
+  const int64_t rs = model.state_shape().RecurrentSize();
+  SelfCheck c;
+  for (int l = 0; l < model.num_layers(); ++l) {
+    const std::vector<float> got = BytesToFloat(trace.outputs[l], dt);
+    const std::vector<float>& want = ref[l].out;
     const float* served_state = served.final_recurrent.data() + l * rs;
-    // The one-shot run is the reference.
-    const ToleranceReport o = dt == DType::kF32 ? CompareF32(want.data(), got.data(), got.size())
-                                                : CompareBF16(want.data(), got.data(), got.size());
-    const ToleranceReport s = dt == DType::kF32 ? CompareF32(served_state, state.data(), state.size())
-                                                : CompareBF16(served_state, state.data(), state.size());
+    const std::vector<float>& state = ref[l].state;
+    const ToleranceReport o = dt == DType::kF32 ? CompareF32(got.data(), want.data(), want.size())
+                                                : CompareBF16(got.data(), want.data(), ex[l].out.data(), want.size());
+    const ToleranceReport s = dt == DType::kF32
+                                  ? CompareF32(served_state, state.data(), state.size())
+                                  : CompareBF16(served_state, state.data(), ex[l].state.data(), state.size());
     if (l == 0 || o.max_ratio > c.out.max_ratio) c.out = o;
     if (l == 0 || s.max_ratio > c.state.max_ratio) c.state = s;
     c.pass = c.pass && o.ok && s.ok;
@@ -232,20 +268,25 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
   const bool root = groups.is_root();
   TimedCommunicator tp_comm(&groups.tp());  // the layers' all-reduces, timed
 
-  KdaModel model;
-  rt->RunAgreed([&] {
+  // The benchmarked layers with activations in `act` (the self-check of a
+  // bf16 run also makes them in fp32).
+  const auto make_model = [&](DType act) {
+    KdaModel m;
     if (opt.model_dir.empty()) {
       Check(opt.layers >= 1, "--layers must be >= 1");
-      model = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, dtype, 20261129, &tp_comm);
+      m = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, &tp_comm);
     } else {
-      model = KdaModel::Load(opt.model_dir, dtype, std::nullopt, &tp_comm);
+      m = KdaModel::Load(opt.model_dir, act, std::nullopt, &tp_comm);
       Check(opt.layers >= 0, "--layers must be >= 0");
-      if (opt.layers > 0 && opt.layers < model.num_layers()) {
-        model.layers.erase(model.layers.begin() + opt.layers, model.layers.end());
-        model.model_layer_ids.resize(static_cast<size_t>(opt.layers));
+      if (opt.layers > 0 && opt.layers < m.num_layers()) {
+        m.layers.erase(m.layers.begin() + opt.layers, m.layers.end());
+        m.model_layer_ids.resize(static_cast<size_t>(opt.layers));
       }
     }
-  });
+    return m;
+  };
+  KdaModel model;
+  rt->RunAgreed([&] { model = make_model(dtype); });
   const Workload w = MakeWorkload(opt, model);
   ParallelServeOptions serve_opt;
   serve_opt.scheduler.max_running = opt.max_running;
@@ -294,7 +335,9 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
     const auto it =
         std::find_if(served.local.begin(), served.local.end(), [&](const RequestResult& r) { return r.id == probe; });
     Check(it != served.local.end(), "bench: the traced request did not finish");
-    check = ReplayOneShot(model, trace, *it, kernel);
+    std::optional<KdaModel> exact;
+    if (dtype == DType::kBF16) exact = make_model(DType::kF32);
+    check = ReplayOneShot(model, exact ? &*exact : nullptr, trace, *it, kernel);
   }
   double extend_s = 0;
   double decode_s = 0;
