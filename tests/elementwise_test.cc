@@ -1,47 +1,39 @@
-// The vectorised element-wise kernels against their plain references, and the
-// vector math against libm.
+// The element-wise kernels (short conv + SiLU, forget gate and beta, gated
+// RMSNorm, residual add, bf16 conversions) over the kernel matrix
+// (tests/kernel_matrix.h): the reference and every ISA variant of the
+// optimized version against a float64 (or exact) oracle written here, the
+// optimized ones also against the reference; and each ISA's vector math
+// against libm.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "kda/base/bf16.h"
 #include "kda/base/error.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
-#include "kernels/elementwise/vec_math.h"
+#include "kernels/isa/dispatch.h"
 #include "tests/error_util.h"
+#include "tests/kernel_matrix.h"
 #include "tests/tolerance.h"
 
 namespace kda {
 namespace {
 
+using testing::AllCloseBF16;
 using testing::AllCloseF32;
+using testing::AllVariants;
 using testing::ExpectErrorContaining;
-
-TEST(VecMath, ExpLogSoftplusMatchLibm) {
-  double worst_exp = 0;
-  double worst_log = 0;
-  double worst_sp = 0;
-  for (int i = 0; i <= 200000; ++i) {
-    const float x = -87.0F + 175.0F * static_cast<float>(i) / 200000.0F;
-    const double e = std::exp(static_cast<double>(x));
-    worst_exp = std::max(worst_exp, std::fabs(vecmath::ExpF(x) - e) / e);
-    const float y = std::ldexp(1.0F + static_cast<float>(i) / 200000.0F, (i % 60) - 30);
-    const double l = std::log(static_cast<double>(y));
-    worst_log = std::max(worst_log, std::fabs(vecmath::LogF(y) - l) / std::max(1.0, std::fabs(l)));
-    const float s = -40.0F + 80.0F * static_cast<float>(i) / 200000.0F;
-    const double sp = s > 20 ? s : std::log1p(std::exp(static_cast<double>(s)));
-    worst_sp = std::max(worst_sp, std::fabs(vecmath::SoftplusF(s) - sp) / sp);
-  }
-  EXPECT_LT(worst_exp, 3e-7);
-  EXPECT_LT(worst_log, 2e-7);  // relative to max(1, |log y|), y in [2^-30, 2^30]
-  EXPECT_LT(worst_sp, 5e-7);
-  EXPECT_EQ(vecmath::ExpF(-250.0F), 0.0F);
-  EXPECT_EQ(vecmath::SoftplusF(30.0F), 30.0F);
-}
+using testing::OptimizedVariants;
+using testing::VariantParamName;
+using testing::VariantTest;
 
 std::vector<float> Random(size_t n, float lo, float hi, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -57,25 +49,43 @@ ActBuffer ToAct(DType dt, const std::vector<float>& v) {
   return b;
 }
 
-TEST(ShortConv, FastMatchesReference) {
+double SoftplusF64(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+double SigmoidF64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+// got vs a float64 oracle: the fp32 rule for F32 outputs; for BF16 ones the
+// bf16 rule, with the oracle rounded once to bf16 as the reference pipeline
+// and the oracle itself as the exact output.
+::testing::AssertionResult CloseToOracle(DType dt, const std::vector<float>& got, const std::vector<double>& want) {
+  const std::vector<float> w(want.begin(), want.end());
+  if (dt == DType::kF32) return AllCloseF32(got.data(), w.data(), w.size());
+  std::vector<float> rounded(w.size());
+  for (size_t i = 0; i < w.size(); ++i) rounded[i] = RoundBF16(w[i]);
+  return AllCloseBF16(got.data(), rounded.data(), w.data(), w.size());
+}
+
+// ------------------------------------------------------------ short conv
+
+class ShortConvTest : public VariantTest {};
+
+TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
   std::mt19937 rng(1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int W : {1, 2, 3, 4, 5}) {
       for (int64_t C : {16, 64, 200, 1100}) {  // 1100: two whole channel chunks and a partial one
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " W " + std::to_string(W) + " C " + std::to_string(C));
+        // Sequences of 0, 1, 2, 67 and 2 tokens (shorter than the conv: the old tail shifts).
         const std::vector<int64_t> cu = {0, 0, 1, 3, 70, 72};
         const int64_t N = 5;
         const int64_t T = cu.back();
         const int64_t stride = C + 8;  // x and tails with a row stride, as in the backend
-        const std::vector<float> x = Random(static_cast<size_t>(T * stride), -3, 3, rng());
-        const std::vector<float> w = Random(static_cast<size_t>(C * W), -1, 1, rng());
-        const std::vector<float> tails = Random(static_cast<size_t>(7 * std::max(W - 1, 1) * stride), -2, 2, rng());
+        const int rows = std::max(W - 1, 1);
+        const ActBuffer xb = ToAct(dt, Random(static_cast<size_t>(T * stride), -3, 3, rng()));
+        const std::vector<float> w = Random(static_cast<size_t>(C * W), -1, 1, rng());  // [W, C]
+        const ActBuffer tails0 = ToAct(dt, Random(static_cast<size_t>(7 * rows * stride), -2, 2, rng()));
         const std::vector<int32_t> idx = {6, 2, -1, 5, 3};  // sequence 2 (tokens 1, 2) is padding
         const std::vector<uint8_t> has_init = {1, 0, 1, 1, 0};
-        ActBuffer xb = ToAct(dt, x);
-        ActBuffer t_ref = ToAct(dt, tails);
-        ActBuffer t_fast = ToAct(dt, tails);
-        ActBuffer y_ref(dt, T * C);
-        ActBuffer y_fast(dt, T * C);
+        ActBuffer tails = ToAct(dt, tails0.ToFloat());
+        ActBuffer y(dt, T * C);
         ShortConvArgs a;
         a.x = xb.view();
         a.x_row_stride = stride;
@@ -89,53 +99,71 @@ TEST(ShortConv, FastMatchesReference) {
         a.num_tails = 7;
         a.tail_indices = idx.data();
         a.has_initial_state = has_init.data();
-        a.y = y_ref.mut();
-        a.tails = t_ref.mut();
-        short_conv_silu_reference(a);
-        a.y = y_fast.mut();
-        a.tails = t_fast.mut();
-        short_conv_silu(a);
-        const std::vector<float> yr = y_ref.ToFloat();
-        const std::vector<float> yf = y_fast.ToFloat();
-        // Same fp32 sums; SiLU's exp differs from libm's by an ulp or two, which
-        // can flip a bf16 rounding.
-        if (dt == DType::kF32) {
-          EXPECT_TRUE(AllCloseF32(yf.data(), yr.data(), yr.size(), 1e-6, 1e-6)) << "W " << W << " C " << C;
+        a.y = y.mut();
+        a.tails = tails.mut();
+        if (variant().optimized()) {
+          short_conv_silu(a);
         } else {
-          // The exact output: the fp32 reference on the same (bf16-exact) inputs.
-          const ActBuffer x32 = ToAct(DType::kF32, xb.ToFloat());
-          ActBuffer t32 = ToAct(DType::kF32, ToAct(dt, tails).ToFloat());
-          ActBuffer y32(DType::kF32, T * C);
-          ShortConvArgs e = a;
-          e.x = x32.view();
-          e.y = y32.mut();
-          e.tails = t32.mut();
-          short_conv_silu_reference(e);
-          const std::vector<float> yx = y32.ToFloat();
-          EXPECT_TRUE(testing::AllCloseBF16(yf.data(), yr.data(), yx.data(), yr.size())) << "W " << W << " C " << C;
+          short_conv_silu_reference(a);
         }
-        EXPECT_EQ(t_fast.ToFloat(), t_ref.ToFloat()) << "W " << W << " C " << C;
-        // Padding: zero outputs; the slots no sequence uses (0, 1, 4) keep their tails.
-        for (int64_t i = cu[2] * C; i < cu[3] * C; ++i) {
-          ASSERT_EQ(yr[i], 0.0F);
-          ASSERT_EQ(yf[i], 0.0F);
+
+        // Oracle: input row i of sequence n (the tail, or zeros, before its
+        // start). Padding: zero outputs, no tail read or written.
+        std::vector<double> want_y(static_cast<size_t>(T * C), 0.0);
+        std::vector<float> want_tails = tails0.ToFloat();
+        for (int64_t n = 0; n < N; ++n) {
+          if (idx[n] < 0) continue;
+          const int64_t len = cu[n + 1] - cu[n];
+          auto input = [&](int64_t i, int64_t c) -> double {
+            if (i >= 0) return xb.Get((cu[n] + i) * stride + c);
+            if (has_init[n] == 0) return 0.0;
+            return tails0.Get((idx[n] * (W - 1) + (W - 1 + i)) * stride + c);
+          };
+          for (int64_t t = 0; t < len; ++t) {
+            for (int64_t c = 0; c < C; ++c) {
+              double acc = 0;
+              for (int j = 0; j < W; ++j) acc += w[j * C + c] * input(t - (W - 1) + j, c);
+              want_y[(cu[n] + t) * C + c] = acc * SigmoidF64(acc);
+            }
+          }
+          for (int r = 0; r < W - 1; ++r) {
+            for (int64_t c = 0; c < C; ++c) {
+              want_tails[(idx[n] * (W - 1) + r) * stride + c] = static_cast<float>(input(len - (W - 1) + r, c));
+            }
+          }
         }
-        const int64_t slot_size = (W - 1) * stride;
-        const std::vector<float> t_after = t_fast.ToFloat();
-        const std::vector<float> t_before = ToAct(dt, tails).ToFloat();
-        for (int64_t slot : {0, 1, 4}) {
-          for (int64_t i = slot * slot_size; i < (slot + 1) * slot_size; ++i) ASSERT_EQ(t_after[i], t_before[i]);
+        const std::vector<float> got_y = y.ToFloat();
+        EXPECT_TRUE(CloseToOracle(dt, got_y, want_y));
+        for (int64_t i = cu[2] * C; i < cu[3] * C; ++i) ASSERT_EQ(got_y[i], 0.0F);  // padding rows
+        EXPECT_EQ(tails.ToFloat(), want_tails);  // slots 0, 1, 4 (no sequence) unchanged
+
+        if (variant().optimized()) {  // and against the reference: the same fp32 sums
+          ActBuffer t_ref = ToAct(dt, tails0.ToFloat());
+          ActBuffer y_ref(dt, T * C);
+          a.y = y_ref.mut();
+          a.tails = t_ref.mut();
+          short_conv_silu_reference(a);
+          const std::vector<float> yr = y_ref.ToFloat();
+          const std::vector<float> yf = y.ToFloat();
+          // SiLU's exp differs from libm's by an ulp or two, which can flip a bf16 rounding.
+          if (dt == DType::kF32) {
+            EXPECT_TRUE(AllCloseF32(yf.data(), yr.data(), yr.size(), 1e-6, 1e-6));
+          } else {
+            const std::vector<float> exact(want_y.begin(), want_y.end());
+            EXPECT_TRUE(AllCloseBF16(yf.data(), yr.data(), exact.data(), yr.size()));
+          }
+          EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
         }
       }
     }
   }
 }
 
-TEST(ShortConv, CheckpointWeightIsLaidOutTapMajor) {
-  // A checkpoint conv1d weight [C, 1, W] laid out once as [W, C]; both kernels
-  // then compute y[t, c] = silu(sum_j w_ckpt[c, j] x[t - (W-1) + j, c]) (one
+TEST_P(ShortConvTest, CheckpointWeightIsLaidOutTapMajor) {
+  // A checkpoint conv1d weight [C, 1, W] laid out once as [W, C]; the kernel
+  // then computes y[t, c] = silu(sum_j w_ckpt[c, j] x[t - (W-1) + j, c]) (one
   // fresh sequence, so taps before the start read zeros).
-  const int64_t C = 600;  // a whole channel chunk of the fast kernel and a partial one
+  const int64_t C = 600;  // a whole channel chunk of the optimized kernel and a partial one
   const int W = 4;
   const int64_t T = 6;
   const std::vector<float> w_ckpt = Random(static_cast<size_t>(C * W), -1, 1, 21);
@@ -157,41 +185,45 @@ TEST(ShortConv, CheckpointWeightIsLaidOutTapMajor) {
   const std::vector<int64_t> cu = {0, T};
   const std::vector<int32_t> idx = {0};
   const std::vector<uint8_t> fresh = {0};
-  for (bool fast : {false, true}) {
-    SCOPED_TRACE(fast ? "short_conv_silu" : "short_conv_silu_reference");
-    std::vector<float> y(static_cast<size_t>(T * C), 0.0F);
-    std::vector<float> tails(static_cast<size_t>((W - 1) * C), 7.0F);
-    ShortConvArgs a;
-    a.y = {y.data(), DType::kF32};
-    a.x = {x.data(), DType::kF32};
-    a.x_row_stride = C;
-    a.weight = w.data();
-    a.cu_seqlens = cu.data();
-    a.N = 1;
-    a.T = T;
-    a.C = C;
-    a.W = W;
-    a.tails = {tails.data(), DType::kF32};
-    a.tail_row_stride = C;
-    a.num_tails = 1;
-    a.tail_indices = idx.data();
-    a.has_initial_state = fresh.data();
-    if (fast) {
-      short_conv_silu(a);
-    } else {
-      short_conv_silu_reference(a);
-    }
-    EXPECT_TRUE(AllCloseF32(y.data(), want.data(), want.size()));
+  std::vector<float> y(static_cast<size_t>(T * C), 0.0F);
+  std::vector<float> tails(static_cast<size_t>((W - 1) * C), 7.0F);
+  ShortConvArgs a;
+  a.y = {y.data(), DType::kF32};
+  a.x = {x.data(), DType::kF32};
+  a.x_row_stride = C;
+  a.weight = w.data();
+  a.cu_seqlens = cu.data();
+  a.N = 1;
+  a.T = T;
+  a.C = C;
+  a.W = W;
+  a.tails = {tails.data(), DType::kF32};
+  a.tail_row_stride = C;
+  a.num_tails = 1;
+  a.tail_indices = idx.data();
+  a.has_initial_state = fresh.data();
+  if (variant().optimized()) {
+    short_conv_silu(a);
+  } else {
+    short_conv_silu_reference(a);
   }
+  EXPECT_TRUE(AllCloseF32(y.data(), want.data(), want.size()));
   ExpectErrorContaining([&] { ShortConvWeightFromCheckpoint(w_ckpt, C, W + 1); },
                         "checkpoint conv weight must be [C, W] = [600, 5]");
 }
 
-TEST(KdaGateBeta, FastMatchesReferenceIncludingExtremes) {
+INSTANTIATE_TEST_SUITE_P(Kernels, ShortConvTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// ------------------------------------------------------------ gate, beta
+
+class GateBetaTest : public VariantTest {};
+
+TEST_P(GateBetaTest, MatchesOracleIncludingExtremes) {
   const int H = 3;
   const int K = 32;
   const int64_t T = 37;
   for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
     std::vector<float> raw = Random(static_cast<size_t>(T * H * K), -60, 60, 4);
     raw[0] = 25.0F;  // softplus linear branch
     raw[1] = -200.0F;
@@ -200,15 +232,38 @@ TEST(KdaGateBeta, FastMatchesReferenceIncludingExtremes) {
     const std::vector<float> dt_bias = Random(static_cast<size_t>(H) * K, -5, 5, 6);
     const ActBuffer rb = ToAct(dt, raw);
     const ActBuffer lb = ToAct(dt, logits);
-    std::vector<float> g_ref(raw.size()), g_fast(raw.size()), b_ref(logits.size()), b_fast(logits.size());
-    KdaGateBetaReference(g_ref.data(), b_ref.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
-    KdaGateBeta(g_fast.data(), b_fast.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
-    EXPECT_TRUE(AllCloseF32(g_fast.data(), g_ref.data(), g_ref.size(), 1e-30, 1e-6));
-    EXPECT_TRUE(AllCloseF32(b_fast.data(), b_ref.data(), b_ref.size(), 1e-12, 1e-6));
+    std::vector<float> g(raw.size()), beta(logits.size());
+    if (variant().optimized()) {
+      KdaGateBeta(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
+    } else {
+      KdaGateBetaReference(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
+    }
+    std::vector<float> want_g(raw.size()), want_beta(logits.size());
+    for (size_t i = 0; i < raw.size(); ++i) {
+      const size_t c = i % (static_cast<size_t>(H) * K);
+      const float x = rb.Get(static_cast<int64_t>(i)) + dt_bias[c];  // the fp32 sum the kernels take
+      want_g[i] = static_cast<float>(-std::exp(static_cast<double>(a_log[c / K])) * SoftplusF64(x));
+    }
+    for (size_t i = 0; i < logits.size(); ++i)
+      want_beta[i] = static_cast<float>(SigmoidF64(lb.Get(static_cast<int64_t>(i))));
+    EXPECT_TRUE(AllCloseF32(g.data(), want_g.data(), want_g.size(), 1e-30, 1e-6));
+    EXPECT_TRUE(AllCloseF32(beta.data(), want_beta.data(), want_beta.size(), 1e-12, 1e-6));
+    EXPECT_EQ(g[1], 0.0F);  // softplus(-200 + bias) underflows fp32
+    if (variant().optimized()) {
+      std::vector<float> g_ref(raw.size()), b_ref(logits.size());
+      KdaGateBetaReference(g_ref.data(), b_ref.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
+      EXPECT_TRUE(AllCloseF32(g.data(), g_ref.data(), g_ref.size(), 1e-30, 1e-6));
+      EXPECT_TRUE(AllCloseF32(beta.data(), b_ref.data(), b_ref.size(), 1e-12, 1e-6));
+    }
   }
 }
 
-TEST(KdaGateRowInPlace, MatchesKdaGateIncludingExtremes) {
+INSTANTIATE_TEST_SUITE_P(Kernels, GateBetaTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// The in-kernel gate of the optimized KDA kernels (its reference is KdaGate per element).
+class GateRowTest : public VariantTest {};
+
+TEST_P(GateRowTest, MatchesKdaGateIncludingExtremes) {
   const int len = 131;  // not a whole number of vectors
   std::vector<float> raw = Random(static_cast<size_t>(len), -60, 60, 14);
   raw[0] = 25.0F;  // softplus linear branch
@@ -217,11 +272,12 @@ TEST(KdaGateRowInPlace, MatchesKdaGateIncludingExtremes) {
   const std::vector<float> bias = Random(static_cast<size_t>(len), -5, 5, 15);
   for (float a_log : {0.0F, 2.77F, -1.0F}) {
     for (bool with_bias : {true, false}) {
+      SCOPED_TRACE("a_log " + std::to_string(a_log) + (with_bias ? " with bias" : ""));
       std::vector<float> want(raw.size());
       for (size_t d = 0; d < raw.size(); ++d) want[d] = KdaGate(with_bias ? raw[d] + bias[d] : raw[d], a_log);
       std::vector<float> got = raw;
       KdaGateRowInPlace(got.data(), with_bias ? bias.data() : nullptr, a_log, len);
-      EXPECT_TRUE(AllCloseF32(got.data(), want.data(), want.size(), 1e-30, 1e-6)) << a_log << " " << with_bias;
+      EXPECT_TRUE(AllCloseF32(got.data(), want.data(), want.size(), 1e-30, 1e-6));
       const float x0 = with_bias ? raw[0] + bias[0] : raw[0];  // > 20: softplus is the identity
       EXPECT_EQ(got[0], -std::exp(a_log) * x0);
       EXPECT_EQ(got[1], 0.0F);  // softplus(-200 + bias) underflows fp32, as in the reference
@@ -229,59 +285,226 @@ TEST(KdaGateRowInPlace, MatchesKdaGateIncludingExtremes) {
   }
 }
 
-TEST(GatedRmsNorm, FastMatchesReference) {
+INSTANTIATE_TEST_SUITE_P(Kernels, GateRowTest, ::testing::ValuesIn(OptimizedVariants()), VariantParamName());
+
+// ------------------------------------------------------------ gated RMSNorm
+
+class GatedRmsNormTest : public VariantTest {};
+
+TEST_P(GatedRmsNormTest, MatchesOracle) {
   const int H = 4;
-  const int V = 64;
   const int64_t T = 9;
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    const ActBuffer o = ToAct(dt, Random(static_cast<size_t>(T * H * V), -2, 2, 7));
-    const ActBuffer gate = ToAct(dt, Random(static_cast<size_t>(T * H * V), -8, 8, 8));
-    const std::vector<float> w = Random(static_cast<size_t>(V), 0.5F, 1.5F, 9);
-    ActBuffer y_ref(dt, T * H * V);
-    ActBuffer y_fast(dt, T * H * V);
-    GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, 1e-5F);
-    GatedRmsNorm(y_fast.mut(), o.view(), gate.view(), w.data(), T, H, V, 1e-5F);
-    const std::vector<float> r = y_ref.ToFloat();
-    const std::vector<float> f = y_fast.ToFloat();
-    if (dt == DType::kF32) {
-      EXPECT_TRUE(AllCloseF32(f.data(), r.data(), r.size(), 1e-6, 1e-6));
-    } else {
-      // The exact output: the fp32 reference on the same (bf16-exact) inputs.
-      const ActBuffer o32 = ToAct(DType::kF32, o.ToFloat());
-      const ActBuffer gate32 = ToAct(DType::kF32, gate.ToFloat());
-      ActBuffer y32(DType::kF32, T * H * V);
-      GatedRmsNormReference(y32.mut(), o32.view(), gate32.view(), w.data(), T, H, V, 1e-5F);
-      const std::vector<float> x = y32.ToFloat();
-      EXPECT_TRUE(testing::AllCloseBF16(f.data(), r.data(), x.data(), r.size()));
+  for (int V : {64, 37}) {  // 37: not a whole number of vectors
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " V " + std::to_string(V));
+      const ActBuffer o = ToAct(dt, Random(static_cast<size_t>(T * H * V), -2, 2, 7));
+      const ActBuffer gate = ToAct(dt, Random(static_cast<size_t>(T * H * V), -8, 8, 8));
+      const std::vector<float> w = Random(static_cast<size_t>(V), 0.5F, 1.5F, 9);
+      const float eps = 1e-5F;
+      ActBuffer y(dt, T * H * V);
+      if (variant().optimized()) {
+        GatedRmsNorm(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
+      } else {
+        GatedRmsNormReference(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
+      }
+      std::vector<double> want(static_cast<size_t>(T * H * V));
+      for (int64_t r = 0; r < T * H; ++r) {
+        double ss = 0;
+        for (int d = 0; d < V; ++d) ss += static_cast<double>(o.Get(r * V + d)) * o.Get(r * V + d);
+        const double rstd = 1.0 / std::sqrt(ss / V + eps);
+        for (int d = 0; d < V; ++d) {
+          want[r * V + d] = o.Get(r * V + d) * rstd * w[d] * SigmoidF64(gate.Get(r * V + d));
+        }
+      }
+      EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
+      if (variant().optimized()) {
+        ActBuffer y_ref(dt, T * H * V);
+        GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
+        const std::vector<float> r = y_ref.ToFloat();
+        const std::vector<float> f = y.ToFloat();
+        if (dt == DType::kF32) {
+          EXPECT_TRUE(AllCloseF32(f.data(), r.data(), r.size(), 1e-6, 1e-6));
+        } else {
+          const std::vector<float> exact(want.begin(), want.end());
+          EXPECT_TRUE(AllCloseBF16(f.data(), r.data(), exact.data(), r.size()));
+        }
+      }
     }
   }
 }
 
-TEST(AddInPlace, FastMatchesReferenceBitForBit) {
+INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// ------------------------------------------------------------ residual add
+
+class ResidualAddTest : public VariantTest {};
+
+TEST_P(ResidualAddTest, IsTheSumRoundedOnceBitForBit) {
   // Spans several parallel jobs and ends off a vector boundary.
   const int64_t n = 3 * (int64_t{1} << 16) + 7;
   for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
     const ActBuffer x = ToAct(dt, Random(static_cast<size_t>(n), -4, 4, 11));
     const ActBuffer start = ToAct(dt, Random(static_cast<size_t>(n), -4, 4, 12));
-    ActBuffer ref = ToAct(dt, start.ToFloat());
-    ActBuffer fast = ToAct(dt, start.ToFloat());
-    AddInPlaceReference(ref.mut(), x.view(), n);
-    AddInPlace(fast.mut(), x.view(), n);
-    ASSERT_EQ(std::memcmp(ref.data(), fast.data(), static_cast<size_t>(n) * DTypeSize(dt)), 0) << DTypeName(dt);
-    // One value checked by hand: the sum rounded once.
-    const float want = dt == DType::kBF16 ? RoundBF16(start.Get(5) + x.Get(5)) : start.Get(5) + x.Get(5);
-    EXPECT_EQ(fast.Get(5), want);
-    EXPECT_NE(fast.Get(5), start.Get(5));
+    ActBuffer acc = ToAct(dt, start.ToFloat());
+    if (variant().optimized()) {
+      AddInPlace(acc.mut(), x.view(), n);
+    } else {
+      AddInPlaceReference(acc.mut(), x.view(), n);
+    }
+    ActBuffer want(dt, n);
+    for (int64_t i = 0; i < n; ++i) want.Set(i, start.Get(i) + x.Get(i));  // summed in fp32, rounded once
+    ASSERT_EQ(std::memcmp(acc.data(), want.data(), static_cast<size_t>(n) * DTypeSize(dt)), 0);
+    EXPECT_NE(acc.Get(5), start.Get(5));
   }
 }
 
-TEST(AddInPlace, RefusesMixedDtypesAndLeavesTheSumUntouched) {
+TEST(ResidualAdd, RefusesMixedDtypesAndLeavesTheSumUntouched) {
   ActBuffer acc = ToAct(DType::kF32, {1.0F, 2.0F});
   const ActBuffer x = ToAct(DType::kBF16, {1.0F, 1.0F});
   EXPECT_THROW(AddInPlace(acc.mut(), x.view(), 2), Error);
   EXPECT_EQ(acc.Get(0), 1.0F);
   EXPECT_EQ(acc.Get(1), 2.0F);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ResidualAddTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// ------------------------------------------------------------ bf16 conversions
+
+// Values whose rounding is decided by the rule: ties both ways, the largest
+// finite values (one rounds to infinity), infinities, signed zeros,
+// subnormals, NaNs (quiet and signalling, both signs).
+std::vector<float> RoundingCases() {
+  std::vector<uint32_t> bits = {0x3f808000U, 0x3f818000U, 0x3f80c000U, 0x3f807fffU, 0x7f7fffffU, 0x7f7f7fffU,
+                                0x7f800000U, 0xff800000U, 0x00000000U, 0x80000000U, 0x00000001U, 0x807fffffU,
+                                0x7fc00000U, 0xffc00001U, 0x7f800001U, 0xff80ffffU, 0x7fffffffU, 0xc0490fdbU};
+  std::vector<float> r;
+  for (uint32_t b : bits) {
+    float f = 0.0F;
+    std::memcpy(&f, &b, sizeof(f));
+    r.push_back(f);
+  }
+  const std::vector<float> random = Random(4099, -1e6F, 1e6F, 21);
+  r.insert(r.end(), random.begin(), random.end());
+  return r;
+}
+
+class Bf16ConvertTest : public VariantTest {};
+
+TEST_P(Bf16ConvertTest, RoundsToNearestEvenBitExactly) {
+  const std::vector<float> x = RoundingCases();
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<BF16> y(x.size());
+  std::vector<float> back(x.size());
+  if (variant().optimized()) {
+    ConvertToBF16(y.data(), x.data(), n);
+    ConvertToFloat(back.data(), y.data(), n);
+  } else {
+    ConvertToBF16Reference(y.data(), x.data(), n);
+    ConvertToFloatReference(back.data(), y.data(), n);
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &x[i], sizeof(u));
+    // The rule written out: NaN -> its upper half with the quiet bit; else round half to even.
+    const bool nan = (u & 0x7fffffffU) > 0x7f800000U;
+    const uint32_t lower = u & 0xffffU;
+    uint32_t want = u >> 16;
+    if (nan) {
+      want |= 0x40U;
+    } else if (lower > 0x8000U || (lower == 0x8000U && (want & 1U) != 0)) {
+      ++want;
+    }
+    ASSERT_EQ(y[i].bits, want) << "element " << i << " bits 0x" << std::hex << u;
+    uint32_t wide = 0;
+    std::memcpy(&wide, &back[i], sizeof(wide));
+    ASSERT_EQ(wide, want << 16) << "element " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16ConvertTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// ------------------------------------------------------------ vector math
+
+class VecMathTest : public VariantTest {
+ protected:
+  std::vector<float> Apply(internal::VecMathOp op, const std::vector<float>& x) const {
+    std::vector<float> y(x.size());
+    internal::KernelsFor(variant().isa).vec_math(op, y.data(), x.data(), static_cast<int64_t>(x.size()));
+    return y;
+  }
+};
+
+TEST_P(VecMathTest, MatchesLibm) {
+  using internal::VecMathOp;
+  // 200003 points: whole vectors and a tail through the one-lane path.
+  std::vector<float> xe, xl, xs;
+  for (int i = 0; i <= 200002; ++i) {
+    xe.push_back(std::min(88.0F, -87.0F + 175.0F * static_cast<float>(i) / 200002.0F));
+    xl.push_back(std::ldexp(1.0F + static_cast<float>(i) / 200002.0F, (i % 60) - 30));
+    xs.push_back(-40.0F + 80.0F * static_cast<float>(i) / 200002.0F);
+  }
+  const std::vector<float> e = Apply(VecMathOp::kExp, xe);
+  const std::vector<float> l = Apply(VecMathOp::kLog, xl);
+  const std::vector<float> sp = Apply(VecMathOp::kSoftplus, xs);
+  const std::vector<float> sg = Apply(VecMathOp::kSigmoid, xs);
+  const std::vector<float> si = Apply(VecMathOp::kSilu, xs);
+  double worst_exp = 0, worst_log = 0, worst_sp = 0, worst_sg = 0, worst_si = 0;
+  for (size_t i = 0; i < xe.size(); ++i) {
+    const double we = std::exp(static_cast<double>(xe[i]));
+    worst_exp = std::max(worst_exp, std::fabs(e[i] - we) / we);
+    const double wl = std::log(static_cast<double>(xl[i]));
+    worst_log = std::max(worst_log, std::fabs(l[i] - wl) / std::max(1.0, std::fabs(wl)));
+    const double s = xs[i];
+    worst_sp = std::max(worst_sp, std::fabs(sp[i] - SoftplusF64(s)) / SoftplusF64(s));
+    worst_sg = std::max(worst_sg, std::fabs(sg[i] - SigmoidF64(s)) / SigmoidF64(s));
+    worst_si = std::max(worst_si, std::fabs(si[i] - s * SigmoidF64(s)) / std::max(1e-30, std::fabs(s * SigmoidF64(s))));
+  }
+  EXPECT_LT(worst_exp, 3e-7);
+  EXPECT_LT(worst_log, 2e-7);  // relative to max(1, |log y|), y in [2^-30, 2^30]
+  EXPECT_LT(worst_sp, 5e-7);
+  EXPECT_LT(worst_sg, 5e-7);
+  EXPECT_LT(worst_si, 5e-7);
+
+  // Edges, through the vector path (16 lanes) and the one-lane path (the 17th).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> edge(17, -250.0F);
+  edge[1] = -88.0F;  // below 2^-126: 0
+  edge[2] = nan;
+  edge[3] = 0.0F;
+  edge[16] = nan;
+  edge[15] = -inf;
+  const std::vector<float> ee = Apply(VecMathOp::kExp, edge);
+  EXPECT_EQ(ee[0], 0.0F);
+  EXPECT_EQ(ee[1], 0.0F);
+  EXPECT_TRUE(std::isnan(ee[2]));
+  EXPECT_EQ(ee[3], 1.0F);
+  EXPECT_EQ(ee[15], 0.0F);
+  EXPECT_TRUE(std::isnan(ee[16]));
+  EXPECT_EQ(Apply(VecMathOp::kSoftplus, {30.0F, -250.0F}), (std::vector<float>{30.0F, 0.0F}));
+  for (float s : Apply(VecMathOp::kSigmoid, std::vector<float>(17, -250.0F))) {
+    EXPECT_GE(s, 0.0F);
+    EXPECT_LT(s, 1e-38F);  // 1 / (1 + e^88): e^x is clamped at 88
+  }
+  EXPECT_EQ(Apply(VecMathOp::kSigmoid, std::vector<float>(17, inf)), std::vector<float>(17, 1.0F));
+}
+
+TEST_P(VecMathTest, RoundsToBf16AsToBF16) {
+  // The vector store (whole registers) and the one-lane store (the tail) against kda::ToBF16.
+  const std::vector<float> x = RoundingCases();
+  const std::vector<float> y = Apply(internal::VecMathOp::kRoundBF16, x);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = RoundBF16(x[i]);
+    uint32_t got_bits = 0;
+    uint32_t want_bits = 0;
+    std::memcpy(&got_bits, &y[i], sizeof(got_bits));
+    std::memcpy(&want_bits, &want, sizeof(want_bits));
+    ASSERT_EQ(got_bits, want_bits) << "element " << i << " = " << x[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, VecMathTest, ::testing::ValuesIn(OptimizedVariants()), VariantParamName());
 
 }  // namespace
 }  // namespace kda

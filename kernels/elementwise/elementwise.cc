@@ -1,3 +1,7 @@
+// The element-wise kernels: plain references, validation, and the host side
+// of the optimized versions (jobs over threads); their compute code is
+// gate_beta.cc, gated_rms_norm.cc and residual_add.cc, compiled per
+// instruction set and reached through the dispatch table.
 #include "kda/kernels/elementwise.h"
 
 #include <algorithm>
@@ -5,104 +9,13 @@
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
-#include "kernels/elementwise/vec_math.h"
+#include "kernels/isa/constants.h"
+#include "kernels/isa/dispatch.h"
 
 namespace kda {
 namespace {
 
-using vecmath::LoadF;
-using vecmath::SigmoidF;
-using vecmath::SoftplusF;
-using vecmath::StoreF;
-
-constexpr int64_t kRowsPerJob = 16;
-
-// ---------------------------------------------------------------- gate, beta
-
-// g[d] = neg_a * softplus(raw[d] (+ bias[d])) over one head's row (g may be raw).
-template <bool kBias, class TR>
-[[gnu::always_inline]] inline void GateRowOf(float* g, const TR* raw, const float* bias, float neg_a, int len) {
-#pragma omp simd
-  for (int d = 0; d < len; ++d) {
-    const float x = LoadF(raw[d]);
-    g[d] = neg_a * SoftplusF(kBias ? x + bias[d] : x);
-  }
-}
-
-template <class TR, class TL>
-[[gnu::always_inline]] inline void GateBetaRows(float* g, float* beta, const TR* raw, const TL* logits,
-                                                const float* neg_a, const float* dt_bias, int64_t t0, int64_t t1, int H,
-                                                int K) {
-  const int64_t p = static_cast<int64_t>(H) * K;
-  for (int64_t t = t0; t < t1; ++t) {
-    for (int h = 0; h < H; ++h) {
-      const int64_t base = t * p + static_cast<int64_t>(h) * K;
-      GateRowOf<true>(g + base, raw + base, dt_bias + static_cast<int64_t>(h) * K, neg_a[h], K);
-    }
-#pragma omp simd
-    for (int h = 0; h < H; ++h) beta[t * H + h] = SigmoidF(LoadF(logits[t * H + h]));
-  }
-}
-
-#define KDA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-KDA_CLONES void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* neg_a,
-                            const float* dt_bias, int64_t t0, int64_t t1, int H, int K) {
-  GateBetaRows(g, beta, raw, logits, neg_a, dt_bias, t0, t1, H, K);
-}
-KDA_CLONES void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a,
-                             const float* dt_bias, int64_t t0, int64_t t1, int H, int K) {
-  GateBetaRows(g, beta, raw, logits, neg_a, dt_bias, t0, t1, H, K);
-}
-
-KDA_CLONES void GateRow(float* g, const float* bias, float neg_a, int len) {
-  if (bias != nullptr) {
-    GateRowOf<true>(g, g, bias, neg_a, len);
-  } else {
-    GateRowOf<false>(g, g, bias, neg_a, len);
-  }
-}
-
-// ----------------------------------------------------------- gated RMSNorm
-
-template <class T>
-[[gnu::always_inline]] inline void RmsNormRows(T* y, const T* o, const T* gate, const float* w, int64_t r0, int64_t r1,
-                                               int V, float eps) {
-  for (int64_t r = r0; r < r1; ++r) {  // r = t * H + h
-    const T* orow = o + r * V;
-    const T* grow = gate + r * V;
-    T* yrow = y + r * V;
-    float ss = 0.0F;
-#pragma omp simd reduction(+ : ss)
-    for (int d = 0; d < V; ++d) {
-      const float v = LoadF(orow[d]);
-      ss += v * v;
-    }
-    const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(V) + eps);
-#pragma omp simd
-    for (int d = 0; d < V; ++d) StoreF(yrow + d, LoadF(orow[d]) * rstd * w[d] * SigmoidF(LoadF(grow[d])));
-  }
-}
-
-KDA_CLONES void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V,
-                           float eps) {
-  RmsNormRows(y, o, gate, w, r0, r1, V, eps);
-}
-KDA_CLONES void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V,
-                            float eps) {
-  RmsNormRows(y, o, gate, w, r0, r1, V, eps);
-}
-
-// ------------------------------------------------------------ residual add
-
-template <class T>
-[[gnu::always_inline]] inline void AddRows(T* acc, const T* x, int64_t i0, int64_t i1) {
-#pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) StoreF(acc + i, LoadF(acc[i]) + LoadF(x[i]));
-}
-
-KDA_CLONES void AddF32(float* acc, const float* x, int64_t i0, int64_t i1) { AddRows(acc, x, i0, i1); }
-KDA_CLONES void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1) { AddRows(acc, x, i0, i1); }
+using kc::kRowsPerJob;
 
 void CheckFloatBuf(DType t, const char* what) {
   Check(t == DType::kF32 || t == DType::kBF16, std::string(what) + " must be F32 or BF16");
@@ -131,20 +44,23 @@ void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const flo
   Check(raw.dtype == logits.dtype, "gate and beta inputs must share a dtype");
   std::vector<float> neg_a(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) neg_a[h] = -std::exp(A_log[h]);
+  const internal::KernelTable& kernels = internal::ActiveKernels();
   ParallelFor((T + kRowsPerJob - 1) / kRowsPerJob, [&](int64_t job) {
     const int64_t t0 = job * kRowsPerJob;
     const int64_t t1 = std::min(T, t0 + kRowsPerJob);
     if (raw.dtype == DType::kBF16) {
-      GateBetaBF16(g, beta, static_cast<const BF16*>(raw.data), static_cast<const BF16*>(logits.data), neg_a.data(),
-                   dt_bias, t0, t1, H, K);
+      kernels.gate_beta_bf16(g, beta, static_cast<const BF16*>(raw.data), static_cast<const BF16*>(logits.data),
+                             neg_a.data(), dt_bias, t0, t1, H, K);
     } else {
-      GateBetaF32(g, beta, static_cast<const float*>(raw.data), static_cast<const float*>(logits.data), neg_a.data(),
-                  dt_bias, t0, t1, H, K);
+      kernels.gate_beta_f32(g, beta, static_cast<const float*>(raw.data), static_cast<const float*>(logits.data),
+                            neg_a.data(), dt_bias, t0, t1, H, K);
     }
   });
 }
 
-void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) { GateRow(g, bias, -std::exp(A_log), len); }
+void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) {
+  internal::ActiveKernels().gate_row(g, bias, -std::exp(A_log), len);
+}
 
 void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps) {
   for (int64_t r = 0; r < T * H; ++r) {
@@ -166,15 +82,16 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
   CheckFloatBuf(y.dtype, "RMSNorm output");
   Check(o.dtype == y.dtype && gate.dtype == y.dtype, "RMSNorm input, gate and output must share a dtype");
   const int64_t rows = T * H;
+  const internal::KernelTable& kernels = internal::ActiveKernels();
   ParallelFor((rows + kRowsPerJob * 4 - 1) / (kRowsPerJob * 4), [&](int64_t job) {
     const int64_t r0 = job * kRowsPerJob * 4;
     const int64_t r1 = std::min(rows, r0 + kRowsPerJob * 4);
     if (y.dtype == DType::kBF16) {
-      RmsNormBF16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data), static_cast<const BF16*>(gate.data), w,
-                  r0, r1, V, eps);
+      kernels.rms_norm_bf16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data),
+                            static_cast<const BF16*>(gate.data), w, r0, r1, V, eps);
     } else {
-      RmsNormF32(static_cast<float*>(y.data), static_cast<const float*>(o.data), static_cast<const float*>(gate.data),
-                 w, r0, r1, V, eps);
+      kernels.rms_norm_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data),
+                           static_cast<const float*>(gate.data), w, r0, r1, V, eps);
     }
   });
 }
@@ -189,15 +106,38 @@ void AddInPlaceReference(MutBuf acc, ConstBuf x, int64_t n) {
 void AddInPlace(MutBuf acc, ConstBuf x, int64_t n) {
   CheckFloatBuf(acc.dtype, "residual sum");
   Check(x.dtype == acc.dtype, "residual add: the addend and the sum must share a dtype");
-  constexpr int64_t kPerJob = int64_t{1} << 16;  // elements: memory-bound, big jobs
+  constexpr int64_t kPerJob = kc::kAddPerJob;  // elements: memory-bound, big jobs
+  const internal::KernelTable& kernels = internal::ActiveKernels();
   ParallelFor((n + kPerJob - 1) / kPerJob, [&](int64_t job) {
     const int64_t i0 = job * kPerJob;
     const int64_t i1 = std::min(n, i0 + kPerJob);
     if (acc.dtype == DType::kBF16) {
-      AddBF16(static_cast<BF16*>(acc.data), static_cast<const BF16*>(x.data), i0, i1);
+      kernels.add_bf16(static_cast<BF16*>(acc.data), static_cast<const BF16*>(x.data), i0, i1);
     } else {
-      AddF32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), i0, i1);
+      kernels.add_f32(static_cast<float*>(acc.data), static_cast<const float*>(x.data), i0, i1);
     }
+  });
+}
+
+void ConvertToBF16Reference(BF16* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToBF16(x[i]);
+}
+
+void ConvertToFloatReference(float* y, const BF16* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = ToFloat(x[i]);
+}
+
+void ConvertToBF16(BF16* y, const float* x, int64_t n) {
+  const internal::KernelTable& kernels = internal::ActiveKernels();
+  ParallelFor((n + kc::kAddPerJob - 1) / kc::kAddPerJob, [&](int64_t job) {
+    kernels.to_bf16(y, x, job * kc::kAddPerJob, std::min(n, (job + 1) * kc::kAddPerJob));
+  });
+}
+
+void ConvertToFloat(float* y, const BF16* x, int64_t n) {
+  const internal::KernelTable& kernels = internal::ActiveKernels();
+  ParallelFor((n + kc::kAddPerJob - 1) / kc::kAddPerJob, [&](int64_t job) {
+    kernels.to_f32(y, x, job * kc::kAddPerJob, std::min(n, (job + 1) * kc::kAddPerJob));
   });
 }
 

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "kda/base/error.h"
-#include "kda/base/parallel.h"
+#include "kda/kernels/elementwise.h"
 #include "kda/kernels/gemm.h"
 
 namespace kda {
@@ -79,8 +79,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   const void* src_ptr = x.data;
   if (ct == dt::f32 && x.dtype == DType::kBF16) {
     x_wide.resize(static_cast<size_t>(m * in_));
-    const auto* xb = static_cast<const BF16*>(x.data);
-    for (size_t i = 0; i < x_wide.size(); ++i) x_wide[i] = ToFloat(xb[i]);
+    ConvertToFloat(x_wide.data(), static_cast<const BF16*>(x.data), m * in_);
     src_ptr = x_wide.data();
   }
   // The fp32 accumulation is rounded once when y is BF16: by oneDNN's
@@ -116,12 +115,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   stream.wait();
 
   if (y.dtype == DType::kBF16 && !native_bf16_out) {
-    auto* yb = static_cast<BF16*>(y.data);
-    const int64_t n = m * out_;
-    ParallelFor((n + 4095) / 4096, [&](int64_t blk) {
-      const int64_t end = std::min(n, (blk + 1) * 4096);
-      for (int64_t i = blk * 4096; i < end; ++i) yb[i] = ToBF16(acc[static_cast<size_t>(i)]);
-    });
+    ConvertToBF16(static_cast<BF16*>(y.data), acc.data(), m * out_);
   }
 }
 

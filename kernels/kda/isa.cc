@@ -1,6 +1,8 @@
-// Instruction-set selection of the optimized KDA kernels: the CPU's best
-// variant, overridable through SetKernelIsa or the KDA_ISA environment
-// variable. A variant the CPU (or build) lacks is a kda::Error, never a SIGILL.
+// Instruction-set selection of every optimized CPU kernel (KDA core, short
+// conv, element-wise): the CPU's best variant, overridable through
+// SetKernelIsa or the KDA_ISA environment variable, and the dispatch table of
+// the chosen one (kernels/isa/dispatch.h). A variant the CPU (or build) lacks
+// is a kda::Error, never a SIGILL.
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -8,8 +10,8 @@
 
 #include "kda/base/error.h"
 #include "kda/kernels/kda.h"
+#include "kernels/isa/dispatch.h"
 #include "kernels/kda/dispatch_internal.h"
-#include "kernels/kda/optimized.h"
 
 namespace kda {
 namespace {
@@ -50,8 +52,30 @@ const CpuFeatures& Cpu() {
   return cpu;
 }
 
+// The table of a target this build has, else null.
+const internal::KernelTable* BuiltTable(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kAuto:
+    case KernelIsa::kGeneric:
+      return &N_GENERIC::Table();
+    case KernelIsa::kAvx2:
+#if defined(KDA_X86_TARGETS)
+      return &N_AVX2::Table();
+#else
+      return nullptr;
+#endif
+    case KernelIsa::kAvx512:
+#if defined(KDA_X86_TARGETS)
+      return &N_AVX512::Table();
+#else
+      return nullptr;
+#endif
+  }
+  return nullptr;
+}
+
 std::string Unsupported(KernelIsa isa) {
-  const bool built = internal::KernelsFor(isa).chunk_task != nullptr;
+  const bool built = BuiltTable(isa) != nullptr;
   return std::string("kernel ISA '") + KernelIsaName(isa) + "' is not supported by this " + (built ? "CPU" : "build") +
          " (best available: " + KernelIsaName(BestKernelIsa()) + ")";
 }
@@ -107,9 +131,9 @@ bool CpuSupportsKernelIsa(KernelIsa isa) {
     case KernelIsa::kGeneric:
       return true;
     case KernelIsa::kAvx2:
-      return Cpu().avx2_fma && internal::Avx2Kernels().chunk_task != nullptr;
+      return Cpu().avx2_fma && BuiltTable(isa) != nullptr;
     case KernelIsa::kAvx512:
-      return Cpu().avx512f && internal::Avx512Kernels().chunk_task != nullptr;
+      return Cpu().avx512f && BuiltTable(isa) != nullptr;
   }
   return false;
 }
@@ -134,18 +158,13 @@ KernelIsa ActiveKernelIsa() {
 
 namespace internal {
 
-IsaKernels KernelsFor(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kAvx512:
-      return Avx512Kernels();
-    case KernelIsa::kAvx2:
-      return Avx2Kernels();
-    case KernelIsa::kAuto:
-    case KernelIsa::kGeneric:
-      break;
-  }
-  return GenericKernels();
+const KernelTable& KernelsFor(KernelIsa isa) {
+  if (isa == KernelIsa::kAuto) return ActiveKernels();
+  Check(CpuSupportsKernelIsa(isa), Unsupported(isa));
+  return *BuiltTable(isa);
 }
+
+const KernelTable& ActiveKernels() { return *BuiltTable(ActiveKernelIsa()); }
 
 void ResetKernelIsaForTesting() {
   g_set_isa.store(kUnset);

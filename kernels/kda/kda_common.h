@@ -12,14 +12,12 @@
 
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
+#include "kernels/isa/constants.h"
 
 namespace kda::internal {
 
-// Largest head dim the kernels accept (validated); sizes stack scratch rows.
-inline constexpr int kMaxHeadDim = 256;
-
-// eps of the in-kernel L2 norm: x / sqrt(sum x^2 + eps).
-inline constexpr float kL2NormEps = 1e-6F;
+using kc::kL2NormEps;   // eps of the in-kernel L2 norm: x / sqrt(sum x^2 + eps)
+using kc::kMaxHeadDim;  // largest head dim the kernels accept (validated)
 
 // The scale applied to q: options.scale, or K^-0.5 when it is <= 0.
 inline float EffectiveScale(const KdaOptions& opt, int k_dim) {

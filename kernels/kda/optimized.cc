@@ -1,8 +1,9 @@
 // Host side of the optimized KDA kernels: validation, the split into tasks,
 // per-worker scratch and the parallel loop. The compute code is in
-// optimized_impl.h, compiled per instruction set (see optimized.h).
+// chunk_kda.cc and fused_recurrent_kda.cc, compiled per instruction set and
+// reached through the dispatch table (kernels/isa/dispatch.h).
 //
-// Threads: a prefill task is a group of up to kOptHeadGroup heads of one
+// Threads: a prefill task is a group of up to kc::kHeadGroup heads of one
 // sequence (advanced in lockstep, see optimized.h) when there are enough
 // (sequence, head) pairs for about four tasks per worker; with fewer pairs
 // (N = 1 with few heads) a task is one head's group of value columns (the
@@ -19,6 +20,8 @@
 #include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
+#include "kernels/isa/constants.h"
+#include "kernels/isa/dispatch.h"
 #include "kernels/kda/kda_common.h"
 #include "kernels/kda/optimized.h"
 
@@ -36,7 +39,7 @@ class ChunkWorker {
   ChunkWorker(int k_dim, int v_dim) {
     const auto kd = static_cast<size_t>(k_dim);
     const auto vd = static_cast<size_t>(v_dim);
-    const auto tb = static_cast<size_t>(internal::kOptTokenBlock);
+    const auto tb = static_cast<size_t>(kc::kTokenBlock);
     // state, c, then per prepared block: khat, ktil, qhat, mfac, vrow, beta.
     const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb};
     size_t total = kAlignFloats + Padded(kd * vd) + Padded(kd);
@@ -44,7 +47,7 @@ class ChunkWorker {
     // Uninitialised: every element is written before it is read.
     storage_ = std::make_unique_for_overwrite<float[]>(total);
     flags_ = std::make_unique_for_overwrite<uint8_t[]>(2 * tb);
-    lines_ = std::make_unique_for_overwrite<const void*[]>(tb * internal::kMaxLinesPerToken);
+    lines_ = std::make_unique_for_overwrite<const void*[]>(tb * kc::kMaxLinesPerToken);
     scratch_.lines = lines_.get();
     const auto address = reinterpret_cast<uintptr_t>(storage_.get());
     float* next = storage_.get() + ((64 - address % 64) % 64) / sizeof(float);
@@ -84,7 +87,7 @@ struct TaskRef {
 namespace internal {
 
 void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
-  const IsaKernels kernels = KernelsFor(isa);
+  const KernelTable& kernels = KernelsFor(isa);
   const float scale = EffectiveScale(a.options, a.K);
   const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
   const size_t head_states = static_cast<size_t>(a.H) * state_size;
@@ -127,7 +130,7 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   const int blocks = (a.V + kernels.column_block - 1) / kernels.column_block;
   const auto pairs = static_cast<int64_t>(busy.size()) * a.H;
   const int want = 4 * threads;
-  const int head_group = static_cast<int>(std::clamp<int64_t>(pairs / std::max<int64_t>(want, 1), 1, kOptHeadGroup));
+  const int head_group = static_cast<int>(std::clamp<int64_t>(pairs / std::max<int64_t>(want, 1), 1, kc::kHeadGroup));
   const int col_groups =
       head_group > 1 ? 1 : static_cast<int>(std::clamp<int64_t>((want + pairs - 1) / pairs, 1, blocks));
   std::vector<TaskRef> tasks;
@@ -175,7 +178,7 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
 
 void FusedRecurrentKdaOptimizedUnchecked(const RecurrentKdaArgs& a, KernelIsa isa) {
   if (a.N == 0) return;
-  const IsaKernels kernels = KernelsFor(isa);
+  const KernelTable& kernels = KernelsFor(isa);
   const float scale = EffectiveScale(a.options, a.K);
   ParallelFor(a.N * a.H, [&](int64_t i) {
     RecurrentTask task;

@@ -1,26 +1,19 @@
 // Private interface between the optimized KDA kernels' host code
 // (optimized.cc: validation, workspaces, task split, threads) and their
-// per-ISA compute code (optimized_{generic,avx2,avx512}.cc, one templated
-// source, optimized_impl.h, compiled once per instruction set).
-//
-// The per-ISA files see only these plain structs: no std:: containers or
-// other inline library code crosses into code compiled with -mavx512f, so the
-// linker can never pick an AVX-512 copy of a shared inline function for a CPU
-// without it.
+// per-ISA compute code (kernels/kda/chunk_kda.cc and fused_recurrent_kda.cc,
+// compiled once per instruction set, reached through the dispatch table of
+// kernels/isa/dispatch.h). The per-ISA code sees only these plain structs.
 #pragma once
 
 #include <cstdint>
 
 #include "kda/kernels/kda.h"
+#include "kernels/isa/constants.h"
 
 namespace kda::internal {
 
-// Prefill tokens are prepared in blocks of this many rows (per-token decay
-// vectors, see optimized_impl.h), then swept once per value-column block.
-inline constexpr int kOptTokenBlock = 32;
-
 // The prepared vectors of one token block. Shapes: khat, ktil, qhat, mfac
-// [kOptTokenBlock][K]; vrow [kOptTokenBlock][task width]; beta, flag [kOptTokenBlock].
+// [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, flag [kc::kTokenBlock].
 struct PrepBuffers {
   float* khat = nullptr;
   float* ktil = nullptr;
@@ -31,24 +24,16 @@ struct PrepBuffers {
   uint8_t* flag = nullptr;
 };
 
-// Cache lines of one token's input rows (q, k, g, v at K, V <= 256 in fp32, unaligned, and beta).
-inline constexpr int kMaxLinesPerToken = 4 * 17 + 1;
-
 // Scratch of one worker for chunk tasks, sized for K, V (allocated by the host,
 // 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], two
 // prepared blocks (the one being swept and the next one), and the addresses of
-// the next block's input lines to prefetch [kOptTokenBlock * kMaxLinesPerToken].
+// the next block's input lines to prefetch [kc::kTokenBlock * kc::kMaxLinesPerToken].
 struct ChunkScratch {
   float* state = nullptr;
   float* c = nullptr;
   PrepBuffers prep[2];
   const void** lines = nullptr;
 };
-
-// Heads of one sequence that a chunk task processes in lockstep, block by
-// block: their rows of a token share pages, so their input streams share TLB
-// entries (one head alone walks a new page per row).
-inline constexpr int kOptHeadGroup = 4;
 
 // One head of a chunk task: sequence n, head h, value columns [v_begin, v_end)
 // (a multiple of the ISA's column block, except at V), its scratch. initial
@@ -66,7 +51,7 @@ struct ChunkTask {
   ChunkScratch scratch;
 };
 
-// One chunk task: heads [h, h + heads) (heads <= kOptHeadGroup) of sequence n
+// One chunk task: heads [h, h + heads) (heads <= kc::kHeadGroup) of sequence n
 // over value columns [v_begin, v_end), one scratch per head. The sequence is
 // not empty (nor padding); initial and final as in ChunkTask.
 struct ChunkGroupTask {
@@ -79,7 +64,7 @@ struct ChunkGroupTask {
   int v_begin = 0;
   int v_end = 0;
   float scale = 1.0F;
-  ChunkScratch scratch[kOptHeadGroup];
+  ChunkScratch scratch[kc::kHeadGroup];
 };
 
 // One decode task: entry n (padding or not), head h.
@@ -89,22 +74,6 @@ struct RecurrentTask {
   int h = 0;
   float scale = 1.0F;
 };
-
-// The compute code of one instruction set.
-struct IsaKernels {
-  void (*chunk_task)(const ChunkGroupTask& task) = nullptr;
-  void (*recurrent_task)(const RecurrentTask& task) = nullptr;
-  int column_block = 16;  // value columns per register block of the chunk sweep
-};
-
-// Defined in the per-ISA files; the AVX2 and AVX-512 ones return kernels with
-// null function pointers when the build is not for x86-64.
-IsaKernels GenericKernels();
-IsaKernels Avx2Kernels();
-IsaKernels Avx512Kernels();
-
-// The kernels for `isa` (not kAuto), which the CPU must support.
-IsaKernels KernelsFor(KernelIsa isa);
 
 // The optimized kernels without validation (callers validate first), running
 // the given ISA variant.

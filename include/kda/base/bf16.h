@@ -18,14 +18,24 @@ struct BF16 {
   }
 };
 
+// The rounding rule of every bf16 cast point: float32 bits u -> bfloat16 bits
+// (in the low 16 bits), round to nearest even, NaN kept a (quiet) NaN. U is
+// uint32_t or a GCC vector of uint32_t, so that the scalar ToBF16 and the
+// vector kernels (kernels/isa/vec.h) round by this one definition. Always
+// inlined: no out-of-line copy compiled for one instruction set can be shared
+// with code compiled for another.
+template <class U>
+[[gnu::always_inline]] inline U BF16RoundedBits(U u) {
+  const U quiet_nan = (u >> 16) | 0x40U;
+  const U rounded = (u + (0x7fffU + ((u >> 16) & 1U))) >> 16;
+  return (u & 0x7fffffffU) > 0x7f800000U ? quiet_nan : rounded;
+}
+
 // Round-to-nearest-even float32 -> bfloat16. NaN stays a (quiet) NaN.
 inline BF16 ToBF16(float f) {
   uint32_t u = 0;
   std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffU) > 0x7f800000U) return BF16::FromBits(static_cast<uint16_t>((u >> 16) | 0x40U));
-  const uint32_t lsb = (u >> 16) & 1U;
-  u += 0x7fffU + lsb;
-  return BF16::FromBits(static_cast<uint16_t>(u >> 16));
+  return BF16::FromBits(static_cast<uint16_t>(BF16RoundedBits(u)));
 }
 
 inline float ToFloat(BF16 b) {

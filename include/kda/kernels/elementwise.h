@@ -1,5 +1,6 @@
 // The element-wise parts of the KDA layer, each a plain reference and a
-// vectorised version (multiversioned for AVX-512, AVX2 and generic x86-64).
+// vectorised version (compiled for AVX-512, AVX2 and generic x86-64; the
+// variant is the one ActiveKernelIsa() names, see kda/kernels/kda.h).
 //
 // T tokens, H heads, K = V head dim, P = H*K.
 #pragma once
@@ -34,5 +35,12 @@ void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, 
 // in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.
 void AddInPlace(MutBuf acc, ConstBuf x, int64_t n);
 void AddInPlaceReference(MutBuf acc, ConstBuf x, int64_t n);
+
+// bf16 conversions: y[i] = round-to-nearest-even(x[i]) (NaN kept a quiet
+// NaN), and the exact widening back. y, x [n].
+void ConvertToBF16(BF16* y, const float* x, int64_t n);
+void ConvertToBF16Reference(BF16* y, const float* x, int64_t n);
+void ConvertToFloat(float* y, const BF16* x, int64_t n);
+void ConvertToFloatReference(float* y, const BF16* x, int64_t n);
 
 }  // namespace kda

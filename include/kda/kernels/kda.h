@@ -116,12 +116,13 @@ void fused_recurrent_kda_reference(const RecurrentKdaArgs& a);
 // set that ActiveKernelIsa() names; multithreaded over sequences and heads,
 // and over value columns within a head when there are few (sequence, head)
 // pairs. Prefill uses the recurrent form with scaled state rows, decode two
-// passes over each state (kernels/kda/optimized_impl.h).
+// passes over each state (kernels/kda/chunk_kda.cc, fused_recurrent_kda.cc).
 void chunk_kda_optimized(const ChunkKdaArgs& a);
 void fused_recurrent_kda_optimized(const RecurrentKdaArgs& a);
 
-// Instruction-set variants of the optimized kernels: one source compiled per
-// ISA level, chosen at run time from the CPU's features.
+// Instruction-set variants of every optimized CPU kernel (these two, the short
+// conv and the element-wise kernels): one source compiled per ISA level,
+// chosen at run time from the CPU's features, one switch for all of them.
 enum class KernelIsa : uint8_t { kAuto, kGeneric, kAvx2, kAvx512 };
 
 // "auto" | "generic" | "avx2" | "avx512"; throws kda::Error on anything else.

@@ -1,30 +1,20 @@
-// The compute code of the optimized KDA kernels, written once over a small
-// vector type `Vt` and included by optimized_{generic,avx2,avx512}.cc, each
-// compiled with its own -m flags and defining its Vt. Everything here has
-// internal linkage (anonymous namespace), and it calls no inline library code
-// (no std:: templates, no kda inline helpers): each ISA file owns its copy, so
-// the linker can never hand an AVX-512 copy to a CPU without AVX-512.
-//
-// Vt provides: Reg, Mask, kLanes; Load, Store, Set1, Zero, Fma(a, b, c) = a*b + c,
-// Mul, Sub, Div, Exp; Less, Select(mask, if_true, if_false), Any; ReduceAdd;
-// LoadBF16, StoreBF16 (round to nearest even, NaN kept quiet). Optionally
-// StoreStream, StoreStreamBF16 (non-temporal stores of one register to an
-// address aligned to its width) and StreamFence: the prefill output rows then
-// bypass the cache, where they would evict the input rows prefetched for the
-// next tokens.
+// The optimized chunk_kda (prefill) compute code, compiled once per
+// instruction set (kernels/isa/target.h) over the target's vector Vec
+// (kernels/isa/vec.h). Host side (validation, task split, scratch, threads):
+// optimized.cc; plain reference: chunk_kda_reference.cc.
 //
 // Prefill (chunk_kda) uses the recurrent form, not the chunked WY form: at
 // K = V = 128 the chunked form costs ~182 kflop per token and head against
 // 7 K V = 115 kflop for the recurrence (design §3), and the recurrence can be
 // run at the FMA rate. Per token t, head h and key row d the state row is kept
-// scaled, S[d,:] = c_d * Shat[d,:], with c_d in [kTau, 1]:
+// scaled, S[d,:] = c_d * Shat[d,:], with c_d in [kStateRowMinScale, 1]:
 //   decay:      c'_d = c_d e^{g_d}                     (Shat untouched)
 //   projection: p = S'^T k = sum_d (k_d c'_d) Shat[d,:]      ktil = k c'
 //   delta rule: Shat[d,:] += (k_d / c'_d) delta, delta = beta (v - p)   khat = k / c'
 //   readout:    o = S''^T (scale q) = sum_d (scale q_d c'_d) Shat[d,:]   qhat = scale q c'
 // so every state element costs three FMAs per token (the plain recurrence
 // needs a fourth operation, the decay multiply). When c'_d would drop below
-// kTau, the row is materialised instead: Shat[d,:] *= c_d e^{g_d} (this can be
+// kStateRowMinScale, the row is materialised instead: Shat[d,:] *= c_d e^{g_d} (this can be
 // 0 after a -250 gate, as in the reference) and c'_d = 1. Every exponent fed
 // to Exp is a single gate g <= 0, and c is a running product of e^g (never a
 // difference of running gate sums), so there is no cancellation.
@@ -42,117 +32,20 @@
 // A task advances a few heads of one sequence together, block by block, so
 // that their rows of a token, which share pages, share TLB entries.
 //
-// Decode (fused_recurrent_kda) is memory-bound: per (sequence, head) one pass
-// reads the state for the projection and a second pass (hitting L2) applies
-// decay, update and readout and writes it back.
-#pragma once
-
 #include <cstddef>
 #include <cstdint>
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/elementwise.h"
 #include "kda/kernels/kda.h"
+#include "kernels/isa/constants.h"
+#include "kernels/isa/target_kernels.h"
+#include "kernels/isa/vec.h"
+#include "kernels/kda/kda_vec.h"
 #include "kernels/kda/optimized.h"
 
-namespace kda::internal {
+namespace kda::KDA_TARGET_NS {
 namespace {
-
-// Smallest scale factor c of a stored state row before it is materialised.
-// Shat = S / c stays below |S| * 2^64, far from fp32 overflow, and
-// scale q c stays a normal number.
-constexpr float kTau = 0x1p-64F;
-
-// Largest head dim (validated), for stack rows of the decode kernel.
-constexpr int kMaxDim = 256;
-
-// eps of the in-kernel L2 norm (as in kda_common.h): x / sqrt(sum x^2 + eps).
-constexpr float kL2Eps = 1e-6F;
-
-inline float BF16Bits(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f = 0.0F;
-  __builtin_memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// Element i of an F32 or BF16 buffer.
-inline float LoadScalar(const ConstBuf& buf, size_t i) {
-  return buf.dtype == DType::kBF16 ? BF16Bits(static_cast<const BF16*>(buf.data)[i].bits)
-                                   : static_cast<const float*>(buf.data)[i];
-}
-
-// Lanes [i, i + lanes) of an F32 or BF16 buffer as fp32.
-template <class Vt>
-inline typename Vt::Reg LoadAt(const ConstBuf& buf, size_t i) {
-  return buf.dtype == DType::kBF16 ? Vt::LoadBF16(static_cast<const BF16*>(buf.data) + i)
-                                   : Vt::Load(static_cast<const float*>(buf.data) + i);
-}
-
-// out[0, len) = buf[offset, offset + len) as fp32; len is a multiple of the lanes.
-template <class Vt>
-inline void LoadRow(const ConstBuf& buf, size_t offset, int len, float* out) {
-  for (int d = 0; d < len; d += Vt::kLanes) Vt::Store(out + d, LoadAt<Vt>(buf, offset + d));
-}
-
-// buf[offset + j] = x[j] for the lanes of one register (F32 or BF16 output).
-template <class Vt>
-inline void StoreOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
-  if (buf.dtype == DType::kBF16) {
-    Vt::StoreBF16(static_cast<BF16*>(buf.data) + offset, x);
-  } else {
-    Vt::Store(static_cast<float*>(buf.data) + offset, x);
-  }
-}
-
-// StoreOut with a non-temporal store where the destination is aligned for it.
-template <class Vt>
-inline void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
-  if constexpr (requires { Vt::StoreStream; }) {
-    if (buf.dtype == DType::kF32) {
-      float* p = static_cast<float*>(buf.data) + offset;
-      if (reinterpret_cast<uintptr_t>(p) % sizeof(typename Vt::Reg) == 0) {
-        Vt::StoreStream(p, x);
-        return;
-      }
-    } else {
-      BF16* p = static_cast<BF16*>(buf.data) + offset;
-      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
-        Vt::StoreStreamBF16(p, x);
-        return;
-      }
-    }
-  }
-  StoreOut<Vt>(buf, offset, x);
-}
-
-// sum_d x[offset + d]^2 over d < len of an F32 or BF16 buffer.
-template <class Vt>
-inline float SumSquares(const ConstBuf& buf, size_t offset, int len) {
-  typename Vt::Reg acc = Vt::Zero();
-  for (int d = 0; d < len; d += Vt::kLanes) {
-    const typename Vt::Reg v = LoadAt<Vt>(buf, offset + d);
-    acc = Vt::Fma(v, v, acc);
-  }
-  return Vt::ReduceAdd(acc);
-}
-
-// The factor of the in-kernel L2 norm, x / sqrt(sum x^2 + eps), applied as one
-// multiplication (within an ulp of the reference's division).
-template <class Vt>
-inline float InverseNorm(const ConstBuf& buf, size_t offset, int len) {
-  return 1.0F / __builtin_sqrtf(SumSquares<Vt>(buf, offset, len) + kL2Eps);
-}
-
-// The in-kernel gate of one row, through the out-of-line vectorised KdaGateRowInPlace.
-inline void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
-  const float* bias =
-      opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(len) : nullptr;
-  KdaGateRowInPlace(g, bias, opt.A_log[h], len);
-}
-
-inline size_t ElementBytes(DType t) { return t == DType::kBF16 ? 2 : 4; }
 
 // ------------------------------------------------------------------ prefill
 
@@ -166,11 +59,11 @@ inline size_t ElementBytes(DType t) { return t == DType::kBF16 ? 2 : 4; }
 // (one every 8 state rows), each about kPrefetchAhead tokens before the
 // preparation that reads it. Output rows are not prefetched: stores wait in
 // the store buffer without stalling.
-constexpr int kPrefetchAhead = 2;
-constexpr int kRowsPerPrefetch = 8;
+using kc::kPrefetchAhead;
+using kc::kRowsPerPrefetch;
 
 // Appends the addresses of the cache lines that bytes [p, p + bytes) touch to out (rows need not be aligned).
-inline int AppendLines(const void* p, size_t bytes, const void** out) {
+KDA_INLINE int AppendLines(const void* p, size_t bytes, const void** out) {
   const char* c = static_cast<const char*>(p);
   const auto offset = static_cast<size_t>(reinterpret_cast<uintptr_t>(p) % 64);
   int n = 0;
@@ -179,7 +72,7 @@ inline int AppendLines(const void* p, size_t bytes, const void** out) {
 }
 
 // The input lines of token t of the task (q, k, g, v over the task's columns, beta) into out; returns the count.
-inline int ListTokenLines(const ChunkTask& task, int64_t t, const void** out) {
+KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const void** out) {
   const ChunkKdaArgs& a = *task.args;
   const size_t row = static_cast<size_t>(t * a.H + task.h);
   const size_t kd = static_cast<size_t>(a.K);
@@ -194,7 +87,7 @@ inline int ListTokenLines(const ChunkTask& task, int64_t t, const void** out) {
   return n;
 }
 
-inline void PrefetchLines(const void* const* lines, int n) {
+KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
   for (int i = 0; i < n; ++i) __builtin_prefetch(lines[i], 0, 3);
 }
 
@@ -204,7 +97,7 @@ inline void PrefetchLines(const void* const* lines, int n) {
 //   (1 for rows that are not materialised), flag = any row materialised,
 //   vrow = v over the task's columns.
 template <class Vt>
-void PrepareToken(const ChunkTask& task, const PrepBuffers& b, int64_t t, int i) {
+void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
   using Reg = typename Vt::Reg;
   using Mask = typename Vt::Mask;
   constexpr int kL = Vt::kLanes;
@@ -232,13 +125,13 @@ void PrepareToken(const ChunkTask& task, const PrepBuffers& b, int64_t t, int i)
   const Reg q_scale = Vt::Set1(q_mul);
   const Reg k_scale = Vt::Set1(k_mul);
   const Reg one = Vt::Set1(1.0F);
-  const Reg tau = Vt::Set1(kTau);
+  const Reg tau = Vt::Set1(kc::kStateRowMinScale);
   bool any = false;
   for (int d = 0; d < kd; d += kL) {
     const Reg q = Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale);
     const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale) : LoadAt<Vt>(a.k, base + d);
     const Reg g = opt.use_gate_in_kernel ? Vt::Load(mf + d) : LoadAt<Vt>(a.g, base + d);
-    Reg c = Vt::Mul(Vt::Load(c_row + d), Vt::Exp(g));
+    Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(g));
     const Mask low = Vt::Less(c, tau);
     Vt::Store(mf + d, Vt::Select(low, c, one));
     c = Vt::Select(low, one, c);
@@ -263,8 +156,8 @@ void PrepareToken(const ChunkTask& task, const PrepBuffers& b, int64_t t, int i)
 // j + kPrefetchAhead.
 template <class Vt>
 struct Pipeline {
-  const ChunkTask* task = nullptr;
-  const PrepBuffers* next = nullptr;
+  const internal::ChunkTask* task = nullptr;
+  const internal::PrepBuffers* next = nullptr;
   int64_t t0 = 0;
   int n = 0;
   int steps = 1;
@@ -272,7 +165,7 @@ struct Pipeline {
   int prepared = 0;  // tokens of the next block prepared so far
 
   // Lists the next block's lines into task->scratch.lines.
-  void Init(const ChunkTask& t, const PrepBuffers* buf, int64_t first, int count, int num_steps) {
+  void Init(const internal::ChunkTask& t, const internal::PrepBuffers* buf, int64_t first, int count, int num_steps) {
     task = &t;
     next = buf;
     t0 = first;
@@ -305,7 +198,7 @@ struct Pipeline {
 
 // p += sum_d ktil[d] w[d,:], first materialising the flagged rows (w[d,:] *= mfac[d]).
 template <class Vt, int NV, bool kMaterialise>
-inline void ProjectPass(float* w, int kd, const float* ktil, const float* mfac, typename Vt::Reg* p) {
+KDA_INLINE void ProjectPass(float* w, int kd, const float* ktil, const float* mfac, typename Vt::Reg* p) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   for (int d = 0; d < kd; ++d) {
@@ -329,9 +222,9 @@ inline void ProjectPass(float* w, int kd, const float* ktil, const float* mfac, 
 // (p += ktil_next[d] w[d,:]). Issues the prefetches pf[0, npf), one every
 // kRowsPerPrefetch rows.
 template <class Vt, int NV, bool kProject, bool kMaterialise>
-inline void UpdatePass(float* w, int kd, const float* khat, const float* qhat, const float* ktil_next,
-                       const float* mfac_next, const typename Vt::Reg* delta, typename Vt::Reg* o, typename Vt::Reg* p,
-                       const void* const* pf, int npf) {
+KDA_INLINE void UpdatePass(float* w, int kd, const float* khat, const float* qhat, const float* ktil_next,
+                           const float* mfac_next, const typename Vt::Reg* delta, typename Vt::Reg* o,
+                           typename Vt::Reg* p, const void* const* pf, int npf) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
@@ -361,8 +254,8 @@ inline void UpdatePass(float* w, int kd, const float* khat, const float* qhat, c
 // columns [col, col + NV*lanes) of the task (w: that block's [K][NV*lanes]
 // state). Token step i also does step `step0 + i` of the pipeline.
 template <class Vt, int NV>
-void SweepBlock(const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt, int col, float* w, Pipeline<Vt>& pipe,
-                int step0) {
+void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t0, int nt, int col, float* w,
+                Pipeline<Vt>& pipe, int step0) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   const ChunkKdaArgs& a = *task.args;
@@ -407,8 +300,8 @@ void SweepBlock(const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt,
 
 // A column block of nv registers (1 <= nv <= 4).
 template <class Vt>
-void SweepAny(int nv, const ChunkTask& task, const PrepBuffers& b, int64_t t0, int nt, int col, float* w,
-              Pipeline<Vt>& pipe, int step0) {
+void SweepAny(int nv, const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t0, int nt, int col,
+              float* w, Pipeline<Vt>& pipe, int step0) {
   switch (nv) {
     case 1:
       SweepBlock<Vt, 1>(task, b, t0, nt, col, w, pipe, step0);
@@ -426,7 +319,7 @@ void SweepAny(int nv, const ChunkTask& task, const PrepBuffers& b, int64_t t0, i
 }
 
 // Offset of the task's head state in its sequence's [H, K, V] states.
-inline size_t HeadStateOffset(const ChunkTask& task) {
+KDA_INLINE size_t HeadStateOffset(const internal::ChunkTask& task) {
   const ChunkKdaArgs& a = *task.args;
   return static_cast<size_t>(task.h) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
 }
@@ -436,11 +329,11 @@ inline size_t HeadStateOffset(const ChunkTask& task) {
 // in L1). Loads the head's columns of the initial state (read entirely before
 // any write: it may alias the final state) and resets the row scales.
 template <class Vt, int NV>
-void LoadState(const ChunkTask& task) {
+void LoadState(const internal::ChunkTask& task) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
-  const ChunkScratch& s = task.scratch;
+  const internal::ChunkScratch& s = task.scratch;
   const int kd = a.K;
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
@@ -462,12 +355,12 @@ void LoadState(const ChunkTask& task) {
 
 // Writes the head's final state S = c * Shat, row by row.
 template <class Vt, int NV>
-void StoreState(const ChunkTask& task) {
+void StoreState(const internal::ChunkTask& task) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
-  const ChunkScratch& s = task.scratch;
+  const internal::ChunkScratch& s = task.scratch;
   const int kd = a.K;
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
@@ -485,8 +378,8 @@ void StoreState(const ChunkTask& task) {
 
 // Prepares the head's first token block (n tokens from t0) into prep[0], prefetching as it goes.
 template <class Vt>
-void PrepareFirstBlock(const ChunkTask& task, int64_t t0, int n) {
-  const ChunkScratch& s = task.scratch;
+void PrepareFirstBlock(const internal::ChunkTask& task, int64_t t0, int n) {
+  const internal::ChunkScratch& s = task.scratch;
   for (int i = 0; i < n; ++i) {
     if (i + kPrefetchAhead < n) PrefetchLines(s.lines, ListTokenLines(task, t0 + i + kPrefetchAhead, s.lines));
     PrepareToken<Vt>(task, s.prep[0], t0 + i, i);
@@ -497,10 +390,10 @@ void PrepareFirstBlock(const ChunkTask& task, int64_t t0, int n) {
 // all its column blocks while preparing the next block (next_n tokens) into
 // prep[1 - cur].
 template <class Vt, int NV>
-void SweepHead(const ChunkTask& task, int cur, int64_t t0, int nt, int next_n) {
+void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int next_n) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
-  const ChunkScratch& s = task.scratch;
+  const internal::ChunkScratch& s = task.scratch;
   const int kd = task.args->K;
   const int width = task.v_end - task.v_begin;
   Pipeline<Vt> pipe;
@@ -519,13 +412,13 @@ void SweepHead(const ChunkTask& task, int cur, int64_t t0, int nt, int next_n) {
 // One chunk task (see optimized.h) with column blocks of NV registers: its
 // heads advance together one token block at a time.
 template <class Vt, int NV>
-void RunChunkTask(const ChunkGroupTask& group) {
+void RunChunkTask(const internal::ChunkGroupTask& group) {
   const ChunkKdaArgs& a = *group.args;
   const int64_t bos = a.cu_seqlens[group.n];
   const int64_t eos = a.cu_seqlens[group.n + 1];
-  ChunkTask heads[kOptHeadGroup];
+  internal::ChunkTask heads[kc::kHeadGroup]{};
   for (int g = 0; g < group.heads; ++g) {
-    ChunkTask& t = heads[g];
+    internal::ChunkTask& t = heads[g];
     t.args = group.args;
     t.n = group.n;
     t.h = group.h + g;
@@ -538,108 +431,27 @@ void RunChunkTask(const ChunkGroupTask& group) {
     LoadState<Vt, NV>(t);
   }
   // The first block is prepared up front; each later one during the sweeps of the block before it.
-  const int first = eos - bos < kOptTokenBlock ? static_cast<int>(eos - bos) : kOptTokenBlock;
+  const int first = eos - bos < kc::kTokenBlock ? static_cast<int>(eos - bos) : kc::kTokenBlock;
   for (int g = 0; g < group.heads; ++g) PrepareFirstBlock<Vt>(heads[g], bos, first);
   int cur = 0;
-  for (int64_t t0 = bos; t0 < eos; t0 += kOptTokenBlock) {
-    const int nt = eos - t0 < kOptTokenBlock ? static_cast<int>(eos - t0) : kOptTokenBlock;
+  for (int64_t t0 = bos; t0 < eos; t0 += kc::kTokenBlock) {
+    const int nt = eos - t0 < kc::kTokenBlock ? static_cast<int>(eos - t0) : kc::kTokenBlock;
     const int64_t next = t0 + nt;
-    const int next_n = eos - next < kOptTokenBlock ? static_cast<int>(eos - next) : kOptTokenBlock;
+    const int next_n = eos - next < kc::kTokenBlock ? static_cast<int>(eos - next) : kc::kTokenBlock;
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
     cur = 1 - cur;
   }
-  if constexpr (requires { Vt::StreamFence; }) Vt::StreamFence();  // the outputs' streaming stores, before any reader
+#if KDA_HAS_STREAM_STORES
+  VecStream::Fence();  // the outputs' streaming stores, before any reader
+#endif
   if (group.final == nullptr) return;
   for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g]);
 }
 
-// ------------------------------------------------------------------- decode
-
-// Columns [col, col + NV*lanes) of one decode step on state s ([K][V], in place):
-//   p = sum_d (k_d e^{g_d}) S[d,:];  delta = beta (v - p)
-//   S[d,:] = e^{g_d} S[d,:] + k_d delta;  o = sum_d q_d S[d,:]
-template <class Vt, int NV>
-void DecodeColumns(float* s, int kd, int vd, int col, const float* q, const float* k, const float* e, const float* ke,
-                   const float* v, float beta, const MutBuf& out, size_t out_off) {
-  using Reg = typename Vt::Reg;
-  constexpr int kL = Vt::kLanes;
-  Reg p[NV];
-  Reg o[NV];
-  Reg delta[NV];
-  for (int j = 0; j < NV; ++j) p[j] = Vt::Zero();
-  for (int d = 0; d < kd; ++d) {
-    const Reg kv = Vt::Set1(ke[d]);
-    const float* sd = s + static_cast<size_t>(d) * vd + col;
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) p[j] = Vt::Fma(kv, Vt::Load(sd + j * kL), p[j]);
-  }
-  const Reg b = Vt::Set1(beta);
-  for (int j = 0; j < NV; ++j) {
-    delta[j] = Vt::Mul(b, Vt::Sub(Vt::Load(v + col + j * kL), p[j]));
-    o[j] = Vt::Zero();
-  }
-  for (int d = 0; d < kd; ++d) {
-    const Reg ed = Vt::Set1(e[d]);
-    const Reg kv = Vt::Set1(k[d]);
-    const Reg qv = Vt::Set1(q[d]);
-    float* sd = s + static_cast<size_t>(d) * vd + col;
-#pragma GCC unroll 8
-    for (int j = 0; j < NV; ++j) {
-      const Reg x = Vt::Fma(kv, delta[j], Vt::Mul(Vt::Load(sd + j * kL), ed));
-      o[j] = Vt::Fma(qv, x, o[j]);
-      Vt::Store(sd + j * kL, x);
-    }
-  }
-  for (int j = 0; j < NV; ++j) StoreOut<Vt>(out, out_off + col + static_cast<size_t>(j) * kL, o[j]);
-}
-
-// One decode task (entry n, head h); column blocks of up to NV registers.
-template <class Vt, int NV>
-void RunRecurrentTask(const RecurrentTask& task) {
-  using Reg = typename Vt::Reg;
-  constexpr int kL = Vt::kLanes;
-  const RecurrentKdaArgs& a = *task.args;
-  const int kd = a.K;
-  const int vd = a.V;
-  const size_t row = static_cast<size_t>(task.n) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h);
-  const size_t out_off = row * static_cast<size_t>(vd);
-  const int32_t idx = a.state_indices[task.n];
-  if (idx < 0) {  // padding: zero output, no state touched
-    for (int j = 0; j < vd; j += kL) StoreOut<Vt>(a.o, out_off + j, Vt::Zero());
-    return;
-  }
-  alignas(64) float q[kMaxDim];
-  alignas(64) float k[kMaxDim];
-  alignas(64) float e[kMaxDim];
-  alignas(64) float ke[kMaxDim];
-  alignas(64) float v[kMaxDim];
-  const size_t base = row * static_cast<size_t>(kd);
-  LoadRow<Vt>(a.g, base, kd, e);
-  LoadRow<Vt>(a.v, row * vd, vd, v);
-  if (a.options.use_gate_in_kernel) ActivateGate(a.options, task.h, kd, e);
-  float q_mul = task.scale;
-  float k_mul = 1.0F;
-  if (a.options.use_qk_l2norm_in_kernel) {
-    q_mul *= InverseNorm<Vt>(a.q, base, kd);
-    k_mul = InverseNorm<Vt>(a.k, base, kd);
-  }
-  const Reg q_scale = Vt::Set1(q_mul);
-  const Reg k_scale = Vt::Set1(k_mul);
-  for (int d = 0; d < kd; d += kL) {
-    const Reg decay = Vt::Exp(Vt::Load(e + d));
-    const Reg kv = Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale);
-    Vt::Store(e + d, decay);
-    Vt::Store(k + d, kv);
-    Vt::Store(ke + d, Vt::Mul(kv, decay));
-    Vt::Store(q + d, Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale));
-  }
-  const float beta = LoadScalar(a.beta, row);
-  float* s = a.state + (static_cast<size_t>(idx) * static_cast<size_t>(a.H) + static_cast<size_t>(task.h)) *
-                           static_cast<size_t>(kd) * static_cast<size_t>(vd);
-  int col = 0;
-  for (; col + NV * kL <= vd; col += NV * kL) DecodeColumns<Vt, NV>(s, kd, vd, col, q, k, e, ke, v, beta, a.o, out_off);
-  for (; col < vd; col += kL) DecodeColumns<Vt, 1>(s, kd, vd, col, q, k, e, ke, v, beta, a.o, out_off);
-}
-
 }  // namespace
-}  // namespace kda::internal
+
+void ChunkKdaTask(const internal::ChunkGroupTask& task) { RunChunkTask<Vec, kChunkRegs>(task); }
+
+int ChunkColumnBlock() { return kChunkRegs * Vec::kLanes; }
+
+}  // namespace kda::KDA_TARGET_NS

@@ -1,0 +1,91 @@
+// The dispatch table of one target (compiled once per instruction set, see
+// kernels/isa/target.h), and its vector-math probe for the tests.
+#include <cstdint>
+
+#include "kda/kernels/kda.h"
+#include "kernels/isa/dispatch.h"
+#include "kernels/isa/target_kernels.h"
+#include "kernels/isa/vec.h"
+
+namespace kda::KDA_TARGET_NS {
+namespace {
+
+// One op over a register of lanes (Vec) or one lane (the ops the element-wise
+// kernels use per lane).
+template <class Vt>
+KDA_INLINE typename Vt::Reg Apply(internal::VecMathOp op, typename Vt::Reg x) {
+  switch (op) {
+    case internal::VecMathOp::kExp:
+      return Exp<Vt>(x);
+    case internal::VecMathOp::kSigmoid:
+      return Sigmoid<Vt>(x);
+    case internal::VecMathOp::kSilu:
+      return Silu<Vt>(x);
+    default:
+      return x;
+  }
+}
+
+}  // namespace
+
+void VecMath(internal::VecMathOp op, float* y, const float* x, int64_t n) {
+  int64_t i = 0;
+  switch (op) {
+    case internal::VecMathOp::kExp:
+    case internal::VecMathOp::kSigmoid:
+    case internal::VecMathOp::kSilu:
+      for (; i + Vec::kLanes <= n; i += Vec::kLanes) Vec::Store(y + i, Apply<Vec>(op, Vec::Load(x + i)));
+      for (; i < n; ++i) y[i] = Apply<Scalar>(op, x[i]);
+      return;
+    case internal::VecMathOp::kRoundBF16:
+      for (; i + Vec::kLanes <= n; i += Vec::kLanes) {
+        BF16 b[Vec::kLanes];
+        StoreBF16<Vec>(b, Vec::Load(x + i));
+        Vec::Store(y + i, LoadBF16<Vec>(b));
+      }
+      for (; i < n; ++i) {
+        BF16 b;
+        StoreBF16<Scalar>(&b, x[i]);
+        y[i] = LoadBF16<Scalar>(&b);
+      }
+      return;
+    case internal::VecMathOp::kSoftplus:
+      for (; i < n; ++i) y[i] = Softplus(x[i]);
+      return;
+    case internal::VecMathOp::kLog:
+      for (; i < n; ++i) y[i] = Log(x[i]);
+      return;
+  }
+}
+
+const internal::KernelTable& Table() {
+  static const internal::KernelTable table = [] {
+    internal::KernelTable t{};  // aggregate initialisation: no shared inline constructor
+#if KDA_TARGET == KDA_TARGET_AVX512
+    t.isa = KernelIsa::kAvx512;
+#elif KDA_TARGET == KDA_TARGET_AVX2
+    t.isa = KernelIsa::kAvx2;
+#else
+    t.isa = KernelIsa::kGeneric;
+#endif
+    t.chunk_task = &ChunkKdaTask;
+    t.recurrent_task = &FusedRecurrentKdaTask;
+    t.column_block = ChunkColumnBlock();
+    t.conv_chunk_f32 = &ConvChunkF32;
+    t.conv_chunk_bf16 = &ConvChunkBF16;
+    t.gate_beta_f32 = &GateBetaF32;
+    t.gate_beta_bf16 = &GateBetaBF16;
+    t.gate_row = &GateRow;
+    t.rms_norm_f32 = &RmsNormF32;
+    t.rms_norm_bf16 = &RmsNormBF16;
+    t.add_f32 = &AddF32;
+    t.add_bf16 = &AddBF16;
+    t.to_bf16 = &ToBF16Range;
+    t.to_f32 = &ToF32Range;
+    t.vec_math = &VecMath;
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace kda::KDA_TARGET_NS

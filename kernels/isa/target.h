@@ -1,0 +1,38 @@
+// The instruction-set target of a per-ISA kernel source. CMake compiles every
+// per-ISA source (KDA_ISA_SOURCES in CMakeLists.txt) once per target, each
+// copy with its -m flags and KDA_TARGET naming the target; everything such a
+// source defines lives in the target's namespace, kda::KDA_TARGET_NS
+// (kda::N_GENERIC, kda::N_AVX2, kda::N_AVX512), so that inline helpers shared
+// by the copies are distinct functions and the linker can never hand an
+// AVX-512 copy to a CPU without AVX-512.
+//
+// Per-ISA sources call no inline code from outside their namespace (no std::
+// templates, no kda:: inline helpers of other headers) except the
+// always-inline kda::BF16RoundedBits; host code (validation, allocation,
+// threads) stays in the baseline sources and reaches the kernels through the
+// dispatch table (kernels/isa/dispatch.h).
+#pragma once
+
+#define KDA_TARGET_GENERIC 0
+#define KDA_TARGET_AVX2 1
+#define KDA_TARGET_AVX512 2
+
+#ifndef KDA_TARGET
+#error "per-ISA kernel sources are compiled with -DKDA_TARGET=KDA_TARGET_<isa> (see CMakeLists.txt)"
+#endif
+
+#if KDA_TARGET == KDA_TARGET_AVX512
+#if !defined(__AVX512F__) || !defined(__AVX2__) || !defined(__FMA__)
+#error "the AVX-512 target needs -mavx512f -mavx2 -mfma"
+#endif
+#define KDA_TARGET_NS N_AVX512
+#elif KDA_TARGET == KDA_TARGET_AVX2
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "the AVX2 target needs -mavx2 -mfma"
+#endif
+#define KDA_TARGET_NS N_AVX2
+#elif KDA_TARGET == KDA_TARGET_GENERIC
+#define KDA_TARGET_NS N_GENERIC
+#else
+#error "unknown KDA_TARGET"
+#endif

@@ -1,0 +1,58 @@
+// The compute entry points of one target (defined in its per-ISA sources,
+// collected into its dispatch table by kernels/isa/table.cc). Include only
+// from per-ISA sources, after kernels/isa/vec.h.
+#pragma once
+
+#include <cstdint>
+
+#include "kda/base/bf16.h"
+#include "kda/kernels/short_conv.h"
+#include "kernels/isa/dispatch.h"
+#include "kernels/isa/target.h"
+#include "kernels/kda/optimized.h"
+
+namespace kda::KDA_TARGET_NS {
+
+// Registers of value columns per block: of the prefill sweep, and of the
+// decode passes.
+#if KDA_TARGET == KDA_TARGET_AVX512
+inline constexpr int kChunkRegs = 2;
+inline constexpr int kDecodeRegs = 8;
+#elif KDA_TARGET == KDA_TARGET_AVX2
+inline constexpr int kChunkRegs = 2;
+inline constexpr int kDecodeRegs = 4;
+#else
+inline constexpr int kChunkRegs = 4;
+inline constexpr int kDecodeRegs = 4;
+#endif
+
+// kernels/kda/chunk_kda.cc, fused_recurrent_kda.cc
+void ChunkKdaTask(const internal::ChunkGroupTask& task);
+void FusedRecurrentKdaTask(const internal::RecurrentTask& task);
+int ChunkColumnBlock();
+
+// kernels/conv/short_conv.cc
+void ConvChunkF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc);
+void ConvChunkBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc);
+
+// kernels/elementwise/gate_beta.cc
+void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* neg_a, const float* dt_bias,
+                 int64_t t0, int64_t t1, int H, int K);
+void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a, const float* dt_bias,
+                  int64_t t0, int64_t t1, int H, int K);
+void GateRow(float* g, const float* bias, float neg_a, int len);
+
+// kernels/elementwise/gated_rms_norm.cc
+void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
+void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
+
+// kernels/elementwise/residual_add.cc (with the bf16 conversions)
+void AddF32(float* acc, const float* x, int64_t i0, int64_t i1);
+void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1);
+void ToBF16Range(BF16* y, const float* x, int64_t i0, int64_t i1);
+void ToF32Range(float* y, const BF16* x, int64_t i0, int64_t i1);
+
+// kernels/isa/table.cc
+void VecMath(internal::VecMathOp op, float* y, const float* x, int64_t n);
+
+}  // namespace kda::KDA_TARGET_NS

@@ -1,0 +1,347 @@
+// The vector layer of the per-ISA kernels: the traits of the target's vector
+// (Vec) and of one lane (Scalar, for loops that GCC vectorises under
+// `#pragma omp simd`), and the primitives written once over them: e^x,
+// sigmoid, SiLU, bf16 loads and round-to-nearest-even stores, and (one lane)
+// log and softplus. Include only from per-ISA sources (kernels/isa/target.h).
+//
+// Traits provide: Reg, Mask, U32 / I32 (the register's bits as unsigned /
+// signed lanes), U16 (kLanes 16-bit lanes), kLanes; Load, Store, Set1, Zero, Add, Sub, Mul, Div,
+// Fma(a, b, c) = a*b + c (fused where the target has FMA), Fnma(a, b, c) =
+// c - a*b, Min(a, b) = a < b ? a : b, Max(a, b) = a > b ? a : b (so that
+// Min(constant, NaN) is NaN), Round (to nearest even), Less, Select(mask,
+// if_true, if_false), Any, ReduceAdd, Bits / FromBits. The AVX-512 Vec also
+// has StoreStream, StoreStreamBF16 (non-temporal stores of one register to an
+// address aligned to its width) and StreamFence.
+#pragma once
+
+#include <cstdint>
+
+#include "kda/base/bf16.h"
+#include "kernels/isa/constants.h"
+#include "kernels/isa/target.h"
+
+#if KDA_TARGET != KDA_TARGET_GENERIC
+// g++ 12 warns about the intentionally undefined source operands in its own
+// AVX-512 headers (GCC bug 105593); the pragma covers only those headers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#endif
+
+// Functions of the per-ISA namespaces are forced inline into their callers.
+#define KDA_INLINE [[gnu::always_inline]] inline
+
+namespace kda::KDA_TARGET_NS {
+
+// ------------------------------------------------------------------ one lane
+
+// One float: the element-wise kernels' loops are written over it and
+// vectorised by the compiler for the target (branch-free: selects, no calls).
+struct Scalar {
+  using Reg = float;
+  using Mask = bool;
+  using U32 = uint32_t;
+  using I32 = int32_t;
+  using U16 = uint16_t;
+  static constexpr int kLanes = 1;
+
+  KDA_INLINE static Reg Load(const float* p) { return *p; }
+  KDA_INLINE static void Store(float* p, Reg x) { *p = x; }
+  KDA_INLINE static Reg Set1(float x) { return x; }
+  KDA_INLINE static Reg Zero() { return 0.0F; }
+  KDA_INLINE static Reg Add(Reg a, Reg b) { return a + b; }
+  KDA_INLINE static Reg Sub(Reg a, Reg b) { return a - b; }
+  KDA_INLINE static Reg Mul(Reg a, Reg b) { return a * b; }
+  KDA_INLINE static Reg Div(Reg a, Reg b) { return a / b; }
+#if defined(__FMA__)
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return __builtin_fmaf(a, b, c); }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return __builtin_fmaf(-a, b, c); }
+#else
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return a * b + c; }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return c - a * b; }
+#endif
+  KDA_INLINE static Reg Min(Reg a, Reg b) { return a < b ? a : b; }
+  KDA_INLINE static Reg Max(Reg a, Reg b) { return a > b ? a : b; }
+  // Adding and subtracting 1.5 * 2^23 rounds |x| < 2^22 to nearest even (and vectorises on every target).
+  KDA_INLINE static Reg Round(Reg x) {
+    constexpr float kRound = 12582912.0F;
+    return (x + kRound) - kRound;
+  }
+  KDA_INLINE static Mask Less(Reg a, Reg b) { return a < b; }
+  KDA_INLINE static Reg Select(Mask m, Reg if_true, Reg if_false) { return m ? if_true : if_false; }
+  KDA_INLINE static bool Any(Mask m) { return m; }
+  KDA_INLINE static float ReduceAdd(Reg x) { return x; }
+  KDA_INLINE static U32 Bits(Reg x) {
+    U32 u = 0;
+    __builtin_memcpy(&u, &x, sizeof(u));
+    return u;
+  }
+  KDA_INLINE static Reg FromBits(U32 u) {
+    Reg x = 0.0F;
+    __builtin_memcpy(&x, &u, sizeof(x));
+    return x;
+  }
+};
+
+// ------------------------------------------------------------ target vector
+
+#if KDA_TARGET == KDA_TARGET_AVX512
+
+// Zen 4 runs a 512-bit FMA as two 256-bit halves, so the gain over AVX2 there
+// comes from halving the instruction count (loads, broadcasts, stores) per
+// FMA, not from the FMA rate.
+struct Vec {
+  using Reg = __m512;
+  using Mask = __mmask16;
+  using U32 = uint32_t __attribute__((vector_size(64)));
+  using I32 = int32_t __attribute__((vector_size(64)));
+  using U16 = uint16_t __attribute__((vector_size(32)));
+  static constexpr int kLanes = 16;
+
+  KDA_INLINE static Reg Load(const float* p) { return _mm512_loadu_ps(p); }
+  KDA_INLINE static void Store(float* p, Reg x) { _mm512_storeu_ps(p, x); }
+  KDA_INLINE static Reg Set1(float x) { return _mm512_set1_ps(x); }
+  KDA_INLINE static Reg Zero() { return _mm512_setzero_ps(); }
+  KDA_INLINE static Reg Add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  KDA_INLINE static Reg Sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
+  KDA_INLINE static Reg Mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  KDA_INLINE static Reg Div(Reg a, Reg b) { return _mm512_div_ps(a, b); }
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return _mm512_fnmadd_ps(a, b, c); }
+  KDA_INLINE static Reg Min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
+  KDA_INLINE static Reg Max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  KDA_INLINE static Reg Round(Reg x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  KDA_INLINE static Mask Less(Reg a, Reg b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  KDA_INLINE static Reg Select(Mask m, Reg if_true, Reg if_false) { return _mm512_mask_blend_ps(m, if_false, if_true); }
+  KDA_INLINE static bool Any(Mask m) { return m != 0; }
+  KDA_INLINE static float ReduceAdd(Reg x) { return _mm512_reduce_add_ps(x); }
+  KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
+  KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
+};
+
+#elif KDA_TARGET == KDA_TARGET_AVX2
+
+struct Vec {
+  using Reg = __m256;
+  using Mask = __m256;
+  using U32 = uint32_t __attribute__((vector_size(32)));
+  using I32 = int32_t __attribute__((vector_size(32)));
+  using U16 = uint16_t __attribute__((vector_size(16)));
+  static constexpr int kLanes = 8;
+
+  KDA_INLINE static Reg Load(const float* p) { return _mm256_loadu_ps(p); }
+  KDA_INLINE static void Store(float* p, Reg x) { _mm256_storeu_ps(p, x); }
+  KDA_INLINE static Reg Set1(float x) { return _mm256_set1_ps(x); }
+  KDA_INLINE static Reg Zero() { return _mm256_setzero_ps(); }
+  KDA_INLINE static Reg Add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  KDA_INLINE static Reg Sub(Reg a, Reg b) { return _mm256_sub_ps(a, b); }
+  KDA_INLINE static Reg Mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  KDA_INLINE static Reg Div(Reg a, Reg b) { return _mm256_div_ps(a, b); }
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  KDA_INLINE static Reg Min(Reg a, Reg b) { return _mm256_min_ps(a, b); }
+  KDA_INLINE static Reg Max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  KDA_INLINE static Reg Round(Reg x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  KDA_INLINE static Mask Less(Reg a, Reg b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  KDA_INLINE static Reg Select(Mask m, Reg if_true, Reg if_false) { return _mm256_blendv_ps(if_false, if_true, m); }
+  KDA_INLINE static bool Any(Mask m) { return _mm256_movemask_ps(m) != 0; }
+  KDA_INLINE static float ReduceAdd(Reg x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
+  KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
+};
+
+#else  // generic
+
+// GCC/Clang vector extensions: portable, lowered to the baseline target's SIMD
+// (an SSE2 register on x86-64). Multiply-add is two roundings here (no FMA
+// instruction assumed).
+struct Vec {
+  static constexpr int kLanes = 4;
+  using Reg = float __attribute__((vector_size(16)));
+  using Mask = int32_t __attribute__((vector_size(16)));  // -1 where true
+  using U32 = uint32_t __attribute__((vector_size(16)));
+  using I32 = int32_t __attribute__((vector_size(16)));
+  using U16 = uint16_t __attribute__((vector_size(8)));
+
+  KDA_INLINE static Reg Load(const float* p) {
+    Reg r;
+    __builtin_memcpy(&r, p, sizeof(r));
+    return r;
+  }
+  KDA_INLINE static void Store(float* p, Reg x) { __builtin_memcpy(p, &x, sizeof(x)); }
+  KDA_INLINE static Reg Set1(float x) { return Reg{} + x; }
+  KDA_INLINE static Reg Zero() { return Reg{}; }
+  KDA_INLINE static Reg Add(Reg a, Reg b) { return a + b; }
+  KDA_INLINE static Reg Sub(Reg a, Reg b) { return a - b; }
+  KDA_INLINE static Reg Mul(Reg a, Reg b) { return a * b; }
+  KDA_INLINE static Reg Div(Reg a, Reg b) { return a / b; }
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return a * b + c; }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return c - a * b; }
+  KDA_INLINE static Reg Min(Reg a, Reg b) { return a < b ? a : b; }
+  KDA_INLINE static Reg Max(Reg a, Reg b) { return a > b ? a : b; }
+  KDA_INLINE static Reg Round(Reg x) {
+    constexpr float kRound = 12582912.0F;  // see Scalar::Round
+    return (x + kRound) - kRound;
+  }
+  KDA_INLINE static Mask Less(Reg a, Reg b) { return a < b; }
+  KDA_INLINE static Reg Select(Mask m, Reg if_true, Reg if_false) { return m ? if_true : if_false; }
+  KDA_INLINE static bool Any(Mask m) {
+    bool any = false;
+    for (int i = 0; i < kLanes; ++i) any = any || m[i] != 0;
+    return any;
+  }
+  KDA_INLINE static float ReduceAdd(Reg x) {
+    float s = 0.0F;
+    for (int i = 0; i < kLanes; ++i) s += x[i];
+    return s;
+  }
+  KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
+  KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
+};
+
+#endif
+
+// ---------------------------------------------------------------- primitives
+
+// 2^n for integral n in [-126, 127], from the exponent bits.
+template <class Vt>
+KDA_INLINE typename Vt::Reg Pow2(typename Vt::Reg n) {
+  if constexpr (Vt::kLanes == 1) {
+    return Vt::FromBits(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  } else {
+    return Vt::FromBits(reinterpret_cast<typename Vt::U32>((__builtin_convertvector(n, typename Vt::I32) + 127) << 23));
+  }
+}
+
+// e^x: x = n ln2 + r (Cody-Waite), |r| <= ln2/2, a degree-7 polynomial
+// (Cephes expf coefficients, ~1 ulp), 2^n from the exponent bits. Clamped to
+// [kExpMin, kExpMax]; 0 below kExpMin (the libm result there is subnormal or
+// 0); NaN stays NaN.
+template <class Vt>
+KDA_INLINE typename Vt::Reg Exp(typename Vt::Reg x) {
+  using Reg = typename Vt::Reg;
+  const typename Vt::Mask tiny = Vt::Less(x, Vt::Set1(kc::kExpMin));
+  x = Vt::Max(Vt::Set1(kc::kExpMin), Vt::Min(Vt::Set1(kc::kExpMax), x));
+  const Reg n = Vt::Round(Vt::Mul(x, Vt::Set1(kc::kLog2E)));
+  Reg r = Vt::Fnma(n, Vt::Set1(kc::kLn2Hi), x);
+  r = Vt::Fnma(n, Vt::Set1(kc::kLn2Lo), r);
+  Reg y = Vt::Set1(1.9875691500e-4F);
+  y = Vt::Fma(y, r, Vt::Set1(1.3981999507e-3F));
+  y = Vt::Fma(y, r, Vt::Set1(8.3334519073e-3F));
+  y = Vt::Fma(y, r, Vt::Set1(4.1665795894e-2F));
+  y = Vt::Fma(y, r, Vt::Set1(1.6666665459e-1F));
+  y = Vt::Fma(y, r, Vt::Set1(5.0000001201e-1F));
+  y = Vt::Fma(y, Vt::Mul(r, r), r);
+  y = Vt::Add(y, Vt::Set1(1.0F));
+  return Vt::Select(tiny, Vt::Zero(), Vt::Mul(y, Pow2<Vt>(n)));
+}
+
+// 1 / (1 + e^-x).
+template <class Vt>
+KDA_INLINE typename Vt::Reg Sigmoid(typename Vt::Reg x) {
+  const typename Vt::Reg one = Vt::Set1(1.0F);
+  return Vt::Div(one, Vt::Add(one, Exp<Vt>(Vt::Sub(Vt::Zero(), x))));
+}
+
+// x / (1 + e^-x).
+template <class Vt>
+KDA_INLINE typename Vt::Reg Silu(typename Vt::Reg x) {
+  return Vt::Div(x, Vt::Add(Vt::Set1(1.0F), Exp<Vt>(Vt::Sub(Vt::Zero(), x))));
+}
+
+// log(x) for normal x > 0 (one lane): x = m 2^e with m in [sqrt(1/2),
+// sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716; within
+// 2 ulp.
+KDA_INLINE float Log(float x) {
+  const uint32_t u = Scalar::Bits(x);
+  int32_t e = static_cast<int32_t>(u >> 23) - 127;
+  float m = Scalar::FromBits((u & 0x007fffffU) | 0x3f800000U);  // [1, 2)
+  const bool big = m > 1.41421356F;
+  m = big ? m * 0.5F : m;
+  e = big ? e + 1 : e;
+  const float s = (m - 1.0F) / (m + 1.0F);
+  const float s2 = s * s;
+  float p = 2.0F / 9.0F;
+  p = p * s2 + 2.0F / 7.0F;
+  p = p * s2 + 2.0F / 5.0F;
+  p = p * s2 + 2.0F / 3.0F;
+  p = p * s2 + 2.0F;
+  return p * s + static_cast<float>(e) * 0.693147180559945309F;
+}
+
+// log(1 + e^x) (one lane), = x above kSoftplusThreshold (the reference's
+// threshold). Below: max(x, 0) + log1p(e^{-|x|}), with log1p(y) = log(1 + y) *
+// y / ((1 + y) - 1) to keep the digits of small y.
+KDA_INLINE float Softplus(float x) {
+  const float y = Exp<Scalar>(x < 0.0F ? x : -x);
+  const float u = 1.0F + y;
+  const float d = u - 1.0F;
+  const float l1p = d == 0.0F ? y : Log(u) * (y / d);
+  const float sp = (x > 0.0F ? x : 0.0F) + l1p;
+  return x > kc::kSoftplusThreshold ? x : sp;
+}
+
+// ---------------------------------------------------------------- bf16
+
+// kLanes bf16 values as fp32 (exact).
+template <class Vt>
+KDA_INLINE typename Vt::Reg LoadBF16(const BF16* p) {
+  if constexpr (Vt::kLanes == 1) {
+    return Vt::FromBits(static_cast<uint32_t>(p->bits) << 16);
+  } else {
+    typename Vt::U16 h;
+    __builtin_memcpy(&h, p, sizeof(h));
+    return Vt::FromBits(__builtin_convertvector(h, typename Vt::U32) << 16);
+  }
+}
+
+// The bf16 bits of x, rounded to nearest even (kda::BF16RoundedBits).
+template <class Vt>
+KDA_INLINE typename Vt::U16 BF16Bits(typename Vt::Reg x) {
+  if constexpr (Vt::kLanes == 1) {
+    return static_cast<uint16_t>(BF16RoundedBits(Vt::Bits(x)));
+  } else {
+    return __builtin_convertvector(BF16RoundedBits(Vt::Bits(x)), typename Vt::U16);
+  }
+}
+
+template <class Vt>
+KDA_INLINE void StoreBF16(BF16* p, typename Vt::Reg x) {
+  if constexpr (Vt::kLanes == 1) {
+    p->bits = BF16Bits<Vt>(x);
+  } else {
+    const typename Vt::U16 h = BF16Bits<Vt>(x);
+    __builtin_memcpy(static_cast<void*>(p), &h, sizeof(h));
+  }
+}
+
+#if KDA_TARGET == KDA_TARGET_AVX512
+// Non-temporal stores (p aligned to the stored width) for outputs that are
+// written once and read by the next op, not by this kernel; StreamFence orders
+// them before the results are handed over.
+struct VecStream {
+  KDA_INLINE static void Store(float* p, Vec::Reg x) { _mm512_stream_ps(p, x); }
+  KDA_INLINE static void StoreBF16(BF16* p, Vec::Reg x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(BF16Bits<Vec>(x)));
+  }
+  KDA_INLINE static void Fence() { _mm_sfence(); }
+};
+#define KDA_HAS_STREAM_STORES 1
+#else
+#define KDA_HAS_STREAM_STORES 0
+#endif
+
+// Scalar loads and stores of F32 or BF16 elements, for the one-lane loops.
+KDA_INLINE float LoadF(float v) { return v; }
+KDA_INLINE float LoadF(BF16 v) { return LoadBF16<Scalar>(&v); }
+KDA_INLINE void StoreF(float* dst, float v) { *dst = v; }
+KDA_INLINE void StoreF(BF16* dst, float v) { StoreBF16<Scalar>(dst, v); }
+
+}  // namespace kda::KDA_TARGET_NS
