@@ -1,7 +1,8 @@
-// Tests of the KDA kernels: the chunked reference against the token-by-token
-// recurrent reference (two independent implementations of one function), a
-// float64 recurrence as a third opinion, state layout, aliasing, zero-length
-// sequences, padding, argument validation and the dispatcher.
+// Tests of the KDA kernels' API around the kernel matrix
+// (kernels_kda_matrix_test.cc holds the numerics and state semantics): the
+// scalar gate, argument validation of the reference and optimized kernels,
+// the dispatcher (KDA_KERNEL / SetDefaultKernelImpl) and the ISA switch
+// (KDA_ISA / SetKernelIsa).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,27 +23,22 @@
 #include "kernels/kda/dispatch_internal.h"
 #include "tests/error_util.h"
 #include "tests/kda_problem.h"
+#include "tests/kernel_matrix.h"
 #include "tests/tolerance.h"
 
 namespace kda {
 namespace {
 
-using kda::testing::AllCloseBF16;
 using kda::testing::AllCloseF32;
 
-using testing::BitEqual;
 using testing::ChunkRun;
-using testing::Describe;
-using testing::ExpectClose;
 using testing::ExpectErrorContaining;
-using testing::GateKind;
 using testing::kSentinel;
 using testing::MakeProblem;
-using testing::NormalizeRows;
 using testing::Problem;
 using testing::Result;
-using testing::RoundInputsToBF16;
 using testing::Spec;
+using testing::SupportedIsas;
 using testing::Typed;
 
 // chunk_kda_reference over the whole packed batch. With `alias` the initial
@@ -55,229 +51,7 @@ Result RunChunk(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF3
   return testing::RunChunkWith(p, &chunk_kda_reference, run);
 }
 
-// Runs a scope with one worker thread and restores the previous count.
-class SingleThreadScope {
- public:
-  SingleThreadScope() : saved_(NumThreads()) { SetNumThreads(1); }
-  ~SingleThreadScope() { SetNumThreads(saved_); }
-  SingleThreadScope(const SingleThreadScope&) = delete;
-  SingleThreadScope& operator=(const SingleThreadScope&) = delete;
-
- private:
-  int saved_;
-};
-
-// fused_recurrent_kda_reference token by token: step t runs every sequence
-// that has a token t, the others are padding (index -1). Sequence n lives in
-// slot n + 1 of the state buffer; slot 0 must never be touched.
-Result RunRecurrent(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32) {
-  // Hundreds of tiny kernel calls: when test processes oversubscribe the cores
-  // (ctest -j), each OpenMP region can cost a scheduler time slice, so this
-  // loop runs on one thread. The parallel path of the recurrent kernel is
-  // covered by the padding and dispatcher tests.
-  const SingleThreadScope single_thread;
-  return testing::RunTokenByToken(p, &fused_recurrent_kda_reference, qkv, gb);
-}
-
-void CheckChunkMatchesRecurrent(const Spec& s) {
-  SCOPED_TRACE(Describe(s));
-  const Problem p = MakeProblem(s);
-  ExpectClose(RunChunk(p), RunRecurrent(p));
-}
-
-const std::vector<int64_t> kRagged = {0, 1, 63, 64, 65, 130};
-
-// ------------------------------------------------- chunk vs recurrent
-
-TEST(KdaChunkVsRecurrent, RaggedBatchAcrossShapes) {
-  uint32_t seed = 10;
-  for (int h : {1, 2, 4}) {
-    for (int k : {64, 128}) {
-      for (bool init : {false, true}) {
-        Spec s;
-        s.lengths = kRagged;
-        s.H = h;
-        s.K = k;
-        s.initial_state = init;
-        s.seed = ++seed;
-        CheckChunkMatchesRecurrent(s);
-      }
-    }
-  }
-}
-
-TEST(KdaChunkVsRecurrent, SmallHeadDims) {
-  for (int k : {16, 32}) {
-    Spec s;
-    s.lengths = {3, 0, 64, 100};
-    s.K = k;
-    s.seed = 20 + k;
-    CheckChunkMatchesRecurrent(s);
-  }
-}
-
-TEST(KdaChunkVsRecurrent, StressGates) {
-  Spec s;
-  s.lengths = {1, 64, 130, 200};
-  s.H = 4;
-  s.K = 128;
-  s.gate = GateKind::kStress;
-  s.seed = 31;
-  CheckChunkMatchesRecurrent(s);
-
-  s.lengths = kRagged;
-  s.H = 2;
-  s.K = 64;
-  s.initial_state = false;
-  s.scale = 0.3F;  // an explicit scale instead of K^-0.5
-  s.seed = 32;
-  CheckChunkMatchesRecurrent(s);
-}
-
-TEST(KdaChunkVsRecurrent, L2NormInKernel) {
-  Spec s;
-  s.lengths = kRagged;
-  s.H = 2;
-  s.K = 128;
-  s.l2norm_in_kernel = true;
-  s.seed = 41;
-  CheckChunkMatchesRecurrent(s);
-
-  // The in-kernel norm equals normalising beforehand (in double here).
-  const Problem p = MakeProblem(s);
-  Problem pre = p;
-  pre.l2norm_in_kernel = false;
-  NormalizeRows(pre.q, pre.K);
-  NormalizeRows(pre.k, pre.K);
-  ExpectClose(RunChunk(p), RunChunk(pre));
-}
-
-TEST(KdaChunkVsRecurrent, GateInKernel) {
-  for (GateKind kind : {GateKind::kMild, GateKind::kStress}) {
-    Spec s;
-    s.lengths = kRagged;
-    s.H = 2;
-    s.K = 64;
-    s.gate = kind;
-    s.gate_in_kernel = true;
-    s.l2norm_in_kernel = true;
-    s.seed = kind == GateKind::kMild ? 51 : 52;
-    CheckChunkMatchesRecurrent(s);
-
-    // The in-kernel gate equals the pre-activated gate.
-    const Problem p = MakeProblem(s);
-    Problem pre = p;
-    pre.gate_in_kernel = false;
-    for (size_t i = 0; i < pre.g.size(); ++i) {
-      const size_t c = i % (static_cast<size_t>(p.H) * p.K);  // channel h * K + d
-      pre.g[i] = KdaGate(p.g[i] + p.dt_bias[c], p.a_log[c / p.K]);
-    }
-    const Result in_kernel = RunChunk(p);
-    ExpectClose(in_kernel, RunChunk(pre));
-    ExpectClose(RunRecurrent(p), RunRecurrent(pre));
-  }
-}
-
-TEST(KdaChunkVsRecurrent, Bf16Inputs) {
-  Spec s;
-  s.lengths = kRagged;
-  s.H = 2;
-  s.K = 64;
-  s.gate = GateKind::kStress;
-  s.seed = 61;
-  Problem p = MakeProblem(s);
-  RoundInputsToBF16(p);
-
-  // bf16 storage of the same values runs the same fp32 arithmetic: the bf16
-  // output is the fp32 output rounded once, the state is identical.
-  const Result chunk_f32 = RunChunk(p);
-  const Result chunk_bf16 = RunChunk(p, DType::kBF16, DType::kBF16);
-  const Result rec_f32 = RunRecurrent(p);
-  const Result rec_bf16 = RunRecurrent(p, DType::kBF16, DType::kBF16);
-  ExpectClose(chunk_f32, rec_f32);
-  EXPECT_EQ(chunk_bf16.state, chunk_f32.state);
-  EXPECT_EQ(rec_bf16.state, rec_f32.state);
-  for (size_t i = 0; i < chunk_f32.o.size(); ++i) {
-    ASSERT_EQ(chunk_bf16.o[i], RoundBF16(chunk_f32.o[i])) << i;
-    ASSERT_EQ(rec_bf16.o[i], RoundBF16(rec_f32.o[i])) << i;
-  }
-  EXPECT_TRUE(AllCloseBF16(chunk_bf16.o.data(), rec_bf16.o.data(), chunk_f32.o.data(), chunk_bf16.o.size()));
-  EXPECT_TRUE(AllCloseF32(chunk_bf16.state.data(), rec_bf16.state.data(), chunk_bf16.state.size()));
-
-  // bf16 gate and beta with fp32 q/k/v: the output stays fp32.
-  ExpectClose(RunChunk(p, DType::kF32, DType::kBF16), RunRecurrent(p, DType::kF32, DType::kBF16));
-  ExpectClose(RunChunk(p, DType::kF32, DType::kBF16), chunk_f32);
-}
-
-// ------------------------------------------------- float64 third opinion
-
-// The recurrence of design §2 in double, written independently of both kernels
-// (including the in-kernel L2 norm and gate).
-Result NaiveRecurrenceF64(const Problem& p) {
-  const int kd = p.K;
-  const double scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(kd));
-  Result r;
-  r.o.assign(p.q.size(), 0.0F);
-  r.state.assign(p.StateSize(), 0.0F);
-  for (int64_t n = 0; n < p.N; ++n) {
-    for (int h = 0; h < p.H; ++h) {
-      const size_t soff = (static_cast<size_t>(n) * p.H + h) * kd * kd;
-      std::vector<double> s(static_cast<size_t>(kd) * kd, 0.0);
-      if (!p.h0.empty()) std::copy_n(p.h0.begin() + soff, s.size(), s.begin());
-      for (int64_t t = p.cu[n]; t < p.cu[n + 1]; ++t) {
-        const size_t row = (static_cast<size_t>(t) * p.H + h) * kd;
-        std::vector<double> q(p.q.begin() + row, p.q.begin() + row + kd);
-        std::vector<double> k(p.k.begin() + row, p.k.begin() + row + kd);
-        double qq = 0.0, kk = 0.0;
-        for (int d = 0; d < kd; ++d) qq += q[d] * q[d], kk += k[d] * k[d];
-        for (int d = 0; d < kd; ++d) {
-          if (p.l2norm_in_kernel) q[d] /= std::sqrt(qq + 1e-6), k[d] /= std::sqrt(kk + 1e-6);
-          q[d] *= scale;
-        }
-        const double beta = p.beta[static_cast<size_t>(t) * p.H + h];
-        for (int d = 0; d < kd; ++d) {
-          double g = p.g[row + d];
-          if (p.gate_in_kernel) {
-            const double x = g + p.dt_bias[static_cast<size_t>(h) * kd + d];
-            g = -std::exp(static_cast<double>(p.a_log[h])) * (x > 20 ? x : std::log1p(std::exp(x)));
-          }
-          for (int j = 0; j < kd; ++j) s[d * kd + j] *= std::exp(g);
-        }
-        for (int j = 0; j < kd; ++j) {
-          double kv = 0.0;
-          for (int d = 0; d < kd; ++d) kv += k[d] * s[d * kd + j];
-          const double delta = beta * (p.v[row + j] - kv);
-          double o = 0.0;
-          for (int d = 0; d < kd; ++d) {
-            s[d * kd + j] += k[d] * delta;
-            o += q[d] * s[d * kd + j];
-          }
-          r.o[row + j] = static_cast<float>(o);
-        }
-      }
-      for (size_t i = 0; i < s.size(); ++i) r.state[soff + i] = static_cast<float>(s[i]);
-    }
-  }
-  return r;
-}
-
-TEST(KdaNumerics, BothKernelsMatchFloat64Recurrence) {
-  for (bool in_kernel : {false, true}) {
-    Spec s;
-    s.lengths = {5, 0, 70};
-    s.H = 2;
-    s.K = 16;
-    s.gate = GateKind::kStress;
-    s.l2norm_in_kernel = in_kernel;
-    s.gate_in_kernel = in_kernel;
-    s.seed = 71;
-    SCOPED_TRACE(Describe(s));
-    const Problem p = MakeProblem(s);
-    const Result want = NaiveRecurrenceF64(p);
-    ExpectClose(RunChunk(p), want);
-    ExpectClose(RunRecurrent(p), want);
-  }
-}
+// ------------------------------------------------- the scalar gate
 
 TEST(KdaNumerics, KdaGateMatchesFormula) {
   for (float x : {-100.0F, -8.0F, -1.0F, 0.0F, 0.5F, 19.5F, 20.0F, 20.5F, 40.0F}) {
@@ -289,207 +63,6 @@ TEST(KdaNumerics, KdaGateMatchesFormula) {
       EXPECT_NEAR(got, want, 1e-6 + 1e-6 * std::fabs(want)) << "x=" << x << " a_log=" << a_log;
     }
   }
-}
-
-// ------------------------------------------------- state semantics
-
-// One token, K = V = 16, H = 1, with a non-symmetric initial state
-// S0[i][j] = 100 i + j (K-major, index i * V + j).
-Problem OneTokenProblem() {
-  Problem p;
-  p.T = 1;
-  p.N = 1;
-  p.H = 1;
-  p.K = 16;
-  p.cu = {0, 1};
-  p.q.assign(16, 0.0F);
-  p.k.assign(16, 0.0F);
-  p.v.resize(16);
-  for (int j = 0; j < 16; ++j) p.v[j] = 0.25F * static_cast<float>(j) - 1.0F;
-  p.g.assign(16, 0.0F);
-  p.beta = {0.0F};
-  p.h0.resize(256);
-  for (int i = 0; i < 16; ++i) {
-    for (int j = 0; j < 16; ++j) p.h0[i * 16 + j] = static_cast<float>(100 * i + j);
-  }
-  return p;
-}
-
-TEST(KdaStateLayout, OutputReadsRowOfKMajorState) {
-  // g = 0, beta = 0, q = e_i: the state is unchanged and o = scale * S[i][:].
-  Problem p = OneTokenProblem();
-  const int i = 3;
-  p.q[i] = 1.0F;
-  p.k[7] = 1.0F;
-  const float scale = 0.25F;  // K^-0.5 at K = 16
-  for (const Result& r : {RunChunk(p), RunRecurrent(p)}) {
-    for (int j = 0; j < 16; ++j) EXPECT_EQ(r.o[j], scale * p.h0[i * 16 + j]) << "j=" << j;
-    EXPECT_EQ(r.state, p.h0);
-  }
-}
-
-TEST(KdaStateLayout, UpdateWritesRowOfKMajorState) {
-  // g = 0, beta = 1, k = e_i: S1 = S0 + e_i (v - S0^T e_i)^T, so row i becomes v
-  // and the other rows stay; o = scale * S1[m][:] for q = e_m.
-  Problem p = OneTokenProblem();
-  const int i = 5;
-  const int m = 5;
-  p.k[i] = 1.0F;
-  p.q[m] = 1.0F;
-  p.beta = {1.0F};
-  std::vector<float> want = p.h0;
-  for (int j = 0; j < 16; ++j) want[i * 16 + j] = p.v[j];
-  std::vector<float> want_o(16);
-  for (int j = 0; j < 16; ++j) want_o[j] = 0.25F * p.v[j];
-  for (const Result& r : {RunChunk(p), RunRecurrent(p)}) {
-    EXPECT_TRUE(AllCloseF32(r.state.data(), want.data(), want.size()));
-    EXPECT_TRUE(AllCloseF32(r.o.data(), want_o.data(), want_o.size()));
-  }
-}
-
-TEST(KdaChunkState, AliasedInitialAndFinalStateMatchSeparate) {
-  Spec s;
-  s.lengths = {0, 65, 1, 0, 130};
-  s.H = 2;
-  s.K = 32;
-  s.gate = GateKind::kStress;
-  s.seed = 81;
-  const Problem p = MakeProblem(s);
-  const Result separate = RunChunk(p);
-  const Result aliased = RunChunk(p, DType::kF32, DType::kF32, /*alias=*/true);
-  EXPECT_EQ(separate.o, aliased.o);
-  EXPECT_EQ(separate.state, aliased.state);
-}
-
-TEST(KdaChunkState, ZeroLengthSequencesKeepTheirState) {
-  Spec s;
-  s.lengths = {0, 5, 0};
-  s.H = 2;
-  s.K = 16;
-  s.seed = 91;
-  const Problem p = MakeProblem(s);
-  const size_t per_seq = static_cast<size_t>(p.H) * p.K * p.K;
-  for (bool alias : {false, true}) {
-    const Result r = RunChunk(p, DType::kF32, DType::kF32, alias);
-    for (int64_t n : {0, 2}) {
-      EXPECT_TRUE(BitEqual(r.state.data() + n * per_seq, p.h0.data() + n * per_seq, per_seq))
-          << "sequence " << n << (alias ? " (aliased)" : "");
-    }
-  }
-  // A null initial state is zero.
-  Problem no_h0 = p;
-  no_h0.h0.clear();
-  const Result r = RunChunk(no_h0);
-  for (int64_t n : {0, 2}) {
-    for (size_t i = 0; i < per_seq; ++i) ASSERT_EQ(r.state[n * per_seq + i], 0.0F);
-  }
-}
-
-// The first `len` tokens of a single-sequence problem (sequence 0 only).
-Problem Prefix(const Problem& p, int64_t begin, int64_t len) {
-  Problem r = p;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
-  auto cut = [&](std::vector<float>& x, size_t row) {
-    x = std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(begin * row),
-                           x.begin() + static_cast<std::ptrdiff_t>((begin + len) * row));
-  };
-  cut(r.q, hk);
-  cut(r.k, hk);
-  cut(r.v, hk);
-  cut(r.g, hk);
-  cut(r.beta, static_cast<size_t>(p.H));
-  r.T = len;
-  r.N = 1;
-  r.cu = {0, len};
-  return r;
-}
-
-TEST(KdaChunkState, OutputsAreExactlyCausal) {
-  // Token t's output must not depend on later tokens, not even at rounding level (design §8.3).
-  Spec s;
-  s.lengths = {150};
-  s.H = 2;
-  s.K = 32;
-  s.gate = GateKind::kStress;
-  s.seed = 111;
-  const Problem p = MakeProblem(s);
-  const Result full = RunChunk(p);
-  for (int64_t len : {1, 40, 64, 100}) {
-    const Result part = RunChunk(Prefix(p, 0, len));
-    EXPECT_TRUE(BitEqual(part.o.data(), full.o.data(), part.o.size())) << "prefix of " << len;
-  }
-}
-
-TEST(KdaChunkState, SplitPrefillMatchesUnsplit) {
-  // Prefill in two calls, carrying the state, equals one call (within the fp32 tolerance:
-  // the chunk boundaries move).
-  Spec s;
-  s.lengths = {150};
-  s.H = 2;
-  s.K = 32;
-  s.seed = 121;
-  const Problem p = MakeProblem(s);
-  const Result full = RunChunk(p);
-  for (int64_t split : {1, 50, 64, 129}) {
-    SCOPED_TRACE("split at " + std::to_string(split));
-    const Result first = RunChunk(Prefix(p, 0, split));
-    Problem rest = Prefix(p, split, 150 - split);
-    rest.h0 = first.state;
-    const Result second = RunChunk(rest);
-    const size_t head = first.o.size();
-    EXPECT_TRUE(AllCloseF32(first.o.data(), full.o.data(), head));
-    EXPECT_TRUE(AllCloseF32(second.o.data(), full.o.data() + head, second.o.size()));
-    EXPECT_TRUE(AllCloseF32(second.state.data(), full.state.data(), full.state.size()));
-  }
-}
-
-TEST(KdaChunkState, EmptyBatchCopiesInitialState) {
-  // T = 0: no token buffers at all; final state = initial state.
-  const std::vector<int64_t> cu = {0, 0, 0};
-  std::vector<float> h0(2 * 16 * 16);
-  for (size_t i = 0; i < h0.size(); ++i) h0[i] = static_cast<float>(i) - 100.0F;
-  std::vector<float> final_state(h0.size(), kSentinel);
-  ChunkKdaArgs a;
-  a.final_state = final_state.data();
-  a.cu_seqlens = cu.data();
-  a.initial_state = h0.data();
-  a.N = 2;
-  a.H = 1;
-  a.K = a.V = 16;
-  chunk_kda_reference(a);
-  EXPECT_EQ(final_state, h0);
-}
-
-TEST(KdaChunkState, NoFinalStateWhenNotRequested) {
-  Spec s;
-  s.lengths = {3, 70};
-  s.H = 1;
-  s.K = 16;
-  const Problem p = MakeProblem(s);
-  const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), v(p.v, DType::kF32), g(p.g, DType::kF32),
-      beta(p.beta, DType::kF32);
-  Typed o(p.q.size(), DType::kF32, kSentinel);
-  std::vector<float> final_state(p.StateSize(), kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.final_state = final_state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.data();
-  a.output_final_state = false;
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
-  chunk_kda_reference(a);
-  for (float x : final_state) ASSERT_EQ(x, kSentinel);
-  EXPECT_TRUE(AllCloseF32(o.ToF32().data(), RunChunk(p).o.data(), p.q.size()));
-  a.final_state = nullptr;  // not needed without output_final_state
-  EXPECT_NO_THROW(chunk_kda_reference(a));
 }
 
 // ------------------------------------------------- validation
@@ -853,6 +426,136 @@ TEST_F(KdaDispatchTest, EntryPointsRunTheRequestedKernel) {
   fused_recurrent_kda(r3.args);
   EXPECT_TRUE(AllCloseF32(r3.o.data(), r2.o.data(), r2.o.size()));
   EXPECT_TRUE(AllCloseF32(r3.state.data(), r2.state.data(), r2.state.size()));
+}
+
+// ------------------------------------------------- optimized validation
+
+TEST(KdaValidation, OptimizedKernelsValidateBeforeWriting) {
+  Spec s;
+  s.lengths = {3, 2};
+  s.H = 1;
+  s.K = 16;
+  const Problem p = MakeProblem(s);
+  const Typed q(p.q, DType::kF32), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
+  std::vector<float> o(p.q.size(), kSentinel);
+  std::vector<float> final_state(p.StateSize(), kSentinel);
+  ChunkKdaArgs a;
+  a.o = {o.data(), DType::kF32};
+  a.final_state = final_state.data();
+  a.q = a.k = a.v = q.Const();
+  a.g = g.Const();
+  a.beta = beta.Const();
+  a.cu_seqlens = p.cu.data();
+  a.T = p.T;
+  a.N = p.N;
+  a.H = 1;
+  a.K = a.V = 24;
+  ExpectErrorContaining([&] { chunk_kda_optimized(a); }, "K must be a multiple of 16");
+  a.K = a.V = 16;
+  a.v.dtype = DType::kBF16;
+  ExpectErrorContaining([&] { chunk_kda_optimized(a); }, "v dtype BF16 differs");
+  EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return x == kSentinel; }));
+  EXPECT_TRUE(std::all_of(final_state.begin(), final_state.end(), [](float x) { return x == kSentinel; }));
+
+  const int32_t dup[] = {1, 1};
+  std::vector<float> states(2 * 16 * 16, kSentinel);
+  RecurrentKdaArgs r;
+  r.o = {o.data(), DType::kF32};
+  r.state = states.data();
+  r.state_indices = dup;
+  r.num_states = 2;
+  r.q = r.k = r.v = q.Const();
+  r.g = g.Const();
+  r.beta = beta.Const();
+  r.N = 2;
+  r.H = 1;
+  r.K = r.V = 16;
+  ExpectErrorContaining([&] { fused_recurrent_kda_optimized(r); }, "duplicate state index 1");
+  EXPECT_TRUE(std::all_of(states.begin(), states.end(), [](float x) { return x == kSentinel; }));
+  r.N = 0;  // an empty batch needs no buffers
+  r.state = nullptr;
+  EXPECT_NO_THROW(fused_recurrent_kda_optimized(r));
+}
+
+// ------------------------------------------------- ISA switch
+
+// Restores KDA_ISA and the forced ISA when a test ends.
+class KdaIsaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* env = std::getenv("KDA_ISA");
+    if (env != nullptr) saved_env_ = env;
+  }
+  void TearDown() override {
+    if (saved_env_) {
+      setenv("KDA_ISA", saved_env_->c_str(), 1);
+    } else {
+      unsetenv("KDA_ISA");
+    }
+    internal::ResetKernelIsaForTesting();
+  }
+
+ private:
+  std::optional<std::string> saved_env_;
+};
+
+TEST_F(KdaIsaTest, NamesAndSupport) {
+  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    EXPECT_EQ(ParseKernelIsa(KernelIsaName(isa)), isa);
+  }
+  ExpectErrorContaining([] { ParseKernelIsa("sse"); },
+                        "unknown kernel ISA 'sse' (expected auto, generic, avx2 or avx512)");
+  EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kGeneric));
+  EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kAuto));
+  EXPECT_NE(BestKernelIsa(), KernelIsa::kAuto);
+  EXPECT_TRUE(CpuSupportsKernelIsa(BestKernelIsa()));
+  if (CpuSupportsKernelIsa(KernelIsa::kAvx512)) {
+    EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kAvx2));
+  }
+}
+
+TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
+  unsetenv("KDA_ISA");
+  internal::ResetKernelIsaForTesting();
+  EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
+  for (KernelIsa isa : SupportedIsas()) {
+    SetKernelIsa(isa);
+    EXPECT_EQ(ActiveKernelIsa(), isa);
+    EXPECT_EQ(std::string(ActiveKernelDescription(KernelImpl::kOptimized)),
+              std::string("optimized/") + KernelIsaName(isa));
+  }
+  SetKernelIsa(KernelIsa::kAuto);
+  EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (CpuSupportsKernelIsa(isa)) continue;
+    ExpectErrorContaining([isa] { SetKernelIsa(isa); }, "is not supported by this");
+  }
+
+  setenv("KDA_ISA", "generic", 1);
+  internal::ResetKernelIsaForTesting();
+  EXPECT_EQ(ActiveKernelIsa(), KernelIsa::kGeneric);
+  setenv("KDA_ISA", "auto", 1);  // parsed once: a later change is not seen
+  EXPECT_EQ(ActiveKernelIsa(), KernelIsa::kGeneric);
+  SetKernelIsa(BestKernelIsa());  // the API overrides the environment
+  EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
+
+  setenv("KDA_ISA", "avx1024", 1);  // a bad value is an Error when needed, not an abort
+  internal::ResetKernelIsaForTesting();
+  ExpectErrorContaining([] { ActiveKernelIsa(); }, "KDA_ISA environment variable: unknown kernel ISA 'avx1024'");
+  ExpectErrorContaining([] { ResolveKernelImpl(KernelImpl::kOptimized); }, "KDA_ISA");
+  Spec s;
+  s.lengths = {4};
+  s.H = 1;
+  s.K = 16;
+  const Problem p = MakeProblem(s);
+  ExpectErrorContaining([&] { testing::RunChunkWith(p, &chunk_kda_optimized); }, "KDA_ISA");
+  EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (CpuSupportsKernelIsa(isa)) continue;
+    setenv("KDA_ISA", KernelIsaName(isa), 1);
+    internal::ResetKernelIsaForTesting();
+    ExpectErrorContaining([] { ActiveKernelIsa(); }, "is not supported by this");
+  }
 }
 
 }  // namespace
