@@ -91,7 +91,7 @@ KernelIsa EnvKernelIsa() {
     if (value != nullptr && value[0] != '\0') {
       try {
         env.isa = ParseKernelIsa(value);
-        Check(CpuSupportsKernelIsa(env.isa), Unsupported(env.isa));
+        Check(CpuSupportsKernelIsa(env.isa), [&env] { return Unsupported(env.isa); });
       } catch (const Error& e) {
         env.error = std::string("KDA_ISA environment variable: ") + e.what();
       }
@@ -145,7 +145,7 @@ KernelIsa BestKernelIsa() {
 }
 
 void SetKernelIsa(KernelIsa isa) {
-  Check(CpuSupportsKernelIsa(isa), Unsupported(isa));
+  Check(CpuSupportsKernelIsa(isa), [isa] { return Unsupported(isa); });
   g_set_isa.store(isa == KernelIsa::kAuto ? kUnset : static_cast<int>(isa));
 }
 
@@ -160,7 +160,7 @@ namespace internal {
 
 const KernelTable& KernelsFor(KernelIsa isa) {
   if (isa == KernelIsa::kAuto) return ActiveKernels();
-  Check(CpuSupportsKernelIsa(isa), Unsupported(isa));
+  Check(CpuSupportsKernelIsa(isa), [isa] { return Unsupported(isa); });
   return *BuiltTable(isa);
 }
 
