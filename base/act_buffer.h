@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "base/scratch.h"
+#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
 
 namespace kda {
 

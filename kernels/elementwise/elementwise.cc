@@ -9,6 +9,7 @@
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kda/kernels/kda.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/dispatch.h"
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kda/kernels/kda.h"
+#include "kda/base/buffer.h"
 
 namespace kda {
 

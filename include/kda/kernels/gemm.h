@@ -8,8 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
 
 namespace kda {
 

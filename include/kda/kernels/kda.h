@@ -15,21 +15,10 @@
 #include <cstdint>
 #include <string>
 
+#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 
 namespace kda {
-
-// A contiguous read-only buffer with its element type.
-struct ConstBuf {
-  const void* data = nullptr;
-  DType dtype = DType::kF32;
-};
-
-// A contiguous writable buffer with its element type.
-struct MutBuf {
-  void* data = nullptr;
-  DType dtype = DType::kF32;
-};
 
 // Options shared by both kernels (the fla names).
 struct KdaOptions {

@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/kernels/kda.h"
+#include "kda/base/buffer.h"
 
 namespace kda {
 
