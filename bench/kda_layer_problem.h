@@ -21,7 +21,7 @@ struct LayerProblem {
   LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& layer_shape, int64_t N, int64_t T)
       : shape(layer_shape),
         layer(0, shape, RandomKdaLayerWeights(shape, 3), dtype),
-        pool(1, N, {shape.H, shape.K, shape.W}, dtype),
+        pool(1, N, shape, dtype),
         req(&pool),
         backend({&pool, &req}, kernel),
         tokens(T),

@@ -9,7 +9,8 @@
 
 namespace kda {
 
-RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const StateShape& shape, DType conv_dtype)
+RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape,
+                                       DType conv_dtype)
     : num_layers_(num_layers), max_requests_(max_requests), shape_(shape), conv_dtype_(conv_dtype) {
   Check(num_layers >= 1, "state pool: needs at least one layer");
   Check(max_requests >= 1, "state pool: needs at least one request slot");
@@ -22,8 +23,8 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
     recurrent_.resize(static_cast<size_t>(num_layers));
     conv_.resize(static_cast<size_t>(num_layers));
     for (int l = 0; l < num_layers; ++l) {
-      recurrent_[l].assign(slots * shape.RecurrentSize(), 0.0F);
-      conv_[l].assign(slots * shape.ConvSize() * DTypeSize(conv_dtype), 0);
+      recurrent_[l].assign(slots * shape.RecurrentStateSize(), 0.0F);
+      conv_[l].assign(slots * shape.ConvStateSize() * DTypeSize(conv_dtype), 0);
     }
     allocated_.assign(slots, 0);
   } catch (const Error&) {
@@ -38,11 +39,12 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
   for (auto s = static_cast<int32_t>(max_requests); s >= 1; --s) free_.push_back(s);
 }
 
-int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const StateShape& shape, DType conv_dtype) {
-  return num_layers * (shape.RecurrentSize() * 4 + shape.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype)));
+int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype) {
+  return num_layers *
+         (shape.RecurrentStateSize() * 4 + shape.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype)));
 }
 
-int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const StateShape& shape,
+int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
                                                  DType conv_dtype) {
   const int64_t per = BytesPerRequest(num_layers, shape, conv_dtype);
   Check(per > 0, "state pool: empty state shape");
@@ -57,8 +59,8 @@ int64_t RecurrentStatePool::total_bytes() const {
 }
 
 void RecurrentStatePool::ZeroSlot(int32_t slot) {
-  const int64_t rs = shape_.RecurrentSize();
-  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = shape_.RecurrentStateSize();
+  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   for (int l = 0; l < num_layers_; ++l) {
     std::fill_n(recurrent_[l].data() + slot * rs, rs, 0.0F);
     std::fill_n(conv_[l].data() + slot * cs, cs, uint8_t{0});  // +0.0 in F32 and BF16
@@ -124,8 +126,8 @@ LayerStateCache RecurrentStatePool::GetLayerCache(int layer) {
 void RecurrentStatePool::GetLayerState(int layer, int32_t slot, float* recurrent, void* conv) const {
   CheckLayer(layer);
   CheckAllocated(slot);
-  const int64_t rs = shape_.RecurrentSize();
-  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = shape_.RecurrentStateSize();
+  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   if (recurrent != nullptr) std::memcpy(recurrent, recurrent_[layer].data() + slot * rs, rs * sizeof(float));
   if (conv != nullptr && cs > 0) std::memcpy(conv, conv_[layer].data() + slot * cs, cs);
 }
@@ -134,8 +136,8 @@ void RecurrentStatePool::SetLayerState(int layer, int32_t slot, const float* rec
   CheckLayer(layer);
   CheckAllocated(slot);
   if (slot == 0) return;  // writes to the dummy slot are dropped
-  const int64_t rs = shape_.RecurrentSize();
-  const int64_t cs = shape_.ConvSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = shape_.RecurrentStateSize();
+  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   if (recurrent != nullptr) std::memcpy(recurrent_[layer].data() + slot * rs, recurrent, rs * sizeof(float));
   if (conv != nullptr && cs > 0) std::memcpy(conv_[layer].data() + slot * cs, conv, cs);
 }

@@ -70,7 +70,7 @@ KdaLayerShape KdaModel::full_shape() const {
 ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel)
     : model_(model), backend_(pools, kernel) {
   const RecurrentStatePool& pool = *pools.state_pool;
-  const StateShape s = model.state_shape();
+  const KdaLayerShape& s = model.shape;
   Check(pool.num_layers() == model.num_layers(), "state pool has " + std::to_string(pool.num_layers()) +
                                                      " layers, the model " + std::to_string(model.num_layers()));
   Check(pool.shape().H == s.H && pool.shape().K == s.K && pool.shape().W == s.W,

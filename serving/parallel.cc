@@ -27,7 +27,7 @@ void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, int groups, int H
   }
 }
 
-int64_t RecurrentBlock(const StateShape& s) { return static_cast<int64_t>(s.K) * s.K; }
+int64_t RecurrentBlock(const KdaLayerShape& s) { return static_cast<int64_t>(s.K) * s.K; }
 
 // Byte serialization of request results for the gathers.
 class Writer {
@@ -84,7 +84,7 @@ void SortById(std::vector<RequestResult>& v) {
 // Collective over `tp`: the results (the same requests, by id, on every tp
 // rank) with the states of every head, at tp rank 0 (empty elsewhere).
 std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestResult> local, int L,
-                                          const StateShape& full, size_t esz) {
+                                          const KdaLayerShape& full, size_t esz) {
   if (tp.size() == 1) return local;
   Writer w;
   for (const RequestResult& r : local) {
@@ -97,8 +97,8 @@ std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestR
   if (tp.rank() != 0) return {};
   std::vector<RequestResult> out = std::move(local);
   for (RequestResult& r : out) {
-    r.final_recurrent.assign(static_cast<size_t>(L * full.RecurrentSize()), 0.0F);
-    r.final_conv.assign(static_cast<size_t>(L * full.ConvSize()) * esz, 0);
+    r.final_recurrent.assign(static_cast<size_t>(L * full.RecurrentStateSize()), 0.0F);
+    r.final_conv.assign(static_cast<size_t>(L * full.ConvStateSize()) * esz, 0);
   }
   for (int rank = 0; rank < tp.size(); ++rank) {
     const KdaHeadShard shard = MakeKdaHeadShard(full.H, rank, tp.size());
@@ -163,14 +163,15 @@ std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int
   return owner;
 }
 
-std::vector<float> ExtractRecurrentShard(const float* full, int L, const StateShape& shape, const KdaHeadShard& shard) {
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const KdaLayerShape& shape,
+                                         const KdaHeadShard& shard) {
   std::vector<float> out(static_cast<size_t>(L * shard.count * RecurrentBlock(shape)));
   CopyHeads(reinterpret_cast<const uint8_t*>(full), reinterpret_cast<uint8_t*>(out.data()), L, 1, shape.H,
             RecurrentBlock(shape), sizeof(float), shard, true);
   return out;
 }
 
-std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const StateShape& shape,
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const KdaLayerShape& shape,
                                       const KdaHeadShard& shard) {
   std::vector<uint8_t> out(static_cast<size_t>(L * (shape.W - 1) * 3 * shard.count * shape.K) * elem_size);
   CopyHeads(static_cast<const uint8_t*>(full), out.data(), static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K,
@@ -178,13 +179,13 @@ std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L,
   return out;
 }
 
-void PlaceRecurrentShard(const float* shard_states, float* full, int L, const StateShape& shape,
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const KdaLayerShape& shape,
                          const KdaHeadShard& shard) {
   CopyHeads(reinterpret_cast<const uint8_t*>(shard_states), reinterpret_cast<uint8_t*>(full), L, 1, shape.H,
             RecurrentBlock(shape), sizeof(float), shard, false);
 }
 
-void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const StateShape& shape,
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const KdaLayerShape& shape,
                     const KdaHeadShard& shard) {
   CopyHeads(static_cast<const uint8_t*>(shard_states), static_cast<uint8_t*>(full),
             static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K, elem_size, shard, false);
@@ -193,7 +194,7 @@ void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int 
 ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
   const int L = model.num_layers();
-  const StateShape full = model.full_state_shape();
+  const KdaLayerShape full = model.full_shape();
   const KdaHeadShard want = MakeKdaHeadShard(full.H, groups.tp_rank(), groups.tp_size());
   Check(model.heads.begin == want.begin && model.heads.count == want.count && model.heads.total == want.total,
         "the model is not this rank's tensor-parallel shard");
@@ -230,10 +231,10 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     const auto share = static_cast<int64_t>(mine.size());
     int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
     if (options.state_budget_bytes > 0) {
-      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(options.state_budget_bytes, L,
-                                                                             model.state_shape(), model.act_dtype));
+      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(options.state_budget_bytes, L, model.shape,
+                                                                             model.act_dtype));
     }
-    RecurrentStatePool pool(L, capacity, model.state_shape(), model.act_dtype);
+    RecurrentStatePool pool(L, capacity, model.shape, model.act_dtype);
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};
     ModelRunner runner(model, pools, options.kernel);
@@ -259,8 +260,8 @@ std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGr
   SortById(local);
   // Full states at tp rank 0 of each data-parallel index, then those ranks'
   // results (the dp group of tp index 0) at world rank 0.
-  std::vector<RequestResult> full = GatherTpStates(groups.tp(), std::move(local), model.num_layers(),
-                                                   model.full_state_shape(), DTypeSize(model.act_dtype));
+  std::vector<RequestResult> full =
+      GatherTpStates(groups.tp(), std::move(local), model.num_layers(), model.full_shape(), DTypeSize(model.act_dtype));
   if (groups.tp_rank() != 0) return {};
   return GatherDpResults(groups.dp(), std::move(full));
 }

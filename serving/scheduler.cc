@@ -47,8 +47,8 @@ void Scheduler::Submit(const ServeRequest& request) {
 void Scheduler::Admit() {
   RecurrentStatePool& pool = *pools_.state_pool;
   const KdaModel& model = runner_.model();
-  const int64_t rs = pool.shape().RecurrentSize();
-  const int64_t cs = pool.shape().ConvSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  const int64_t rs = pool.shape().RecurrentStateSize();
+  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running && pool.num_free() > 0) {
     Running r;
     r.req = waiting_.front();
@@ -74,8 +74,8 @@ void Scheduler::Finish(size_t index) {
   Running& r = running_[index];
   RecurrentStatePool& pool = *pools_.state_pool;
   const int L = runner_.model().num_layers();
-  const int64_t rs = pool.shape().RecurrentSize();
-  const int64_t cs = pool.shape().ConvSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  const int64_t rs = pool.shape().RecurrentStateSize();
+  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
   const int32_t slot = pools_.req_to_token_pool->SlotOf(r.req.id);
   r.result.final_recurrent.resize(static_cast<size_t>(L * rs));
   r.result.final_conv.resize(static_cast<size_t>(L * cs));

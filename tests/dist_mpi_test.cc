@@ -203,8 +203,8 @@ TEST(DistributedLoading, EachRankReadsOnlyItsHeadsAndHoldsOnlyTheirStates) {
     EXPECT_EQ(model.shape.H, full.H / l.tp);
     EXPECT_EQ(model.heads.begin, shard.begin);
     const int L = model.num_layers();
-    const RecurrentStatePool pool(L, 3, model.state_shape(), model.act_dtype);
-    const RecurrentStatePool whole(L, 3, model.full_state_shape(), model.act_dtype);
+    const RecurrentStatePool pool(L, 3, model.shape, model.act_dtype);
+    const RecurrentStatePool whole(L, 3, model.full_shape(), model.act_dtype);
     EXPECT_EQ(pool.total_bytes() * l.tp, whole.total_bytes());
     // Every head is held by exactly one rank of each tp group.
     const int32_t mine_heads[2] = {shard.begin, shard.count};

@@ -176,12 +176,12 @@ TEST(ShardedLoading, ModelLoadRefusesHeadsThatDoNotDivide) {
 // ------------------------------------------------------------------ layouts
 
 TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
-  const StateShape full{4, 16, 4};
+  const KdaLayerShape full{.H = 4, .K = 16, .W = 4};
   const int L = 2;
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0F, 1.0F);
-  std::vector<float> rec(static_cast<size_t>(L * full.RecurrentSize()));
-  std::vector<float> conv(static_cast<size_t>(L * full.ConvSize()));
+  std::vector<float> rec(static_cast<size_t>(L * full.RecurrentStateSize()));
+  std::vector<float> conv(static_cast<size_t>(L * full.ConvStateSize()));
   for (float& v : rec) v = u(rng);
   for (float& v : conv) v = u(rng);
   const int64_t P = int64_t{full.H} * full.K;

@@ -100,7 +100,7 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
   // KDA backend, sequence n in slot n + 1, seeded with the initial states.
   LayerResult RunLayer(DType dtype, KernelImpl kernel = KernelImpl::kReference) {
     const KimiDeltaAttention attn(0, shape_, weights_, dtype);
-    RecurrentStatePool pool(1, N_, {shape_.H, shape_.K, shape_.W}, dtype);
+    RecurrentStatePool pool(1, N_, shape_, dtype);
     HybridReqToTokenPool req_pool(&pool);
     KDAAttnBackend backend({&pool, &req_pool}, kernel);
     const int64_t rs = shape_.RecurrentStateSize();

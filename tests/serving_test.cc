@@ -30,7 +30,7 @@ namespace {
 using testing::AllCloseBF16;
 using testing::AllCloseF32;
 
-const StateShape kSmall{2, 16, 4};
+const KdaLayerShape kSmall{.H = 2, .K = 16, .W = 4};
 
 using testing::ErrorOf;
 
@@ -66,13 +66,13 @@ TEST(RecurrentStatePool, ReusedSlotStartsFromZeroAndSlotsAreIsolated) {
     RecurrentStatePool pool(2, 2, kSmall, dt);
     const int32_t a = pool.Alloc();
     const int32_t b = pool.Alloc();
-    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 3.5F);
-    ActBuffer conv(dt, kSmall.ConvSize());
-    for (int64_t i = 0; i < kSmall.ConvSize(); ++i) conv.Set(i, -1.25F);
+    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 3.5F);
+    ActBuffer conv(dt, kSmall.ConvStateSize());
+    for (int64_t i = 0; i < kSmall.ConvStateSize(); ++i) conv.Set(i, -1.25F);
     for (int l = 0; l < 2; ++l) pool.SetLayerState(l, a, rec.data(), conv.data());
     // b is untouched by writes to a.
     std::vector<float> got(rec.size(), 1.0F);
-    ActBuffer got_conv(dt, kSmall.ConvSize());
+    ActBuffer got_conv(dt, kSmall.ConvStateSize());
     pool.GetLayerState(1, b, got.data(), got_conv.data());
     EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0F; }));
     // a's next owner sees zeros in every layer.
@@ -90,16 +90,16 @@ TEST(RecurrentStatePool, ReusedSlotStartsFromZeroAndSlotsAreIsolated) {
 
 TEST(RecurrentStatePool, DummySlotIsNeverWritten) {
   RecurrentStatePool pool(1, 1, kSmall, DType::kF32);
-  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 7.0F);
+  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 7.0F);
   pool.SetLayerState(0, 0, rec.data(), nullptr);  // dropped
   const LayerStateCache c = pool.GetLayerCache(0);
-  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
   EXPECT_NE(ErrorOf([&] { pool.SetLayerState(0, 1, rec.data(), nullptr); }).find("not allocated"), std::string::npos);
 }
 
 TEST(RecurrentStatePool, SizedFromAByteBudget) {
   // Kimi-Linear: 20 KDA layers, 32 heads x 128, conv 4, bf16 tails: about 41.4 MiB per request.
-  const StateShape kimi{32, 128, 4};
+  const KdaLayerShape kimi{.H = 32, .K = 128, .W = 4};
   const int64_t per = RecurrentStatePool::BytesPerRequest(20, kimi, DType::kBF16);
   EXPECT_EQ(per, 20 * (32LL * 128 * 128 * 4 + 3LL * 3 * 4096 * 2));
   EXPECT_NEAR(static_cast<double>(per) / (1 << 20), 41.4, 0.05);
@@ -150,9 +150,9 @@ class BackendTest : public ::testing::Test {
 
   std::vector<float> PoolSnapshot() {
     const LayerStateCache c = pool_.GetLayerCache(0);
-    std::vector<float> s(c.recurrent, c.recurrent + c.num_slots * kSmall.RecurrentSize());
+    std::vector<float> s(c.recurrent, c.recurrent + c.num_slots * kSmall.RecurrentStateSize());
     const auto* conv = static_cast<const float*>(c.conv);
-    s.insert(s.end(), conv, conv + c.num_slots * kSmall.ConvSize());
+    s.insert(s.end(), conv, conv + c.num_slots * kSmall.ConvStateSize());
     return s;
   }
 
@@ -206,7 +206,7 @@ TEST_F(BackendTest, RefusesUnsupportedModesAndBadBatches) {
 
 TEST_F(BackendTest, IdleWritesNothingAndLeavesThePoolUntouched) {
   const int32_t slot = req_.Alloc(3);
-  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), 0.25F);
+  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 0.25F);
   pool_.SetLayerState(0, slot, rec.data(), nullptr);
   const std::vector<float> before = PoolSnapshot();
   ForwardBatch idle;
@@ -224,8 +224,8 @@ TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
   const ActBuffer x = RandomRows(DType::kF32, 6, s.hidden, 9);
   auto run = [&](float garbage) {
     const int32_t slot = req_.Alloc(5);
-    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentSize()), garbage);
-    std::vector<float> conv(static_cast<size_t>(kSmall.ConvSize()), garbage);
+    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), garbage);
+    std::vector<float> conv(static_cast<size_t>(kSmall.ConvStateSize()), garbage);
     pool_.SetLayerState(0, slot, rec.data(), conv.data());
     ForwardBatch b;
     b.req_ids = {5};
@@ -258,8 +258,8 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
     const int32_t fresh = req_.Alloc(1);
     const int32_t cont = req_.Alloc(2);
     const int32_t outside = req_.Alloc(3);
-    std::vector<float> garbage(static_cast<size_t>(kSmall.RecurrentSize()), 1e30F);
-    std::vector<float> conv_garbage(static_cast<size_t>(kSmall.ConvSize()), 1e30F);
+    std::vector<float> garbage(static_cast<size_t>(kSmall.RecurrentStateSize()), 1e30F);
+    std::vector<float> conv_garbage(static_cast<size_t>(kSmall.ConvStateSize()), 1e30F);
     std::vector<float> h0(garbage.size());
     std::vector<float> conv0(conv_garbage.size());
     for (size_t i = 0; i < h0.size(); ++i) h0[i] = 0.01F * static_cast<float>(i % 17) - 0.08F;
@@ -290,7 +290,7 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
     EXPECT_EQ(rec, h0);
     EXPECT_EQ(conv, conv0);
     const LayerStateCache c = pool_.GetLayerCache(0);
-    EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+    EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
     for (int64_t req : {1, 2, 3}) req_.Free(req);
     results.push_back(std::move(r));
   }
@@ -310,7 +310,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   const ActBuffer x = RandomRows(DType::kF32, 9, s.hidden, 3);
   ActBuffer out(DType::kF32, 9 * s.hidden);
   model_.layers[0].Forward(out.mut(), x.view(), backend_);
-  std::vector<float> idle_before(static_cast<size_t>(kSmall.RecurrentSize()));
+  std::vector<float> idle_before(static_cast<size_t>(kSmall.RecurrentStateSize()));
   pool_.GetLayerState(0, idle, idle_before.data(), nullptr);
   std::vector<float> a_before(idle_before.size());
   pool_.GetLayerState(0, a, a_before.data(), nullptr);
@@ -332,7 +332,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   (void)b;
   // The dummy slot stays zero.
   const LayerStateCache c = pool_.GetLayerCache(0);
-  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentSize(), [](float v) { return v == 0.0F; }));
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
 }
 
 TEST(ServerArgs, MixedChunkIsRefusedAndRadixCacheDisabled) {
@@ -358,13 +358,13 @@ struct Served {
 Served ServeBatch(const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu, const float* init_rec,
                   const ActBuffer* init_conv, const std::vector<int64_t>& decode, SchedulerConfig cfg, int64_t slots) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
-  RecurrentStatePool pool(model.num_layers(), slots, model.state_shape(), model.act_dtype);
+  RecurrentStatePool pool(model.num_layers(), slots, model.shape, model.act_dtype);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   Scheduler sched(runner, {&pool, &req}, cfg);
   const int64_t hidden = model.shape.hidden;
-  const int64_t rs = model.state_shape().RecurrentSize();
-  const int64_t cs = model.state_shape().ConvSize();
+  const int64_t rs = model.shape.RecurrentStateSize();
+  const int64_t cs = model.shape.ConvStateSize();
   for (int64_t n = 0; n < N; ++n) {
     ServeRequest r;
     r.id = n;
@@ -488,7 +488,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
     decodes.push_back(rng() % 6);
     inputs.push_back(RandomRows(DType::kF32, lens.back(), hidden, 1000 + i));
   }
-  RecurrentStatePool pool(model.num_layers(), 8, model.state_shape(), DType::kF32);
+  RecurrentStatePool pool(model.num_layers(), 8, model.shape, DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   SchedulerConfig cfg;
@@ -502,13 +502,13 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
   ASSERT_EQ(static_cast<int>(sched.finished().size()), kRequests);
 
   // One-shot reference for each request: alone, one EXTEND step.
-  RecurrentStatePool pool1(model.num_layers(), 1, model.state_shape(), DType::kF32);
+  RecurrentStatePool pool1(model.num_layers(), 1, model.shape, DType::kF32);
   HybridReqToTokenPool req1(&pool1);
   ModelRunner runner1(model, {&pool1, &req1}, KernelImpl::kReference);
   int checked = 0;
   for (const RequestResult& r : sched.finished()) {
     const int64_t n = lens[r.id];
-    std::vector<float> want_state(static_cast<size_t>(model.num_layers() * model.state_shape().RecurrentSize()));
+    std::vector<float> want_state(static_cast<size_t>(model.num_layers() * model.shape.RecurrentStateSize()));
     std::vector<float> want(static_cast<size_t>(n * hidden));
     req1.Alloc(r.id);
     if (n > 0) {
@@ -519,7 +519,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
       runner1.Forward(b, inputs[r.id].view(), {want.data(), DType::kF32});
     }
     for (int l = 0; l < model.num_layers(); ++l) {
-      pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.state_shape().RecurrentSize(), nullptr);
+      pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.shape.RecurrentStateSize(), nullptr);
     }
     req1.Free(r.id);
     std::vector<float> got(want.size());
@@ -534,7 +534,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
 
 TEST(Scheduler, QueuesWhenSlotsRunOutAndRefusesBadRequests) {
   const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
-  RecurrentStatePool pool(1, 2, model.state_shape(), DType::kF32);
+  RecurrentStatePool pool(1, 2, model.shape, DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   Scheduler sched(runner, {&pool, &req}, SchedulerConfig{});
@@ -576,7 +576,7 @@ TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
   constexpr int kPerRound = 1000;
   constexpr int64_t kMaxLen = 32;
   const ActBuffer x = RandomRows(DType::kF32, kMaxLen, hidden, 21);  // every request reads a prefix of it
-  RecurrentStatePool pool(model.num_layers(), 8, model.state_shape(), DType::kF32);
+  RecurrentStatePool pool(model.num_layers(), 8, model.shape, DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req});
   SchedulerConfig cfg;
@@ -662,7 +662,7 @@ TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
 // a pool that cannot be allocated is one too.
 TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
   const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
-  RecurrentStatePool pool(1, 2, model.state_shape(), DType::kF32);
+  RecurrentStatePool pool(1, 2, model.shape, DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
@@ -702,12 +702,12 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
   EXPECT_EQ(req.size(), 0);
   // The allocation of a pool fails: a kda::Error naming the bytes.
   SetFaultInjection("rank:0,at:alloc");
-  const std::string e = ErrorOf([&] { RecurrentStatePool p(2, 8, model.state_shape(), DType::kF32); });
+  const std::string e = ErrorOf([&] { RecurrentStatePool p(2, 8, model.shape, DType::kF32); });
   SetFaultInjection("");
-  EXPECT_NE(e.find("state pool: cannot allocate " +
-                   std::to_string(9 * RecurrentStatePool::BytesPerRequest(2, model.state_shape(), DType::kF32)) +
-                   " bytes (8 slots"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("state pool: cannot allocate " +
+             std::to_string(9 * RecurrentStatePool::BytesPerRequest(2, model.shape, DType::kF32)) + " bytes (8 slots"),
+      std::string::npos)
       << e;
   EXPECT_NE(e.find("out of memory"), std::string::npos) << e;
   // A malformed switch is refused at the first check, never ignored.

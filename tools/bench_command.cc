@@ -76,7 +76,7 @@ std::vector<OneShot> ReplayLayers(const KdaModel& model, const LayerTrace& trace
   const int64_t hidden = model.shape.hidden;
   const auto rows =
       static_cast<int64_t>(trace.inputs.at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
-  RecurrentStatePool pool(L, 1, model.state_shape(), dt);
+  RecurrentStatePool pool(L, 1, model.shape, dt);
   HybridReqToTokenPool req_pool(&pool);
   KDAAttnBackend backend({&pool, &req_pool}, kernel);
   const int32_t slot = req_pool.Alloc(trace.req_id);
@@ -85,7 +85,7 @@ std::vector<OneShot> ReplayLayers(const KdaModel& model, const LayerTrace& trace
   batch.extend_lens = {rows};
   batch.prefix_lens = {0};
   backend.InitForwardMetadata(batch);
-  const int64_t rs = model.state_shape().RecurrentSize();
+  const int64_t rs = model.shape.RecurrentStateSize();
   std::vector<OneShot> r(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
     const std::vector<float> in = BytesToFloat(trace.inputs[l], trace_dt);
@@ -357,7 +357,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
     e.second += s.seconds;
   }
   const int L = model.num_layers();
-  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.full_state_shape(), dtype);
+  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.full_shape(), dtype);
 
   // Every rank's numbers at world rank 0.
   RankStats mine_stats;
@@ -368,7 +368,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
   mine_stats.requests = static_cast<int32_t>(mine.size());
   mine_stats.check_pass = check.pass ? 1 : 0;
   mine_stats.running = served.pool_capacity;
-  mine_stats.state_bytes_per_request = RecurrentStatePool::BytesPerRequest(L, model.state_shape(), dtype);
+  mine_stats.state_bytes_per_request = RecurrentStatePool::BytesPerRequest(L, model.shape, dtype);
   mine_stats.extend_tokens = extend_tokens;
   mine_stats.decode_tokens = decode_tokens;
   mine_stats.extend_s = extend_s;

@@ -55,10 +55,10 @@ Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, con
              const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
   const int L = model.num_layers();
-  const StateShape ss = model.full_state_shape();
+  const KdaLayerShape ss = model.full_shape();
   const int64_t hidden = model.shape.hidden;
-  const int64_t rs = ss.RecurrentSize();
-  const int64_t cs = ss.ConvSize();
+  const int64_t rs = ss.RecurrentStateSize();
+  const int64_t cs = ss.ConvStateSize();
   std::vector<ServeRequest> requests;
   for (int64_t n = 0; n < N; ++n) {
     ServeRequest r;

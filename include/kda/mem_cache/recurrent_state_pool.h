@@ -17,18 +17,9 @@
 
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
+#include "kda/base/kda_layer_shape.h"
 
 namespace kda {
-
-// Per-layer state dimensions (H heads of K x V with K = V; conv width W; P = H*K).
-struct StateShape {
-  int H = 0;
-  int K = 0;
-  int W = 0;
-
-  int64_t RecurrentSize() const { return static_cast<int64_t>(H) * K * K; }
-  int64_t ConvSize() const { return static_cast<int64_t>(W - 1) * 3 * H * K; }
-};
 
 // Thrown when no slot is free: the scheduler queues the request and retries.
 class PoolExhaustedError : public Error {
@@ -47,13 +38,14 @@ struct LayerStateCache {
 class RecurrentStatePool {
  public:
   // `max_requests` usable slots (1..max_requests) for `num_layers` KDA layers.
-  RecurrentStatePool(int num_layers, int64_t max_requests, const StateShape& shape, DType conv_dtype);
+  RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape, DType conv_dtype);
 
   // Bytes one request costs: L*H*K*V*4 + L*(W-1)*3P*sizeof(conv dtype).
-  static int64_t BytesPerRequest(int num_layers, const StateShape& shape, DType conv_dtype);
+  static int64_t BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype);
   // The largest pool whose slots (dummy included) fit in `budget_bytes`;
   // kda::Error if not even one request fits.
-  static int64_t MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const StateShape& shape, DType conv_dtype);
+  static int64_t MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
+                                      DType conv_dtype);
 
   // A free slot, zeroed in every layer; PoolExhaustedError when none is free.
   int32_t Alloc();
@@ -67,7 +59,7 @@ class RecurrentStatePool {
   int64_t capacity() const { return max_requests_; }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
   int num_layers() const { return num_layers_; }
-  const StateShape& shape() const { return shape_; }
+  const KdaLayerShape& shape() const { return shape_; }
   DType conv_dtype() const { return conv_dtype_; }
   int64_t total_bytes() const;
 
@@ -86,7 +78,7 @@ class RecurrentStatePool {
 
   int num_layers_;
   int64_t max_requests_;
-  StateShape shape_;
+  KdaLayerShape shape_;
   DType conv_dtype_;
   std::vector<std::vector<float>> recurrent_;  // per layer
   std::vector<std::vector<uint8_t>> conv_;     // per layer, raw conv_dtype elements

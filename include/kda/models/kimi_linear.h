@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kda/base/dtype.h"
+#include "kda/base/kda_layer_shape.h"
 #include "kda/kernels/gemm.h"
 #include "kda/kernels/kda.h"
 #include "kda/layers/attention/linear/kda_backend.h"
@@ -23,19 +24,6 @@ namespace kda {
 class Checkpoint;
 class Communicator;
 struct KimiLinearConfig;
-
-struct KdaLayerShape {
-  int64_t hidden = 0;
-  int H = 0;
-  int K = 0;  // = V
-  int W = 0;  // short conv width
-  double rms_norm_eps = 1e-5;
-
-  int64_t P() const { return static_cast<int64_t>(H) * K; }
-  int64_t ConvChannels() const { return 3 * P(); }
-  int64_t RecurrentStateSize() const { return static_cast<int64_t>(H) * K * K; }          // per sequence
-  int64_t ConvStateSize() const { return static_cast<int64_t>(W - 1) * ConvChannels(); }  // per sequence
-};
 
 // Kimi-Linear-48B-A3B's KDA layer: hidden 2304, 32 heads of 128, conv width 4,
 // RMSNorm eps 1e-5 (the embedded default model and the benchmarks' shape).

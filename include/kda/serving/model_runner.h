@@ -19,8 +19,8 @@ namespace kda {
 // The KDA layers of one model, in model order; layers[i] uses pool layer i.
 //
 // Tensor parallelism: with a `tp` group of size > 1 the model is this rank's
-// shard: `shape` (and so state_shape(), the pool a runner needs) has only
-// its heads `heads`, and each layer sums its o_proj partials over `tp`.
+// shard: `shape` (and so the pool a runner needs) has only its heads
+// `heads`, and each layer sums its o_proj partials over `tp`.
 struct KdaModel {
   KdaLayerShape shape;  // this rank's heads: shape.H = heads.count
   DType act_dtype = DType::kF32;
@@ -42,10 +42,8 @@ struct KdaModel {
                          Communicator* tp = nullptr);
 
   int num_layers() const { return static_cast<int>(layers.size()); }
-  StateShape state_shape() const { return {shape.H, shape.K, shape.W}; }
-  // The unsharded model's layer and state shapes (heads.total heads).
+  // The unsharded model's shape (heads.total heads).
   KdaLayerShape full_shape() const;
-  StateShape full_state_shape() const { return {heads.total, shape.K, shape.W}; }
 };
 
 // Every layer's input and output rows of one request, appended step by step
@@ -59,7 +57,7 @@ struct LayerTrace {
 class ModelRunner {
  public:
   // The pools must have been made for this model (one pool layer per KDA
-  // layer, its state shape, conv dtype = activation dtype).
+  // layer, its heads, head dim and conv width, conv dtype = activation dtype).
   ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel = KernelImpl::kAuto);
 
   // Runs one batch through every layer. x [T, hidden] -> out [T, hidden], in

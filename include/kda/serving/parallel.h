@@ -21,19 +21,20 @@ namespace kda {
 std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int dp_size);
 
 // One request's states over L layers, the full model's vs one tensor-parallel
-// shard's (`shape`: the full model's state shape; Hs = shard.count heads):
+// shard's (`shape`: the full model's shape; Hs = shard.count heads):
 //   recurrent  full [L, H, K, V] fp32       shard [L, Hs, K, V]
 //   conv       full [L, W-1, 3P]            shard [L, W-1, 3 * Hs * K]
 // Conv channels are q|k|v, each P = H*K wide in the full layout and Hs*K (the
 // shard's heads) in the shard's; conv elements are `elem_size` bytes (the
 // activation dtype). Extract* cut a shard out of full states; Place* write a
 // shard into its part of full states.
-std::vector<float> ExtractRecurrentShard(const float* full, int L, const StateShape& shape, const KdaHeadShard& shard);
-std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const StateShape& shape,
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const KdaLayerShape& shape,
+                                         const KdaHeadShard& shard);
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const KdaLayerShape& shape,
                                       const KdaHeadShard& shard);
-void PlaceRecurrentShard(const float* shard_states, float* full, int L, const StateShape& shape,
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const KdaLayerShape& shape,
                          const KdaHeadShard& shard);
-void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const StateShape& shape,
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const KdaLayerShape& shape,
                     const KdaHeadShard& shard);
 
 struct ParallelServeOptions {

@@ -197,7 +197,7 @@ void KDAAttnBackend::ForwardDecode(const RadixLinearAttention& layer, MutBuf o, 
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
   const LayerStateCache cache = Cache(layer.layer_id());
-  const int64_t rs = pools_.state_pool->shape().RecurrentSize();
+  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
   const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
   for (int64_t n = 0; n < N; ++n) {
     if (md_.has_initial_state[n] == 0) std::fill_n(cache.recurrent + md_.recurrent_indices[n] * rs, rs, 0.0F);
