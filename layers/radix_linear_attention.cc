@@ -30,8 +30,8 @@ RadixLinearAttention::RadixLinearAttention(int layer_id, int num_heads, int head
 }
 
 void RadixLinearAttention::Forward(LinearRecurrentAttnBackend& backend, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits, KdaIntermediates* intermediates) const {
-  backend.Forward(*this, o, mixed_qkv, gate_raw, beta_logits, intermediates);
+                                   ConstBuf beta_logits) const {
+  backend.Forward(*this, o, mixed_qkv, gate_raw, beta_logits);
 }
 
 }  // namespace kda

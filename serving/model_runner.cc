@@ -80,31 +80,11 @@ ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl ke
 
 void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   backend_.InitForwardMetadata(batch);  // once per batch, shared by every layer
-  const LinearAttnMetadata& md = backend_.metadata();
-  const int64_t T = md.num_tokens;
+  const int64_t T = backend_.metadata().num_tokens;
   const int64_t hidden = model_.shape.hidden;
   const DType dt = model_.act_dtype;
   Check(x.dtype == dt && out.dtype == dt, "model runner: activations must be in the model's dtype");
   const int L = model_.num_layers();
-
-  // The traced request's rows in this batch, if it is in it.
-  int64_t trace_begin = 0;
-  int64_t trace_rows = 0;
-  if (trace_ != nullptr) {
-    trace_->inputs.resize(static_cast<size_t>(L));
-    trace_->outputs.resize(static_cast<size_t>(L));
-    for (size_t i = 0; i < batch.req_ids.size(); ++i) {
-      if (batch.req_ids[i] == trace_->req_id) {
-        trace_begin = md.cu_q_lens[i];
-        trace_rows = md.cu_q_lens[i + 1] - md.cu_q_lens[i];
-      }
-    }
-  }
-  const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(dt);
-  auto record = [&](std::vector<uint8_t>& dst, const void* src) {
-    const auto* p = static_cast<const uint8_t*>(src) + static_cast<size_t>(trace_begin) * row_bytes;
-    dst.insert(dst.end(), p, p + static_cast<size_t>(trace_rows) * row_bytes);
-  };
 
   ActBuffer h;
   ConstBuf in = x;
@@ -115,9 +95,7 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   }
   for (int l = 0; l < L; ++l) {
     MaybeInjectFault(FaultPoint::kForward);
-    if (trace_rows > 0) record(trace_->inputs[l], in.data);
     model_.layers[l].Forward(out, in, backend_);
-    if (trace_rows > 0) record(trace_->outputs[l], out.data);
     if (l + 1 < L) {
       AddInPlace(h.mut(), {out.data, dt}, T * hidden);
     }

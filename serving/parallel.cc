@@ -238,7 +238,7 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};
     ModelRunner runner(model, pools, options.kernel);
-    runner.SetTrace(options.trace);
+    runner.SetObserver(options.observer);
     SchedulerConfig cfg = options.scheduler;
     cfg.max_running = capacity;
     Scheduler sched(runner, pools, cfg);

@@ -13,6 +13,7 @@
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/kernels/kda.h"
+#include "kda/layers/layer_observer.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/kimi_linear.h"
 #include "tests/golden.h"
@@ -29,6 +30,17 @@ using testing::RoundedBF16;
 struct GoldenCase {
   std::string dir;  // kda-mini | kda-stress | generated/kda-real (see tests/golden.h)
   std::string name;
+};
+
+// Every tensor the layer shows its observer, as fp32 values.
+struct TensorRecorder : LayerObserver {
+  std::map<LayerTensor, std::vector<float>> tensors;
+
+  void OnTensor(int /*layer_id*/, LayerTensor which, ConstBuf values, int64_t count) override {
+    std::vector<float>& dst = tensors[which];
+    dst.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) dst[i] = LoadAsFloat(values.data, values.dtype, static_cast<size_t>(i));
+  }
 };
 
 void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
@@ -93,7 +105,7 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
 
   struct LayerResult {
     std::vector<float> out, rec, conv;
-    KdaIntermediates inter;
+    std::map<LayerTensor, std::vector<float>> inter;
   };
 
   // One EXTEND step of the whole packed batch through a state pool and the
@@ -103,6 +115,8 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
     RecurrentStatePool pool(1, N_, shape_, dtype);
     HybridReqToTokenPool req_pool(&pool);
     KDAAttnBackend backend({&pool, &req_pool}, kernel);
+    TensorRecorder recorder;
+    backend.SetObserver(&recorder);
     const int64_t rs = shape_.RecurrentStateSize();
     const int64_t cs = shape_.ConvStateSize();
     ForwardBatch batch;
@@ -122,8 +136,9 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
     const std::vector<float>& xf = Tensor("hidden_states");
     const ActBuffer x = ToAct(dtype, xf, 0, static_cast<int64_t>(xf.size()));
     ActBuffer out(dtype, static_cast<int64_t>(xf.size()));
+    attn.Forward(out.mut(), x.view(), backend);
     LayerResult r;
-    attn.Forward(out.mut(), x.view(), backend, &r.inter);
+    r.inter = std::move(recorder.tensors);
     r.out = out.ToFloat();
     ActBuffer conv(dtype, cs);
     for (int64_t n = 0; n < N_; ++n) {
@@ -157,14 +172,22 @@ TEST_P(GoldenTest, Fp32PipelineMatchesOutputsStatesAndIntermediates) {
   EXPECT_TRUE(AllCloseF32(r.out.data(), Tensor("out_fp32").data(), r.out.size())) << "out";
   EXPECT_TRUE(AllCloseStateF32(r.rec.data(), Tensor("final_recurrent_state").data(), r.rec.size())) << "recurrent";
   EXPECT_TRUE(AllCloseStateF32(r.conv.data(), Tensor("final_conv_state").data(), r.conv.size())) << "conv";
-  const std::pair<const char*, const std::vector<float>*> inter[] = {
-      {"q_conv", &r.inter.q_conv}, {"k_conv", &r.inter.k_conv}, {"v_conv", &r.inter.v_conv}, {"g_raw", &r.inter.g_raw},
-      {"g", &r.inter.g},           {"beta", &r.inter.beta},     {"o_kda", &r.inter.o_kda},   {"g_out", &r.inter.g_out}};
-  for (const auto& [name, got] : inter) {
+  const std::pair<const char*, LayerTensor> inter[] = {
+      {"q_conv", LayerTensor::kQConv},     {"k_conv", LayerTensor::kKConv},    {"v_conv", LayerTensor::kVConv},
+      {"g_raw", LayerTensor::kGateRaw},    {"g", LayerTensor::kGate},          {"beta", LayerTensor::kBeta},
+      {"o_kda", LayerTensor::kCoreOutput}, {"g_out", LayerTensor::kOutputGate}};
+  for (const auto& [name, which] : inter) {
     const std::vector<float>& want = Tensor(name);
-    ASSERT_EQ(got->size(), want.size()) << name;
-    EXPECT_TRUE(AllCloseF32(got->data(), want.data(), want.size())) << name;
+    ASSERT_EQ(r.inter.count(which), 1U) << name;
+    const std::vector<float>& got = r.inter.at(which);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    EXPECT_TRUE(AllCloseF32(got.data(), want.data(), want.size())) << name;
   }
+  // The layer's own input and output, as its observer was shown them.
+  ASSERT_EQ(r.inter.count(LayerTensor::kInput), 1U);
+  ASSERT_EQ(r.inter.count(LayerTensor::kOutput), 1U);
+  EXPECT_EQ(r.inter.at(LayerTensor::kInput), Tensor("hidden_states"));
+  EXPECT_EQ(r.inter.at(LayerTensor::kOutput), r.out);
 }
 
 TEST_P(GoldenTest, Bf16PipelineMatchesOutputsAndStates) {

@@ -55,6 +55,47 @@ Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
   return w;
 }
 
+// Every layer's input and output rows of one request, appended step by step
+// in token order (activation dtype): what the per-layer self-check replays.
+class RequestTrace : public LayerObserver {
+ public:
+  RequestTrace(int64_t req_id, int num_layers)
+      : req_id_(req_id), inputs_(static_cast<size_t>(num_layers)), outputs_(static_cast<size_t>(num_layers)) {}
+
+  void OnBatch(const ForwardBatch& batch) override {
+    begin_ = 0;
+    rows_ = 0;
+    tokens_ = batch.num_tokens();
+    int64_t at = 0;
+    for (size_t i = 0; i < batch.req_ids.size(); ++i) {
+      if (batch.req_ids[i] == req_id_) {
+        begin_ = at;
+        rows_ = batch.extend_lens[i];
+      }
+      at += batch.extend_lens[i];
+    }
+  }
+  void OnTensor(int layer_id, LayerTensor which, ConstBuf values, int64_t count) override {
+    if (rows_ == 0 || (which != LayerTensor::kInput && which != LayerTensor::kOutput)) return;
+    const size_t row_bytes = static_cast<size_t>(count / tokens_) * DTypeSize(values.dtype);
+    const auto* p = static_cast<const uint8_t*>(values.data) + static_cast<size_t>(begin_) * row_bytes;
+    std::vector<uint8_t>& dst = (which == LayerTensor::kInput ? inputs_ : outputs_).at(static_cast<size_t>(layer_id));
+    dst.insert(dst.end(), p, p + static_cast<size_t>(rows_) * row_bytes);
+  }
+
+  int64_t req_id() const { return req_id_; }
+  const std::vector<std::vector<uint8_t>>& inputs() const { return inputs_; }    // per layer [tokens, hidden]
+  const std::vector<std::vector<uint8_t>>& outputs() const { return outputs_; }  // per layer [tokens, hidden]
+
+ private:
+  int64_t req_id_;
+  std::vector<std::vector<uint8_t>> inputs_;
+  std::vector<std::vector<uint8_t>> outputs_;
+  int64_t begin_ = 0;  // the request's rows in the current batch
+  int64_t rows_ = 0;
+  int64_t tokens_ = 0;  // the batch's tokens
+};
+
 struct SelfCheck {
   ToleranceReport out;    // the layer with the largest output max_ratio
   ToleranceReport state;  // the layer with the largest state max_ratio
@@ -70,25 +111,25 @@ struct OneShot {
 // The traced request again, alone, every row in one EXTEND step, each layer of
 // `model` fed the input that layer saw while served (converted to the model's
 // activation dtype).
-std::vector<OneShot> ReplayLayers(const KdaModel& model, const LayerTrace& trace, DType trace_dt, KernelImpl kernel) {
+std::vector<OneShot> ReplayLayers(const KdaModel& model, const RequestTrace& trace, DType trace_dt, KernelImpl kernel) {
   const int L = model.num_layers();
   const DType dt = model.act_dtype;
   const int64_t hidden = model.shape.hidden;
   const auto rows =
-      static_cast<int64_t>(trace.inputs.at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
+      static_cast<int64_t>(trace.inputs().at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
   RecurrentStatePool pool(L, 1, model.shape, dt);
   HybridReqToTokenPool req_pool(&pool);
   KDAAttnBackend backend({&pool, &req_pool}, kernel);
-  const int32_t slot = req_pool.Alloc(trace.req_id);
+  const int32_t slot = req_pool.Alloc(trace.req_id());
   ForwardBatch batch;
-  batch.req_ids = {trace.req_id};
+  batch.req_ids = {trace.req_id()};
   batch.extend_lens = {rows};
   batch.prefix_lens = {0};
   backend.InitForwardMetadata(batch);
   const int64_t rs = model.shape.RecurrentStateSize();
   std::vector<OneShot> r(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
-    const std::vector<float> in = BytesToFloat(trace.inputs[l], trace_dt);
+    const std::vector<float> in = BytesToFloat(trace.inputs()[l], trace_dt);
     ActBuffer x(dt, rows * hidden);
     for (int64_t i = 0; i < rows * hidden; ++i) x.Set(i, in[static_cast<size_t>(i)]);
     ActBuffer out(dt, rows * hidden);
@@ -106,7 +147,7 @@ std::vector<OneShot> ReplayLayers(const KdaModel& model, const LayerTrace& trace
 // pipeline the reference; the bf16 rule (design §5) also needs the exact
 // output of that layer on that input, which the fp32 one-shot run is: served
 // may differ from one-shot in bf16 rounding flips, not be less accurate.
-SelfCheck ReplayOneShot(const KdaModel& model, const KdaModel* exact, const LayerTrace& trace,
+SelfCheck ReplayOneShot(const KdaModel& model, const KdaModel* exact, const RequestTrace& trace,
                         const RequestResult& served, KernelImpl kernel) {
   const DType dt = model.act_dtype;
   const std::vector<OneShot> ref = ReplayLayers(model, trace, dt, kernel);
@@ -115,10 +156,10 @@ SelfCheck ReplayOneShot(const KdaModel& model, const KdaModel* exact, const Laye
     Check(exact != nullptr && exact->act_dtype == DType::kF32, "bench: the bf16 self-check needs the fp32 layers");
     ex = ReplayLayers(*exact, trace, dt, kernel);
   }
-  const int64_t rs = model.state_shape().RecurrentSize();
+  const int64_t rs = model.shape.RecurrentStateSize();
   SelfCheck c;
   for (int l = 0; l < model.num_layers(); ++l) {
-    const std::vector<float> got = BytesToFloat(trace.outputs[l], dt);
+    const std::vector<float> got = BytesToFloat(trace.outputs()[l], dt);
     const std::vector<float>& want = ref[l].out;
     const float* served_state = served.final_recurrent.data() + l * rs;
     const std::vector<float>& state = ref[l].state;
@@ -316,9 +357,8 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
     if (owner[i] == groups.dp_rank()) mine.push_back(i);
   }
   const int probe = mine.empty() ? -1 : mine[mine.size() / 2];
-  LayerTrace trace;
-  trace.req_id = probe;
-  serve_opt.trace = probe >= 0 ? &trace : nullptr;
+  RequestTrace trace(probe, model.num_layers());
+  serve_opt.observer = probe >= 0 ? &trace : nullptr;
   // Not agreed: the layers all-reduce, so an error on one rank ends the job
   // (RunOnRanks).
   const ParallelServeResult served = ServeParallel(model, groups, requests, serve_opt);

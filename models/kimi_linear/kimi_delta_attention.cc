@@ -80,8 +80,7 @@ KimiDeltaAttention::~KimiDeltaAttention() = default;
 KimiDeltaAttention::KimiDeltaAttention(KimiDeltaAttention&&) noexcept = default;
 KimiDeltaAttention& KimiDeltaAttention::operator=(KimiDeltaAttention&&) noexcept = default;
 
-void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend,
-                                 KdaIntermediates* intermediates) const {
+void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend) const {
   Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
                                    " does not match the layer dtype " + DTypeName(act_dtype_));
   Check(out.dtype == act_dtype_, "KimiDeltaAttention: output dtype does not match the layer dtype");
@@ -90,13 +89,16 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
   if (T == 0) {
     // IDLE or an all-empty batch still runs the backend (it leaves no state
     // behind for empty sequences but keeps their tails and states as they are).
-    backend.Forward(*attn_, out, x, x, x, intermediates);
+    backend.Forward(*attn_, out, x, x, x);
     return;
   }
   const int64_t p = shape_.P();
   const int H = shape_.H;
   const int K = shape_.K;
   const DType dt = act_dtype_;
+  const int layer_id = attn_->layer_id();
+  LayerObserver* obs = backend.observer();
+  if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kInput, x, T * shape_.hidden);
 
   // Projections (fp32 accumulation, rounded once in the bf16 pipeline).
   ActBuffer qkv = ActBuffer::Uninitialized(dt, T * 3 * p);
@@ -114,22 +116,23 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
 
   // The attention core: conv, gates, kernel, states.
   ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
-  attn_->Forward(backend, o.mut(), qkv.view(), f_b.view(), b_logits.view(), intermediates);
-  if (intermediates != nullptr) intermediates->g_out = g_b.ToFloat();
+  attn_->Forward(backend, o.mut(), qkv.view(), f_b.view(), b_logits.view());
+  if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutputGate, g_b.view(), g_b.size());
 
   // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * p);
   GatedRmsNorm(normed.mut(), o.view(), g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
   if (tp_ == nullptr || tp_->size() == 1) {
     o_proj_->Forward(out, normed.view(), T);
-    return;
+  } else {
+    // Tensor parallel: fp32 partial sums over this rank's heads, summed across
+    // ranks, then the one cast point of the bf16 pipeline.
+    std::vector<float> partial(static_cast<size_t>(T * shape_.hidden));
+    o_proj_->Forward({partial.data(), DType::kF32}, normed.view(), T);
+    tp_->AllReduceSum(partial.data(), static_cast<int64_t>(partial.size()));
+    for (size_t i = 0; i < partial.size(); ++i) StoreFromFloat(out.data, out.dtype, i, partial[i]);
   }
-  // Tensor parallel: fp32 partial sums over this rank's heads, summed across
-  // ranks, then the one cast point of the bf16 pipeline.
-  std::vector<float> partial(static_cast<size_t>(T * shape_.hidden));
-  o_proj_->Forward({partial.data(), DType::kF32}, normed.view(), T);
-  tp_->AllReduceSum(partial.data(), static_cast<int64_t>(partial.size()));
-  for (size_t i = 0; i < partial.size(); ++i) StoreFromFloat(out.data, out.dtype, i, partial[i]);
+  if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutput, {out.data, out.dtype}, T * shape_.hidden);
 }
 
 }  // namespace kda

@@ -7,12 +7,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/kernels/kda.h"
+#include "kda/base/buffer.h"
 
 namespace kda {
 
 class LinearRecurrentAttnBackend;
-struct KdaIntermediates;
 
 class RadixLinearAttention {
  public:
@@ -28,7 +27,7 @@ class RadixLinearAttention {
   // conv), gate_raw [T, P] (f_b output, before dt_bias), beta_logits [T, H];
   // all in the activation dtype. The backend's metadata describes the batch.
   void Forward(LinearRecurrentAttnBackend& backend, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-               ConstBuf beta_logits, KdaIntermediates* intermediates = nullptr) const;
+               ConstBuf beta_logits) const;
 
   int layer_id() const { return layer_id_; }
   int num_heads() const { return num_heads_; }

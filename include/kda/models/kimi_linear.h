@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 #include "kda/base/kda_layer_shape.h"
 #include "kda/kernels/gemm.h"
-#include "kda/kernels/kda.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/radix_linear_attention.h"
 
@@ -101,16 +101,6 @@ KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConf
 // The same shard cut from full weights of shape `full` (for random models).
 KdaLayerWeights ShardKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& full, const KdaHeadShard& shard);
 
-// Per-token intermediate tensors (fp32 values), for checks against the golden
-// cases: conv outputs after SiLU, gates, beta, kernel output, output gate.
-struct KdaIntermediates {
-  std::vector<float> q_conv, k_conv, v_conv;  // [T, H, K]
-  std::vector<float> g_raw, g;                // [T, H, K]
-  std::vector<float> beta;                    // [T, H]
-  std::vector<float> o_kda;                   // [T, H, V]
-  std::vector<float> g_out;                   // [T, H, V]
-};
-
 // One KDA layer: projections, then the attention core through
 // RadixLinearAttention and the backend (conv with pool tails, gates, kernel,
 // pool states), then the gated RMSNorm and o_proj.
@@ -136,8 +126,8 @@ class KimiDeltaAttention {
   // checked: a NaN or infinity in x or in the pool's states propagates (this
   // is the hot path, like the kernels under it; untrusted data is checked
   // where it enters, e.g. `kda run`'s input file and LoadKdaLayerWeights).
-  void Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend,
-               KdaIntermediates* intermediates = nullptr) const;
+  // The backend's observer, if any, is shown the layer's tensors (LayerTensor).
+  void Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend) const;
 
   const KdaLayerShape& shape() const { return shape_; }
   DType act_dtype() const { return act_dtype_; }

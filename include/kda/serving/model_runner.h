@@ -46,14 +46,6 @@ struct KdaModel {
   KdaLayerShape full_shape() const;
 };
 
-// Every layer's input and output rows of one request, appended step by step
-// in token order (activation dtype): what a per-layer self-check replays.
-struct LayerTrace {
-  int64_t req_id = -1;
-  std::vector<std::vector<uint8_t>> inputs;   // per layer [tokens, hidden]
-  std::vector<std::vector<uint8_t>> outputs;  // per layer [tokens, hidden]
-};
-
 class ModelRunner {
  public:
   // The pools must have been made for this model (one pool layer per KDA
@@ -66,8 +58,9 @@ class ModelRunner {
   // layer's output, so with one layer out = layer(x).
   void Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out);
 
-  // Records trace->req_id's rows of every layer from the next batch on (null: off).
-  void SetTrace(LayerTrace* trace) { trace_ = trace; }
+  // Shows `observer` every batch and every layer's tensors from the next
+  // batch on (null: off); see LayerObserver.
+  void SetObserver(LayerObserver* observer) { backend_.SetObserver(observer); }
 
   const KdaModel& model() const { return model_; }
   const KDAAttnBackend& backend() const { return backend_; }
@@ -75,7 +68,6 @@ class ModelRunner {
  private:
   const KdaModel& model_;
   KDAAttnBackend backend_;
-  LayerTrace* trace_ = nullptr;
 };
 
 }  // namespace kda

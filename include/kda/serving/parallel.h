@@ -45,8 +45,8 @@ struct ParallelServeOptions {
   // many requests as fit (design §4 per-request cost), fewer run at once.
   int64_t state_budget_bytes = 0;
   KernelImpl kernel = KernelImpl::kAuto;
-  bool gather = true;           // bring every result to world rank 0 (GatherResults)
-  LayerTrace* trace = nullptr;  // records trace->req_id's rows when this rank serves it
+  bool gather = true;                 // bring every result to world rank 0 (GatherResults)
+  LayerObserver* observer = nullptr;  // set on this rank's ModelRunner (see LayerObserver)
 };
 
 struct ParallelServeResult {

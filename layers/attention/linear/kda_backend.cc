@@ -10,7 +10,6 @@
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/layers/radix_linear_attention.h"
-#include "kda/models/kimi_linear.h"
 
 namespace kda {
 
@@ -49,10 +48,11 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
   }
   md.num_tokens = md.cu_q_lens.back();
   md_ = std::move(md);
+  if (observer_ != nullptr) observer_->OnBatch(batch);
 }
 
 void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
-                                         ConstBuf gate_raw, ConstBuf beta_logits, KdaIntermediates* intermediates) {
+                                         ConstBuf gate_raw, ConstBuf beta_logits) {
   const RecurrentStatePool& pool = *pools_.state_pool;
   Check(layer.layer_id() < pool.num_layers(), "attention backend: layer " + std::to_string(layer.layer_id()) +
                                                   " has no state in the pool (" + std::to_string(pool.num_layers()) +
@@ -66,10 +66,10 @@ void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutB
             ", the pool's conv dtype");
   switch (md_.mode) {
     case ForwardMode::kExtend:
-      ForwardExtend(layer, o, mixed_qkv, gate_raw, beta_logits, intermediates);
+      ForwardExtend(layer, o, mixed_qkv, gate_raw, beta_logits);
       return;
     case ForwardMode::kDecode:
-      ForwardDecode(layer, o, mixed_qkv, gate_raw, beta_logits, intermediates);
+      ForwardDecode(layer, o, mixed_qkv, gate_raw, beta_logits);
       return;
     case ForwardMode::kIdle:
       return;  // no tokens: nothing to write, no state touched
@@ -136,20 +136,17 @@ void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_q
 
 namespace {
 
-void FillIntermediates(KdaIntermediates* m, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
-                       ConstBuf gate_raw, const ScratchArray<float>& g, const ScratchArray<float>& beta, MutBuf o,
-                       int64_t tp) {
-  m->q_conv = q.ToFloat();
-  m->k_conv = k.ToFloat();
-  m->v_conv = v.ToFloat();
-  m->g_raw.resize(static_cast<size_t>(tp));
-  m->o_kda.resize(static_cast<size_t>(tp));
-  for (int64_t i = 0; i < tp; ++i) {
-    m->g_raw[i] = LoadAsFloat(gate_raw.data, gate_raw.dtype, static_cast<size_t>(i));
-    m->o_kda[i] = LoadAsFloat(o.data, o.dtype, static_cast<size_t>(i));
-  }
-  m->g.assign(g.data(), g.data() + g.size());
-  m->beta.assign(beta.data(), beta.data() + beta.size());
+// The core's tensors of one layer (tp = T * H * K values of gate_raw and o).
+void ReportTensors(LayerObserver& obs, int layer_id, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
+                   ConstBuf gate_raw, const ScratchArray<float>& g, const ScratchArray<float>& beta, MutBuf o,
+                   int64_t tp) {
+  obs.OnTensor(layer_id, LayerTensor::kQConv, q.view(), q.size());
+  obs.OnTensor(layer_id, LayerTensor::kKConv, k.view(), k.size());
+  obs.OnTensor(layer_id, LayerTensor::kVConv, v.view(), v.size());
+  obs.OnTensor(layer_id, LayerTensor::kGateRaw, gate_raw, tp);
+  obs.OnTensor(layer_id, LayerTensor::kGate, {g.data(), DType::kF32}, static_cast<int64_t>(g.size()));
+  obs.OnTensor(layer_id, LayerTensor::kBeta, {beta.data(), DType::kF32}, static_cast<int64_t>(beta.size()));
+  obs.OnTensor(layer_id, LayerTensor::kCoreOutput, {o.data, o.dtype}, tp);
 }
 
 KdaOptions CoreOptions(const RadixLinearAttention& layer) {
@@ -162,7 +159,7 @@ KdaOptions CoreOptions(const RadixLinearAttention& layer) {
 }  // namespace
 
 void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits, KdaIntermediates* intermediates) {
+                                   ConstBuf beta_logits) {
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
   const LayerStateCache cache = Cache(layer.layer_id());
@@ -187,13 +184,14 @@ void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, 
   a.V = layer.head_v_dim();
   a.options = CoreOptions(layer);
   chunk_kda(a, kernel_);
-  if (intermediates != nullptr) {
-    FillIntermediates(intermediates, in.q, in.k, in.v, gate_raw, in.g, in.beta, o, md_.num_tokens * a.H * a.K);
+  if (observer_ != nullptr) {
+    ReportTensors(*observer_, layer.layer_id(), in.q, in.k, in.v, gate_raw, in.g, in.beta, o,
+                  md_.num_tokens * a.H * a.K);
   }
 }
 
 void KDAAttnBackend::ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits, KdaIntermediates* intermediates) {
+                                   ConstBuf beta_logits) {
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
   const LayerStateCache cache = Cache(layer.layer_id());
@@ -218,8 +216,8 @@ void KDAAttnBackend::ForwardDecode(const RadixLinearAttention& layer, MutBuf o, 
   a.V = layer.head_v_dim();
   a.options = CoreOptions(layer);
   fused_recurrent_kda(a, kernel_);
-  if (intermediates != nullptr) {
-    FillIntermediates(intermediates, in.q, in.k, in.v, gate_raw, in.g, in.beta, o, N * a.H * a.K);
+  if (observer_ != nullptr) {
+    ReportTensors(*observer_, layer.layer_id(), in.q, in.k, in.v, gate_raw, in.g, in.beta, o, N * a.H * a.K);
   }
 }
 

@@ -13,12 +13,12 @@
 
 #include "kda/kernels/kda.h"
 #include "kda/layers/forward_batch.h"
+#include "kda/layers/layer_observer.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 
 namespace kda {
 
 class RadixLinearAttention;
-struct KdaIntermediates;
 
 // Computed once per batch, shared by all layers.
 struct LinearAttnMetadata {
@@ -42,9 +42,14 @@ class LinearRecurrentAttnBackend {
   void InitForwardMetadata(const ForwardBatch& batch);
   const LinearAttnMetadata& metadata() const { return md_; }
 
+  // Shown every batch and the tensors of every layer from now on (null: off).
+  // Not owned; it must outlive its use.
+  void SetObserver(LayerObserver* observer) { observer_ = observer; }
+  LayerObserver* observer() const { return observer_; }
+
   // One layer's attention core for the current batch (see RadixLinearAttention::Forward).
-  void Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw, ConstBuf beta_logits,
-               KdaIntermediates* intermediates);
+  void Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+               ConstBuf beta_logits);
 
  protected:
   // q, k, v [T, P] after conv + SiLU, in the activation dtype.
@@ -52,9 +57,9 @@ class LinearRecurrentAttnBackend {
     MutBuf q, k, v;
   };
   virtual void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                             ConstBuf beta_logits, KdaIntermediates* intermediates) = 0;
+                             ConstBuf beta_logits) = 0;
   virtual void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                             ConstBuf beta_logits, KdaIntermediates* intermediates) = 0;
+                             ConstBuf beta_logits) = 0;
 
   // The q/k/v short convs + SiLU over the batch, tails read from and written
   // to the layer's pool slots (zero tails where has_initial_state is 0).
@@ -63,6 +68,7 @@ class LinearRecurrentAttnBackend {
 
   MemoryPools pools_;
   LinearAttnMetadata md_;
+  LayerObserver* observer_ = nullptr;
 };
 
 class KDAAttnBackend : public LinearRecurrentAttnBackend {
@@ -72,9 +78,9 @@ class KDAAttnBackend : public LinearRecurrentAttnBackend {
 
  protected:
   void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                     ConstBuf beta_logits, KdaIntermediates* intermediates) override;
+                     ConstBuf beta_logits) override;
   void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                     ConstBuf beta_logits, KdaIntermediates* intermediates) override;
+                     ConstBuf beta_logits) override;
 
  private:
   // Conv + SiLU, then the gate g [T, H, K] and beta [T, H] in fp32.
