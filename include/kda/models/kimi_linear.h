@@ -1,5 +1,6 @@
 // KimiDeltaAttention: one KDA layer of Kimi-Linear (design §2), for the fp32
-// pipeline and the bf16 pipeline with the cast points of design §2.
+// pipeline and the bf16 pipeline with the cast points of design §2; its
+// weights, and KdaModel, the KDA layers of a model loaded from a checkpoint.
 //
 // Shapes: T packed tokens, N sequences, hidden model width, H heads, K = V
 // head dim, P = H*K, W conv width. Per-sequence state: the recurrent state
@@ -9,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -140,6 +142,36 @@ class KimiDeltaAttention {
   std::unique_ptr<RadixLinearAttention> attn_;
   std::vector<float> o_norm_;  // [V]
   Communicator* tp_ = nullptr;
+};
+
+// The KDA layers of one model, in model order; layers[i] uses pool layer i.
+//
+// Tensor parallelism: with a `tp` group of size > 1 the model is this rank's
+// shard: `shape` (and so the pool a runner needs) has only its heads
+// `heads`, and each layer sums its o_proj partials over `tp`.
+struct KdaModel {
+  KdaLayerShape shape;  // this rank's heads: shape.H = heads.count
+  DType act_dtype = DType::kF32;
+  KdaHeadShard heads;                // the heads held, of heads.total (all of them without tp)
+  Communicator* tp = nullptr;        // the tp group (null: one rank); must outlive the model
+  std::vector<int> model_layer_ids;  // 0-based checkpoint layer index of each KDA layer
+  std::vector<KimiDeltaAttention> layers;
+
+  // Every KDA layer of a checkpoint (config.json + safetensors), or only
+  // `only_layer` (0-based; it must be a KDA layer). With a `tp` group, only
+  // tp rank r's heads are read (kda::Error when tp->size() does not divide
+  // the number of heads). Weights holding a NaN or infinity are refused
+  // (kda::Error naming the checkpoint key and element).
+  static KdaModel Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer = std::nullopt,
+                       Communicator* tp = nullptr);
+  // `num_layers` layers of deterministic random weights (the same full
+  // weights on every rank; a `tp` rank keeps its heads' shard).
+  static KdaModel Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed,
+                         Communicator* tp = nullptr);
+
+  int num_layers() const { return static_cast<int>(layers.size()); }
+  // The unsharded model's shape (heads.total heads).
+  KdaLayerShape full_shape() const;
 };
 
 }  // namespace kda
