@@ -28,9 +28,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "bench/kda_kernel_problems.h"
-#include "bench/kda_layer_problem.h"
 #include "kda/base/dtype.h"
+#include "kda/bench/kernel_problems.h"
+#include "kda/bench/layer_problem.h"
 #include "kda/kernels/kda.h"
 #include "kda/kernels/short_conv.h"
 

@@ -23,11 +23,11 @@
 #include <utility>
 #include <vector>
 
-#include "bench/kda_kernel_problems.h"
-#include "bench/kda_layer_problem.h"
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kda/bench/kernel_problems.h"
+#include "kda/bench/layer_problem.h"
 #include "kda/kernels/kda.h"
 
 #include <sys/resource.h>
