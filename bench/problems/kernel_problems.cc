@@ -1,0 +1,114 @@
+#include "kda/bench/kernel_problems.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kda::bench {
+namespace {
+
+KdaOptions LayerOptions() {
+  KdaOptions opt;
+  opt.use_qk_l2norm_in_kernel = true;  // as the KDA layer calls the kernels
+  return opt;
+}
+
+}  // namespace
+
+TypedBuffer::TypedBuffer(const std::vector<float>& x, DType dtype) : dtype_(dtype) {
+  if (dtype == DType::kBF16) {
+    bf16_ = ScratchArray<BF16>(x.size());
+    for (size_t i = 0; i < x.size(); ++i) bf16_[i] = ToBF16(x[i]);
+  } else {
+    f32_ = ScratchArray<float>(x.size());
+    std::copy(x.begin(), x.end(), f32_.data());
+  }
+}
+
+TokenInputs::TokenInputs(int64_t rows, int k_dim, DType dtype, uint32_t seed)
+    : q(Random(rows * k_dim, seed, 1.0F), dtype),
+      k(Random(rows * k_dim, seed + 1, 1.0F), dtype),
+      v(Random(rows * k_dim, seed + 2, 1.0F), dtype),
+      g(Gates(rows * k_dim, seed + 3), DType::kF32),
+      beta(Betas(rows, seed + 4), DType::kF32),
+      o(std::vector<float>(static_cast<size_t>(rows * k_dim), 0.0F), dtype) {}
+
+std::vector<float> TokenInputs::Random(int64_t n, uint32_t seed, float scale) {
+  uint64_t state = 0x9E3779B97F4A7C15ULL * (seed + 1);
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return static_cast<float>(state >> 40) * (1.0F / 16777216.0F);  // [0, 1)
+  };
+  std::vector<float> x(static_cast<size_t>(n));
+  const float mul = scale * std::sqrt(3.0F);
+  for (float& e : x) e = (next() + next() + next() + next() - 2.0F) * mul;
+  return x;
+}
+
+std::vector<float> TokenInputs::Gates(int64_t n, uint32_t seed) {
+  std::vector<float> x = Random(n, seed, 1.0F);
+  for (float& e : x) e = -std::exp(-3.5F + e);
+  return x;
+}
+
+std::vector<float> TokenInputs::Betas(int64_t n, uint32_t seed) {
+  std::vector<float> x = Random(n, seed, 1.0F);
+  for (float& e : x) e = 1.0F / (1.0F + std::exp(-e));
+  return x;
+}
+
+ChunkProblem::ChunkProblem(const std::vector<int64_t>& lengths, int heads, int k_dim, DType dtype, uint32_t seed)
+    : cu(CuSeqlens(lengths)),
+      in(cu.back() * heads, k_dim, dtype, seed),
+      initial(TokenInputs::Random(static_cast<int64_t>(lengths.size()) * heads * k_dim * k_dim, seed + 5, 0.1F)),
+      final_state(initial.size(), 0.0F) {
+  args.o = in.o.Mut();
+  args.final_state = final_state.data();
+  args.q = in.q.Const();
+  args.k = in.k.Const();
+  args.v = in.v.Const();
+  args.g = in.g.Const();
+  args.beta = in.beta.Const();
+  args.cu_seqlens = cu.data();
+  args.initial_state = initial.data();
+  args.T = cu.back();
+  args.N = static_cast<int64_t>(lengths.size());
+  args.H = heads;
+  args.K = args.V = k_dim;
+  args.options = LayerOptions();
+}
+
+std::vector<int64_t> ChunkProblem::CuSeqlens(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> cu = {0};
+  for (int64_t len : lengths) cu.push_back(cu.back() + len);
+  return cu;
+}
+
+DecodeProblem::DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType dtype, uint32_t seed)
+    : num_layers(std::max(1, layers)),
+      in(n * heads, k_dim, dtype, seed),
+      states(TokenInputs::Random(num_layers * n * heads * k_dim * k_dim, seed + 5, 0.1F)),
+      indices(static_cast<size_t>(n)) {
+  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  args.o = in.o.Mut();
+  args.state = states.data();
+  args.state_indices = indices.data();
+  args.num_states = n;
+  args.q = in.q.Const();
+  args.k = in.k.Const();
+  args.v = in.v.Const();
+  args.g = in.g.Const();
+  args.beta = in.beta.Const();
+  args.N = n;
+  args.H = heads;
+  args.K = args.V = k_dim;
+  args.options = LayerOptions();
+}
+
+int DecodeProblem::LayersFor(int64_t n, int heads, int k_dim, int64_t bytes) {
+  const int64_t per_layer = n * heads * k_dim * k_dim * static_cast<int64_t>(sizeof(float));
+  return static_cast<int>(std::max<int64_t>(1, (bytes + per_layer - 1) / per_layer));
+}
+
+}  // namespace kda::bench
