@@ -16,7 +16,7 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/parallel_groups.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/rank_errors.h"

@@ -5,7 +5,7 @@
 #include <exception>
 #include <functional>
 
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/parallel_groups.h"
 
 namespace kda::cli {
 

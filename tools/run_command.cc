@@ -14,7 +14,7 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/parallel_groups.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/serving/parallel.h"

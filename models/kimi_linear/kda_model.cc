@@ -3,7 +3,7 @@
 
 #include "base/fault_inject.h"
 #include "kda/base/error.h"
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/models/kimi_linear.h"

@@ -4,7 +4,7 @@
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/models/kimi_linear.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/parallel_groups.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda {

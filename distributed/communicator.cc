@@ -1,4 +1,4 @@
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 
 #include <chrono>
 #include <cstdio>

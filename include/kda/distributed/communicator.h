@@ -1,6 +1,6 @@
 // Collective communication between the ranks of a tensor- or data-parallel
 // group. Kernels and layers see only this interface; the MPI implementation
-// (kda/dist/mpi_communicator.h) lives behind it.
+// (kda/distributed/mpi_communicator.h) lives behind it.
 //
 // Every call is collective over the group: all ranks make the same calls in
 // the same order with matching sizes, from the thread that owns the

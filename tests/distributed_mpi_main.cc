@@ -7,8 +7,8 @@
 #include <cstdio>
 #include <memory>
 
-#include "kda/dist/mpi_communicator.h"
-#include "tests/dist_mpi_world.h"
+#include "kda/distributed/mpi_communicator.h"
+#include "tests/distributed_mpi_world.h"
 
 namespace kda::testing {
 namespace {

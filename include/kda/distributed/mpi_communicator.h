@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 
 namespace kda {
 

@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "kda/base/error.h"
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 
 namespace kda {
 

@@ -1,8 +1,8 @@
 // Tensor/data parallelism in one process: the single-process communicator,
 // head shards and sharded loading (each rank reads only its slices), the
 // shard <-> full state layouts, the request split, and the refusals that need
-// no MPI (the multi-process runs are tests/dist_mpi_test.cc and
-// tests/dist_cli_test.cc).
+// no MPI (the multi-process runs are tests/distributed_mpi_test.cc and
+// tests/distributed_cli_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "kda/base/error.h"
-#include "kda/dist/communicator.h"
-#include "kda/dist/mpi_communicator.h"
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/communicator.h"
+#include "kda/distributed/mpi_communicator.h"
+#include "kda/distributed/parallel_groups.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/serving/parallel.h"
-#include "tests/dist_util.h"
+#include "tests/distributed_util.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/tolerance.h"

@@ -1,4 +1,4 @@
-#include "kda/dist/mpi_communicator.h"
+#include "kda/distributed/mpi_communicator.h"
 
 #include <mpi.h>
 

@@ -1,9 +1,9 @@
-// The MPI test program's world (tests/dist_mpi_main.cc): every rank runs
+// The MPI test program's world (tests/distributed_mpi_main.cc): every rank runs
 // every test, so a test's collectives must not depend on an assertion that
 // could fail on one rank only (check results after the last collective).
 #pragma once
 
-#include "kda/dist/communicator.h"
+#include "kda/distributed/communicator.h"
 
 namespace kda::testing {
 

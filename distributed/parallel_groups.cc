@@ -1,4 +1,4 @@
-#include "kda/dist/parallel_groups.h"
+#include "kda/distributed/parallel_groups.h"
 
 #include <cstdlib>
 #include <exception>
@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "kda/dist/mpi_communicator.h"
+#include "kda/distributed/mpi_communicator.h"
 
 namespace kda {
 namespace {
