@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <ostream>
 #include <random>
 #include <string>
@@ -345,6 +346,63 @@ TEST(ServerArgs, MixedChunkIsRefusedAndRadixCacheDisabled) {
   ASSERT_EQ(notes.size(), 1U);
   EXPECT_NE(notes[0].find("radix"), std::string::npos);
   EXPECT_FALSE(c.enable_radix_cache);
+}
+
+// ------------------------------------------------------------------- runner
+
+// What a ModelRunner's observer is shown: the batches, and every layer's input
+// and output (fp32 values, by pool layer).
+struct LayerIo : LayerObserver {
+  int batches = 0;
+  std::map<int, std::vector<float>> in, out;
+
+  void OnBatch(const ForwardBatch& /*batch*/) override { ++batches; }
+  void OnTensor(int layer_id, LayerTensor which, ConstBuf values, int64_t count) override {
+    if (which != LayerTensor::kInput && which != LayerTensor::kOutput) return;
+    std::vector<float>& dst = (which == LayerTensor::kInput ? in : out)[layer_id];
+    dst.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) dst[i] = LoadAsFloat(values.data, values.dtype, static_cast<size_t>(i));
+  }
+};
+
+TEST(ModelRunner, ObserverSeesEveryLayersInputAndOutput) {
+  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 9);
+  RecurrentStatePool pool(model.num_layers(), 2, model.shape, DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  LayerIo io;
+  runner.SetObserver(&io);
+  req.Alloc(1);
+  req.Alloc(2);
+  ForwardBatch batch;
+  batch.req_ids = {1, 2};
+  batch.extend_lens = {3, 4};
+  batch.prefix_lens = {0, 0};
+  const int64_t hidden = model.shape.hidden;
+  const ActBuffer x = RandomRows(DType::kF32, 7, hidden, 3);
+  ActBuffer out(DType::kF32, 7 * hidden);
+  runner.Forward(batch, x.view(), out.mut());
+  EXPECT_EQ(io.batches, 1);
+  ASSERT_EQ(io.in.size(), 2U);
+  ASSERT_EQ(io.out.size(), 2U);
+  EXPECT_EQ(io.in[0], x.ToFloat());
+  // The residual stream: layer 1 reads x + layer 0's output; out is layer 1's.
+  std::vector<float> h1 = x.ToFloat();
+  ASSERT_EQ(io.out[0].size(), h1.size());
+  for (size_t i = 0; i < h1.size(); ++i) h1[i] += io.out[0][i];
+  EXPECT_EQ(io.in[1], h1);
+  EXPECT_EQ(io.out[1], out.ToFloat());
+
+  // Observer off: the next batch is not shown.
+  runner.SetObserver(nullptr);
+  batch.mode = ForwardMode::kDecode;
+  batch.extend_lens = {1, 1};
+  batch.prefix_lens = {3, 4};
+  const ActBuffer x2 = RandomRows(DType::kF32, 2, hidden, 4);
+  ActBuffer out2(DType::kF32, 2 * hidden);
+  runner.Forward(batch, x2.view(), out2.mut());
+  EXPECT_EQ(io.batches, 1);
+  EXPECT_EQ(io.out[1], out.ToFloat());
 }
 
 // ------------------------------------------------------ scheduler invariance
