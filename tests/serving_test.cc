@@ -713,7 +713,13 @@ TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
   EXPECT_EQ(finished + cancelled + failed_in_forward, kRounds * kPerRound);
   EXPECT_GT(finished, kRounds * kPerRound * 8 / 10);
   const int64_t growth = ResidentBytes() - rss_after_warmup;
+#ifdef KDA_SANITIZED
+  // AddressSanitizer holds freed blocks in its quarantine (up to 256 MiB), so
+  // resident memory is not flat there; LeakSanitizer checks for leaks instead.
+  (void)growth;
+#else
   EXPECT_LT(growth, int64_t{4} << 20) << "resident memory grew by " << growth << " bytes after the first round";
+#endif
 }
 
 // A request that can never get a slot is a clear error, not a wait forever;

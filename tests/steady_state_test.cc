@@ -24,18 +24,30 @@ namespace {
 
 std::atomic<int64_t> g_news{0};
 
-}  // namespace
-
-// Counting replacements of the global allocation functions (the array and
-// nothrow forms call these).
-void* operator new(size_t bytes) {
+// Counting replacements of the global allocation functions, every
+// non-aligned form: the library's defaults of the array and nothrow forms
+// would call these, but AddressSanitizer replaces each form itself, and a
+// nothrow new of its own freed by the delete here is a mismatch it reports.
+void* CountedMalloc(size_t bytes) noexcept {
   g_news.fetch_add(1, std::memory_order_relaxed);
-  void* p = std::malloc(bytes == 0 ? 1 : bytes);
+  return std::malloc(bytes == 0 ? 1 : bytes);
+}
+void* CountedNew(size_t bytes) {
+  void* p = CountedMalloc(bytes);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
+}  // namespace
+void* operator new(size_t bytes) { return CountedNew(bytes); }
+void* operator new[](size_t bytes) { return CountedNew(bytes); }
+void* operator new(size_t bytes, const std::nothrow_t& /*tag*/) noexcept { return CountedMalloc(bytes); }
+void* operator new[](size_t bytes, const std::nothrow_t& /*tag*/) noexcept { return CountedMalloc(bytes); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t /*bytes*/) noexcept { std::free(p); }
+void operator delete[](void* p, size_t /*bytes*/) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t& /*tag*/) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t& /*tag*/) noexcept { std::free(p); }
 
 namespace kda {
 namespace {
