@@ -84,8 +84,15 @@ struct ParsedEntry {
   uint64_t end = 0;
 };
 
+// A tensor name as messages show it: a header may hold names of any length.
+std::string BriefName(const std::string& name) {
+  constexpr size_t kMaxChars = 64;
+  return name.size() <= kMaxChars ? name
+                                  : name.substr(0, kMaxChars) + "... (" + std::to_string(name.size()) + " bytes)";
+}
+
 ParsedEntry ParseEntry(const std::string& path, const std::string& name, const json& entry, uint64_t data_size) {
-  const std::string where = path + ": tensor '" + name + "'";
+  const std::string where = path + ": tensor '" + BriefName(name) + "'";
   Check(entry.is_object(), where + ": header entry is not a JSON object");
   ParsedEntry parsed;
   parsed.info.name = name;
@@ -104,11 +111,13 @@ ParsedEntry ParseEntry(const std::string& path, const std::string& name, const j
   for (const json& dim_json : *shape_it) {
     uint64_t dim = 0;
     const IntStatus status = ReadNonNegative(dim_json, &dim);
+    // Messages built only on failure: a shape may have any number of dimensions.
     Check(status != IntStatus::kNotInteger,
-          where + ": shape has a non-integer dimension " + io_internal::Describe(dim_json));
-    Check(status != IntStatus::kNegative, where + ": shape has negative dimension " + io_internal::Describe(dim_json));
+          [&] { return where + ": shape has a non-integer dimension " + io_internal::Describe(dim_json); });
+    Check(status != IntStatus::kNegative,
+          [&] { return where + ": shape has negative dimension " + io_internal::Describe(dim_json); });
     Check(dim <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) && MultiplyChecked(numel, dim, &numel),
-          where + ": shape " + io_internal::Describe(*shape_it) + " overflows the element count");
+          [&] { return where + ": shape " + io_internal::Describe(*shape_it) + " overflows the element count"; });
     parsed.info.shape.push_back(static_cast<int64_t>(dim));
   }
   uint64_t nbytes = 0;

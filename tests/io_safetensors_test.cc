@@ -465,6 +465,28 @@ TEST_F(SafetensorsTest, ShapeWithManyDimensionsIsFastAndShownBriefly) {
   EXPECT_EQ(ShapeString(std::vector<int64_t>(16, 2)), "[2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2]");
 }
 
+// Found by fuzzing: a tensor name of half a megabyte with a shape of 10,000
+// dimensions took 24 s (every dimension's check built a message holding the
+// name). Messages now show long names briefly and are built only on failure.
+TEST_F(SafetensorsTest, LongNameWithManyDimensionsIsFastAndShownBriefly) {
+  const std::string name(400000, '{');
+  std::string dims;
+  for (int i = 0; i < 10000; ++i) dims += "1,";
+  const SafetensorsFile file = SafetensorsFile::Open(
+      WriteRaw("long_name.safetensors",
+               "{\"" + name + R"(":{"dtype":"F32","shape":[)" + dims + R"(1],"data_offsets":[0,4]}})", "abcd"));
+  EXPECT_EQ(file.Get(name).shape.size(), 10001U);
+  const std::string error = ErrorOf([&] {
+    (void)SafetensorsFile::Open(
+        WriteRaw("long_name_bad.safetensors",
+                 "{\"" + name + R"(":{"dtype":"F32","shape":[)" + dims + R"(-1],"data_offsets":[0,4]}})", "abcd"));
+  });
+  EXPECT_NE(error.find("tensor '" + name.substr(0, 64) + "... (400000 bytes)': shape has negative dimension -1"),
+            std::string::npos)
+      << error.substr(0, 300);
+  EXPECT_LT(error.size(), 400U);
+}
+
 TEST(CheckAllFiniteTest, NamesTheFirstBadElement) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
