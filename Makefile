@@ -3,6 +3,8 @@ BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
+# libFuzzer's seed; 0 draws one. CI fixes it, so that a run explores what the last one did.
+FUZZ_SEED ?= 0
 FUZZERS := safetensors config checkpoint_index run_input
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
@@ -37,7 +39,7 @@ fuzz: deps
 	@for f in $(FUZZERS); do \
 	  mkdir -p $(FUZZ_BUILD)/corpus/$$f $(FUZZ_BUILD)/crashes/$$f; \
 	  echo "fuzz: $$f for $(FUZZ_SECONDS) s"; \
-	  $(FUZZ_BUILD)/fuzz/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+	  $(FUZZ_BUILD)/fuzz/$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -seed=$(FUZZ_SEED) -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
 	    -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD)/crashes/$$f/ $(FUZZ_BUILD)/corpus/$$f fuzz/corpus/$$f \
 	    >$(FUZZ_BUILD)/$$f.log 2>&1 || { tail -n 60 $(FUZZ_BUILD)/$$f.log; echo "fuzz: $$f FAILED"; exit 1; }; \
 	  grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' $(FUZZ_BUILD)/$$f.log | tr '\n' ' '; echo; \
