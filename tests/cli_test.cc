@@ -76,20 +76,8 @@ std::string ExpectRunMatchesGolden(const std::string& prefix, const std::string&
     if (r.status != 0) continue;
     printed += r.out;
     const SafetensorsFile got = SafetensorsFile::Open(out.string());
-    const std::vector<float> o = ToFloatVector(got.Get("out"));
-    const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
-    const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
     EXPECT_EQ(got.Get("final_conv_state").shape, want.Get("final_conv_state").shape);
-    if (dtype == "float32") {
-      EXPECT_TRUE(testing::AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
-      EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
-      EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
-    } else {
-      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(),
-                                        ToFloatVector(want.Get("out_fp32")).data(), o.size()));
-      EXPECT_TRUE(testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
-                                        ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
-    }
+    testing::ExpectRunOutputMatchesGolden(got, want, dtype == "bfloat16");
   }
   return printed;
 }

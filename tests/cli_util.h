@@ -11,6 +11,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "kda/io/safetensors.h"
+#include "tests/tolerance.h"
 
 namespace kda::testing {
 
@@ -48,6 +52,25 @@ inline CliResult RunKda(const std::string& prefix, const std::string& args, int 
   std::filesystem::remove(out);
   std::filesystem::remove(err);
   return r;
+}
+
+// The tensors `kda run` wrote (`got`) against a golden case (`want`): out and
+// the final states within the fp32 rule, or out and the recurrent state within
+// the bf16 rule (design §5; the bf16 conv tail is checked by the caller).
+inline void ExpectRunOutputMatchesGolden(const SafetensorsFile& got, const SafetensorsFile& want, bool bf16) {
+  const std::vector<float> o = ToFloatVector(got.Get("out"));
+  const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
+  if (!bf16) {
+    const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
+    EXPECT_TRUE(AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+    EXPECT_TRUE(AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+    EXPECT_TRUE(AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
+  } else {
+    EXPECT_TRUE(AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(),
+                             ToFloatVector(want.Get("out_fp32")).data(), o.size()));
+    EXPECT_TRUE(AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
+                             ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+  }
 }
 
 }  // namespace kda::testing

@@ -75,18 +75,9 @@ class DistCliTest : public ::testing::Test {
     for (const char* name : {"out", "final_recurrent_state", "final_conv_state"}) {
       EXPECT_EQ(got.Get(name).shape, want.Get(std::string(name) == "out" ? "out_fp32" : name).shape) << name;
     }
-    const std::vector<float> o = ToFloatVector(got.Get("out"));
-    const std::vector<float> s = ToFloatVector(got.Get("final_recurrent_state"));
-    const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
-    if (!bf16) {
-      EXPECT_TRUE(testing::AllCloseF32(o.data(), ToFloatVector(want.Get("out_fp32")).data(), o.size()));
-      EXPECT_TRUE(testing::AllCloseF32(s.data(), ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
-      EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
-    } else {
-      EXPECT_TRUE(testing::AllCloseBF16(o.data(), ToFloatVector(want.Get("out_bf16")).data(),
-                                        ToFloatVector(want.Get("out_fp32")).data(), o.size()));
-      EXPECT_TRUE(testing::AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
-                                        ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
+    testing::ExpectRunOutputMatchesGolden(got, want, bf16);
+    if (bf16) {
+      const std::vector<float> c = ToFloatVector(got.Get("final_conv_state"));
       // The bf16 conv tail: the same layout and values as one process.
       const fs::path one = dir_ / "one.safetensors";
       const CliResult r1 = RunKda("", "run --model " + dir + " --input " + in + " --output " + one.string() +
