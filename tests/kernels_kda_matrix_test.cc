@@ -20,6 +20,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
+#include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/kda.h"
 #include "tests/kda_problem.h"
@@ -824,6 +825,170 @@ TEST_P(KdaChunkTest, HasInitialStateInContiguousForm) {
     ChunkFn(variant())(a);
     ExpectBitEqual(Result{o.ToF32(), final_state}, want);
   }
+}
+
+// ------------------------------------------------- mid-sequence state snapshots
+
+// Sequence n's first len tokens with its initial state, as a one-sequence problem.
+Problem SequencePrefix(const Problem& p, int64_t n, int64_t len) {
+  Problem r = Slice(p, p.cu[n], len);
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  if (!p.h0.empty())
+    r.h0.assign(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per),
+                p.h0.begin() + static_cast<std::ptrdiff_t>((n + 1) * per));
+  return r;
+}
+
+struct SnapshotRun {
+  Result result;                 // outputs and final states ([N, H, K, V], contiguous form)
+  std::vector<float> snapshots;  // [snapshot_cu[N], H, K, V]
+};
+
+// The kernel in the contiguous form with snapshots at offsets[n] of sequence n.
+SnapshotRun RunWithSnapshots(const Variant& v, const Problem& p, const std::vector<std::vector<int64_t>>& offsets) {
+  std::vector<int64_t> snap_cu = {0};
+  std::vector<int64_t> flat;
+  for (const auto& o : offsets) {
+    flat.insert(flat.end(), o.begin(), o.end());
+    snap_cu.push_back(static_cast<int64_t>(flat.size()));
+  }
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  SnapshotRun r;
+  r.snapshots.assign(flat.size() * per, kSentinel);
+  const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), vv(p.v, DType::kF32), g(p.g, DType::kF32),
+      beta(p.beta, DType::kF32);
+  Typed o(p.q.size(), DType::kF32, kSentinel);
+  r.result.state.assign(p.StateSize(), kSentinel);
+  ChunkKdaArgs a;
+  a.o = o.Mut();
+  a.final_state = r.result.state.data();
+  a.q = q.Const();
+  a.k = k.Const();
+  a.v = vv.Const();
+  a.g = g.Const();
+  a.beta = beta.Const();
+  a.cu_seqlens = p.cu.data();
+  a.initial_state = p.h0.empty() ? nullptr : p.h0.data();
+  a.snapshot_cu = snap_cu.data();
+  a.snapshot_offsets = flat.data();
+  a.snapshot_state = r.snapshots.data();
+  a.T = p.T;
+  a.N = p.N;
+  a.H = p.H;
+  a.K = a.V = p.K;
+  a.options = p.Options();
+  ChunkFn(v)(a);
+  r.result.o = o.ToF32();
+  return r;
+}
+
+TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
+  // The state after each requested offset, emitted in the one pass, against
+  // the reference run over that prefix alone (fp32 state rule); the outputs
+  // and final states are those of the run without snapshots, bit for bit.
+  // Head groups (one thread) and value-column splits (eight threads, few pairs).
+  std::mt19937 rng(1201);
+  struct Case {
+    int H, K, threads;
+    GateKind gate;
+  };
+  for (const Case& c :
+       {Case{3, 32, 1, GateKind::kMild}, Case{2, 128, 8, GateKind::kStress}, Case{4, 64, 3, GateKind::kMild}}) {
+    SCOPED_TRACE("H " + std::to_string(c.H) + " K " + std::to_string(c.K) + " threads " + std::to_string(c.threads));
+    const ThreadScope scope(c.threads);
+    Spec s;
+    std::uniform_int_distribution<int64_t> len_dist(0, 330);
+    s.lengths = {len_dist(rng), 256, len_dist(rng), 0, 64, len_dist(rng)};
+    s.H = c.H;
+    s.K = c.K;
+    s.gate = c.gate;
+    s.seed = static_cast<uint32_t>(rng());
+    const Problem p = MakeProblem(s);
+    std::vector<std::vector<int64_t>> offsets(static_cast<size_t>(p.N));
+    std::bernoulli_distribution take(0.6);
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int64_t len = p.cu[n + 1] - p.cu[n];
+      for (int64_t off = kSnapshotAlign; off < len; off += kSnapshotAlign) {
+        if (take(rng)) offsets[n].push_back(off);
+      }
+      if (len > 0 && (len % kSnapshotAlign != 0 || take(rng))) offsets[n].push_back(len);
+    }
+    const SnapshotRun got = RunWithSnapshots(variant(), p, offsets);
+    ExpectBitEqual(got.result, Run(p));
+    const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+    size_t j = 0;
+    for (int64_t n = 0; n < p.N; ++n) {
+      for (int64_t off : offsets[n]) {
+        SCOPED_TRACE("sequence " + std::to_string(n) + " offset " + std::to_string(off));
+        const Result want = RunChunk(kReference, SequencePrefix(p, n, off));
+        EXPECT_TRUE(testing::AllCloseStateF32(got.snapshots.data() + j * per, want.state.data(), per));
+        ++j;
+      }
+    }
+    ASSERT_GT(j, 3U);
+  }
+}
+
+TEST_P(KdaChunkTest, SnapshotsInPoolFormWithPaddingAndFreshSequences) {
+  // The pool form (as the attention backend calls it): fresh sequences start
+  // from zero, padding sequences have no snapshots; same snapshots as the
+  // contiguous form with the fresh states zeroed.
+  Spec s;
+  s.lengths = {200, 7, 130, 64};
+  s.H = 2;
+  s.K = 32;
+  s.seed = 1211;
+  const Problem p = MakeProblem(s);
+  const std::vector<int32_t> idx = {2, -1, 4, 1};
+  const std::vector<uint8_t> has_init = {0, 1, 1, 0};
+  const std::vector<int64_t> snap_cu = {0, 3, 3, 5, 6};
+  const std::vector<int64_t> offsets = {64, 192, 200, 128, 130, 64};
+  const SnapshotRun want =
+      RunWithSnapshots(variant(), ZeroFreshStates(p, has_init), {{64, 192, 200}, {}, {128, 130}, {64}});
+  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  std::vector<float> pool(6 * per, kSentinel);
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (idx[n] > 0) std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, pool.begin() + idx[n] * per);
+  }
+  std::vector<float> snaps(offsets.size() * per, kSentinel);
+  const Typed q(p.q, DType::kF32), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
+  const Typed k(p.k, DType::kF32), v(p.v, DType::kF32);
+  Typed o(p.q.size(), DType::kF32, kSentinel);
+  ChunkKdaArgs a;
+  a.o = o.Mut();
+  a.q = q.Const();
+  a.k = k.Const();
+  a.v = v.Const();
+  a.g = g.Const();
+  a.beta = beta.Const();
+  a.cu_seqlens = p.cu.data();
+  a.state = pool.data();
+  a.state_indices = idx.data();
+  a.num_states = 6;
+  a.has_initial_state = has_init.data();
+  a.snapshot_cu = snap_cu.data();
+  a.snapshot_offsets = offsets.data();
+  a.snapshot_state = snaps.data();
+  a.T = p.T;
+  a.N = p.N;
+  a.H = p.H;
+  a.K = a.V = p.K;
+  a.options = p.Options();
+  ChunkFn(variant())(a);
+  EXPECT_TRUE(BitEqual(snaps.data(), want.snapshots.data(), snaps.size()));
+}
+
+TEST_P(KdaChunkTest, SnapshotOffsetsAreValidated) {
+  Spec s;
+  s.lengths = {130, 40};
+  s.H = 1;
+  s.K = 16;
+  const Problem p = MakeProblem(s);
+  for (const auto& bad : std::vector<std::vector<std::vector<int64_t>>>{
+           {{63}, {}}, {{128, 64}, {}}, {{0}, {}}, {{192}, {}}, {{}, {41}}, {{64, 64}, {}}}) {
+    EXPECT_THROW(RunWithSnapshots(variant(), p, bad), Error);
+  }
+  EXPECT_NO_THROW(RunWithSnapshots(variant(), p, {{64, 128, 130}, {40}}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Kda, KdaChunkTest, ::testing::ValuesIn(AllVariants()), VariantParamName());

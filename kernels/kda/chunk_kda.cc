@@ -353,9 +353,10 @@ void LoadState(const internal::ChunkTask& task) {
   for (int d = 0; d < kd; ++d) s.c[d] = 1.0F;
 }
 
-// Writes the head's final state S = c * Shat, row by row.
+// Writes the head's state S = c * Shat, row by row, into the sequence's states
+// `dst` [H, K, V] (its head and columns), with the row scales `c` [K].
 template <class Vt, int NV>
-void StoreState(const internal::ChunkTask& task) {
+void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
@@ -369,9 +370,9 @@ void StoreState(const internal::ChunkTask& task) {
     const int bw = width - col < kB ? width - col : kB;
     const float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kd; ++d) {
-      const Reg c = Vt::Set1(s.c[d]);
-      float* dst = task.final + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
-      for (int j = 0; j < bw; j += kL) Vt::Store(dst + j, Vt::Mul(c, Vt::Load(w + static_cast<size_t>(d) * bw + j)));
+      const Reg c = Vt::Set1(c_rows[d]);
+      float* row = dst + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
+      for (int j = 0; j < bw; j += kL) Vt::Store(row + j, Vt::Mul(c, Vt::Load(w + static_cast<size_t>(d) * bw + j)));
     }
   }
 }
@@ -433,19 +434,36 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
   // The first block is prepared up front; each later one during the sweeps of the block before it.
   const int first = eos - bos < kc::kTokenBlock ? static_cast<int>(eos - bos) : kc::kTokenBlock;
   for (int g = 0; g < group.heads; ++g) PrepareFirstBlock<Vt>(heads[g], bos, first);
+  // Snapshots (offsets are multiples of kSnapshotAlign, so block ends, or the length). The sweep of a block
+  // prepares the next one, which advances the row scales past the block: the scales at its end are saved first.
+  static_assert(kSnapshotAlign % kc::kTokenBlock == 0, "snapshot offsets must be token block ends");
+  int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n] : 0;
+  const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n + 1] : 0;
+  const size_t seq_states = static_cast<size_t>(a.H) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
   int cur = 0;
   for (int64_t t0 = bos; t0 < eos; t0 += kc::kTokenBlock) {
     const int nt = eos - t0 < kc::kTokenBlock ? static_cast<int>(eos - t0) : kc::kTokenBlock;
     const int64_t next = t0 + nt;
     const int next_n = eos - next < kc::kTokenBlock ? static_cast<int>(eos - next) : kc::kTokenBlock;
+    const bool snapshot = snap < snap_end && a.snapshot_offsets[snap] == next - bos;
+    if (snapshot) {
+      for (int g = 0; g < group.heads; ++g) {
+        for (int d = 0; d < a.K; ++d) heads[g].scratch.c_end[d] = heads[g].scratch.c[d];
+      }
+    }
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
+    if (snapshot) {
+      float* dst = a.snapshot_state + static_cast<size_t>(snap) * seq_states;
+      for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, dst);
+      ++snap;
+    }
     cur = 1 - cur;
   }
 #if KDA_HAS_STREAM_STORES
   VecStream::Fence();  // the outputs' streaming stores, before any reader
 #endif
   if (group.final == nullptr) return;
-  for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g]);
+  for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c, group.final);
 }
 
 }  // namespace

@@ -211,9 +211,17 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
     std::fill(ws.state.begin(), ws.state.end(), 0.0F);
   }
 
+  // Snapshot offsets are chunk ends (multiples of the chunk size, or the length).
+  int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[n] : 0;
+  const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[n + 1] : 0;
   for (int64_t t0 = bos; t0 < eos; t0 += kChunk) {
     const int rows = static_cast<int>(std::min<int64_t>(kChunk, eos - t0));
     ProcessChunk(a, h, scale, t0, rows, ws);
+    if (snap < snap_end && a.snapshot_offsets[snap] == t0 + rows - bos) {
+      const size_t dst = static_cast<size_t>(snap) * static_cast<size_t>(a.H) * state_size + head_off;
+      std::copy(ws.state.begin(), ws.state.end(), a.snapshot_state + dst);
+      ++snap;
+    }
   }
 
   if (final_state == nullptr) return;

@@ -42,7 +42,7 @@ class ChunkWorker {
     const auto tb = static_cast<size_t>(kc::kTokenBlock);
     // state, c, then per prepared block: khat, ktil, qhat, mfac, vrow, beta.
     const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb};
-    size_t total = kAlignFloats + Padded(kd * vd) + Padded(kd);
+    size_t total = kAlignFloats + Padded(kd * vd) + 2 * Padded(kd);
     for (size_t n : prep_sizes) total += 2 * Padded(n);
     // Uninitialised: every element is written before it is read.
     storage_ = std::make_unique_for_overwrite<float[]>(total);
@@ -58,6 +58,7 @@ class ChunkWorker {
     };
     scratch_.state = take(kd * vd);
     scratch_.c = take(kd);
+    scratch_.c_end = take(kd);
     for (int b = 0; b < 2; ++b) {
       internal::PrepBuffers& p = scratch_.prep[b];
       float** targets[] = {&p.khat, &p.ktil, &p.qhat, &p.mfac, &p.vrow, &p.beta};

@@ -25,12 +25,13 @@ struct PrepBuffers {
 };
 
 // Scratch of one worker for chunk tasks, sized for K, V (allocated by the host,
-// 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], two
+// 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], c_end [K], two
 // prepared blocks (the one being swept and the next one), and the addresses of
 // the next block's input lines to prefetch [kc::kTokenBlock * kc::kMaxLinesPerToken].
 struct ChunkScratch {
   float* state = nullptr;
   float* c = nullptr;
+  float* c_end = nullptr;  // [K], the row scales at a snapshot's block end
   PrepBuffers prep[2];
   const void** lines = nullptr;
 };

@@ -75,6 +75,37 @@ void CheckStateIndices(const std::string& who, const int32_t* indices, int64_t n
   }
 }
 
+// The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs).
+void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
+  if (a.snapshot_cu == nullptr) {
+    Check(a.snapshot_offsets == nullptr && a.snapshot_state == nullptr,
+          [&] { return who + ": snapshot_offsets or snapshot_state given without snapshot_cu"; });
+    return;
+  }
+  Check(a.snapshot_cu[0] == 0, [&] { return who + ": snapshot_cu[0] must be 0"; });
+  for (int64_t n = 0; n < a.N; ++n) {
+    const int64_t first = a.snapshot_cu[n];
+    const int64_t last = a.snapshot_cu[n + 1];
+    Check(last >= first, [&] { return who + ": snapshot_cu must be non-decreasing at sequence " + std::to_string(n); });
+    if (last == first) continue;
+    Check(a.snapshot_offsets != nullptr && a.snapshot_state != nullptr,
+          [&] { return who + ": snapshots requested but snapshot_offsets or snapshot_state is null"; });
+    Check(a.state_indices == nullptr || a.state_indices[n] >= 0,
+          [&] { return who + ": padding sequence " + std::to_string(n) + " requests snapshots"; });
+    const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];
+    int64_t prev = 0;
+    for (int64_t j = first; j < last; ++j) {
+      const int64_t off = a.snapshot_offsets[j];
+      Check(off > prev && off <= len && (off % kSnapshotAlign == 0 || off == len), [&] {
+        return who + ": snapshot_offsets[" + std::to_string(j) + "] = " + std::to_string(off) + " of sequence " +
+               std::to_string(n) + " (length " + std::to_string(len) + ") must increase and be a multiple of " +
+               std::to_string(kSnapshotAlign) + " in (0, length] or the length";
+      });
+      prev = off;
+    }
+  }
+}
+
 }  // namespace
 
 void ValidateChunkKda(const ChunkKdaArgs& a) {
@@ -97,6 +128,7 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
     return who + ": cu_seqlens[N] must equal T, got " + std::to_string(a.cu_seqlens[a.N]) +
            " with T = " + std::to_string(a.T);
   });
+  CheckSnapshots(who, a);
   if (a.state_indices != nullptr) {
     Check(a.initial_state == nullptr && a.final_state == nullptr,
           [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });

@@ -62,11 +62,25 @@ struct ChunkKdaArgs {
   int64_t num_states = 0;                      // S
   const uint8_t* has_initial_state = nullptr;  // [N] or null (every sequence reads its initial state)
   bool output_final_state = true;
+  // Optional mid-sequence state snapshots, emitted during the one pass over the
+  // tokens (prefix caching): sequence n writes its state after
+  // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
+  // to snapshot_state[j] ([snapshot_cu[N], H, K, V] fp32). Offsets count from
+  // the sequence start (the initial state counts as offset 0's state), strictly
+  // increase, and are multiples of kSnapshotAlign in (0, length] or equal to
+  // the length. Padding sequences have none. Null snapshot_cu: no snapshots.
+  const int64_t* snapshot_cu = nullptr;       // [N + 1], snapshot_cu[0] = 0
+  const int64_t* snapshot_offsets = nullptr;  // [snapshot_cu[N]]
+  float* snapshot_state = nullptr;            // [snapshot_cu[N], H, K, V]
   int64_t T = 0;
   int64_t N = 0;
   int H = 0, K = 0, V = 0;
   KdaOptions options;
 };
+
+// Snapshot offsets of chunk_kda are multiples of this (the chunk size), or a
+// sequence's length.
+inline constexpr int64_t kSnapshotAlign = 64;
 
 // Arguments of fused_recurrent_kda (decode: one token for each of N sequences,
 // the state updated in place in a state buffer through an index array).
