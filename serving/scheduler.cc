@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "base/act_buffer.h"
@@ -16,9 +17,14 @@ std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
   Check(!config.enable_mixed_chunk,
         "mixed chunk (prefill and decode segments in one EXTEND batch) is not supported for KDA models");
   if (config.enable_radix_cache) {
-    notes.emplace_back("radix (prefix) cache disabled: KDA layers are recurrent and have no recurrent prefix reuse");
+    notes.emplace_back(
+        "radix (prefix) cache disabled: KDA layers are recurrent and have no KV prefix reuse (recurrent prefix "
+        "caching: a RadixStateCache, --prefix-cache-mib)");
     config.enable_radix_cache = false;
   }
+  Check(config.snapshot_interval >= kSnapshotAlign && config.snapshot_interval % kSnapshotAlign == 0,
+        "snapshot_interval must be a positive multiple of " + std::to_string(kSnapshotAlign) + ", got " +
+            std::to_string(config.snapshot_interval));
   Check(config.max_running >= 0, "max_running must be >= 0");
   Check(config.prefill_chunk >= 0, "prefill_chunk must be >= 0");
   Check(config.step_token_budget >= 1, "step_token_budget must be >= 1");
@@ -30,6 +36,17 @@ Scheduler::Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConf
   notes_ = CheckServerArgs(config_);
   const int64_t capacity = pools.state_pool->capacity();
   if (config_.max_running == 0 || config_.max_running > capacity) config_.max_running = capacity;
+  if (const RadixStateCache* cache = config_.prefix_cache; cache != nullptr) {
+    const RecurrentStatePool& pool = *pools.state_pool;
+    Check(cache->num_layers() == pool.num_layers() && cache->shape().H == pool.shape().H &&
+              cache->shape().K == pool.shape().K && cache->shape().W == pool.shape().W &&
+              cache->conv_dtype() == pool.conv_dtype(),
+          "prefix cache: its layers, state shape or conv dtype differ from the state pool's");
+    notes_.push_back(cache->enabled() ? "prefix cache: " + std::to_string(cache->capacity()) + " snapshots of " +
+                                            std::to_string(cache->snapshot_bytes()) + " bytes, one every " +
+                                            std::to_string(config_.snapshot_interval) + " tokens"
+                                      : std::string("prefix cache: off (its budget holds no snapshot)"));
+  }
 }
 
 void Scheduler::Submit(const ServeRequest& request) {
@@ -38,6 +55,8 @@ void Scheduler::Submit(const ServeRequest& request) {
   Check(request.length == 0 || request.input.data != nullptr, "request " + std::to_string(request.id) + ": no input");
   Check(request.input.dtype == runner_.model().act_dtype || request.length == 0,
         "request " + std::to_string(request.id) + ": input dtype differs from the model's");
+  Check(request.token_ids == nullptr || request.length > 0,
+        "request " + std::to_string(request.id) + ": token ids without rows");
   Check(std::find(known_ids_.begin(), known_ids_.end(), request.id) == known_ids_.end(),
         "request " + std::to_string(request.id) + " was already submitted");
   known_ids_.push_back(request.id);
@@ -66,8 +85,44 @@ void Scheduler::Admit() {
     }
     a.result.id = a.req.id;
     a.result.out.assign(static_cast<size_t>(a.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
-    if (a.req.length == 0) Finish(running_.size() - 1);  // nothing to run: its state is final
+    // An initial state is not part of the key: such requests are never cached.
+    a.cacheable = caching() && a.req.token_ids != nullptr && !a.seeded && a.req.length > 0;
+    if (a.cacheable) Reuse(a, slot);
+    if (a.done == a.req.length) Finish(running_.size() - 1);  // nothing to run: its state is final
   }
+}
+
+void Scheduler::Reuse(Running& r, int32_t slot) {
+  RadixStateCache& cache = *config_.prefix_cache;
+  RecurrentStatePool& pool = *pools_.state_pool;
+  const std::optional<RadixStateCache::Snapshot> hit = cache.Match(r.req.token_ids, r.req.length);
+  if (!hit) return;
+  const int64_t rs = pool.shape().RecurrentStateSize();
+  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  try {
+    // Copy-on-write: the slot gets a copy, the snapshot is never written.
+    for (int l = 0; l < pool.num_layers(); ++l) {
+      pool.SetLayerState(l, slot, hit->recurrent + l * rs, hit->conv + l * cs);
+    }
+  } catch (...) {
+    cache.Unlock(hit->id);
+    throw;
+  }
+  cache.Unlock(hit->id);
+  r.done = hit->length;
+  r.seeded = true;
+  r.result.cached_tokens = hit->length;
+}
+
+void Scheduler::SnapshotFromSlot(const Running& r, int32_t slot) {
+  RadixStateCache& cache = *config_.prefix_cache;
+  const RecurrentStatePool& pool = *pools_.state_pool;
+  const std::optional<RadixStateCache::Snapshot> s = cache.Reserve(r.req.token_ids, r.req.length);
+  if (!s) return;
+  const int64_t rs = pool.shape().RecurrentStateSize();
+  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  for (int l = 0; l < pool.num_layers(); ++l) pool.GetLayerState(l, slot, s->recurrent + l * rs, s->conv + l * cs);
+  cache.Commit(s->id);
 }
 
 void Scheduler::Finish(size_t index) {
@@ -82,6 +137,8 @@ void Scheduler::Finish(size_t index) {
   for (int l = 0; l < L; ++l) {
     pool.GetLayerState(l, slot, r.result.final_recurrent.data() + l * rs, r.result.final_conv.data() + l * cs);
   }
+  if (r.cacheable) SnapshotFromSlot(r, slot);  // the next turn of a conversation reuses the whole request
+  cache_hit_tokens_ += r.result.cached_tokens;
   pools_.req_to_token_pool->Free(r.req.id);
   finished_.push_back(std::move(r.result));
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
@@ -134,6 +191,11 @@ bool Scheduler::Step() {
     if (left <= 0) continue;
     int64_t n = std::min(left, budget);
     if (config_.prefill_chunk > 0) n = std::min(n, config_.prefill_chunk);
+    if (r.cacheable) {
+      // A snapshot point not 64-aligned from this step's start ends the step's segment instead.
+      const int64_t q = (r.done / config_.snapshot_interval + 1) * config_.snapshot_interval;
+      if (q <= r.done + n && (q - r.done) % kSnapshotAlign != 0) n = q - r.done;
+    }
     batch.mode = ForwardMode::kExtend;
     members.push_back(i);
     batch.extend_lens.push_back(n);
@@ -147,6 +209,40 @@ bool Scheduler::Step() {
         batch.extend_lens.push_back(1);
       }
     }
+  }
+  // Snapshots of the step (EXTEND): every interval point inside a segment and the end of each prompt, reserved
+  // in the cache now (locked until committed after the forward).
+  std::vector<int32_t> reserved;
+  if (batch.mode == ForwardMode::kExtend && caching()) {
+    batch.snapshot_cu.assign(1, 0);
+    for (size_t m = 0; m < members.size(); ++m) {
+      const Running& r = running_[members[m]];
+      const int64_t n = batch.extend_lens[m];
+      if (r.cacheable) {
+        std::vector<int64_t> offsets;
+        for (int64_t q = (r.done / config_.snapshot_interval + 1) * config_.snapshot_interval; q <= r.done + n;
+             q += config_.snapshot_interval) {
+          offsets.push_back(q - r.done);
+        }
+        if (r.done + n == r.prefill_len() && (offsets.empty() || offsets.back() != n)) offsets.push_back(n);
+        for (int64_t off : offsets) {
+          std::optional<RadixStateCache::Snapshot> s;
+          try {
+            s = config_.prefix_cache->Reserve(r.req.token_ids, r.done + off);
+          } catch (...) {
+            for (int32_t id : reserved) config_.prefix_cache->Abandon(id);
+            throw;
+          }
+          if (!s) continue;
+          reserved.push_back(s->id);
+          batch.snapshot_offsets.push_back(off);
+          batch.snapshot_recurrent.push_back(s->recurrent);
+          batch.snapshot_conv.push_back(s->conv);
+        }
+      }
+      batch.snapshot_cu.push_back(static_cast<int64_t>(batch.snapshot_offsets.size()));
+    }
+    if (reserved.empty()) batch.snapshot_cu.clear();
   }
   std::vector<uint8_t> x;
   for (size_t m = 0; m < members.size(); ++m) {
@@ -164,10 +260,12 @@ bool Scheduler::Step() {
     runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
   } catch (const std::exception& e) {
     // The step's states are half-updated: its requests fail, their slots go
-    // back to the pool.
+    // back to the pool, its snapshots are dropped.
+    for (int32_t id : reserved) config_.prefix_cache->Abandon(id);
     for (size_t m = members.size(); m-- > 0;) Drop(members[m], e.what());
     throw;
   }
+  for (int32_t id : reserved) config_.prefix_cache->Commit(id);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs});
 

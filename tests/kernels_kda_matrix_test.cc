@@ -855,6 +855,8 @@ SnapshotRun RunWithSnapshots(const Variant& v, const Problem& p, const std::vect
   const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
   SnapshotRun r;
   r.snapshots.assign(flat.size() * per, kSentinel);
+  std::vector<float*> dst;
+  for (size_t j = 0; j < flat.size(); ++j) dst.push_back(r.snapshots.data() + j * per);
   const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), vv(p.v, DType::kF32), g(p.g, DType::kF32),
       beta(p.beta, DType::kF32);
   Typed o(p.q.size(), DType::kF32, kSentinel);
@@ -871,7 +873,7 @@ SnapshotRun RunWithSnapshots(const Variant& v, const Problem& p, const std::vect
   a.initial_state = p.h0.empty() ? nullptr : p.h0.data();
   a.snapshot_cu = snap_cu.data();
   a.snapshot_offsets = flat.data();
-  a.snapshot_state = r.snapshots.data();
+  a.snapshot_states = dst.data();
   a.T = p.T;
   a.N = p.N;
   a.H = p.H;
@@ -951,6 +953,8 @@ TEST_P(KdaChunkTest, SnapshotsInPoolFormWithPaddingAndFreshSequences) {
     if (idx[n] > 0) std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, pool.begin() + idx[n] * per);
   }
   std::vector<float> snaps(offsets.size() * per, kSentinel);
+  std::vector<float*> dst;
+  for (size_t j = 0; j < offsets.size(); ++j) dst.push_back(snaps.data() + j * per);
   const Typed q(p.q, DType::kF32), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
   const Typed k(p.k, DType::kF32), v(p.v, DType::kF32);
   Typed o(p.q.size(), DType::kF32, kSentinel);
@@ -968,7 +972,7 @@ TEST_P(KdaChunkTest, SnapshotsInPoolFormWithPaddingAndFreshSequences) {
   a.has_initial_state = has_init.data();
   a.snapshot_cu = snap_cu.data();
   a.snapshot_offsets = offsets.data();
-  a.snapshot_state = snaps.data();
+  a.snapshot_states = dst.data();
   a.T = p.T;
   a.N = p.N;
   a.H = p.H;

@@ -439,7 +439,6 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
   static_assert(kSnapshotAlign % kc::kTokenBlock == 0, "snapshot offsets must be token block ends");
   int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n] : 0;
   const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n + 1] : 0;
-  const size_t seq_states = static_cast<size_t>(a.H) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
   int cur = 0;
   for (int64_t t0 = bos; t0 < eos; t0 += kc::kTokenBlock) {
     const int nt = eos - t0 < kc::kTokenBlock ? static_cast<int>(eos - t0) : kc::kTokenBlock;
@@ -453,8 +452,7 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
     }
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
     if (snapshot) {
-      float* dst = a.snapshot_state + static_cast<size_t>(snap) * seq_states;
-      for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, dst);
+      for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, a.snapshot_states[snap]);
       ++snap;
     }
     cur = 1 - cur;

@@ -218,8 +218,7 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
     const int rows = static_cast<int>(std::min<int64_t>(kChunk, eos - t0));
     ProcessChunk(a, h, scale, t0, rows, ws);
     if (snap < snap_end && a.snapshot_offsets[snap] == t0 + rows - bos) {
-      const size_t dst = static_cast<size_t>(snap) * static_cast<size_t>(a.H) * state_size + head_off;
-      std::copy(ws.state.begin(), ws.state.end(), a.snapshot_state + dst);
+      std::copy(ws.state.begin(), ws.state.end(), a.snapshot_states[snap] + head_off);
       ++snap;
     }
   }

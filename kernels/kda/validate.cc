@@ -78,8 +78,8 @@ void CheckStateIndices(const std::string& who, const int32_t* indices, int64_t n
 // The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs).
 void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
   if (a.snapshot_cu == nullptr) {
-    Check(a.snapshot_offsets == nullptr && a.snapshot_state == nullptr,
-          [&] { return who + ": snapshot_offsets or snapshot_state given without snapshot_cu"; });
+    Check(a.snapshot_offsets == nullptr && a.snapshot_states == nullptr,
+          [&] { return who + ": snapshot_offsets or snapshot_states given without snapshot_cu"; });
     return;
   }
   Check(a.snapshot_cu[0] == 0, [&] { return who + ": snapshot_cu[0] must be 0"; });
@@ -88,8 +88,11 @@ void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
     const int64_t last = a.snapshot_cu[n + 1];
     Check(last >= first, [&] { return who + ": snapshot_cu must be non-decreasing at sequence " + std::to_string(n); });
     if (last == first) continue;
-    Check(a.snapshot_offsets != nullptr && a.snapshot_state != nullptr,
-          [&] { return who + ": snapshots requested but snapshot_offsets or snapshot_state is null"; });
+    Check(a.snapshot_offsets != nullptr && a.snapshot_states != nullptr,
+          [&] { return who + ": snapshots requested but snapshot_offsets or snapshot_states is null"; });
+    for (int64_t j = first; j < last; ++j) {
+      Check(a.snapshot_states[j] != nullptr, [&] { return who + ": snapshot_states[" + std::to_string(j) + "] is null"; });
+    }
     Check(a.state_indices == nullptr || a.state_indices[n] >= 0,
           [&] { return who + ": padding sequence " + std::to_string(n) + " requests snapshots"; });
     const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];

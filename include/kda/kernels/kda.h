@@ -65,13 +65,14 @@ struct ChunkKdaArgs {
   // Optional mid-sequence state snapshots, emitted during the one pass over the
   // tokens (prefix caching): sequence n writes its state after
   // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
-  // to snapshot_state[j] ([snapshot_cu[N], H, K, V] fp32). Offsets count from
-  // the sequence start (the initial state counts as offset 0's state), strictly
-  // increase, and are multiples of kSnapshotAlign in (0, length] or equal to
-  // the length. Padding sequences have none. Null snapshot_cu: no snapshots.
+  // to snapshot_states[j] (an [H, K, V] fp32 destination each, distinct from
+  // every other state). Offsets count from the sequence start (its initial
+  // state included), strictly increase, and are multiples of kSnapshotAlign
+  // in (0, length] or the length itself. Padding sequences have none. Null
+  // snapshot_cu: no snapshots.
   const int64_t* snapshot_cu = nullptr;       // [N + 1], snapshot_cu[0] = 0
   const int64_t* snapshot_offsets = nullptr;  // [snapshot_cu[N]]
-  float* snapshot_state = nullptr;            // [snapshot_cu[N], H, K, V]
+  float* const* snapshot_states = nullptr;    // [snapshot_cu[N]] destinations
   int64_t T = 0;
   int64_t N = 0;
   int H = 0, K = 0, V = 0;

@@ -22,6 +22,16 @@ struct ForwardBatch {
   // [N] or empty: the request's slot was seeded with an initial state before
   // its first step, so it continues from it even at prefix 0.
   std::vector<uint8_t> state_seeded;
+  // EXTEND only, optional (prefix caching): request i's states after
+  // snapshot_offsets[j] of its tokens in this step, j in [snapshot_cu[i],
+  // snapshot_cu[i+1]), go to snapshot j's storage, recurrent [L, H, K, V] fp32
+  // and conv tails [L, W-1, 3P] in the conv dtype (RadixStateCache::Snapshot).
+  // Offsets as chunk_kda's (multiples of 64 or the request's extend length).
+  // Empty snapshot_cu: none.
+  std::vector<int64_t> snapshot_cu;        // [N + 1] or empty
+  std::vector<int64_t> snapshot_offsets;   // [S]
+  std::vector<float*> snapshot_recurrent;  // [S]
+  std::vector<uint8_t*> snapshot_conv;     // [S]
 
   int64_t num_tokens() const {
     int64_t t = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/model_runner.h"
 
@@ -21,12 +22,20 @@ struct SchedulerConfig {
   int64_t prefill_chunk = 0;         // max tokens of one request per EXTEND step (0: no limit)
   int64_t step_token_budget = 4096;  // max tokens per EXTEND step
   bool enable_mixed_chunk = false;   // refused for KDA models
-  bool enable_radix_cache = false;   // prefix caching; reported disabled for recurrent models
+  bool enable_radix_cache = false;   // sglang's KV radix cache flag: reported disabled (see prefix_cache)
+  // Recurrent prefix caching (null or a zero budget: off). Not owned; made for
+  // the runner's model and pool shape. Requests with token ids start from the
+  // deepest snapshot of their prefix; snapshots are taken inside prefills at
+  // every multiple of snapshot_interval tokens (a multiple of 64), at the end
+  // of each prompt and at the end of each finished request.
+  RadixStateCache* prefix_cache = nullptr;
+  int64_t snapshot_interval = 256;
 };
 
 // Server-argument checks for a model with recurrent (KDA) layers: mixed chunk
-// is refused (kda::Error); the radix cache is turned off. Returns the
-// messages to report (e.g. the radix cache being disabled).
+// is refused (kda::Error); the KV radix cache is turned off (recurrent
+// prefixes are cached by prefix_cache instead). Returns the messages to
+// report (e.g. the radix cache being disabled).
 std::vector<std::string> CheckServerArgs(SchedulerConfig& config);
 
 // One request: `length` input rows; the last `decode_tokens` of them (when
@@ -40,11 +49,18 @@ struct ServeRequest {
   // activation dtype (null: start from zero).
   const float* initial_recurrent = nullptr;
   const void* initial_conv = nullptr;
+  // Optional token ids [length] (prefix caching: the key of the cache; they
+  // must determine the input rows). Without them, or with an initial state,
+  // a request is never cached.
+  const int32_t* token_ids = nullptr;
 };
 
 struct RequestResult {
   int64_t id = 0;
-  std::vector<uint8_t> out;            // [length, hidden] in the activation dtype, the last layer's output
+  // [length, hidden] in the activation dtype, the last layer's output. Rows
+  // [0, cached_tokens) were reused from the prefix cache, not computed: zeros.
+  std::vector<uint8_t> out;
+  int64_t cached_tokens = 0;
   std::vector<float> final_recurrent;  // [L, H, K, V]
   std::vector<uint8_t> final_conv;     // [L, W-1, 3P] in the activation dtype
 };
@@ -98,6 +114,8 @@ class Scheduler {
   const std::vector<StepRecord>& steps() const { return steps_; }
   const std::vector<std::string>& notes() const { return notes_; }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  // Rows of the finished requests reused from the prefix cache, in total.
+  int64_t cache_hit_tokens() const { return cache_hit_tokens_; }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
 
  private:
@@ -105,6 +123,7 @@ class Scheduler {
     ServeRequest req;
     int64_t done = 0;  // tokens processed
     bool seeded = false;
+    bool cacheable = false;  // token ids, no initial state, the cache on
     RequestResult result;
     // Tokens fed as EXTEND; the rest go as DECODE steps.
     int64_t prefill_len() const { return req.length > req.decode_tokens ? req.length - req.decode_tokens : req.length; }
@@ -112,6 +131,11 @@ class Scheduler {
   void Admit();
   void Finish(size_t index);
   void Drop(size_t index, const std::string& error);  // running_[index] fails
+  bool caching() const { return config_.prefix_cache != nullptr && config_.prefix_cache->enabled(); }
+  // Copies the deepest snapshot of the request's prefix into its slot.
+  void Reuse(Running& r, int32_t slot);
+  // Snapshot of the request's whole length from its slot (end of the request).
+  void SnapshotFromSlot(const Running& r, int32_t slot);
 
   ModelRunner& runner_;
   MemoryPools pools_;
@@ -123,6 +147,7 @@ class Scheduler {
   std::vector<FailedRequest> failed_;
   std::vector<StepRecord> steps_;
   std::vector<int64_t> known_ids_;
+  int64_t cache_hit_tokens_ = 0;
 };
 
 }  // namespace kda

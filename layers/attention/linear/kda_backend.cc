@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <unordered_set>
 
@@ -47,6 +48,33 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
     md.has_initial_state.push_back(batch.prefix_lens[i] > 0 || seeded ? 1 : 0);
   }
   md.num_tokens = md.cu_q_lens.back();
+  if (!batch.snapshot_cu.empty()) {
+    Check(mode == ForwardMode::kExtend, "forward batch: state snapshots are taken in EXTEND batches only");
+    Check(batch.snapshot_cu.size() == n + 1 && batch.snapshot_cu[0] == 0,
+          "forward batch: snapshot_cu must have one entry per request plus one, starting at 0");
+    const auto s = static_cast<size_t>(batch.snapshot_cu[n]);
+    Check(batch.snapshot_offsets.size() == s && batch.snapshot_recurrent.size() == s && batch.snapshot_conv.size() == s,
+          "forward batch: snapshot_offsets, snapshot_recurrent and snapshot_conv must have one entry per snapshot");
+    for (size_t i = 0; i < n; ++i) {
+      Check(batch.snapshot_cu[i + 1] >= batch.snapshot_cu[i], "forward batch: snapshot_cu must be non-decreasing");
+      int64_t prev = 0;
+      for (int64_t j = batch.snapshot_cu[i]; j < batch.snapshot_cu[i + 1]; ++j) {
+        const int64_t off = batch.snapshot_offsets[j];
+        const int64_t len = batch.extend_lens[i];
+        Check(off > prev && off <= len && (off % kSnapshotAlign == 0 || off == len),
+              "forward batch: snapshot offset " + std::to_string(off) + " of request " +
+                  std::to_string(batch.req_ids[i]) + " must increase and be a multiple of " +
+                  std::to_string(kSnapshotAlign) + " in (0, " + std::to_string(len) + "] or its extend length");
+        Check(batch.snapshot_recurrent[j] != nullptr && batch.snapshot_conv[j] != nullptr,
+              "forward batch: null snapshot storage");
+        prev = off;
+      }
+    }
+    md.snapshot_cu = batch.snapshot_cu;
+    md.snapshot_offsets = batch.snapshot_offsets;
+    md.snapshot_recurrent = batch.snapshot_recurrent;
+    md.snapshot_conv = batch.snapshot_conv;
+  }
   md_ = std::move(md);
   if (observer_ != nullptr) observer_->OnBatch(batch);
 }
@@ -108,6 +136,32 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
   }
 }
 
+void LinearRecurrentAttnBackend::SnapshotConvTails(const RadixLinearAttention& layer, ConstBuf mixed_qkv) {
+  if (md_.snapshot_cu.empty()) return;
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const int64_t tail_rows = layer.conv_width() - 1;
+  const size_t row = static_cast<size_t>(3 * layer.projection_size()) * DTypeSize(cache.conv_dtype);
+  const size_t tail_bytes = static_cast<size_t>(tail_rows) * row;
+  const auto* x = static_cast<const uint8_t*>(mixed_qkv.data);
+  const auto* tails = static_cast<const uint8_t*>(cache.conv);
+  for (size_t n = 0; n + 1 < md_.snapshot_cu.size(); ++n) {
+    for (int64_t j = md_.snapshot_cu[n]; j < md_.snapshot_cu[n + 1]; ++j) {
+      uint8_t* dst = md_.snapshot_conv[j] + static_cast<size_t>(layer.layer_id()) * tail_bytes;
+      for (int64_t r = 0; r < tail_rows; ++r) {
+        const int64_t src = md_.snapshot_offsets[j] - tail_rows + r;  // row of the sequence in this batch
+        if (src >= 0) {
+          std::memcpy(dst + r * row, x + static_cast<size_t>(md_.cu_q_lens[n] + src) * row, row);
+        } else if (md_.has_initial_state[n] != 0) {
+          const size_t slot = static_cast<size_t>(md_.recurrent_indices[n]);
+          std::memcpy(dst + r * row, tails + slot * tail_bytes + static_cast<size_t>(tail_rows + src) * row, row);
+        } else {
+          std::memset(dst + r * row, 0, row);  // a fresh sequence's tail starts as zeros (+0.0 in F32 and BF16)
+        }
+      }
+    }
+  }
+}
+
 KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
     : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
 
@@ -160,10 +214,19 @@ KdaOptions CoreOptions(const RadixLinearAttention& layer) {
 
 void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
                                    ConstBuf beta_logits) {
+  SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
   Inputs in;
   Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
   const LayerStateCache cache = Cache(layer.layer_id());
   ChunkKdaArgs a;
+  std::vector<float*> snapshots;  // this layer's part of each snapshot
+  if (!md_.snapshot_cu.empty()) {
+    const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+    for (float* s : md_.snapshot_recurrent) snapshots.push_back(s + layer.layer_id() * rs);
+    a.snapshot_cu = md_.snapshot_cu.data();
+    a.snapshot_offsets = md_.snapshot_offsets.data();
+    a.snapshot_states = snapshots.data();
+  }
   a.o = o;
   a.q = in.q.view();
   a.k = in.k.view();

@@ -27,6 +27,11 @@ struct LinearAttnMetadata {
   std::vector<int64_t> cu_q_lens;          // [N + 1]
   std::vector<int32_t> recurrent_indices;  // [N] pool slots
   std::vector<uint8_t> has_initial_state;  // [N] prefix_len > 0 (or a seeded slot)
+  // State snapshots of this EXTEND batch (see ForwardBatch); empty cu: none.
+  std::vector<int64_t> snapshot_cu;
+  std::vector<int64_t> snapshot_offsets;
+  std::vector<float*> snapshot_recurrent;
+  std::vector<uint8_t*> snapshot_conv;
 };
 
 class LinearRecurrentAttnBackend {
@@ -64,6 +69,10 @@ class LinearRecurrentAttnBackend {
   // The q/k/v short convs + SiLU over the batch, tails read from and written
   // to the layer's pool slots (zero tails where has_initial_state is 0).
   void RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv, const ConvOutputs& out);
+  // The conv tails of the batch's snapshots for this layer: the last W-1 conv
+  // inputs before each snapshot offset, from mixed_qkv and (before the
+  // sequence's first row) its slot's tail. Runs before RunShortConv moves the tails.
+  void SnapshotConvTails(const RadixLinearAttention& layer, ConstBuf mixed_qkv);
   LayerStateCache Cache(int layer_id) const;
 
   MemoryPools pools_;
