@@ -16,6 +16,8 @@ const char* DTypeName(DType t) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -72,6 +74,8 @@ size_t DTypeSize(DType t) {
       return 2;
     case DType::kI64:
       return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }

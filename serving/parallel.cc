@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -124,6 +125,7 @@ std::vector<RequestResult> GatherDpResults(Communicator& dp, std::vector<Request
   Writer w;
   for (const RequestResult& r : local) {
     w.Put(r.id);
+    w.Put(r.cached_tokens);
     w.PutBytes(r.out.data(), r.out.size());
     w.PutBytes(r.final_recurrent.data(), r.final_recurrent.size() * sizeof(float));
     w.PutBytes(r.final_conv.data(), r.final_conv.size());
@@ -137,6 +139,7 @@ std::vector<RequestResult> GatherDpResults(Communicator& dp, std::vector<Request
     while (!rd.done()) {
       RequestResult r;
       r.id = rd.Get<int64_t>();
+      r.cached_tokens = rd.Get<int64_t>();
       r.out = rd.GetVector<uint8_t>();
       r.final_recurrent = rd.GetVector<float>();
       r.final_conv = rd.GetVector<uint8_t>();
@@ -241,6 +244,13 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     runner.SetObserver(options.observer);
     SchedulerConfig cfg = options.scheduler;
     cfg.max_running = capacity;
+    // This rank's own prefix cache, over its heads' states: the tensor-parallel ranks of one data-parallel index
+    // see the same requests and snapshots of equal size, so they hit and snapshot alike.
+    std::optional<RadixStateCache> cache;
+    if (options.prefix_cache_bytes > 0) {
+      cache.emplace(L, model.shape, model.act_dtype, options.prefix_cache_bytes);
+      cfg.prefix_cache = &*cache;
+    }
     Scheduler sched(runner, pools, cfg);
     for (const ServeRequest& r : mine) sched.Submit(r);
     sched.RunToCompletion();
@@ -250,6 +260,8 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     res.notes = sched.notes();
     res.pool_capacity = capacity;
     res.pool_bytes = pool.total_bytes();
+    res.cache_hit_tokens = sched.cache_hit_tokens();
+    if (cache) res.snapshot_bytes_peak = cache->peak_bytes();
   }
   if (options.gather) res.gathered = GatherResults(model, groups, res.local);
   return res;

@@ -19,6 +19,7 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
+#include "tools/bench_multi_turn.h"
 #include "tools/rank_errors.h"
 
 namespace kda::cli {
@@ -443,6 +444,9 @@ int RunBenchCommand(const BenchOptions& opt) {
   Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
         "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
   SetNumThreads(opt.threads);
+  Check(opt.workload == "default" || opt.workload == "multi-turn",
+        "--workload must be default or multi-turn, got '" + opt.workload + "'");
+  if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
   return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, kernel, rt.get()); });

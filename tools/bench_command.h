@@ -27,6 +27,19 @@ struct BenchOptions {
   // per data-parallel rank).
   int tp = 1;
   int dp = 1;
+  // "default", or "multi-turn": `conversations` chats of `turns` turns sharing
+  // one system prompt of `system_prompt` tokens, a user message of
+  // min_user..max_user tokens per turn and decode_steps decoded tokens per
+  // answer; each turn's prompt is the whole conversation so far. Served with
+  // the prefix cache off and on (one process).
+  std::string workload = "default";
+  int conversations = 8;
+  int turns = 4;
+  int64_t system_prompt = 1024;
+  int64_t min_user = 64;
+  int64_t max_user = 256;
+  double prefix_cache_mib = 1024;  // the cache-on run's budget
+  int64_t snapshot_interval = 256;
 };
 
 int RunBenchCommand(const BenchOptions& opt);

@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--decode-last", run.decode_last, "Feed the last K tokens of longer sequences as DECODE steps");
   run_cmd->add_option("--max-running", run.max_running, "At most R sequences hold a state slot at once");
   run_cmd->add_option("--lengths", run.lengths, "Embedded default only: comma-separated sequence lengths");
+  run_cmd->add_flag("--prefix-cache", run.prefix_cache,
+                    "Reuse the states of shared prefixes (input_ids [T] in the input; reused rows are not computed: "
+                    "zeros, and a 'computed' [T] U8 mask in the output)");
+  run_cmd->add_option("--prefix-cache-mib", run.prefix_cache_mib, "Prefix cache budget per rank in MiB (0: off)");
+  run_cmd->add_option("--snapshot-interval", run.snapshot_interval,
+                      "Prefix cache: a snapshot every N tokens inside prefills (a multiple of 64)");
   run_cmd->add_option("--tp", run.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
   run_cmd->add_option("--dp", run.dp, "Data-parallel ranks (split the sequences; under mpirun)");
 
@@ -52,6 +58,16 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("--json", bench.json, "End with one JSON line of the results");
   bench_cmd->add_option("--tp", bench.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
   bench_cmd->add_option("--dp", bench.dp, "Data-parallel ranks (split the requests; under mpirun)");
+  bench_cmd->add_option("--workload", bench.workload,
+                        "default | multi-turn (chats sharing a system prompt, prefix cache off and on)");
+  bench_cmd->add_option("--conversations", bench.conversations, "multi-turn: conversations");
+  bench_cmd->add_option("--turns", bench.turns, "multi-turn: turns per conversation");
+  bench_cmd->add_option("--system-prompt", bench.system_prompt, "multi-turn: shared system prompt (tokens)");
+  bench_cmd->add_option("--min-user", bench.min_user, "multi-turn: shortest user message (tokens)");
+  bench_cmd->add_option("--max-user", bench.max_user, "multi-turn: longest user message (tokens)");
+  bench_cmd->add_option("--prefix-cache-mib", bench.prefix_cache_mib, "multi-turn: the prefix cache budget in MiB");
+  bench_cmd->add_option("--snapshot-interval", bench.snapshot_interval,
+                        "multi-turn: a snapshot every N prefill tokens (a multiple of 64)");
 
   kda::cli::BenchKernelsOptions bench_kernels;
   CLI::App* bench_kernels_cmd = kda::cli::AddBenchKernelsCommand(app, bench_kernels);

@@ -38,12 +38,21 @@ ActBuffer ToAct(DType dt, const std::vector<float>& v) {
 // The outputs of serving a packed batch: rows in input order, states per
 // sequence (at world rank 0; the step counts are this rank's).
 struct Served {
-  std::vector<float> out;   // [T, hidden]
-  std::vector<float> rec;   // [N, L, H, K, V]
-  std::vector<float> conv;  // [N, L, W-1, 3P]
+  std::vector<float> out;         // [T, hidden]
+  std::vector<float> rec;         // [N, L, H, K, V]
+  std::vector<float> conv;        // [N, L, W-1, 3P]
+  std::vector<uint8_t> computed;  // [T]: 0 for rows reused from the prefix cache
+  int64_t reused = 0;             // rows reused from the prefix cache
   int64_t steps = 0;
   double extend_s = 0.0, decode_s = 0.0;
   int64_t extend_steps = 0, decode_steps = 0;
+};
+
+// Prefix caching for Serve: token ids [T] (empty: none) and the cache.
+struct PrefixCacheUse {
+  const std::vector<int32_t>* ids = nullptr;
+  int64_t bytes = 0;  // per rank; 0: off
+  int64_t interval = 256;
 };
 
 // Serves sequence n = rows [cu[n], cu[n+1]) of x as request n, each rank its
@@ -52,7 +61,8 @@ struct Served {
 // groups; each phase's errors are agreed before the next collective.
 Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
              const float* init_rec, const ActBuffer* init_conv, int64_t prefill_chunk,
-             const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel) {
+             const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel,
+             const PrefixCacheUse& cache = {}) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
   const int L = model.num_layers();
   const KdaLayerShape ss = model.full_shape();
@@ -68,6 +78,7 @@ Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, con
     r.decode_tokens = decode_tokens[n];
     if (init_rec != nullptr) r.initial_recurrent = init_rec + n * L * rs;
     if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * L * cs).data;
+    if (cache.ids != nullptr && !cache.ids->empty()) r.token_ids = cache.ids->data() + cu[n];
     requests.push_back(r);
   }
   ParallelServeOptions options;
@@ -76,6 +87,8 @@ Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, con
   options.scheduler.step_token_budget = std::max<int64_t>(cu.back(), 1);  // every sequence joins each EXTEND step
   options.kernel = kernel;
   options.gather = false;
+  options.prefix_cache_bytes = cache.bytes;
+  options.scheduler.snapshot_interval = cache.interval;
   const ParallelGroups& groups = rt.groups();
   // Not agreed: the layers all-reduce, so an error on one rank ends the job
   // (RunOnRanks).
@@ -87,7 +100,10 @@ Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, con
   s.out.assign(static_cast<size_t>(cu.back() * hidden), 0.0F);
   s.rec.assign(static_cast<size_t>(N * L * rs), 0.0F);
   s.conv.assign(static_cast<size_t>(N * L * cs), 0.0F);
+  s.computed.assign(static_cast<size_t>(cu.back()), 1);
   for (const RequestResult& r : results) {
+    std::fill_n(s.computed.begin() + cu[r.id], r.cached_tokens, uint8_t{0});
+    s.reused += r.cached_tokens;
     const std::vector<float> o = BytesToFloat(r.out, model.act_dtype);
     std::copy(o.begin(), o.end(), s.out.begin() + cu[r.id] * hidden);
     std::copy(r.final_recurrent.begin(), r.final_recurrent.end(), s.rec.begin() + r.id * L * rs);
@@ -124,6 +140,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
   std::vector<int64_t> cu;
   std::vector<float> rec;
   std::vector<float> conv;
+  std::vector<int32_t> ids;
   ActBuffer x;
   ActBuffer conv_act;
   // Loading and input checks: no collective inside, so a rank that fails
@@ -142,6 +159,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
     cu = std::move(input.cu);
     rec = std::move(input.rec);
     conv = std::move(input.conv);
+    ids = std::move(input.ids);
     // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
     if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
     if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
@@ -151,20 +169,32 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
   const KdaLayerShape shape = model.full_shape();
   std::vector<int64_t> decode(static_cast<size_t>(N), opt.decode_last);
 
+  PrefixCacheUse cache;
+  if (opt.prefix_cache) {
+    cache.ids = &ids;
+    cache.bytes = static_cast<int64_t>(opt.prefix_cache_mib * 1024.0 * 1024.0);
+    cache.interval = opt.snapshot_interval;
+  }
   const auto t0 = Clock::now();
   const Served s = Serve(rt, model, x, cu, rec.empty() ? nullptr : rec.data(), conv.empty() ? nullptr : &conv_act,
-                         opt.prefill_chunk, decode, opt.max_running, kernel);
+                         opt.prefill_chunk, decode, opt.max_running, kernel, cache);
   const double secs = SecondsSince(t0);
 
   rt.RunAgreed([&] {
     if (!groups.is_root()) return;
-    WriteSafetensors(opt.output,
-                     {{"out", DType::kF32, {T, shape.hidden}, s.out.data()},
-                      {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
-                      {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}},
-                     {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
+    std::vector<TensorToWrite> tensors = {
+        {"out", DType::kF32, {T, shape.hidden}, s.out.data()},
+        {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
+        {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}};
+    // With the prefix cache, the rows reused from it are zeros in `out`: `computed` says which rows were computed.
+    if (opt.prefix_cache) tensors.push_back({"computed", DType::kU8, {T}, s.computed.data()});
+    WriteSafetensors(opt.output, tensors, {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
   });
   if (!groups.is_root()) return 0;
+  if (opt.prefix_cache) {
+    std::printf("prefix cache: %lld of %lld prompt tokens reused\n", static_cast<long long>(s.reused),
+                static_cast<long long>(T));
+  }
   std::printf(
       "layer %d (%s, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
       "%.3f ms -> %s\n",
@@ -273,9 +303,13 @@ int RunLayerCommand(const RunOptions& opt) {
   Check(opt.prefill_chunk >= 0, "--prefill-chunk must be >= 0");
   Check(opt.decode_last >= 0, "--decode-last must be >= 0");
   Check(opt.max_running >= 0, "--max-running must be >= 0");
+  Check(opt.prefix_cache_mib >= 0, "--prefix-cache-mib must be >= 0");
+  Check(opt.snapshot_interval >= kSnapshotAlign && opt.snapshot_interval % kSnapshotAlign == 0,
+        "--snapshot-interval must be a positive multiple of " + std::to_string(kSnapshotAlign));
   SetNumThreads(opt.threads);
   if (opt.model_dir.empty()) {
     Check(opt.input.empty() && opt.output.empty(), "--input and --output need --model");
+    Check(!opt.prefix_cache, "--prefix-cache needs --model (and input_ids in the input file)");
   }
   // One process, or this rank of tp x dp under mpirun (the checks above are
   // the same on every rank, so they stop each one before MPI starts).

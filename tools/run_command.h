@@ -21,6 +21,12 @@ struct RunOptions {
   int64_t prefill_chunk = 0;
   int64_t decode_last = 0;
   int64_t max_running = 0;  // per data-parallel rank
+  // Recurrent prefix caching (--model only): sequences with input_ids start
+  // from the deepest snapshot of their prefix that an earlier sequence left
+  // (each rank caches its heads; each data-parallel rank has its own cache).
+  bool prefix_cache = false;
+  double prefix_cache_mib = 1024;  // per rank; 0: off
+  int64_t snapshot_interval = 256;
   // Parallelism (under mpirun, tp * dp processes): tensor-parallel ranks
   // split the heads, data-parallel ranks split the sequences.
   int tp = 1;

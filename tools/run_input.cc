@@ -1,5 +1,6 @@
 #include "tools/run_input.h"
 
+#include <cstdint>
 #include <string>
 
 #include "kda/base/error.h"
@@ -62,7 +63,25 @@ RunInput ReadRunInput(const SafetensorsFile& in, const KdaLayerShape& shape) {
           "input tensor initial_conv_state must be F32 or BF16");
     ExpectShape(*conv, {r.N, shape.W - 1, shape.ConvChannels()});
   }
+  const TensorInfo* ids = nullptr;
+  if (in.Has("input_ids")) {
+    ids = &in.Get("input_ids");
+    Check(ids->dtype == DType::kI32 || ids->dtype == DType::kI64,
+          std::string("input tensor input_ids has dtype ") + DTypeName(ids->dtype) + ", expected I32 or I64");
+    ExpectShape(*ids, {r.T});
+  }
   // Values last: every shape and dtype problem is reported before any is read.
+  if (ids != nullptr) {
+    const std::vector<int64_t> v = ToInt64Vector(*ids);
+    r.ids.reserve(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      Check(v[i] >= INT32_MIN && v[i] <= INT32_MAX, [&] {
+        return "input tensor input_ids has a value out of the int32 range (" + std::to_string(v[i]) + ") at element " +
+               std::to_string(i);
+      });
+      r.ids.push_back(static_cast<int32_t>(v[i]));
+    }
+  }
   r.x = FiniteFloats(xs);
   if (rec != nullptr) r.rec = FiniteFloats(*rec);
   if (conv != nullptr) r.conv = FiniteFloats(*conv);

@@ -10,9 +10,9 @@
 
 namespace kda {
 
-enum class DType : uint8_t { kF32, kBF16, kI32, kI64 };
+enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8 };
 
-// Safetensors spelling: "F32", "BF16", "I32", "I64".
+// Safetensors spelling: "F32", "BF16", "I32", "I64", "U8".
 const char* DTypeName(DType t);
 size_t DTypeSize(DType t);
 

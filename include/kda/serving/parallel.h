@@ -47,6 +47,9 @@ struct ParallelServeOptions {
   KernelImpl kernel = KernelImpl::kAuto;
   bool gather = true;                 // bring every result to world rank 0 (GatherResults)
   LayerObserver* observer = nullptr;  // set on this rank's ModelRunner (see LayerObserver)
+  // Bytes of this rank's prefix cache (RadixStateCache over its heads; each
+  // data-parallel rank has its own; 0: off). Requests need token ids.
+  int64_t prefix_cache_bytes = 0;
 };
 
 struct ParallelServeResult {
@@ -56,6 +59,8 @@ struct ParallelServeResult {
   std::vector<std::string> notes;       // this rank's scheduler notes
   int64_t pool_capacity = 0;            // this rank's state pool: usable slots
   int64_t pool_bytes = 0;               // and its bytes (dummy slot included)
+  int64_t cache_hit_tokens = 0;         // this rank's rows reused from its prefix cache
+  int64_t snapshot_bytes_peak = 0;      // the most bytes its prefix cache held
 };
 
 // Collective over the world: every rank's `local` results (ServeParallel

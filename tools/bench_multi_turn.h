@@ -1,0 +1,15 @@
+// `kda bench --workload multi-turn`: multi-turn chat with a shared system
+// prompt, served with the prefix cache off and on in one invocation.
+#pragma once
+
+#include "kda/base/dtype.h"
+#include "kda/kernels/kda.h"
+#include "tools/bench_command.h"
+
+namespace kda::cli {
+
+// Prints the report (and the JSON line with --json); returns the exit status
+// (1 when the cache-on run does not match the cache-off run).
+int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel);
+
+}  // namespace kda::cli
