@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -320,6 +321,94 @@ TEST_F(CliTest, RefusesNonFiniteWeights) {
   ExpectRefused("run --model " + model.string() + " --input " + mini_ + "/single_T8.safetensors",
                 "checkpoint tensor model.layers.0.self_attn.k_proj.weight has a non-finite value (nan) at element "
                 "[2, 6] (flat index 1030)");
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// `kda run --prefix-cache`: sequences sharing prefixes (their rows determined
+// by input_ids), one at a time: the later ones start from the earlier ones'
+// snapshots; reused rows are zeros with computed = 0, the rest and the final
+// states match the uncached run.
+TEST_F(CliTest, RunWithPrefixCacheReusesSharedPrefixes) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  constexpr int64_t kHidden = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> table(64 * kHidden);
+  for (float& v : table) v = RoundBF16(normal(rng));
+  std::vector<int64_t> a(300);
+  for (int64_t& t : a) t = static_cast<int64_t>(rng() % 64);
+  std::vector<int64_t> b(a.begin(), a.begin() + 280);
+  for (int i = 0; i < 100; ++i) b.push_back(static_cast<int64_t>(rng() % 64));
+  std::vector<int64_t> ids = a;
+  ids.insert(ids.end(), b.begin(), b.end());
+  ids.insert(ids.end(), a.begin(), a.end());
+  const std::vector<int32_t> cu = {0, 300, 680, 980};
+  const auto T = static_cast<int64_t>(ids.size());
+  std::vector<float> x;
+  for (int64_t t : ids) x.insert(x.end(), table.begin() + t * kHidden, table.begin() + (t + 1) * kHidden);
+  const fs::path in = dir_ / "prefix.safetensors";
+  WriteSafetensors(in.string(), {{"hidden_states", DType::kF32, {T, kHidden}, x.data()},
+                                 {"cu_seqlens", DType::kI32, {4}, cu.data()},
+                                 {"input_ids", DType::kI64, {T}, ids.data()}});
+  const std::string base = "run --model " + mini_ + " --input " + in.string() + " --max-running 1 --prefill-chunk 100";
+  const fs::path plain_out = dir_ / "plain.safetensors";
+  const fs::path cached_out = dir_ / "cached.safetensors";
+  const CliResult plain = RunCli(base + " --output " + plain_out.string());
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("prefix cache"), std::string::npos);
+  const CliResult cached =
+      RunCli(base + " --output " + cached_out.string() + " --prefix-cache --snapshot-interval 64");
+  ASSERT_EQ(cached.status, 0) << cached.err;
+  // b reuses a's 256 snapshot, the repeat of a all of a's 300 rows.
+  EXPECT_NE(cached.out.find("prefix cache: 556 of 980 prompt tokens reused"), std::string::npos) << cached.out;
+  const SafetensorsFile want = SafetensorsFile::Open(plain_out.string());
+  const SafetensorsFile got = SafetensorsFile::Open(cached_out.string());
+  EXPECT_FALSE(want.Has("computed"));
+  const TensorInfo& computed = got.Get("computed");
+  ASSERT_EQ(computed.dtype, DType::kU8);
+  ASSERT_EQ(computed.shape, std::vector<int64_t>{T});
+  const auto* mask = static_cast<const uint8_t*>(computed.data);
+  const std::vector<float> o = ToFloatVector(got.Get("out"));
+  const std::vector<float> w = ToFloatVector(want.Get("out"));
+  for (int64_t t = 0; t < T; ++t) {
+    const bool reused = (t >= 300 && t < 556) || t >= 680;
+    ASSERT_EQ(mask[t], reused ? 0 : 1) << "row " << t;
+    const float* got_row = o.data() + t * kHidden;
+    if (reused) {
+      for (int64_t i = 0; i < kHidden; ++i) ASSERT_EQ(got_row[i], 0.0F) << "row " << t;
+    } else {
+      ASSERT_TRUE(testing::AllCloseF32(got_row, w.data() + t * kHidden, kHidden)) << "row " << t;
+    }
+  }
+  for (const char* state : {"final_recurrent_state", "final_conv_state"}) {
+    const std::vector<float> s = ToFloatVector(got.Get(state));
+    EXPECT_TRUE(testing::AllCloseStateF32(s.data(), ToFloatVector(want.Get(state)).data(), s.size())) << state;
+  }
+  // Without input_ids nothing is reused; bad ids and intervals are refused.
+  const CliResult no_ids = RunCli("run --model " + mini_ + " --input " + mini_ +
+                                  "/varlen_initstate.safetensors --prefix-cache --output " + cached_out.string());
+  ASSERT_EQ(no_ids.status, 0) << no_ids.err;
+  EXPECT_NE(no_ids.out.find("prefix cache: 0 of"), std::string::npos) << no_ids.out;
+  fs::remove(cached_out);
+  const std::vector<float> big = {3e9F};
+  const std::vector<int64_t> huge(static_cast<size_t>(T), int64_t{1} << 40);
+  const fs::path bad_dtype = dir_ / "bad_ids_dtype.safetensors";
+  WriteSafetensors(bad_dtype.string(), {{"hidden_states", DType::kF32, {T, kHidden}, x.data()},
+                                        {"cu_seqlens", DType::kI32, {4}, cu.data()},
+                                        {"input_ids", DType::kF32, {1}, big.data()}});
+  ExpectRefused("run --prefix-cache --model " + mini_ + " --input " + bad_dtype.string(), "input_ids");
+  const fs::path bad_range = dir_ / "bad_ids_range.safetensors";
+  WriteSafetensors(bad_range.string(), {{"hidden_states", DType::kF32, {T, kHidden}, x.data()},
+                                        {"cu_seqlens", DType::kI32, {4}, cu.data()},
+                                        {"input_ids", DType::kI64, {T}, huge.data()}});
+  ExpectRefused("run --prefix-cache --model " + mini_ + " --input " + bad_range.string(), "int32 range");
+  ExpectRefused("run --prefix-cache --snapshot-interval 100 --model " + mini_ + " --input " + in.string(),
+                "--snapshot-interval");
 }
 
 }  // namespace
