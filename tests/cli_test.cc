@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -336,33 +335,18 @@ namespace {
 TEST_F(CliTest, RunWithPrefixCacheReusesSharedPrefixes) {
   KDA_REQUIRE_GOLDEN_PATH(mini_);
   constexpr int64_t kHidden = 512;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0F, 1.0F);
-  std::vector<float> table(64 * kHidden);
-  for (float& v : table) v = RoundBF16(normal(rng));
-  std::vector<int64_t> a(300);
-  for (int64_t& t : a) t = static_cast<int64_t>(rng() % 64);
-  std::vector<int64_t> b(a.begin(), a.begin() + 280);
-  for (int i = 0; i < 100; ++i) b.push_back(static_cast<int64_t>(rng() % 64));
-  std::vector<int64_t> ids = a;
-  ids.insert(ids.end(), b.begin(), b.end());
-  ids.insert(ids.end(), a.begin(), a.end());
-  const std::vector<int32_t> cu = {0, 300, 680, 980};
-  const auto T = static_cast<int64_t>(ids.size());
-  std::vector<float> x;
-  for (int64_t t : ids) x.insert(x.end(), table.begin() + t * kHidden, table.begin() + (t + 1) * kHidden);
   const fs::path in = dir_ / "prefix.safetensors";
-  WriteSafetensors(in.string(), {{"hidden_states", DType::kF32, {T, kHidden}, x.data()},
-                                 {"cu_seqlens", DType::kI32, {4}, cu.data()},
-                                 {"input_ids", DType::kI64, {T}, ids.data()}});
+  const int64_t T = testing::WritePrefixCacheInput(in.string());
+  const SafetensorsFile input = SafetensorsFile::Open(in.string());
+  const std::vector<float> x = ToFloatVector(input.Get("hidden_states"));
+  const std::vector<int32_t> cu = {0, 300, 680, 980};
   const std::string base = "run --model " + mini_ + " --input " + in.string() + " --max-running 1 --prefill-chunk 100";
   const fs::path plain_out = dir_ / "plain.safetensors";
   const fs::path cached_out = dir_ / "cached.safetensors";
   const CliResult plain = RunCli(base + " --output " + plain_out.string());
   ASSERT_EQ(plain.status, 0) << plain.err;
   EXPECT_EQ(plain.out.find("prefix cache"), std::string::npos);
-  const CliResult cached =
-      RunCli(base + " --output " + cached_out.string() + " --prefix-cache --snapshot-interval 64");
+  const CliResult cached = RunCli(base + " --output " + cached_out.string() + " --prefix-cache --snapshot-interval 64");
   ASSERT_EQ(cached.status, 0) << cached.err;
   // b reuses a's 256 snapshot, the repeat of a all of a's 300 rows.
   EXPECT_NE(cached.out.find("prefix cache: 556 of 980 prompt tokens reused"), std::string::npos) << cached.out;

@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "kda/base/bf16.h"
 #include "kda/io/safetensors.h"
 #include "tests/tolerance.h"
 
@@ -71,6 +73,33 @@ inline void ExpectRunOutputMatchesGolden(const SafetensorsFile& got, const Safet
     EXPECT_TRUE(AllCloseBF16(s.data(), ToFloatVector(want.Get("final_recurrent_state_bf16")).data(),
                              ToFloatVector(want.Get("final_recurrent_state")).data(), s.size()));
   }
+}
+
+// An input file for `kda run --prefix-cache` on kda-mini (hidden 512): three
+// sequences whose rows the input_ids determine, a (300 tokens), b (a's first
+// 280 and 100 more) and a again; cu_seqlens {0, 300, 680, 980}. Served one at
+// a time with snapshots every 64 tokens, b reuses a's 256 snapshot and the
+// repeat all of a (556 rows).
+inline int64_t WritePrefixCacheInput(const std::string& path) {
+  constexpr int64_t kHidden = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> table(64 * kHidden);
+  for (float& v : table) v = RoundBF16(normal(rng));
+  std::vector<int64_t> a(300);
+  for (int64_t& t : a) t = static_cast<int64_t>(rng() % 64);
+  std::vector<int64_t> ids = a;
+  ids.insert(ids.end(), a.begin(), a.begin() + 280);
+  for (int i = 0; i < 100; ++i) ids.push_back(static_cast<int64_t>(rng() % 64));
+  ids.insert(ids.end(), a.begin(), a.end());
+  const std::vector<int32_t> cu = {0, 300, 680, 980};
+  std::vector<float> x;
+  for (int64_t t : ids) x.insert(x.end(), table.begin() + t * kHidden, table.begin() + (t + 1) * kHidden);
+  const auto T = static_cast<int64_t>(ids.size());
+  WriteSafetensors(path, {{"hidden_states", DType::kF32, {T, kHidden}, x.data()},
+                          {"cu_seqlens", DType::kI32, {4}, cu.data()},
+                          {"input_ids", DType::kI64, {T}, ids.data()}});
+  return T;
 }
 
 }  // namespace kda::testing

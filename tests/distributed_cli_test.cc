@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/io/safetensors.h"
@@ -118,6 +119,44 @@ TEST_F(DistCliTest, ServingFlagsWorkWithTpAndDp) {
   ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--dp 2" + serve, false);
   ExpectRunMatches(Np(4), "kda-mini", "varlen_initstate", "--tp 2 --dp 2" + serve + " --kernel reference", true);
   ExpectRunMatches(Np(2), "kda-mini", "single_T128", "--dp 2" + serve, false);  // one rank serves nothing
+}
+
+// Prefix caching under --tp (each rank caches its heads: the same hits as one
+// process) and --dp (each data-parallel rank its own cache: rank 0 serves a
+// and its repeat, rank 1 b, which finds nothing): outputs of the computed rows
+// and final states as without the cache.
+TEST_F(DistCliTest, PrefixCacheWithTpAndDp) {
+  const std::string mini = golden_ + "/kda-mini";
+  KDA_REQUIRE_GOLDEN_PATH(mini);
+  const fs::path in = dir_ / "prefix.safetensors";
+  const int64_t T = testing::WritePrefixCacheInput(in.string());
+  const std::string base = "run --model " + mini + " --input " + in.string() + " --max-running 1 --prefill-chunk 100";
+  const fs::path plain = dir_ / "plain.safetensors";
+  ASSERT_EQ(RunKda("", base + " --output " + plain.string()).status, 0);
+  const SafetensorsFile want = SafetensorsFile::Open(plain.string());
+  const std::vector<float> w = ToFloatVector(want.Get("out"));
+  for (const auto& [layout, reused] : {std::pair<std::string, int>{"--tp 2", 556}, {"--dp 2", 300}}) {
+    SCOPED_TRACE(layout);
+    const fs::path out = dir_ / "cached.safetensors";
+    const CliResult r =
+        RunKda(Np(2), base + " " + layout + " --prefix-cache --snapshot-interval 64 --output " + out.string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(CountOf(r.out, "prefix cache: " + std::to_string(reused) + " of 980 prompt tokens reused"), 1) << r.out;
+    const SafetensorsFile got = SafetensorsFile::Open(out.string());
+    const auto* mask = static_cast<const uint8_t*>(got.Get("computed").data);
+    const std::vector<float> o = ToFloatVector(got.Get("out"));
+    int64_t computed = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (mask[t] == 0) continue;
+      ++computed;
+      ASSERT_TRUE(testing::AllCloseF32(o.data() + t * 512, w.data() + t * 512, 512)) << "row " << t;
+    }
+    EXPECT_EQ(computed, T - reused);
+    for (const char* state : {"final_recurrent_state", "final_conv_state"}) {
+      const std::vector<float> s = ToFloatVector(got.Get(state));
+      EXPECT_TRUE(testing::AllCloseStateF32(s.data(), ToFloatVector(want.Get(state)).data(), s.size())) << state;
+    }
+  }
 }
 
 // The transport between hosts: Open MPI forced onto TCP.
