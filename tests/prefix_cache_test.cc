@@ -419,6 +419,7 @@ TEST_F(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   constexpr int kRequests = 1000;
   std::mt19937 rng(99);
   std::vector<std::vector<int32_t>> prefixes;
+  prefixes.reserve(6);
   for (int i = 0; i < 6; ++i) prefixes.push_back(RandomIds(64 + 40 * i, 300 + i));
   std::vector<Req> reqs;
   for (int i = 0; i < kRequests; ++i) {

@@ -452,7 +452,8 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
     }
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
     if (snapshot) {
-      for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, a.snapshot_states[snap]);
+      for (int g = 0; g < group.heads; ++g)
+        StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, a.snapshot_states[snap]);
       ++snap;
     }
     cur = 1 - cur;

@@ -91,7 +91,8 @@ void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
     Check(a.snapshot_offsets != nullptr && a.snapshot_states != nullptr,
           [&] { return who + ": snapshots requested but snapshot_offsets or snapshot_states is null"; });
     for (int64_t j = first; j < last; ++j) {
-      Check(a.snapshot_states[j] != nullptr, [&] { return who + ": snapshot_states[" + std::to_string(j) + "] is null"; });
+      Check(a.snapshot_states[j] != nullptr,
+            [&] { return who + ": snapshot_states[" + std::to_string(j) + "] is null"; });
     }
     Check(a.state_indices == nullptr || a.state_indices[n] >= 0,
           [&] { return who + ": padding sequence " + std::to_string(n) + " requests snapshots"; });
