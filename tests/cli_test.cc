@@ -147,6 +147,29 @@ TEST_F(CliTest, BenchPrintsItsJsonLine) {
   EXPECT_GT(ratio, 0.0);  // the check compared something
 }
 
+// The multi-turn benchmark's JSON line: cache off and on, both pipelines, on a small workload.
+TEST_F(CliTest, MultiTurnBenchPrintsItsJsonLine) {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    SCOPED_TRACE(dtype);
+    const CliResult r = RunCli(
+        "bench --workload multi-turn --layers 1 --conversations 2 --turns 3 --system-prompt 130 --min-user 8 "
+        "--max-user 40 --decode-steps 4 --snapshot-interval 64 --json --dtype " +
+        dtype);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string last = r.out.substr(r.out.rfind('{'));
+    for (const char* key : {"\"prompt_tokens\"", "\"cache_hit_tokens\"", "\"prefill_s_cache_off\"",
+                            "\"prefill_s_cache_on\"", "\"snapshot_bytes_peak\"", "\"self_check_max_ratio\""}) {
+      EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
+    }
+    const auto number = [&](const std::string& key) { return std::stod(last.substr(last.find(key) + key.size() + 3)); };
+    EXPECT_GT(number("cache_hit_tokens"), 0.0);
+    EXPECT_GT(number("snapshot_bytes_peak"), 0.0);
+    EXPECT_LE(number("self_check_max_ratio"), 1.0);
+    EXPECT_GT(number("self_check_max_ratio"), 0.0);
+  }
+  ExpectRefused("bench --workload chat", "--workload", false);
+}
+
 TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   KDA_REQUIRE_GOLDEN_PATH(mini_);
   const std::string in = " --input " + mini_ + "/single_T8.safetensors";
