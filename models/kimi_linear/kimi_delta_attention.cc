@@ -1,4 +1,5 @@
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -6,6 +7,7 @@
 #include "kda/base/error.h"
 #include "kda/distributed/communicator.h"
 #include "kda/kernels/elementwise.h"
+#include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/models/kimi_linear.h"
 
@@ -26,10 +28,37 @@ void CheckSize(const std::vector<float>& v, int64_t n, const char* name) {
                                                  std::to_string(v.size()) + " values, expected " + std::to_string(n));
 }
 
+// One projection in the chosen weight format.
+std::unique_ptr<Linear> MakeLinear(const std::vector<float>& w, int64_t out, int64_t in, DType dtype,
+                                   WeightFormat format, const std::string& name) {
+  if (format == WeightFormat::kInt8) return std::make_unique<Linear>(QuantizeQ8(w, out, in, name), dtype);
+  return std::make_unique<Linear>(w, out, in, dtype);
+}
+
 }  // namespace
 
+KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape) {
+  const int64_t hid = shape.hidden;
+  const int64_t p = shape.P();
+  const int64_t kd = shape.K;
+  auto rt = [](const std::vector<float>& v, int64_t out, int64_t in, const char* name) {
+    return DequantizeQ8(QuantizeQ8(v, out, in, name));
+  };
+  KdaLayerWeights r = w;
+  r.q_proj = rt(w.q_proj, p, hid, "q_proj");
+  r.k_proj = rt(w.k_proj, p, hid, "k_proj");
+  r.v_proj = rt(w.v_proj, p, hid, "v_proj");
+  r.f_a_proj = rt(w.f_a_proj, kd, hid, "f_a_proj");
+  r.f_b_proj = rt(w.f_b_proj, p, kd, "f_b_proj");
+  r.b_proj = rt(w.b_proj, shape.H, hid, "b_proj");
+  r.g_a_proj = rt(w.g_a_proj, kd, hid, "g_a_proj");
+  r.g_b_proj = rt(w.g_b_proj, p, kd, "g_b_proj");
+  r.o_proj = rt(w.o_proj, hid, p, "o_proj");
+  return r;
+}
+
 KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& w,
-                                       DType act_dtype, Communicator* tp)
+                                       DType act_dtype, Communicator* tp, WeightFormat weights_format)
     : shape_(shape), act_dtype_(act_dtype), tp_(tp) {
   Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, "KimiDeltaAttention: dtype must be F32 or BF16");
   Check(shape.hidden > 0 && shape.H > 0 && shape.W >= 1, "KimiDeltaAttention: invalid shape");
@@ -55,13 +84,16 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
   CheckSize(w.o_proj, hid * p, "o_proj");
 
   // q|k|v share one GEMM: their outputs are the conv's 3P channels in order.
-  qkv_proj_ = std::make_unique<Linear>(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype);
-  f_a_proj_ = std::make_unique<Linear>(w.f_a_proj, kd, hid, act_dtype);
-  f_b_proj_ = std::make_unique<Linear>(w.f_b_proj, p, kd, act_dtype);
-  b_proj_ = std::make_unique<Linear>(w.b_proj, shape.H, hid, act_dtype);
-  g_a_proj_ = std::make_unique<Linear>(w.g_a_proj, kd, hid, act_dtype);
-  g_b_proj_ = std::make_unique<Linear>(w.g_b_proj, p, kd, act_dtype);
-  o_proj_ = std::make_unique<Linear>(w.o_proj, hid, p, act_dtype);
+  // (Q8 blocks lie within one output row, so quantizing the concatenation is
+  // quantizing each.)
+  const WeightFormat f = weights_format;
+  qkv_proj_ = MakeLinear(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype, f, "q_proj|k_proj|v_proj");
+  f_a_proj_ = MakeLinear(w.f_a_proj, kd, hid, act_dtype, f, "f_a_proj");
+  f_b_proj_ = MakeLinear(w.f_b_proj, p, kd, act_dtype, f, "f_b_proj");
+  b_proj_ = MakeLinear(w.b_proj, shape.H, hid, act_dtype, f, "b_proj");
+  g_a_proj_ = MakeLinear(w.g_a_proj, kd, hid, act_dtype, f, "g_a_proj");
+  g_b_proj_ = MakeLinear(w.g_b_proj, p, kd, act_dtype, f, "g_b_proj");
+  o_proj_ = MakeLinear(w.o_proj, hid, p, act_dtype, f, "o_proj");
   // The convs in the kernels' tap-major layout, laid out once here: [3][W][P] (q|k|v).
   std::vector<float> conv_w =
       Concat3(ShortConvWeightFromCheckpoint(w.q_conv, p, shape.W), ShortConvWeightFromCheckpoint(w.k_conv, p, shape.W),
@@ -74,6 +106,14 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
   // A_log and dt_bias stay fp32 parameters (design §1).
   attn_ = std::make_unique<RadixLinearAttention>(layer_id, shape.H, shape.K, shape.K, shape.W, std::move(conv_w),
                                                  w.A_log, w.dt_bias, 1.0F / std::sqrt(static_cast<float>(shape.K)));
+}
+
+int64_t KimiDeltaAttention::projection_weight_bytes() const {
+  int64_t n = 0;
+  for (const auto* l : {&qkv_proj_, &f_a_proj_, &f_b_proj_, &b_proj_, &g_a_proj_, &g_b_proj_, &o_proj_}) {
+    n += (*l)->weight_bytes();
+  }
+  return n;
 }
 
 KimiDeltaAttention::~KimiDeltaAttention() = default;

@@ -54,6 +54,12 @@ struct KdaLayerWeights {
   std::vector<float> o_proj;                  // [hidden, P]
 };
 
+// The weights with every Linear projection replaced by its Q8 round trip,
+// DequantizeQ8(QuantizeQ8(w)) (exact fp32 values): what a kInt8 layer
+// multiplies by (rounded to bf16 in the bf16 pipeline). kda::Error as
+// QuantizeQ8.
+KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape);
+
 // The layer's shape from the config (layer-independent).
 KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& config);
 
@@ -111,12 +117,19 @@ class KimiDeltaAttention {
   // layer_id: the layer's index in the state pool. act_dtype F32: the fp32
   // pipeline; BF16: the bf16 pipeline (weights rounded to bf16).
   //
+  // weights_format kInt8: every Linear projection (q/k/v/o_proj, f_a/f_b,
+  // g_a/g_b, b_proj) is quantized here to Q8 (kda/kernels/q8.h; kda::Error
+  // when an input dim is not a multiple of 32); the convs, A_log, dt_bias and
+  // o_norm stay as they are. The layer then equals this class built from the
+  // dequantized weights (DequantizeKdaLayerWeights) with kDense, up to the
+  // order of fp32 sums.
+  //
   // Tensor parallelism: with a `tp` group of size > 1, `shape` and `weights`
   // are this rank's shard (shape.H = its heads; o_proj [hidden, its P]); the
   // partial o_proj outputs are summed in fp32 across the group and rounded
   // once, so every rank ends with the full output. `tp` must outlive the layer.
   KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& weights, DType act_dtype,
-                     Communicator* tp = nullptr);
+                     Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
   ~KimiDeltaAttention();
   KimiDeltaAttention(KimiDeltaAttention&&) noexcept;
   KimiDeltaAttention& operator=(KimiDeltaAttention&&) noexcept;
@@ -133,6 +146,9 @@ class KimiDeltaAttention {
 
   const KdaLayerShape& shape() const { return shape_; }
   DType act_dtype() const { return act_dtype_; }
+  WeightFormat weights_format() const { return qkv_proj_->weight_format(); }
+  // Bytes of projection weights (and Q8 scales) one forward streams.
+  int64_t projection_weight_bytes() const;
   const RadixLinearAttention& attn() const { return *attn_; }
 
  private:
@@ -152,6 +168,7 @@ class KimiDeltaAttention {
 struct KdaModel {
   KdaLayerShape shape;  // this rank's heads: shape.H = heads.count
   DType act_dtype = DType::kF32;
+  WeightFormat weights_format = WeightFormat::kDense;  // of the projections
   KdaHeadShard heads;                // the heads held, of heads.total (all of them without tp)
   Communicator* tp = nullptr;        // the tp group (null: one rank); must outlive the model
   std::vector<int> model_layer_ids;  // 0-based checkpoint layer index of each KDA layer
@@ -161,13 +178,15 @@ struct KdaModel {
   // `only_layer` (0-based; it must be a KDA layer). With a `tp` group, only
   // tp rank r's heads are read (kda::Error when tp->size() does not divide
   // the number of heads). Weights holding a NaN or infinity are refused
-  // (kda::Error naming the checkpoint key and element).
+  // (kda::Error naming the checkpoint key and element). weights_format
+  // kInt8: the projections are quantized as they load (each tp rank
+  // quantizes only its slices).
   static KdaModel Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer = std::nullopt,
-                       Communicator* tp = nullptr);
+                       Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
   // `num_layers` layers of deterministic random weights (the same full
   // weights on every rank; a `tp` rank keeps its heads' shard).
   static KdaModel Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed,
-                         Communicator* tp = nullptr);
+                         Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
 
   int num_layers() const { return static_cast<int>(layers.size()); }
   // The unsharded model's shape (heads.total heads).
