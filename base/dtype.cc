@@ -16,6 +16,10 @@ const char* DTypeName(DType t) {
       return "I32";
     case DType::kI64:
       return "I64";
+    case DType::kI8:
+      return "I8";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -72,6 +76,10 @@ size_t DTypeSize(DType t) {
       return 2;
     case DType::kI64:
       return 8;
+    case DType::kI8:
+      return 1;
+    case DType::kF16:
+      return 2;
   }
   return 0;
 }

@@ -40,4 +40,25 @@ inline void CopyCheckpointWithValue(const std::string& src_dir, const std::strin
   WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
 }
 
+// Copies a one-file checkpoint like CopyCheckpointWithValue, with the raw
+// bytes of element `flat` of tensor `name` (any dtype) set to `bytes`
+// (DTypeSize of its dtype), e.g. an int8 value or an fp16 scale.
+inline void CopyCheckpointWithRawElement(const std::string& src_dir, const std::string& dst_dir,
+                                         const std::string& name, int64_t flat, const void* bytes) {
+  namespace fs = std::filesystem;
+  fs::create_directories(dst_dir);
+  fs::copy_file(fs::path(src_dir) / "config.json", fs::path(dst_dir) / "config.json",
+                fs::copy_options::overwrite_existing);
+  const SafetensorsFile src = SafetensorsFile::Open((fs::path(src_dir) / "model.safetensors").string());
+  std::vector<std::vector<uint8_t>> data;
+  data.reserve(src.tensors().size());
+  std::vector<TensorToWrite> tensors;
+  for (const TensorInfo& t : src.tensors()) {
+    data.emplace_back(t.data, t.data + t.nbytes);
+    if (t.name == name) std::memcpy(data.back().data() + flat * DTypeSize(t.dtype), bytes, DTypeSize(t.dtype));
+    tensors.push_back({t.name, t.dtype, t.shape, data.back().data()});
+  }
+  WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
+}
+
 }  // namespace kda::testing

@@ -146,6 +146,19 @@ Q8Weight SliceQ8(const Q8Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t 
   return r;
 }
 
+Q8Weight ConcatQ8Rows(const std::vector<const Q8Weight*>& parts) {
+  Q8Weight r;
+  Check(!parts.empty(), "int8 weights: nothing to concatenate");
+  r.cols = parts.front()->cols;
+  for (const Q8Weight* p : parts) {
+    Check(p->cols == r.cols, "int8 weights: concatenated rows differ in length");
+    r.rows += p->rows;
+    r.q.insert(r.q.end(), p->q.begin(), p->q.end());
+    r.scales.insert(r.scales.end(), p->scales.begin(), p->scales.end());
+  }
+  return r;
+}
+
 void Q8LinearReference(float* y, const float* x, const Q8Weight& w, int64_t m, bool round_bf16) {
   std::vector<float> deq = DequantizeQ8(w);
   if (round_bf16) {

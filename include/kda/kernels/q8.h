@@ -62,6 +62,9 @@ std::vector<float> DequantizeQ8(const Q8Weight& w);
 // dequantized values.
 Q8Weight SliceQ8(const Q8Weight& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 
+// The rows of `parts` one after another (all with the same cols).
+Q8Weight ConcatQ8Rows(const std::vector<const Q8Weight*>& parts);
+
 // The plain reference of a Q8 projection: y [m, rows] (fp32) = x [m, cols]
 // . W^T with W = DequantizeQ8(w), each weight rounded to bf16 first when
 // round_bf16 (the bf16 pipeline), sums in double. x is fp32 [m * cols].

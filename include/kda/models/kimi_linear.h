@@ -18,6 +18,7 @@
 #include "kda/base/dtype.h"
 #include "kda/base/kda_layer_shape.h"
 #include "kda/kernels/gemm.h"
+#include "kda/kernels/q8.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/radix_linear_attention.h"
 
@@ -39,7 +40,15 @@ constexpr KdaLayerShape KimiLinear48BLayerShape() {
   return s;
 }
 
+// The Linear projections of one layer in Q8 form, as a `kda quantize`
+// checkpoint holds them (layouts as in KdaLayerWeights).
+struct KdaLayerQ8Weights {
+  Q8Weight q_proj, k_proj, v_proj, f_a_proj, f_b_proj, b_proj, g_a_proj, g_b_proj, o_proj;
+};
+
 // One layer's weights as fp32 values, Hugging Face layouts (Linear [out, in]).
+// With `q8` set (an int8 checkpoint), the projections are there and the
+// projection vectors here are empty.
 struct KdaLayerWeights {
   std::vector<float> q_proj, k_proj, v_proj;  // [P, hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [P, W] (checkpoint [P, 1, W])
@@ -52,6 +61,7 @@ struct KdaLayerWeights {
   std::vector<float> dt_bias;                 // [P], index h*K + d
   std::vector<float> o_norm;                  // [V]
   std::vector<float> o_proj;                  // [hidden, P]
+  std::optional<KdaLayerQ8Weights> q8;
 };
 
 // The weights with every Linear projection replaced by its Q8 round trip,
@@ -59,6 +69,17 @@ struct KdaLayerWeights {
 // multiplies by (rounded to bf16 in the bf16 pipeline). kda::Error as
 // QuantizeQ8.
 KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape);
+
+// The names of the Linear projections, as in `model.layers.{i}.self_attn.{name}.weight`.
+const std::vector<std::string>& KdaProjectionNames();
+
+// `kda quantize`: writes output_dir (config.json copied, model.safetensors)
+// with every KDA layer of the checkpoint in model_dir: each projection as
+// `model.layers.{i}.self_attn.{name}.weight` (I8 [out, in]) and
+// `...{name}.weight_scale` (F16 [out, in / 32]), the other KDA tensors as
+// they are. Other layers' tensors are not written. kda::Error (nothing
+// written) when output_dir exists and is not empty, and as QuantizeQ8.
+void QuantizeKdaCheckpoint(const std::string& model_dir, const std::string& output_dir);
 
 // The layer's shape from the config (layer-independent).
 KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& config);
@@ -95,6 +116,9 @@ struct TensorRead {
   int64_t end = 0;
 };
 
+// A checkpoint written by QuantizeKdaCheckpoint is read into `q8` (its
+// scales checked finite and >= 0, its values in [-127, 127]).
+//
 // Like LoadKdaLayerWeights, but reads only the shard's part from the
 // checkpoint (every tensor's full shape is still checked): the rows of
 // q/k/v_proj, q/k/v_conv1d, f_b_proj, g_b_proj and b_proj and the entries of
