@@ -91,10 +91,13 @@ constexpr int64_t kQ8RowsPerJob = 64;
 }  // namespace
 
 void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
-  // The inputs in fp32 (bf16 widened: exact).
+  const internal::KernelTable& kernels = internal::ActiveKernels();
+  // bf16 inputs: multiplied as they are by vdpbf16ps where the CPU and the
+  // kernels' ISA have it, else widened to fp32 (exact) for fp32 FMA.
+  const bool bf16_dot = x.dtype == DType::kBF16 && kernels.isa == KernelIsa::kAvx512 && CpuHasBF16Dot();
   ScratchArray<float> x_wide;
   const float* xf = static_cast<const float*>(x.data);
-  if (x.dtype == DType::kBF16) {
+  if (x.dtype == DType::kBF16 && !bf16_dot) {
     x_wide = ScratchArray<float>(static_cast<size_t>(m * in_));
     ConvertToFloat(x_wide.data(), static_cast<const BF16*>(x.data), m * in_);
     xf = x_wide.data();
@@ -107,12 +110,13 @@ void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
   a.n = out_;
   a.k = in_;
   a.round_bf16 = dtype_ == DType::kBF16;
+  a.bf16_dot = bf16_dot;
+  if (bf16_dot) a.x_bf16 = static_cast<const BF16*>(x.data);
   if (y.dtype == DType::kBF16) {
     a.y_bf16 = static_cast<BF16*>(y.data);
   } else {
     a.y_f32 = static_cast<float*>(y.data);
   }
-  const internal::KernelTable& kernels = internal::ActiveKernels();
   const int64_t n = out_;
   ParallelFor((n + kQ8RowsPerJob - 1) / kQ8RowsPerJob, [&](int64_t job) {
     kernels.q8_gemv(a, job * kQ8RowsPerJob, std::min(n, (job + 1) * kQ8RowsPerJob));

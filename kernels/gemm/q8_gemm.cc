@@ -32,6 +32,20 @@ KDA_INLINE float HalfToFloat(uint16_t h) {
   return Scalar::FromBits(sign | ((e + 112U) << 23) | (m << 13));
 }
 
+// Blocks of scales converted at once (fp16 -> fp32).
+constexpr int kScaleChunk = 16;
+
+// n <= kScaleChunk fp16 scales as fp32 (the AVX-512 target: one vcvtph2ps).
+KDA_INLINE void ConvertScales(float* dst, const uint16_t* src, int64_t n) {
+#if KDA_TARGET == KDA_TARGET_AVX512
+  if (n == kScaleChunk) {
+    _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+}
+
 // kLanes int8 values as fp32 (exact).
 KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
 #if KDA_TARGET == KDA_TARGET_AVX512
@@ -65,9 +79,14 @@ KDA_INLINE void Tile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
   const int8_t* q = a.q + n * K;
   const uint16_t* sc = a.scales + n * nb;
   const float* x = a.x + m0 * K;
+  float sf[R][kScaleChunk];
   for (int64_t b = 0; b < nb; ++b) {
+    const int64_t bc = b % kScaleChunk;
+    if (bc == 0) {
+      for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, nb - b < kScaleChunk ? nb - b : kScaleChunk);
+    }
     Vec::Reg s[R];
-    for (int r = 0; r < R; ++r) s[r] = Vec::Set1(HalfToFloat(sc[r * nb + b]));
+    for (int r = 0; r < R; ++r) s[r] = Vec::Set1(sf[r][bc]);
     for (int64_t j = 0; j < kBlock; j += kLanes) {
       const int64_t k = b * kBlock + j;
       Vec::Reg w[R];
@@ -107,6 +126,77 @@ KDA_INLINE void Rows(const internal::Q8GemvArgs& a, int64_t n) {
   for (; m0 < a.m; ++m0) Tile<R, 1, kRoundBF16>(a, n, m0);
 }
 
+#if KDA_TARGET == KDA_TARGET_AVX512
+// The AVX512-BF16 variant (bf16 pipeline): per block of 32 weights, two
+// registers dequantized (exact), rounded to bf16 and packed in input order by
+// one vcvtne2ps2bf16, then one vdpbf16ps per input row with its 32 bf16 inputs.
+#define KDA_BF16_DOT [[gnu::always_inline, gnu::target("avx512bf16")]] inline
+template <int R, int MT>
+KDA_BF16_DOT void TileDot(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
+  const int64_t K = a.k;
+  const int64_t nb = K / kBlock;
+  __m512 acc[R][MT];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < MT; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  const int8_t* q = a.q + n * K;
+  const uint16_t* sc = a.scales + n * nb;
+  const BF16* x = a.x_bf16 + m0 * K;
+  float sf[R][kScaleChunk];
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t bc = b % kScaleChunk;
+    if (bc == 0) {
+      for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, nb - b < kScaleChunk ? nb - b : kScaleChunk);
+    }
+    const int64_t k = b * kBlock;
+    __m512bh w[R];
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_set1_ps(sf[r][bc]);
+      const __m512 lo = _mm512_mul_ps(LoadI8(q + r * K + k), s);
+      const __m512 hi = _mm512_mul_ps(LoadI8(q + r * K + k + 16), s);
+      w[r] = _mm512_cvtne2ps_pbh(hi, lo);  // lo -> elements 0..15, hi -> 16..31
+    }
+    for (int i = 0; i < MT; ++i) {
+      const auto xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * K + k));
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], w[r], xv);
+    }
+  }
+  for (int i = 0; i < MT; ++i) {
+    for (int r = 0; r < R; ++r) {
+      const float v = _mm512_reduce_add_ps(acc[r][i]);
+      const int64_t idx = (m0 + i) * a.n + n + r;
+      if (a.y_bf16 != nullptr) {
+        StoreBF16<Scalar>(a.y_bf16 + idx, v);
+      } else {
+        a.y_f32[idx] = v;
+      }
+    }
+  }
+}
+
+template <int R>
+KDA_BF16_DOT void RowsDot(const internal::Q8GemvArgs& a, int64_t n) {
+  int64_t m0 = 0;
+  if constexpr (R <= 2) {
+    for (; m0 + 8 <= a.m; m0 += 8) TileDot<R, 8>(a, n, m0);
+  }
+  for (; m0 + 4 <= a.m; m0 += 4) TileDot<R, 4>(a, n, m0);
+  for (; m0 + 2 <= a.m; m0 += 2) TileDot<R, 2>(a, n, m0);
+  for (; m0 < a.m; ++m0) TileDot<R, 1>(a, n, m0);
+}
+
+[[gnu::target("avx512bf16")]] void GemvRangeDot(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (a.m <= 4) {
+    for (; n + 4 <= n1; n += 4) RowsDot<4>(a, n);
+  } else {
+    for (; n + 2 <= n1; n += 2) RowsDot<2>(a, n);
+  }
+  for (; n < n1; ++n) RowsDot<1>(a, n);
+}
+#undef KDA_BF16_DOT
+#endif
+
 template <bool kRoundBF16>
 void GemvRange(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1) {
   int64_t n = n0;
@@ -123,7 +213,7 @@ KDA_INLINE void DequantRows(T* w, const int8_t* q, const uint16_t* scales, int64
   const int64_t nb = K / kBlock;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const Vec::Reg s = Vec::Set1(HalfToFloat(scales[r * nb + b]));
+      const Vec::Reg s = Vec::Set1(HalfToFloat(scales[r * nb + b]));  // once per 32 weights written
       for (int64_t j = 0; j < kBlock; j += kLanes) {
         const int64_t i = r * K + b * kBlock + j;
         Vec::Reg v = Vec::Mul(LoadI8(q + i), s);
@@ -141,6 +231,12 @@ KDA_INLINE void DequantRows(T* w, const int8_t* q, const uint16_t* scales, int64
 }  // namespace
 
 void Q8Gemv(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1) {
+#if KDA_TARGET == KDA_TARGET_AVX512
+  if (a.bf16_dot) {
+    GemvRangeDot(a, n0, n1);
+    return;
+  }
+#endif
   if (a.round_bf16) {
     GemvRange<true>(a, n0, n1);
   } else {

@@ -17,8 +17,16 @@ inline constexpr int64_t kQ8GemvMaxRows = 16;
 // (fp16 bits), fp32 accumulation. round_bf16: the bf16 pipeline's weights,
 // bf16(fp16(d) * q) (see kda/kernels/q8.h). Exactly one of y_f32 / y_bf16 is
 // set (the bf16 output is the fp32 sum rounded once to nearest even).
+//
+// bf16_dot (AVX512-BF16 CPUs, AVX-512 kernels, bf16 pipeline): x_bf16 holds
+// the bf16 inputs and the kernel multiplies them by bf16(fp16(d) * q) with
+// vdpbf16ps: exact products (bf16 x bf16 fits fp32), fp32 sums, the
+// instruction's flush of subnormal fp32 values (|v| < 2^-126) aside. Else x
+// holds the inputs in fp32 and the kernel uses fp32 FMA.
 struct Q8GemvArgs {
   const float* x = nullptr;  // [m, k] (bf16 inputs widened, exact)
+  const BF16* x_bf16 = nullptr;  // [m, k], with bf16_dot
+  bool bf16_dot = false;
   const int8_t* q = nullptr;
   const uint16_t* scales = nullptr;
   int64_t m = 0;
