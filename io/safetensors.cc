@@ -35,9 +35,9 @@ constexpr char kMetadataKey[] = "__metadata__";
 std::string ErrnoText(int err) { return std::generic_category().message(err); }
 
 bool ParseDType(const std::string& name, DType* dtype) {
-  static const std::pair<const char*, DType> kKnown[] = {
-      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"I32", DType::kI32}, {"I64", DType::kI64},
-      {"I8", DType::kI8},   {"F16", DType::kF16}};
+  static const std::pair<const char*, DType> kKnown[] = {{"F32", DType::kF32}, {"BF16", DType::kBF16},
+                                                         {"I32", DType::kI32}, {"I64", DType::kI64},
+                                                         {"I8", DType::kI8},   {"F16", DType::kF16}};
   for (const auto& [known_name, known_dtype] : kKnown) {
     if (name == known_name) {
       *dtype = known_dtype;

@@ -157,8 +157,8 @@ TEST_F(DistCliTest, Int8WeightsWithTensorParallelism) {
   auto run = [&](const std::string& launcher, const std::string& model, const std::string& flags,
                  const std::string& name) {
     const fs::path out = dir_ / (name + ".safetensors");
-    const CliResult r = RunKda(launcher, "run --model " + model + " --input " + in + " --output " + out.string() +
-                                             " --weights int8 " + flags);
+    const CliResult r = RunKda(
+        launcher, "run --model " + model + " --input " + in + " --output " + out.string() + " --weights int8 " + flags);
     EXPECT_EQ(r.status, 0) << flags << ": " << r.err;
     return out.string();
   };

@@ -139,8 +139,7 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
     const Result a16 = Run(weights_, DType::kBF16, WeightFormat::kInt8, first_token_only);
     const Result r16 = Run(deq_, DType::kBF16, WeightFormat::kDense, first_token_only);
     EXPECT_TRUE(AllCloseBF16(a16.out.data(), r16.out.data(), x32.out.data(), x32.out.size())) << what << ": out";
-    EXPECT_TRUE(AllCloseBF16(a16.rec.data(), r16.rec.data(), x32.rec.data(), x32.rec.size()))
-        << what << ": recurrent";
+    EXPECT_TRUE(AllCloseBF16(a16.rec.data(), r16.rec.data(), x32.rec.data(), x32.rec.size())) << what << ": recurrent";
     // Information: how far int8 weights move the output from the checkpoint's weights.
     const Result b32 = Run(weights_, DType::kF32, WeightFormat::kDense, first_token_only);
     const Result b16 = Run(weights_, DType::kBF16, WeightFormat::kDense, first_token_only);

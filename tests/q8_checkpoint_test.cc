@@ -4,11 +4,11 @@
 // without the int8 format; writing refuses a non-empty output directory.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "kda/io/checkpoint.h"
@@ -112,9 +112,8 @@ TEST_F(Q8CheckpointTest, CorruptedScalesAndValuesAreRefused) {
   for (const uint16_t bad : {uint16_t{0x7e00}, uint16_t{0x7c00}, uint16_t{0xbc00}}) {
     const std::string dst = (dir_ / ("bad_scale_" + std::to_string(case_no++))).string();
     testing::CopyCheckpointWithRawElement(q8_, dst, name + "_scale", 17, &bad);
-    ExpectErrorContaining(
-        [&] { KdaModel::Load(dst, DType::kF32, std::nullopt, nullptr, WeightFormat::kInt8); },
-        "checkpoint tensor " + name + " scale [1, 1] is");
+    ExpectErrorContaining([&] { KdaModel::Load(dst, DType::kF32, std::nullopt, nullptr, WeightFormat::kInt8); },
+                          "checkpoint tensor " + name + " scale [1, 1] is");
   }
   const int8_t minus128 = -128;
   const std::string dst = (dir_ / "bad_value").string();

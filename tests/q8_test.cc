@@ -15,8 +15,8 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/buffer.h"
-#include "kda/kernels/gemm.h"
 #include "kda/base/tolerance.h"
+#include "kda/kernels/gemm.h"
 #include "kda/kernels/q8.h"
 #include "tests/error_util.h"
 #include "tests/kernel_matrix.h"
@@ -32,16 +32,16 @@ TEST(Q8Half, KnownValuesRoundToNearestEven) {
   EXPECT_EQ(FloatToHalfBits(0.0F), 0x0000);
   EXPECT_EQ(FloatToHalfBits(-0.0F), 0x8000);
   EXPECT_EQ(FloatToHalfBits(65504.0F), 0x7bff);
-  EXPECT_EQ(FloatToHalfBits(65519.0F), 0x7bff);  // below the tie: largest finite
-  EXPECT_EQ(FloatToHalfBits(65520.0F), 0x7c00);  // the tie rounds to even: infinity
-  EXPECT_EQ(FloatToHalfBits(1.0F + 0x1p-11F), 0x3c00);        // tie between 1 and 1 + 2^-10: even (1)
-  EXPECT_EQ(FloatToHalfBits(1.0F + 3 * 0x1p-11F), 0x3c02);    // tie between +1 and +2 ulp: even (+2)
+  EXPECT_EQ(FloatToHalfBits(65519.0F), 0x7bff);                    // below the tie: largest finite
+  EXPECT_EQ(FloatToHalfBits(65520.0F), 0x7c00);                    // the tie rounds to even: infinity
+  EXPECT_EQ(FloatToHalfBits(1.0F + 0x1p-11F), 0x3c00);             // tie between 1 and 1 + 2^-10: even (1)
+  EXPECT_EQ(FloatToHalfBits(1.0F + 3 * 0x1p-11F), 0x3c02);         // tie between +1 and +2 ulp: even (+2)
   EXPECT_EQ(FloatToHalfBits(1.0F + 0x1p-11F + 0x1p-20F), 0x3c01);  // above the tie
-  EXPECT_EQ(FloatToHalfBits(0x1p-24F), 0x0001);                // smallest subnormal
-  EXPECT_EQ(FloatToHalfBits(0x1p-25F), 0x0000);                // tie to even: 0
-  EXPECT_EQ(FloatToHalfBits(3 * 0x1p-25F), 0x0002);            // 1.5 ulp: tie to even 2
-  EXPECT_EQ(FloatToHalfBits(0x1p-14F - 0x1p-26F), 0x0400);     // rounds up into the smallest normal
-  EXPECT_EQ(FloatToHalfBits(1.0F / 127.0F), 0x2008);           // 2^-7 (1 + 8/1024): 8.06 rounds down
+  EXPECT_EQ(FloatToHalfBits(0x1p-24F), 0x0001);                    // smallest subnormal
+  EXPECT_EQ(FloatToHalfBits(0x1p-25F), 0x0000);                    // tie to even: 0
+  EXPECT_EQ(FloatToHalfBits(3 * 0x1p-25F), 0x0002);                // 1.5 ulp: tie to even 2
+  EXPECT_EQ(FloatToHalfBits(0x1p-14F - 0x1p-26F), 0x0400);         // rounds up into the smallest normal
+  EXPECT_EQ(FloatToHalfBits(1.0F / 127.0F), 0x2008);               // 2^-7 (1 + 8/1024): 8.06 rounds down
   EXPECT_EQ(FloatToHalfBits(INFINITY), 0x7c00);
   EXPECT_EQ(FloatToHalfBits(NAN) & 0x7c00, 0x7c00);
   EXPECT_NE(FloatToHalfBits(NAN) & 0x03ff, 0);
@@ -244,8 +244,8 @@ TEST_P(Q8LinearTest, MatchesReferenceAndDenseLinearOnDequantizedWeights) {
         const std::vector<float> x = Inputs(m, k, static_cast<uint32_t>(m));
         std::vector<float> ref(m * n);
         Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
-        const std::string what = std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " +
-                                 std::to_string(k) + " m " + std::to_string(m);
+        const std::string what = std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                                 " m " + std::to_string(m);
         const std::vector<float> y = RunLinear(q8, x, m, dtype);
         ExpectCloseToReference(y, ref, p, x, m, bf16, what + " vs reference");
         ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense vs reference");

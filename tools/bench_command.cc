@@ -238,8 +238,8 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
       "kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, %s projection weights "
       "(%.1f MB per layer), fp32 state\n",
       opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
-      static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str(), WeightFormatName(model.weights_format),
-      static_cast<double>(weight_bytes) / 1e6);
+      static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str(),
+      WeightFormatName(model.weights_format), static_cast<double>(weight_bytes) / 1e6);
   std::printf(
       "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
       "step budget %lld, max running %lld, %d threads\n",

@@ -250,10 +250,10 @@ struct Machine {
 
 // One measurement. The fixed fields first, then kernel-specific ones in order.
 struct BenchRow {
-  std::string kernel;  // chunk | recurrent (| layer, later)
-  std::string impl;    // reference | optimized
-  std::string isa;     // the optimized kernels' ISA variant; "none" for the reference
-  std::string dtype;   // float32 | bfloat16
+  std::string kernel;   // chunk | recurrent (| layer, later)
+  std::string impl;     // reference | optimized
+  std::string isa;      // the optimized kernels' ISA variant; "none" for the reference
+  std::string dtype;    // float32 | bfloat16
   std::string weights;  // projection weights of the layer rows: bf16 | int8 (empty: none)
   int H = 0;
   int K = 0;

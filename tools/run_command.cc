@@ -15,9 +15,9 @@
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
 #include "kda/distributed/parallel_groups.h"
-#include "kda/kernels/q8.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
+#include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/rank_errors.h"
@@ -221,8 +221,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, Kern
         "kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %s weights, %d "
         "threads%s\n",
         static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), WeightFormatName(wf),
-        NumThreads(),
-                ParallelNote(groups).c_str());
+        NumThreads(), ParallelNote(groups).c_str());
     std::printf("batch: %lld sequences, %lld tokens (lengths %s)\n", static_cast<long long>(N),
                 static_cast<long long>(T), opt.lengths.c_str());
   }

@@ -85,7 +85,8 @@ void LayerDecodeProblem::Step(int64_t i) {
 int64_t LayerDecodeProblem::StepBytes() const {
   const KdaLayerShape& s = model.shape;
   const auto n = static_cast<int64_t>(batch.req_ids.size());
-  const int64_t states = n * (s.RecurrentStateSize() * 4 + s.ConvStateSize() * static_cast<int64_t>(DTypeSize(model.act_dtype)));
+  const int64_t states =
+      n * (s.RecurrentStateSize() * 4 + s.ConvStateSize() * static_cast<int64_t>(DTypeSize(model.act_dtype)));
   return model.layers.front().projection_weight_bytes() + 2 * states;
 }
 

@@ -36,8 +36,8 @@ struct Linear::Impl {
   dnnl::memory::data_type compute_type = dnnl::memory::data_type::f32;
   std::vector<float> w_f32;  // used when compute_type is f32
   std::vector<BF16> w_bf16;  // used when compute_type is bf16
-  dnnl::memory weights;  // dense weights (empty for Q8)
-  Q8Weight q8;           // Q8 weights
+  dnnl::memory weights;      // dense weights (empty for Q8)
+  Q8Weight q8;               // Q8 weights
   dnnl::memory::desc weights_md;
   mutable std::mutex mu;
   mutable std::map<std::pair<int64_t, bool>, dnnl::matmul> primitives;  // (rows, bf16 output)
@@ -118,9 +118,8 @@ void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
     a.y_f32 = static_cast<float*>(y.data);
   }
   const int64_t n = out_;
-  ParallelFor((n + kQ8RowsPerJob - 1) / kQ8RowsPerJob, [&](int64_t job) {
-    kernels.q8_gemv(a, job * kQ8RowsPerJob, std::min(n, (job + 1) * kQ8RowsPerJob));
-  });
+  ParallelFor((n + kQ8RowsPerJob - 1) / kQ8RowsPerJob,
+              [&](int64_t job) { kernels.q8_gemv(a, job * kQ8RowsPerJob, std::min(n, (job + 1) * kQ8RowsPerJob)); });
 }
 
 Linear::~Linear() = default;

@@ -36,7 +36,7 @@ uint16_t FloatToHalfBits(float f) {
   uint32_t x = FloatBits(f);
   const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000U);
   x &= 0x7fffffffU;
-  if (x > 0x7f800000U) return static_cast<uint16_t>(sign | 0x7e00U);  // NaN
+  if (x > 0x7f800000U) return static_cast<uint16_t>(sign | 0x7e00U);   // NaN
   if (x >= 0x477ff000U) return static_cast<uint16_t>(sign | 0x7c00U);  // >= 65520 rounds to infinity
   if (x < 0x38800000U) {
     // Below 2^-14: a subnormal half, m * 2^-24. The scaling by 2^24 is exact;
@@ -76,9 +76,8 @@ Q8Weight QuantizeQ8(const std::vector<float>& w, int64_t rows, int64_t cols, con
     const float* src = w.data() + blk * kQ8Block;
     float amax = 0.0F;
     for (int64_t j = 0; j < kQ8Block; ++j) {
-      Check(std::isfinite(src[j]), [&] {
-        return "int8 weights: " + BlockString(name, cols, blk * kQ8Block + j) + " is not finite";
-      });
+      Check(std::isfinite(src[j]),
+            [&] { return "int8 weights: " + BlockString(name, cols, blk * kQ8Block + j) + " is not finite"; });
       amax = std::max(amax, std::fabs(src[j]));
     }
     const uint16_t dh = FloatToHalfBits(amax / 127.0F);

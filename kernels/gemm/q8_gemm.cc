@@ -71,9 +71,7 @@ KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
 }
 
 // The register's values rounded to bf16 (nearest even), as fp32.
-KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) {
-  return Vec::FromBits(BF16RoundedBits(Vec::Bits(w)) << 16);
-}
+KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) { return Vec::FromBits(BF16RoundedBits(Vec::Bits(w)) << 16); }
 
 // Output rows [n, n + R) for input rows [m0, m0 + MT): R * MT accumulators in
 // registers, each weight register dequantized once and used MT times, each

@@ -24,7 +24,7 @@ inline constexpr int64_t kQ8GemvMaxRows = 16;
 // instruction's flush of subnormal fp32 values (|v| < 2^-126) aside. Else x
 // holds the inputs in fp32 and the kernel uses fp32 FMA.
 struct Q8GemvArgs {
-  const float* x = nullptr;  // [m, k] (bf16 inputs widened, exact)
+  const float* x = nullptr;      // [m, k] (bf16 inputs widened, exact)
   const BF16* x_bf16 = nullptr;  // [m, k], with bf16_dot
   bool bf16_dot = false;
   const int8_t* q = nullptr;

@@ -20,8 +20,8 @@ KdaHeadShard ShardFor(int total_heads, Communicator* tp) {
 
 }  // namespace
 
-KdaModel KdaModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer,
-                        Communicator* tp, WeightFormat weights_format) {
+KdaModel KdaModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer, Communicator* tp,
+                        WeightFormat weights_format) {
   const KimiLinearConfig config = LoadKimiLinearConfig(model_dir);
   KdaModel m;
   m.heads = ShardFor(config.num_heads, tp);  // before opening the weights: a bad --tp fails fast
@@ -42,8 +42,8 @@ KdaModel KdaModel::Load(const std::string& model_dir, DType act_dtype, std::opti
   return m;
 }
 
-KdaModel KdaModel::Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed,
-                          Communicator* tp, WeightFormat weights_format) {
+KdaModel KdaModel::Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed, Communicator* tp,
+                          WeightFormat weights_format) {
   Check(num_layers >= 1, "a model needs at least one KDA layer");
   KdaModel m;
   m.heads = ShardFor(shape.H, tp);

@@ -132,13 +132,13 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
     g_b_proj_ = std::make_unique<Linear>(q.g_b_proj, act_dtype);
     o_proj_ = std::make_unique<Linear>(q.o_proj, act_dtype);
   } else {
-  qkv_proj_ = MakeLinear(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype, f, "q_proj|k_proj|v_proj");
-  f_a_proj_ = MakeLinear(w.f_a_proj, kd, hid, act_dtype, f, "f_a_proj");
-  f_b_proj_ = MakeLinear(w.f_b_proj, p, kd, act_dtype, f, "f_b_proj");
-  b_proj_ = MakeLinear(w.b_proj, shape.H, hid, act_dtype, f, "b_proj");
-  g_a_proj_ = MakeLinear(w.g_a_proj, kd, hid, act_dtype, f, "g_a_proj");
-  g_b_proj_ = MakeLinear(w.g_b_proj, p, kd, act_dtype, f, "g_b_proj");
-  o_proj_ = MakeLinear(w.o_proj, hid, p, act_dtype, f, "o_proj");
+    qkv_proj_ = MakeLinear(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype, f, "q_proj|k_proj|v_proj");
+    f_a_proj_ = MakeLinear(w.f_a_proj, kd, hid, act_dtype, f, "f_a_proj");
+    f_b_proj_ = MakeLinear(w.f_b_proj, p, kd, act_dtype, f, "f_b_proj");
+    b_proj_ = MakeLinear(w.b_proj, shape.H, hid, act_dtype, f, "b_proj");
+    g_a_proj_ = MakeLinear(w.g_a_proj, kd, hid, act_dtype, f, "g_a_proj");
+    g_b_proj_ = MakeLinear(w.g_b_proj, p, kd, act_dtype, f, "g_b_proj");
+    o_proj_ = MakeLinear(w.o_proj, hid, p, act_dtype, f, "o_proj");
   }
   // The convs in the kernels' tap-major layout, laid out once here: [3][W][P] (q|k|v).
   std::vector<float> conv_w =

@@ -39,15 +39,15 @@ void QuantizeKdaCheckpoint(const std::string& model_dir, const std::string& outp
     Check(!w.q8, "kda quantize: " + model_dir + " already holds int8 weights");
     const std::string pre = "model.layers." + std::to_string(layer) + ".self_attn.";
     const std::vector<std::pair<const std::vector<float>*, std::pair<int64_t, int64_t>>> projs = {
-        {&w.q_proj, {p, hid}},   {&w.k_proj, {p, hid}},   {&w.v_proj, {p, hid}},
-        {&w.f_a_proj, {k, hid}}, {&w.f_b_proj, {p, k}},   {&w.b_proj, {shape.H, hid}},
-        {&w.g_a_proj, {k, hid}}, {&w.g_b_proj, {p, k}},   {&w.o_proj, {hid, p}}};
+        {&w.q_proj, {p, hid}},   {&w.k_proj, {p, hid}}, {&w.v_proj, {p, hid}},
+        {&w.f_a_proj, {k, hid}}, {&w.f_b_proj, {p, k}}, {&w.b_proj, {shape.H, hid}},
+        {&w.g_a_proj, {k, hid}}, {&w.g_b_proj, {p, k}}, {&w.o_proj, {hid, p}}};
     for (size_t i = 0; i < projs.size(); ++i) {
       const auto& [values, dims] = projs[i];
       q8.push_back(QuantizeQ8(*values, dims.first, dims.second, pre + KdaProjectionNames()[i] + ".weight"));
     }
-    for (const char* name : {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "A_log", "dt_bias",
-                             "o_norm.weight"}) {
+    for (const char* name :
+         {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight", "A_log", "dt_bias", "o_norm.weight"}) {
       copied.emplace_back(pre + name, &ckpt.Get(pre + name));
     }
   }

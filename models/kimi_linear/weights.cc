@@ -1,8 +1,8 @@
 #include <cmath>
 #include <cstring>
-#include <utility>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/io/checkpoint.h"
@@ -136,8 +136,8 @@ Q8Weight ReadQ8Block(const Checkpoint& ckpt, const std::string& name, int64_t ro
 }  // namespace
 
 const std::vector<std::string>& KdaProjectionNames() {
-  static const std::vector<std::string> names = {"q_proj",   "k_proj",   "v_proj",   "f_a_proj", "f_b_proj",
-                                                 "b_proj",   "g_a_proj", "g_b_proj", "o_proj"};
+  static const std::vector<std::string> names = {"q_proj", "k_proj",   "v_proj",   "f_a_proj", "f_b_proj",
+                                                 "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
   return names;
 }
 

@@ -193,9 +193,9 @@ struct KdaModel {
   KdaLayerShape shape;  // this rank's heads: shape.H = heads.count
   DType act_dtype = DType::kF32;
   WeightFormat weights_format = WeightFormat::kDense;  // of the projections
-  KdaHeadShard heads;                // the heads held, of heads.total (all of them without tp)
-  Communicator* tp = nullptr;        // the tp group (null: one rank); must outlive the model
-  std::vector<int> model_layer_ids;  // 0-based checkpoint layer index of each KDA layer
+  KdaHeadShard heads;                                  // the heads held, of heads.total (all of them without tp)
+  Communicator* tp = nullptr;                          // the tp group (null: one rank); must outlive the model
+  std::vector<int> model_layer_ids;                    // 0-based checkpoint layer index of each KDA layer
   std::vector<KimiDeltaAttention> layers;
 
   // Every KDA layer of a checkpoint (config.json + safetensors), or only
