@@ -18,6 +18,10 @@ const char* DTypeName(DType t) {
       return "I64";
     case DType::kU8:
       return "U8";
+    case DType::kI8:
+      return "I8";
+    case DType::kF16:
+      return "F16";
   }
   return "?";
 }
@@ -76,6 +80,10 @@ size_t DTypeSize(DType t) {
       return 8;
     case DType::kU8:
       return 1;
+    case DType::kI8:
+      return 1;
+    case DType::kF16:
+      return 2;
   }
   return 0;
 }

@@ -36,7 +36,8 @@ std::string ErrnoText(int err) { return std::generic_category().message(err); }
 
 bool ParseDType(const std::string& name, DType* dtype) {
   static const std::pair<const char*, DType> kKnown[] = {
-      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"I32", DType::kI32}, {"I64", DType::kI64}, {"U8", DType::kU8}};
+      {"F32", DType::kF32}, {"BF16", DType::kBF16}, {"I32", DType::kI32}, {"I64", DType::kI64},
+      {"U8", DType::kU8},   {"I8", DType::kI8},     {"F16", DType::kF16}};
   for (const auto& [known_name, known_dtype] : kKnown) {
     if (name == known_name) {
       *dtype = known_dtype;
@@ -102,7 +103,7 @@ ParsedEntry ParseEntry(const std::string& path, const std::string& name, const j
   Check(dtype_it->is_string(), where + ": dtype is not a string");
   const std::string dtype_name = dtype_it->get<std::string>();
   Check(ParseDType(dtype_name, &parsed.info.dtype),
-        where + ": unsupported dtype '" + dtype_name + "' (supported: F32, BF16, I32, I64)");
+        where + ": unsupported dtype '" + dtype_name + "' (supported: F32, BF16, I32, I64, I8, F16)");
 
   const auto shape_it = entry.find("shape");
   Check(shape_it != entry.end(), where + ": missing shape");

@@ -126,6 +126,50 @@ TEST_F(CliTest, ServingFlagsKeepTheOutputs) {
   EXPECT_TRUE(testing::AllCloseF32(c.data(), ToFloatVector(want.Get("final_conv_state")).data(), c.size()));
 }
 
+// --weights int8: the output equals the dense run on the dequantized weights
+// (fp32 rule; bf16 rule v2 with the dense bf16 run as reference and the dense
+// fp32 run as the exact output), served in chunks and decode steps too; an
+// int8 checkpoint written by `kda quantize` gives the same file bit for bit.
+TEST_F(CliTest, Int8WeightsEqualTheDenseRunOnDequantizedWeights) {
+  KDA_REQUIRE_GOLDEN_PATH(mini_);
+  const std::string in = mini_ + "/varlen_initstate.safetensors";
+  const std::string deq = (dir_ / "deq").string();
+  testing::WriteDequantizedCheckpoint(mini_, deq);
+  auto run = [&](const std::string& model, const std::string& flags, const std::string& name) {
+    const fs::path out = dir_ / (name + ".safetensors");
+    const CliResult r = RunCli("run --model " + model + " --input " + in + " --output " + out.string() + " " + flags);
+    EXPECT_EQ(r.status, 0) << flags << ": " << r.err;
+    return out.string();
+  };
+  auto tensor = [](const std::string& file, const char* name) {
+    return ToFloatVector(SafetensorsFile::Open(file).Get(name));
+  };
+  const std::string x32 = run(deq, "--dtype float32", "deq32");
+  const std::string r16 = run(deq, "--dtype bfloat16", "deq16");
+  for (const std::string serve : {"", " --prefill-chunk 7 --decode-last 9 --max-running 2"}) {
+    SCOPED_TRACE(serve);
+    const std::string a32 = run(mini_, "--weights int8 --dtype float32" + serve, "int8_32");
+    const std::string a16 = run(mini_, "--weights int8 --dtype bfloat16" + serve, "int8_16");
+    for (const char* name : {"out", "final_recurrent_state"}) {
+      const std::vector<float> a = tensor(a32, name);
+      const std::vector<float> x = tensor(x32, name);
+      EXPECT_TRUE(testing::AllCloseF32(a.data(), x.data(), x.size(), 1e-5, 1e-5)) << name;
+      const std::vector<float> b = tensor(a16, name);
+      EXPECT_TRUE(testing::AllCloseBF16(b.data(), tensor(r16, name).data(), x.data(), x.size())) << name;
+    }
+  }
+  const std::string q8 = (dir_ / "q8").string();
+  const CliResult qr = RunCli("quantize --model " + mini_ + " --output " + q8);
+  ASSERT_EQ(qr.status, 0) << qr.err;
+  const std::string from_q8 = run(q8, "--weights int8 --dtype bfloat16", "from_q8");
+  const std::string at_load = run(mini_, "--weights int8 --dtype bfloat16", "at_load");
+  EXPECT_EQ(tensor(from_q8, "out"), tensor(at_load, "out"));
+  EXPECT_EQ(tensor(from_q8, "final_recurrent_state"), tensor(at_load, "final_recurrent_state"));
+  ExpectRefused("run --model " + q8 + " --input " + in, "load them with --weights int8");
+  ExpectRefused("run --model " + mini_ + " --input " + in + " --weights int4", "unknown weight format 'int4'");
+  ExpectRefused("quantize --model " + mini_ + " --output " + q8, "exists and is not empty", false);
+}
+
 // The serving benchmark's JSON line on a small workload of the embedded model.
 TEST_F(CliTest, BenchPrintsItsJsonLine) {
   const CliResult r = RunCli(
@@ -145,6 +189,20 @@ TEST_F(CliTest, BenchPrintsItsJsonLine) {
   const double ratio = std::stod(last.substr(at + 24));
   EXPECT_LE(ratio, 1.0);
   EXPECT_GT(ratio, 0.0);  // the check compared something
+  // Real shapes (hidden 2304, 32 x 128): 39,460,864 projection weights per layer.
+  EXPECT_NE(last.find("\"weights\": \"bf16\", \"weight_bytes_per_layer\": 78921728"), std::string::npos) << last;
+}
+
+// With int8 weights: the self-check passes and the JSON line names the format
+// and its bytes (1 + 2/32 bytes per weight).
+TEST_F(CliTest, BenchWithInt8Weights) {
+  const CliResult r = RunCli(
+      "bench --weights int8 --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 1 "
+      "--prefill-chunk 16 --max-running 2 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  EXPECT_NE(last.find("\"weights\": \"int8\", \"weight_bytes_per_layer\": 41927168"), std::string::npos) << last;
+  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
 }
 
 // The multi-turn benchmark's JSON line: cache off and on, both pipelines, on a small workload.

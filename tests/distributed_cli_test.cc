@@ -184,6 +184,42 @@ TEST_F(DistCliTest, RefusesLayoutsThatDoNotFit) {
                 "missing.safetensors", 2);
 }
 
+// --weights int8 with --tp 2: each rank quantizes its slices; the output equals
+// the one-process int8 run (fp32 rule; bf16 rule against it with the fp32 one
+// as the exact output), also from a `kda quantize` checkpoint.
+TEST_F(DistCliTest, Int8WeightsWithTensorParallelism) {
+  const std::string mini = golden_ + "/kda-mini";
+  const std::string in = mini + "/varlen_initstate.safetensors";
+  KDA_REQUIRE_GOLDEN_PATH(in);
+  const std::string q8 = (dir_ / "q8").string();
+  ASSERT_EQ(RunKda("", "quantize --model " + mini + " --output " + q8).status, 0);
+  auto run = [&](const std::string& launcher, const std::string& model, const std::string& flags,
+                 const std::string& name) {
+    const fs::path out = dir_ / (name + ".safetensors");
+    const CliResult r = RunKda(
+        launcher, "run --model " + model + " --input " + in + " --output " + out.string() + " --weights int8 " + flags);
+    EXPECT_EQ(r.status, 0) << flags << ": " << r.err;
+    return out.string();
+  };
+  auto tensor = [](const std::string& file, const char* name) {
+    return ToFloatVector(SafetensorsFile::Open(file).Get(name));
+  };
+  const std::string one32 = run("", mini, "--dtype float32", "one32");
+  const std::string one16 = run("", mini, "--dtype bfloat16", "one16");
+  for (const std::string& model : {mini, q8}) {
+    SCOPED_TRACE(model);
+    const std::string tp32 = run(Np(2), model, "--tp 2 --dtype float32 --decode-last 9", "tp32");
+    const std::string tp16 = run(Np(2), model, "--tp 2 --dtype bfloat16 --decode-last 9", "tp16");
+    for (const char* name : {"out", "final_recurrent_state"}) {
+      const std::vector<float> x = tensor(one32, name);
+      const std::vector<float> a = tensor(tp32, name);
+      EXPECT_TRUE(testing::AllCloseF32(a.data(), x.data(), x.size())) << name;
+      const std::vector<float> b = tensor(tp16, name);
+      EXPECT_TRUE(testing::AllCloseBF16(b.data(), tensor(one16, name).data(), x.data(), x.size())) << name;
+    }
+  }
+}
+
 // bench --tp 2 reports per-rank state bytes and the all-reduce time share.
 TEST_F(DistCliTest, BenchReportsPerRankStateAndAllReduceShare) {
   const std::string mini = golden_ + "/kda-mini";

@@ -214,8 +214,8 @@ TEST_F(SafetensorsTest, RefusesEntryThatIsNotAnObject) {
 
 TEST_F(SafetensorsTest, RefusesUnknownDtype) {
   ExpectOpenError(
-      WriteRaw("f16.safetensors", R"({"a":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", std::string(8, '\0')),
-      "tensor 'a': unsupported dtype 'F16'");
+      WriteRaw("f64.safetensors", R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", std::string(8, '\0')),
+      "tensor 'a': unsupported dtype 'F64'");
 }
 
 TEST_F(SafetensorsTest, RefusesMissingOrMistypedFields) {

@@ -17,6 +17,7 @@
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
 #include "kda/distributed/parallel_groups.h"
+#include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/bench_multi_turn.h"
@@ -232,9 +233,14 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
   const double decode_tps = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
   const std::string kernels = std::string("chunk_kda and fused_recurrent_kda ") + ActiveKernelDescription(kernel);
 
-  std::printf("kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, fp32 state\n",
-              opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
-              static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str());
+  // Projection weight (and Q8 scale) bytes one layer streams per step (this rank's shard under tp).
+  const int64_t weight_bytes = model.layers.empty() ? 0 : model.layers.front().projection_weight_bytes();
+  std::printf(
+      "kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, %s projection weights "
+      "(%.1f MB per layer), fp32 state\n",
+      opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
+      static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str(),
+      WeightFormatName(model.weights_format), static_cast<double>(weight_bytes) / 1e6);
   std::printf(
       "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
       "step budget %lld, max running %lld, %d threads\n",
@@ -295,17 +301,18 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
-        "\"allreduce_time_share\": %.6g}\n",
+        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld}\n",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
         opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
-        static_cast<long long>(rank_per_request), worst_share);
+        static_cast<long long>(rank_per_request), worst_share, WeightFormatName(model.weights_format),
+        static_cast<long long>(weight_bytes));
   }
   return pass ? 0 : 1;
 }
 
 // This rank's part of the benchmark (every rank of the job runs it).
-int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime* rt) {
+int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelImpl kernel, ParallelRuntime* rt) {
   const ParallelGroups& groups = rt->groups();
   const bool root = groups.is_root();
   TimedCommunicator tp_comm(&groups.tp());  // the layers' all-reduces, timed
@@ -316,9 +323,9 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
     KdaModel m;
     if (opt.model_dir.empty()) {
       Check(opt.layers >= 1, "--layers must be >= 1");
-      m = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, &tp_comm);
+      m = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, &tp_comm, wf);
     } else {
-      m = KdaModel::Load(opt.model_dir, act, std::nullopt, &tp_comm);
+      m = KdaModel::Load(opt.model_dir, act, std::nullopt, &tp_comm, wf);
       Check(opt.layers >= 0, "--layers must be >= 0");
       if (opt.layers > 0 && opt.layers < m.num_layers()) {
         m.layers.erase(m.layers.begin() + opt.layers, m.layers.end());
@@ -436,6 +443,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, KernelImpl kernel, Parall
 
 int RunBenchCommand(const BenchOptions& opt) {
   const DType dtype = ParseActivationDType(opt.dtype);
+  const WeightFormat wf = ParseWeightFormat(opt.weights);
   const KernelImpl kernel = ParseKernelImpl(opt.kernel);
   ResolveKernelImpl(kernel);
   Check(opt.requests >= 1, "--requests must be >= 1");
@@ -449,7 +457,7 @@ int RunBenchCommand(const BenchOptions& opt) {
   if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
-  return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, kernel, rt.get()); });
+  return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, wf, kernel, rt.get()); });
 }
 
 }  // namespace kda::cli

@@ -18,6 +18,7 @@ struct BenchOptions {
   int64_t max_running = 0;      // 0: all requests
   double state_budget_mib = 0;  // state pool budget per rank (0: enough for max_running)
   std::string dtype = "bfloat16";
+  std::string weights = "bf16";  // projection weights: bf16 (as the checkpoint) | int8
   std::string kernel = "auto";
   int threads = 0;
   uint64_t seed = 1;

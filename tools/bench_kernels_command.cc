@@ -29,6 +29,8 @@
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/kernels/kda.h"
+#include "kda/kernels/q8.h"
+#include "kda/models/kimi_linear.h"
 
 #include <sys/resource.h>
 
@@ -248,10 +250,11 @@ struct Machine {
 
 // One measurement. The fixed fields first, then kernel-specific ones in order.
 struct BenchRow {
-  std::string kernel;  // chunk | recurrent (| layer, later)
-  std::string impl;    // reference | optimized
-  std::string isa;     // the optimized kernels' ISA variant; "none" for the reference
-  std::string dtype;   // float32 | bfloat16
+  std::string kernel;   // chunk | recurrent (| layer, later)
+  std::string impl;     // reference | optimized
+  std::string isa;      // the optimized kernels' ISA variant; "none" for the reference
+  std::string dtype;    // float32 | bfloat16
+  std::string weights;  // projection weights of the layer rows: bf16 | int8 (empty: none)
   int H = 0;
   int K = 0;
   int64_t N = 0;
@@ -269,6 +272,7 @@ void PrintRow(const BenchRow& r, bool json) {
     j["impl"] = r.impl;
     j["isa"] = r.isa;
     j["dtype"] = r.dtype;
+    if (!r.weights.empty()) j["weights"] = r.weights;
     j["H"] = r.H;
     j["K"] = r.K;
     j["N"] = r.N;
@@ -279,7 +283,7 @@ void PrintRow(const BenchRow& r, bool json) {
     for (const auto& [key, value] : r.extra) j[key] = value;
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::string extra;
+    std::string extra = r.weights.empty() ? "" : "  weights=" + r.weights;
     for (const auto& [key, value] : r.extra) {
       char buf[96];
       std::snprintf(buf, sizeof(buf), "  %s=%.3g", key.c_str(), value);
@@ -430,6 +434,65 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   return r;
 }
 
+// One decode step of the whole layer at real shapes, batch N, bf16
+// activations, with bf16 and with int8 projection weights, timed alternately
+// (a slow spell of the machine hits both), each step a different layer of
+// enough (>= 256 MB of weights) that its weights come from memory. Two rows:
+// us_per_token is the median step time / N; the floor is the time to move the
+// step's bytes (weights and scales read once, states and conv tails read and
+// written) at the memcpy rate; the int8 row has its speedup over bf16.
+std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) {
+  const WeightFormat formats[2] = {WeightFormat::kDense, WeightFormat::kInt8};
+  std::vector<std::unique_ptr<bench::LayerDecodeProblem>> problems;
+  for (WeightFormat f : formats) {
+    const int64_t layer_bytes =
+        bench::LayerDecodeProblem(DType::kBF16, f, kShape, 1, 1).model.layers.front().projection_weight_bytes();
+    const int layers = bench::LayerDecodeProblem::LayersFor(layer_bytes, int64_t{256} << 20);
+    problems.push_back(std::make_unique<bench::LayerDecodeProblem>(DType::kBF16, f, kShape, n, layers));
+    for (int i = 0; i < layers; ++i) problems.back()->Step(i);  // warm-up: one pass over the layers
+  }
+  std::vector<double> t[2];
+  const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * 8, 16);
+  for (std::vector<double>& v : t) v.reserve(static_cast<size_t>(steps));
+  for (int64_t i = 0; i < steps; ++i) {
+    for (int f = 0; f < 2; ++f) {
+      const Clock::time_point t0 = Clock::now();
+      problems[f]->Step(i);
+      t[f].push_back(Seconds(t0));
+    }
+  }
+  std::vector<BenchRow> rows;
+  const double bf16_step_us = Median(t[0]) * 1e6;
+  for (int f = 0; f < 2; ++f) {
+    const bench::LayerDecodeProblem& p = *problems[f];
+    const double step_us = Median(t[f]) * 1e6;
+    const auto bytes = static_cast<double>(p.StepBytes());
+    const double floor_us = bytes / (m.copy_gbps * 1e3);
+    BenchRow r;
+    r.kernel = "decode_layer";
+    r.impl = KernelImplName(KernelImpl::kOptimized);
+    r.isa = IsaField(KernelImpl::kOptimized);
+    r.dtype = ActivationDTypeName(DType::kBF16);
+    r.weights = WeightFormatName(formats[f]);
+    r.H = kHeads;
+    r.K = kHeadDim;
+    r.N = n;
+    r.T = 1;
+    r.threads = m.threads;
+    r.repeats = static_cast<int>(steps);
+    r.us_per_token = step_us / static_cast<double>(n);
+    r.extra = {{"step_us", step_us},
+               {"weight_bytes_per_layer", static_cast<double>(p.model.layers.front().projection_weight_bytes())},
+               {"step_bytes", bytes},
+               {"copy_gbps", m.copy_gbps},
+               {"copy_floor_us", floor_us},
+               {"ratio_to_copy_floor", step_us / floor_us},
+               {"speedup_vs_bf16", bf16_step_us / step_us}};
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 }  // namespace
 
 CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
@@ -471,6 +534,9 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   }
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     PrintRow(LayerRow(m, KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
+  }
+  for (int64_t n : {1, 8}) {
+    for (const BenchRow& r : LayerDecodeRows(m, n, opt.repeats)) PrintRow(r, opt.json);
   }
   return 0;
 }

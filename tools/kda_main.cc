@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 
+#include "kda/models/kimi_linear.h"
 #include "tools/bench_command.h"
 #include "tools/bench_kernels_command.h"
 #include "tools/rank_errors.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   CLI::Option* layer_opt =
       run_cmd->add_option("--layer", run.layer, "0-based layer index (default: the first KDA layer)");
   run_cmd->add_option("--dtype", run.dtype, "Pipeline dtype: float32 | bfloat16");
+  run_cmd->add_option("--weights", run.weights, "Projection weights: bf16 (as the checkpoint) | int8 (Q8_0)");
   run_cmd->add_option("--kernel", run.kernel, "KDA kernels: auto | reference | optimized");
   run_cmd->add_option("--threads", run.threads, "Worker threads (0: OpenMP default)");
   run_cmd->add_option("--prefill-chunk", run.prefill_chunk,
@@ -52,6 +54,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--state-budget-mib", bench.state_budget_mib,
                         "State pool budget per rank in MiB; the pool holds what fits (0: max-running)");
   bench_cmd->add_option("--dtype", bench.dtype, "Activation dtype: bfloat16 | float32");
+  bench_cmd->add_option("--weights", bench.weights, "Projection weights: bf16 (as the checkpoint) | int8 (Q8_0)");
   bench_cmd->add_option("--kernel", bench.kernel, "KDA kernels: auto | reference | optimized");
   bench_cmd->add_option("--threads", bench.threads, "Worker threads (0: OpenMP default)");
   bench_cmd->add_option("--seed", bench.seed, "Workload seed");
@@ -69,6 +72,13 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--snapshot-interval", bench.snapshot_interval,
                         "multi-turn: a snapshot every N prefill tokens (a multiple of 64)");
 
+  std::string quantize_model;
+  std::string quantize_output;
+  CLI::App* quantize_cmd =
+      app.add_subcommand("quantize", "Write a checkpoint's KDA layers with int8 (Q8_0) projection weights");
+  quantize_cmd->add_option("--model", quantize_model, "Model directory (config.json + safetensors)")->required();
+  quantize_cmd->add_option("--output", quantize_output, "New directory for the int8 checkpoint")->required();
+
   kda::cli::BenchKernelsOptions bench_kernels;
   CLI::App* bench_kernels_cmd = kda::cli::AddBenchKernelsCommand(app, bench_kernels);
 
@@ -85,6 +95,11 @@ int main(int argc, char** argv) {
   try {
     if (bench_kernels_cmd->parsed()) return kda::cli::RunBenchKernelsCommand(bench_kernels);
     if (bench_cmd->parsed()) return kda::cli::RunBenchCommand(bench);
+    if (quantize_cmd->parsed()) {
+      kda::QuantizeKdaCheckpoint(quantize_model, quantize_output);
+      std::printf("int8 checkpoint written to %s\n", quantize_output.c_str());
+      return 0;
+    }
     if (run_cmd->parsed()) {
       run.layer_given = layer_opt->count() > 0;
       return kda::cli::RunLayerCommand(run);

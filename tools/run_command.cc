@@ -17,6 +17,7 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
+#include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/rank_errors.h"
@@ -131,7 +132,7 @@ std::string ParallelNote(const ParallelGroups& g) {
 
 // Every rank loads its heads' shard and reads the whole input; world rank 0
 // writes the output file with the full states.
-int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime& rt) {
+int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl kernel, ParallelRuntime& rt) {
   const ParallelGroups& groups = rt.groups();
   KdaModel model;
   int layer = 0;
@@ -153,7 +154,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
     // The input is checked (shapes, cu_seqlens, finite values) before the weights are read.
     const KdaLayerShape shape = KdaLayerShapeFromConfig(config);
     RunInput input = ReadRunInput(SafetensorsFile::Open(opt.input), shape);
-    model = KdaModel::Load(opt.model_dir, dtype, layer, &groups.tp());
+    model = KdaModel::Load(opt.model_dir, dtype, layer, &groups.tp(), wf);
     T = input.T;
     N = input.N;
     cu = std::move(input.cu);
@@ -188,7 +189,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
         {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}};
     // With the prefix cache, the rows reused from it are zeros in `out`: `computed` says which rows were computed.
     if (opt.prefix_cache) tensors.push_back({"computed", DType::kU8, {T}, s.computed.data()});
-    WriteSafetensors(opt.output, tensors, {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}});
+    WriteSafetensors(opt.output, tensors, {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}, {"weights", WeightFormatName(wf)}});
   });
   if (!groups.is_root()) return 0;
   if (opt.prefix_cache) {
@@ -196,9 +197,9 @@ int RunOnFiles(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRu
                 static_cast<long long>(T));
   }
   std::printf(
-      "layer %d (%s, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
+      "layer %d (%s, %s weights, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
       "%.3f ms -> %s\n",
-      layer, opt.dtype.c_str(), ActiveKernelDescription(kernel), ParallelNote(groups).c_str(),
+      layer, opt.dtype.c_str(), WeightFormatName(wf), ActiveKernelDescription(kernel), ParallelNote(groups).c_str(),
       static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(s.steps),
       static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
   return 0;
@@ -227,7 +228,7 @@ std::vector<int64_t> ParseLengths(const std::string& s) {
 // weights. Runs the packed batch as one EXTEND (chunk kernel), then again with
 // every token after the first as a DECODE step (recurrent kernel), and
 // compares the two.
-int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, ParallelRuntime& rt) {
+int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl kernel, ParallelRuntime& rt) {
   const KdaLayerShape shape = KimiLinear48BLayerShape();
   const std::vector<int64_t> lens = ParseLengths(opt.lengths);
   const auto N = static_cast<int64_t>(lens.size());
@@ -237,7 +238,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
 
   const ParallelGroups& groups = rt.groups();
   KdaModel model;
-  rt.RunAgreed([&] { model = KdaModel::Random(shape, 1, dtype, 20261129, &groups.tp()); });
+  rt.RunAgreed([&] { model = KdaModel::Random(shape, 1, dtype, 20261129, &groups.tp(), wf); });
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::vector<float> xv(static_cast<size_t>(T * shape.hidden));
@@ -246,9 +247,11 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
 
   const bool root = groups.is_root();
   if (root) {
-    std::printf("kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %d threads%s\n",
-                static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), NumThreads(),
-                ParallelNote(groups).c_str());
+    std::printf(
+        "kda run: embedded default (hidden %lld, %d heads x %d, conv %d, random weights), %s, %s weights, %d "
+        "threads%s\n",
+        static_cast<long long>(shape.hidden), shape.H, shape.K, shape.W, opt.dtype.c_str(), WeightFormatName(wf),
+        NumThreads(), ParallelNote(groups).c_str());
     std::printf("batch: %lld sequences, %lld tokens (lengths %s)\n", static_cast<long long>(N),
                 static_cast<long long>(T), opt.lengths.c_str());
   }
@@ -265,7 +268,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
   Served exact;
   if (dtype == DType::kBF16) {
     KdaModel model32;
-    rt.RunAgreed([&] { model32 = KdaModel::Random(shape, 1, DType::kF32, 20261129, &groups.tp()); });
+    rt.RunAgreed([&] { model32 = KdaModel::Random(shape, 1, DType::kF32, 20261129, &groups.tp(), wf); });
     exact = Serve(rt, model32, ToAct(DType::kF32, xv), cu, nullptr, nullptr, 0, no_decode, 0, kernel);
   }
   if (!root) {
@@ -297,6 +300,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, KernelImpl kernel, Pa
 
 int RunLayerCommand(const RunOptions& opt) {
   const DType dtype = ParseActivationDType(opt.dtype);
+  const WeightFormat wf = ParseWeightFormat(opt.weights);
   const KernelImpl kernel = ParseKernelImpl(opt.kernel);
   ResolveKernelImpl(kernel);  // an unavailable implementation is refused before any work
   Check(opt.threads >= 0, "--threads must be >= 0");
@@ -315,7 +319,8 @@ int RunLayerCommand(const RunOptions& opt) {
   // the same on every rank, so they stop each one before MPI starts).
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
   return RunOnRanks(*rt, [&] {
-    return opt.model_dir.empty() ? RunEmbeddedDefault(opt, dtype, kernel, *rt) : RunOnFiles(opt, dtype, kernel, *rt);
+    return opt.model_dir.empty() ? RunEmbeddedDefault(opt, dtype, wf, kernel, *rt)
+                                 : RunOnFiles(opt, dtype, wf, kernel, *rt);
   });
 }
 

@@ -13,6 +13,7 @@ struct RunOptions {
   int layer = 0;
   bool layer_given = false;  // false: the first KDA layer
   std::string dtype = "float32";
+  std::string weights = "bf16";  // projection weights: bf16 (as the checkpoint) | int8
   std::string kernel = "auto";
   int threads = 0;
   // Serving: prefill chunk per sequence and step (0: one EXTEND), the last K

@@ -1,5 +1,6 @@
 #include "kda/bench/layer_problem.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "kda/base/error.h"
@@ -54,6 +55,43 @@ void LayerProblem::Gemms() {
   g_a->Forward(y_k.mut(), x.view(), tokens);
   g_b->Forward(y_p.mut(), y_k.view(), tokens);
   o->Forward(out.mut(), y_p.view(), tokens);
+}
+
+LayerDecodeProblem::LayerDecodeProblem(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape, int64_t N,
+                                       int layers)
+    : model(KdaModel::Random(layer_shape, layers, dtype, 5, nullptr, weights)),
+      pool(layers, N, layer_shape, dtype),
+      req(&pool),
+      backend({&pool, &req}, KernelImpl::kOptimized),
+      x(dtype, N * layer_shape.hidden),
+      out(dtype, N * layer_shape.hidden) {
+  batch.mode = ForwardMode::kDecode;
+  for (int64_t n = 0; n < N; ++n) {
+    req.Alloc(n);
+    batch.req_ids.push_back(n);
+    batch.extend_lens.push_back(1);
+    batch.prefix_lens.push_back(16);
+  }
+  for (int64_t i = 0; i < N * layer_shape.hidden; ++i) {
+    x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
+  }
+}
+
+void LayerDecodeProblem::Step(int64_t i) {
+  backend.InitForwardMetadata(batch);
+  model.layers[static_cast<size_t>(i % model.num_layers())].Forward(out.mut(), x.view(), backend);
+}
+
+int64_t LayerDecodeProblem::StepBytes() const {
+  const KdaLayerShape& s = model.shape;
+  const auto n = static_cast<int64_t>(batch.req_ids.size());
+  const int64_t states =
+      n * (s.RecurrentStateSize() * 4 + s.ConvStateSize() * static_cast<int64_t>(DTypeSize(model.act_dtype)));
+  return model.layers.front().projection_weight_bytes() + 2 * states;
+}
+
+int LayerDecodeProblem::LayersFor(int64_t layer_weight_bytes, int64_t bytes) {
+  return static_cast<int>(std::max<int64_t>(2, (bytes + layer_weight_bytes - 1) / layer_weight_bytes));
 }
 
 }  // namespace kda::bench

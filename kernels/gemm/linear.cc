@@ -4,9 +4,13 @@
 #include <string>
 #include <utility>
 
+#include "base/scratch.h"
 #include "kda/base/error.h"
+#include "kda/base/parallel.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/gemm.h"
+#include "kernels/gemm/q8_internal.h"
+#include "kernels/isa/dispatch.h"
 
 namespace kda {
 namespace {
@@ -32,7 +36,9 @@ struct Linear::Impl {
   dnnl::memory::data_type compute_type = dnnl::memory::data_type::f32;
   std::vector<float> w_f32;  // used when compute_type is f32
   std::vector<BF16> w_bf16;  // used when compute_type is bf16
-  dnnl::memory weights;
+  dnnl::memory weights;      // dense weights (empty for Q8)
+  Q8Weight q8;               // Q8 weights
+  dnnl::memory::desc weights_md;
   mutable std::mutex mu;
   mutable std::map<std::pair<int64_t, bool>, dnnl::matmul> primitives;  // (rows, bf16 output)
 };
@@ -58,6 +64,62 @@ Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_fea
     }
     impl_->weights = dnnl::memory({wdims, dt::f32, wstrides}, CpuEngine(), impl_->w_f32.data());
   }
+  impl_->weights_md = impl_->weights.get_desc();
+}
+
+Linear::Linear(Q8Weight w, DType dtype)
+    : out_(w.rows), in_(w.cols), dtype_(dtype), format_(WeightFormat::kInt8), impl_(std::make_unique<Impl>()) {
+  Check(dtype == DType::kF32 || dtype == DType::kBF16, "Linear: dtype must be F32 or BF16");
+  CheckQ8Weight(w);
+  using dt = dnnl::memory::data_type;
+  impl_->compute_type = dtype == DType::kBF16 && CpuHasBF16Dot() ? dt::bf16 : dt::f32;
+  impl_->weights_md = dnnl::memory::desc({in_, out_}, impl_->compute_type, dnnl::memory::dims{1, in_});
+  impl_->q8 = std::move(w);
+}
+
+int64_t Linear::weight_bytes() const {
+  if (format_ == WeightFormat::kInt8) return impl_->q8.bytes();
+  return out_ * in_ * static_cast<int64_t>(DTypeSize(dtype_));
+}
+
+namespace {
+
+// Output rows per job of the Q8 kernels: a multiple of 4 (the small-M
+// kernel's register block).
+constexpr int64_t kQ8RowsPerJob = 64;
+
+}  // namespace
+
+void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
+  const internal::KernelTable& kernels = internal::ActiveKernels();
+  // bf16 inputs: multiplied as they are by vdpbf16ps where the CPU and the
+  // kernels' ISA have it, else widened to fp32 (exact) for fp32 FMA.
+  const bool bf16_dot = x.dtype == DType::kBF16 && kernels.isa == KernelIsa::kAvx512 && CpuHasBF16Dot();
+  ScratchArray<float> x_wide;
+  const float* xf = static_cast<const float*>(x.data);
+  if (x.dtype == DType::kBF16 && !bf16_dot) {
+    x_wide = ScratchArray<float>(static_cast<size_t>(m * in_));
+    ConvertToFloat(x_wide.data(), static_cast<const BF16*>(x.data), m * in_);
+    xf = x_wide.data();
+  }
+  internal::Q8GemvArgs a;
+  a.x = xf;
+  a.q = impl_->q8.q.data();
+  a.scales = impl_->q8.scales.data();
+  a.m = m;
+  a.n = out_;
+  a.k = in_;
+  a.round_bf16 = dtype_ == DType::kBF16;
+  a.bf16_dot = bf16_dot;
+  if (bf16_dot) a.x_bf16 = static_cast<const BF16*>(x.data);
+  if (y.dtype == DType::kBF16) {
+    a.y_bf16 = static_cast<BF16*>(y.data);
+  } else {
+    a.y_f32 = static_cast<float*>(y.data);
+  }
+  const int64_t n = out_;
+  ParallelFor((n + kQ8RowsPerJob - 1) / kQ8RowsPerJob,
+              [&](int64_t job) { kernels.q8_gemv(a, job * kQ8RowsPerJob, std::min(n, (job + 1) * kQ8RowsPerJob)); });
 }
 
 Linear::~Linear() = default;
@@ -70,9 +132,44 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   Check(y.dtype == DType::kF32 || y.dtype == dtype_, "Linear: output dtype must be F32 or the weight dtype");
   Check(m >= 0, "Linear: negative row count");
   if (m == 0) return;
+  if (format_ == WeightFormat::kInt8 && m <= internal::kQ8GemvMaxRows) {
+    ForwardQ8Small(y, x, m);
+    return;
+  }
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   const dt ct = impl_->compute_type;
+
+  // Q8 weights at large M: dequantized into a panel of the compute type (the
+  // bf16 pipeline's weights rounded to bf16, as a dense bf16 Linear holds
+  // them), then the same GEMM as dense weights. The dequantization is a few
+  // percent of a prefill GEMM's time.
+  ScratchBlock panel;
+  dnnl::memory weights = impl_->weights;
+  if (format_ == WeightFormat::kInt8) {
+    const internal::KernelTable& kernels = internal::ActiveKernels();
+    const Q8Weight& q8 = impl_->q8;
+    const int64_t n = out_;
+    const int64_t k = in_;
+    const int64_t jobs = (n + kQ8RowsPerJob - 1) / kQ8RowsPerJob;
+    if (ct == dt::bf16) {
+      panel = ScratchBlock(static_cast<size_t>(n * k) * sizeof(BF16));
+      auto* w = static_cast<BF16*>(panel.data());
+      ParallelFor(jobs, [&](int64_t job) {
+        kernels.q8_dequant_bf16(w, q8.q.data(), q8.scales.data(), k, job * kQ8RowsPerJob,
+                                std::min(n, (job + 1) * kQ8RowsPerJob));
+      });
+    } else {
+      panel = ScratchBlock(static_cast<size_t>(n * k) * sizeof(float));
+      auto* w = static_cast<float*>(panel.data());
+      const bool round_bf16 = dtype_ == DType::kBF16;
+      ParallelFor(jobs, [&](int64_t job) {
+        kernels.q8_dequant_f32(w, q8.q.data(), q8.scales.data(), k, job * kQ8RowsPerJob,
+                               std::min(n, (job + 1) * kQ8RowsPerJob), round_bf16);
+      });
+    }
+    weights = dnnl::memory(impl_->weights_md, CpuEngine(), panel.data());
+  }
 
   // Inputs in the compute type (widened to fp32 where the CPU has no bf16 dot).
   std::vector<float> x_wide;
@@ -102,7 +199,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     if (it == impl_->primitives.end()) {
       // A serving loop sees many row counts: keep the cache bounded.
       if (impl_->primitives.size() >= kMaxCachedPrimitives) impl_->primitives.clear();
-      const dnnl::matmul::desc desc(src_md, impl_->weights.get_desc(), dst_md);
+      const dnnl::matmul::desc desc(src_md, impl_->weights_md, dst_md);
       const dnnl::matmul::primitive_desc pd(desc, CpuEngine());
       it = impl_->primitives.emplace(key, dnnl::matmul(pd)).first;
     }
@@ -111,7 +208,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   dnnl::memory src(src_md, CpuEngine(), const_cast<void*>(src_ptr));  // NOLINT: oneDNN takes void*
   dnnl::memory dst(dst_md, CpuEngine(), dst_ptr);
   dnnl::stream stream(CpuEngine());
-  prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, impl_->weights}, {DNNL_ARG_DST, dst}});
+  prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
   stream.wait();
 
   if (y.dtype == DType::kBF16 && !native_bf16_out) {

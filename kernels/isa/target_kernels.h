@@ -7,6 +7,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/kernels/short_conv.h"
+#include "kernels/gemm/q8_internal.h"
 #include "kernels/isa/dispatch.h"
 #include "kernels/isa/target.h"
 #include "kernels/kda/optimized.h"
@@ -51,6 +52,12 @@ void AddF32(float* acc, const float* x, int64_t i0, int64_t i1);
 void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1);
 void ToBF16Range(BF16* y, const float* x, int64_t i0, int64_t i1);
 void ToF32Range(float* y, const BF16* x, int64_t i0, int64_t i1);
+
+// kernels/gemm/q8_gemm.cc
+void Q8Gemv(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1);
+void Q8DequantF32(float* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1,
+                  bool round_bf16);
+void Q8DequantBF16(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1);
 
 // kernels/isa/table.cc
 void VecMath(internal::VecMathOp op, float* y, const float* x, int64_t n);

@@ -1,4 +1,5 @@
 #include <cmath>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -6,6 +7,7 @@
 #include "kda/base/error.h"
 #include "kda/distributed/communicator.h"
 #include "kda/kernels/elementwise.h"
+#include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/models/kimi_linear.h"
 
@@ -21,15 +23,62 @@ std::vector<float> Concat3(const std::vector<float>& a, const std::vector<float>
   return r;
 }
 
+void CheckShape(const Q8Weight& w, int64_t rows, int64_t cols, const char* name) {
+  Check(w.rows == rows && w.cols == cols, std::string("KimiDeltaAttention: int8 weight ") + name + " has shape [" +
+                                              std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], expected [" +
+                                              std::to_string(rows) + ", " + std::to_string(cols) + "]");
+}
+
 void CheckSize(const std::vector<float>& v, int64_t n, const char* name) {
   Check(static_cast<int64_t>(v.size()) == n, std::string("KimiDeltaAttention: weight ") + name + " has " +
                                                  std::to_string(v.size()) + " values, expected " + std::to_string(n));
 }
 
+// One projection in the chosen weight format.
+std::unique_ptr<Linear> MakeLinear(const std::vector<float>& w, int64_t out, int64_t in, DType dtype,
+                                   WeightFormat format, const std::string& name) {
+  if (format == WeightFormat::kInt8) return std::make_unique<Linear>(QuantizeQ8(w, out, in, name), dtype);
+  return std::make_unique<Linear>(w, out, in, dtype);
+}
+
 }  // namespace
 
+KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape) {
+  KdaLayerWeights r = w;
+  if (w.q8) {  // already Q8: its values
+    const KdaLayerQ8Weights& q = *w.q8;
+    r.q_proj = DequantizeQ8(q.q_proj);
+    r.k_proj = DequantizeQ8(q.k_proj);
+    r.v_proj = DequantizeQ8(q.v_proj);
+    r.f_a_proj = DequantizeQ8(q.f_a_proj);
+    r.f_b_proj = DequantizeQ8(q.f_b_proj);
+    r.b_proj = DequantizeQ8(q.b_proj);
+    r.g_a_proj = DequantizeQ8(q.g_a_proj);
+    r.g_b_proj = DequantizeQ8(q.g_b_proj);
+    r.o_proj = DequantizeQ8(q.o_proj);
+    r.q8.reset();
+    return r;
+  }
+  const int64_t hid = shape.hidden;
+  const int64_t p = shape.P();
+  const int64_t kd = shape.K;
+  auto rt = [](const std::vector<float>& v, int64_t out, int64_t in, const char* name) {
+    return DequantizeQ8(QuantizeQ8(v, out, in, name));
+  };
+  r.q_proj = rt(w.q_proj, p, hid, "q_proj");
+  r.k_proj = rt(w.k_proj, p, hid, "k_proj");
+  r.v_proj = rt(w.v_proj, p, hid, "v_proj");
+  r.f_a_proj = rt(w.f_a_proj, kd, hid, "f_a_proj");
+  r.f_b_proj = rt(w.f_b_proj, p, kd, "f_b_proj");
+  r.b_proj = rt(w.b_proj, shape.H, hid, "b_proj");
+  r.g_a_proj = rt(w.g_a_proj, kd, hid, "g_a_proj");
+  r.g_b_proj = rt(w.g_b_proj, p, kd, "g_b_proj");
+  r.o_proj = rt(w.o_proj, hid, p, "o_proj");
+  return r;
+}
+
 KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& w,
-                                       DType act_dtype, Communicator* tp)
+                                       DType act_dtype, Communicator* tp, WeightFormat weights_format)
     : shape_(shape), act_dtype_(act_dtype), tp_(tp) {
   Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, "KimiDeltaAttention: dtype must be F32 or BF16");
   Check(shape.hidden > 0 && shape.H > 0 && shape.W >= 1, "KimiDeltaAttention: invalid shape");
@@ -38,30 +87,59 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
   const int64_t hid = shape.hidden;
   const int64_t p = shape.P();
   const int64_t kd = shape.K;
-  CheckSize(w.q_proj, p * hid, "q_proj");
-  CheckSize(w.k_proj, p * hid, "k_proj");
-  CheckSize(w.v_proj, p * hid, "v_proj");
+  if (w.q8) {
+    Check(weights_format == WeightFormat::kInt8,
+          "the weights are int8 (a kda quantize checkpoint): load them with --weights int8 (WeightFormat::kInt8)");
+    const KdaLayerQ8Weights& q = *w.q8;
+    CheckShape(q.q_proj, p, hid, "q_proj");
+    CheckShape(q.k_proj, p, hid, "k_proj");
+    CheckShape(q.v_proj, p, hid, "v_proj");
+    CheckShape(q.f_a_proj, kd, hid, "f_a_proj");
+    CheckShape(q.f_b_proj, p, kd, "f_b_proj");
+    CheckShape(q.b_proj, shape.H, hid, "b_proj");
+    CheckShape(q.g_a_proj, kd, hid, "g_a_proj");
+    CheckShape(q.g_b_proj, p, kd, "g_b_proj");
+    CheckShape(q.o_proj, hid, p, "o_proj");
+  } else {
+    CheckSize(w.q_proj, p * hid, "q_proj");
+    CheckSize(w.k_proj, p * hid, "k_proj");
+    CheckSize(w.v_proj, p * hid, "v_proj");
+    CheckSize(w.f_a_proj, kd * hid, "f_a_proj");
+    CheckSize(w.f_b_proj, p * kd, "f_b_proj");
+    CheckSize(w.b_proj, shape.H * hid, "b_proj");
+    CheckSize(w.g_a_proj, kd * hid, "g_a_proj");
+    CheckSize(w.g_b_proj, p * kd, "g_b_proj");
+    CheckSize(w.o_proj, hid * p, "o_proj");
+  }
   CheckSize(w.q_conv, p * shape.W, "q_conv1d");
   CheckSize(w.k_conv, p * shape.W, "k_conv1d");
   CheckSize(w.v_conv, p * shape.W, "v_conv1d");
-  CheckSize(w.f_a_proj, kd * hid, "f_a_proj");
-  CheckSize(w.f_b_proj, p * kd, "f_b_proj");
-  CheckSize(w.b_proj, shape.H * hid, "b_proj");
-  CheckSize(w.g_a_proj, kd * hid, "g_a_proj");
-  CheckSize(w.g_b_proj, p * kd, "g_b_proj");
   CheckSize(w.A_log, shape.H, "A_log");
   CheckSize(w.dt_bias, p, "dt_bias");
   CheckSize(w.o_norm, kd, "o_norm");
-  CheckSize(w.o_proj, hid * p, "o_proj");
 
   // q|k|v share one GEMM: their outputs are the conv's 3P channels in order.
-  qkv_proj_ = std::make_unique<Linear>(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype);
-  f_a_proj_ = std::make_unique<Linear>(w.f_a_proj, kd, hid, act_dtype);
-  f_b_proj_ = std::make_unique<Linear>(w.f_b_proj, p, kd, act_dtype);
-  b_proj_ = std::make_unique<Linear>(w.b_proj, shape.H, hid, act_dtype);
-  g_a_proj_ = std::make_unique<Linear>(w.g_a_proj, kd, hid, act_dtype);
-  g_b_proj_ = std::make_unique<Linear>(w.g_b_proj, p, kd, act_dtype);
-  o_proj_ = std::make_unique<Linear>(w.o_proj, hid, p, act_dtype);
+  // (Q8 blocks lie within one output row, so quantizing the concatenation is
+  // quantizing each.)
+  const WeightFormat f = weights_format;
+  if (w.q8) {
+    const KdaLayerQ8Weights& q = *w.q8;
+    qkv_proj_ = std::make_unique<Linear>(ConcatQ8Rows({&q.q_proj, &q.k_proj, &q.v_proj}), act_dtype);
+    f_a_proj_ = std::make_unique<Linear>(q.f_a_proj, act_dtype);
+    f_b_proj_ = std::make_unique<Linear>(q.f_b_proj, act_dtype);
+    b_proj_ = std::make_unique<Linear>(q.b_proj, act_dtype);
+    g_a_proj_ = std::make_unique<Linear>(q.g_a_proj, act_dtype);
+    g_b_proj_ = std::make_unique<Linear>(q.g_b_proj, act_dtype);
+    o_proj_ = std::make_unique<Linear>(q.o_proj, act_dtype);
+  } else {
+    qkv_proj_ = MakeLinear(Concat3(w.q_proj, w.k_proj, w.v_proj), 3 * p, hid, act_dtype, f, "q_proj|k_proj|v_proj");
+    f_a_proj_ = MakeLinear(w.f_a_proj, kd, hid, act_dtype, f, "f_a_proj");
+    f_b_proj_ = MakeLinear(w.f_b_proj, p, kd, act_dtype, f, "f_b_proj");
+    b_proj_ = MakeLinear(w.b_proj, shape.H, hid, act_dtype, f, "b_proj");
+    g_a_proj_ = MakeLinear(w.g_a_proj, kd, hid, act_dtype, f, "g_a_proj");
+    g_b_proj_ = MakeLinear(w.g_b_proj, p, kd, act_dtype, f, "g_b_proj");
+    o_proj_ = MakeLinear(w.o_proj, hid, p, act_dtype, f, "o_proj");
+  }
   // The convs in the kernels' tap-major layout, laid out once here: [3][W][P] (q|k|v).
   std::vector<float> conv_w =
       Concat3(ShortConvWeightFromCheckpoint(w.q_conv, p, shape.W), ShortConvWeightFromCheckpoint(w.k_conv, p, shape.W),
@@ -74,6 +152,14 @@ KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape,
   // A_log and dt_bias stay fp32 parameters (design §1).
   attn_ = std::make_unique<RadixLinearAttention>(layer_id, shape.H, shape.K, shape.K, shape.W, std::move(conv_w),
                                                  w.A_log, w.dt_bias, 1.0F / std::sqrt(static_cast<float>(shape.K)));
+}
+
+int64_t KimiDeltaAttention::projection_weight_bytes() const {
+  int64_t n = 0;
+  for (const auto* l : {&qkv_proj_, &f_a_proj_, &f_b_proj_, &b_proj_, &g_a_proj_, &g_b_proj_, &o_proj_}) {
+    n += (*l)->weight_bytes();
+  }
+  return n;
 }
 
 KimiDeltaAttention::~KimiDeltaAttention() = default;

@@ -2,11 +2,13 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
+#include "kda/kernels/q8.h"
 #include "kda/models/kimi_linear.h"
 
 namespace kda {
@@ -80,8 +82,10 @@ std::vector<float> ReadRows(const Checkpoint& ckpt, const std::string& name,
 }
 
 // Rows [r0, r1) x columns [c0, c1) of a row-major [rows, cols] matrix.
+// (Empty for an empty m: the projections of Q8 weights.)
 std::vector<float> CutBlock(const std::vector<float>& m, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   std::vector<float> out;
+  if (m.empty()) return out;
   out.reserve(static_cast<size_t>((r1 - r0) * (c1 - c0)));
   for (int64_t r = r0; r < r1; ++r) {
     out.insert(out.end(), m.begin() + r * cols + c0, m.begin() + r * cols + c1);
@@ -89,7 +93,53 @@ std::vector<float> CutBlock(const std::vector<float>& m, int64_t cols, int64_t r
   return out;
 }
 
+// Rows [r0, r1) x columns [c0, c1) of the Q8 projection `name` ([rows, cols]
+// I8 values `name`.weight, F16 scales `name`.weight_scale [rows, cols / 32]);
+// c0 and c1 multiples of 32. The values read are checked (CheckQ8Weight).
+Q8Weight ReadQ8Block(const Checkpoint& ckpt, const std::string& name, int64_t rows, int64_t cols, int64_t r0,
+                     int64_t r1, int64_t c0, int64_t c1, std::vector<TensorRead>* reads) {
+  const std::string wname = name + ".weight";
+  const std::string sname = name + ".weight_scale";
+  Check(cols % kQ8Block == 0 && c0 % kQ8Block == 0 && c1 % kQ8Block == 0,
+        "int8 checkpoint: " + wname + " has input dim " + std::to_string(cols) + ", not a multiple of 32");
+  Check(ckpt.Has(sname), "int8 checkpoint is missing tensor " + sname);
+  const TensorInfo& tq = ckpt.Get(wname);
+  const TensorInfo& ts = ckpt.Get(sname);
+  Check(tq.dtype == DType::kI8, "tensor " + wname + " has dtype " + DTypeName(tq.dtype) + ", expected I8");
+  Check(ts.dtype == DType::kF16, "tensor " + sname + " has dtype " + DTypeName(ts.dtype) + ", expected F16");
+  const int64_t nb = cols / kQ8Block;
+  Check(tq.shape == std::vector<int64_t>{rows, cols},
+        "tensor " + wname + " has shape " + ShapeString(tq.shape) + ", expected " + ShapeString({rows, cols}));
+  Check(ts.shape == std::vector<int64_t>{rows, nb},
+        "tensor " + sname + " has shape " + ShapeString(ts.shape) + ", expected " + ShapeString({rows, nb}));
+  Check(tq.nbytes == static_cast<size_t>(rows * cols) && ts.nbytes == static_cast<size_t>(rows * nb) * 2 &&
+            tq.data != nullptr && ts.data != nullptr,
+        "tensor " + wname + ": its data does not match its shape");
+  Q8Weight w;
+  w.rows = r1 - r0;
+  w.cols = c1 - c0;
+  w.q.resize(static_cast<size_t>(w.rows * w.cols));
+  w.scales.resize(static_cast<size_t>(w.rows * (w.cols / kQ8Block)));
+  for (int64_t r = r0; r < r1; ++r) {
+    std::memcpy(w.q.data() + (r - r0) * w.cols, tq.data + r * cols + c0, static_cast<size_t>(c1 - c0));
+    std::memcpy(w.scales.data() + (r - r0) * (w.cols / kQ8Block), ts.data + (r * nb + c0 / kQ8Block) * 2,
+                static_cast<size_t>((c1 - c0) / kQ8Block) * 2);
+    if (reads != nullptr) {
+      reads->push_back({wname, r * cols + c0, r * cols + c1});
+      reads->push_back({sname, r * nb + c0 / kQ8Block, r * nb + c1 / kQ8Block});
+    }
+  }
+  CheckQ8Weight(w, "checkpoint tensor " + wname);
+  return w;
+}
+
 }  // namespace
+
+const std::vector<std::string>& KdaProjectionNames() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj",   "v_proj",   "f_a_proj", "f_b_proj",
+                                                 "b_proj", "g_a_proj", "g_b_proj", "o_proj"};
+  return names;
+}
 
 KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& c) {
   KdaLayerShape s;
@@ -145,21 +195,36 @@ KdaLayerWeights LoadKdaLayerWeights(const Checkpoint& ckpt, const KimiLinearConf
   const int64_t p1 = h1 * k;
   const std::string pre = "model.layers." + std::to_string(layer) + ".self_attn.";
   KdaLayerWeights r;
-  r.q_proj = ReadRows(ckpt, pre + "q_proj.weight", {{p, hid}}, hid, p0, p1, reads);
-  r.k_proj = ReadRows(ckpt, pre + "k_proj.weight", {{p, hid}}, hid, p0, p1, reads);
-  r.v_proj = ReadRows(ckpt, pre + "v_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+  // A `kda quantize` checkpoint: I8 projections with F16 scales.
+  if (ckpt.Has(pre + "q_proj.weight") && ckpt.Get(pre + "q_proj.weight").dtype == DType::kI8) {
+    KdaLayerQ8Weights q;
+    q.q_proj = ReadQ8Block(ckpt, pre + "q_proj", p, hid, p0, p1, 0, hid, reads);
+    q.k_proj = ReadQ8Block(ckpt, pre + "k_proj", p, hid, p0, p1, 0, hid, reads);
+    q.v_proj = ReadQ8Block(ckpt, pre + "v_proj", p, hid, p0, p1, 0, hid, reads);
+    q.f_a_proj = ReadQ8Block(ckpt, pre + "f_a_proj", k, hid, 0, k, 0, hid, reads);
+    q.f_b_proj = ReadQ8Block(ckpt, pre + "f_b_proj", p, k, p0, p1, 0, k, reads);
+    q.b_proj = ReadQ8Block(ckpt, pre + "b_proj", h, hid, h0, h1, 0, hid, reads);
+    q.g_a_proj = ReadQ8Block(ckpt, pre + "g_a_proj", k, hid, 0, k, 0, hid, reads);
+    q.g_b_proj = ReadQ8Block(ckpt, pre + "g_b_proj", p, k, p0, p1, 0, k, reads);
+    q.o_proj = ReadQ8Block(ckpt, pre + "o_proj", hid, p, 0, hid, p0, p1, reads);
+    r.q8 = std::move(q);
+  } else {
+    r.q_proj = ReadRows(ckpt, pre + "q_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+    r.k_proj = ReadRows(ckpt, pre + "k_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+    r.v_proj = ReadRows(ckpt, pre + "v_proj.weight", {{p, hid}}, hid, p0, p1, reads);
+    r.f_a_proj = ReadRows(ckpt, pre + "f_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
+    r.f_b_proj = ReadRows(ckpt, pre + "f_b_proj.weight", {{p, k}}, k, p0, p1, reads);
+    r.b_proj = ReadRows(ckpt, pre + "b_proj.weight", {{h, hid}}, hid, h0, h1, reads);
+    r.g_a_proj = ReadRows(ckpt, pre + "g_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
+    r.g_b_proj = ReadRows(ckpt, pre + "g_b_proj.weight", {{p, k}}, k, p0, p1, reads);
+    r.o_proj = ReadBlock(ckpt, pre + "o_proj.weight", {{hid, p}}, p, 0, hid, p0, p1, reads);
+  }
   r.q_conv = ReadRows(ckpt, pre + "q_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
   r.k_conv = ReadRows(ckpt, pre + "k_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
   r.v_conv = ReadRows(ckpt, pre + "v_conv1d.weight", {{p, 1, w}, {p, w}}, w, p0, p1, reads);
-  r.f_a_proj = ReadRows(ckpt, pre + "f_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
-  r.f_b_proj = ReadRows(ckpt, pre + "f_b_proj.weight", {{p, k}}, k, p0, p1, reads);
-  r.b_proj = ReadRows(ckpt, pre + "b_proj.weight", {{h, hid}}, hid, h0, h1, reads);
-  r.g_a_proj = ReadRows(ckpt, pre + "g_a_proj.weight", {{k, hid}}, hid, 0, k, reads);
-  r.g_b_proj = ReadRows(ckpt, pre + "g_b_proj.weight", {{p, k}}, k, p0, p1, reads);
   r.A_log = ReadRows(ckpt, pre + "A_log", {{1, 1, h, 1}, {h}}, 1, h0, h1, reads);
   r.dt_bias = ReadRows(ckpt, pre + "dt_bias", {{p}}, 1, p0, p1, reads);
   r.o_norm = ReadRows(ckpt, pre + "o_norm.weight", {{k}}, 1, 0, k, reads);
-  r.o_proj = ReadBlock(ckpt, pre + "o_proj.weight", {{hid, p}}, p, 0, hid, p0, p1, reads);
   return r;
 }
 
@@ -186,6 +251,20 @@ KdaLayerWeights ShardKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerSha
   r.dt_bias = CutBlock(w.dt_bias, 1, p0, p1, 0, 1);
   r.o_norm = w.o_norm;
   r.o_proj = CutBlock(w.o_proj, p, 0, hid, p0, p1);
+  if (w.q8) {
+    const KdaLayerQ8Weights& q = *w.q8;
+    KdaLayerQ8Weights s;
+    s.q_proj = SliceQ8(q.q_proj, p0, p1, 0, hid);
+    s.k_proj = SliceQ8(q.k_proj, p0, p1, 0, hid);
+    s.v_proj = SliceQ8(q.v_proj, p0, p1, 0, hid);
+    s.f_a_proj = q.f_a_proj;
+    s.f_b_proj = SliceQ8(q.f_b_proj, p0, p1, 0, k);
+    s.b_proj = SliceQ8(q.b_proj, shard.begin, shard.begin + shard.count, 0, hid);
+    s.g_a_proj = q.g_a_proj;
+    s.g_b_proj = SliceQ8(q.g_b_proj, p0, p1, 0, k);
+    s.o_proj = SliceQ8(q.o_proj, 0, hid, p0, p1);
+    r.q8 = std::move(s);
+  }
   return r;
 }
 

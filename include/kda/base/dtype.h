@@ -10,9 +10,12 @@
 
 namespace kda {
 
-enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8 };
+// I8 and F16 hold int8 projection weights and their fp16 scales
+// (kda/kernels/q8.h) in checkpoints; U8 holds masks (kda run's `computed`);
+// no activation has them.
+enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8, kI8, kF16 };
 
-// Safetensors spelling: "F32", "BF16", "I32", "I64", "U8".
+// Safetensors spelling: "F32", "BF16", "I32", "I64", "U8", "I8", "F16".
 const char* DTypeName(DType t);
 size_t DTypeSize(DType t);
 

@@ -34,7 +34,7 @@ struct TensorInfo {
 
 // A safetensors file opened read-only through mmap. Everything in the header is checked before it is trusted;
 // every problem is a kda::Error whose message has the path and names the problem. Accepted dtypes: F32, BF16,
-// I32, I64. The tensors must tile the data section exactly: no overlap, no gap, nothing after the last one.
+// I32, I64, I8, F16. The tensors must tile the data section exactly: no overlap, no gap, nothing after the last one.
 // Movable, not copyable.
 class SafetensorsFile {
  public:

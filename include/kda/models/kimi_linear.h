@@ -18,6 +18,7 @@
 #include "kda/base/dtype.h"
 #include "kda/base/kda_layer_shape.h"
 #include "kda/kernels/gemm.h"
+#include "kda/kernels/q8.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/radix_linear_attention.h"
 
@@ -39,7 +40,15 @@ constexpr KdaLayerShape KimiLinear48BLayerShape() {
   return s;
 }
 
+// The Linear projections of one layer in Q8 form, as a `kda quantize`
+// checkpoint holds them (layouts as in KdaLayerWeights).
+struct KdaLayerQ8Weights {
+  Q8Weight q_proj, k_proj, v_proj, f_a_proj, f_b_proj, b_proj, g_a_proj, g_b_proj, o_proj;
+};
+
 // One layer's weights as fp32 values, Hugging Face layouts (Linear [out, in]).
+// With `q8` set (an int8 checkpoint), the projections are there and the
+// projection vectors here are empty.
 struct KdaLayerWeights {
   std::vector<float> q_proj, k_proj, v_proj;  // [P, hidden]
   std::vector<float> q_conv, k_conv, v_conv;  // [P, W] (checkpoint [P, 1, W])
@@ -52,7 +61,25 @@ struct KdaLayerWeights {
   std::vector<float> dt_bias;                 // [P], index h*K + d
   std::vector<float> o_norm;                  // [V]
   std::vector<float> o_proj;                  // [hidden, P]
+  std::optional<KdaLayerQ8Weights> q8;
 };
+
+// The weights with every Linear projection replaced by its Q8 round trip,
+// DequantizeQ8(QuantizeQ8(w)) (exact fp32 values): what a kInt8 layer
+// multiplies by (rounded to bf16 in the bf16 pipeline). kda::Error as
+// QuantizeQ8.
+KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape);
+
+// The names of the Linear projections, as in `model.layers.{i}.self_attn.{name}.weight`.
+const std::vector<std::string>& KdaProjectionNames();
+
+// `kda quantize`: writes output_dir (config.json copied, model.safetensors)
+// with every KDA layer of the checkpoint in model_dir: each projection as
+// `model.layers.{i}.self_attn.{name}.weight` (I8 [out, in]) and
+// `...{name}.weight_scale` (F16 [out, in / 32]), the other KDA tensors as
+// they are. Other layers' tensors are not written. kda::Error (nothing
+// written) when output_dir exists and is not empty, and as QuantizeQ8.
+void QuantizeKdaCheckpoint(const std::string& model_dir, const std::string& output_dir);
 
 // The layer's shape from the config (layer-independent).
 KdaLayerShape KdaLayerShapeFromConfig(const KimiLinearConfig& config);
@@ -89,6 +116,9 @@ struct TensorRead {
   int64_t end = 0;
 };
 
+// A checkpoint written by QuantizeKdaCheckpoint is read into `q8` (its
+// scales checked finite and >= 0, its values in [-127, 127]).
+//
 // Like LoadKdaLayerWeights, but reads only the shard's part from the
 // checkpoint (every tensor's full shape is still checked): the rows of
 // q/k/v_proj, q/k/v_conv1d, f_b_proj, g_b_proj and b_proj and the entries of
@@ -111,12 +141,19 @@ class KimiDeltaAttention {
   // layer_id: the layer's index in the state pool. act_dtype F32: the fp32
   // pipeline; BF16: the bf16 pipeline (weights rounded to bf16).
   //
+  // weights_format kInt8: every Linear projection (q/k/v/o_proj, f_a/f_b,
+  // g_a/g_b, b_proj) is quantized here to Q8 (kda/kernels/q8.h; kda::Error
+  // when an input dim is not a multiple of 32); the convs, A_log, dt_bias and
+  // o_norm stay as they are. The layer then equals this class built from the
+  // dequantized weights (DequantizeKdaLayerWeights) with kDense, up to the
+  // order of fp32 sums.
+  //
   // Tensor parallelism: with a `tp` group of size > 1, `shape` and `weights`
   // are this rank's shard (shape.H = its heads; o_proj [hidden, its P]); the
   // partial o_proj outputs are summed in fp32 across the group and rounded
   // once, so every rank ends with the full output. `tp` must outlive the layer.
   KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& weights, DType act_dtype,
-                     Communicator* tp = nullptr);
+                     Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
   ~KimiDeltaAttention();
   KimiDeltaAttention(KimiDeltaAttention&&) noexcept;
   KimiDeltaAttention& operator=(KimiDeltaAttention&&) noexcept;
@@ -133,6 +170,9 @@ class KimiDeltaAttention {
 
   const KdaLayerShape& shape() const { return shape_; }
   DType act_dtype() const { return act_dtype_; }
+  WeightFormat weights_format() const { return qkv_proj_->weight_format(); }
+  // Bytes of projection weights (and Q8 scales) one forward streams.
+  int64_t projection_weight_bytes() const;
   const RadixLinearAttention& attn() const { return *attn_; }
 
  private:
@@ -152,22 +192,25 @@ class KimiDeltaAttention {
 struct KdaModel {
   KdaLayerShape shape;  // this rank's heads: shape.H = heads.count
   DType act_dtype = DType::kF32;
-  KdaHeadShard heads;                // the heads held, of heads.total (all of them without tp)
-  Communicator* tp = nullptr;        // the tp group (null: one rank); must outlive the model
-  std::vector<int> model_layer_ids;  // 0-based checkpoint layer index of each KDA layer
+  WeightFormat weights_format = WeightFormat::kDense;  // of the projections
+  KdaHeadShard heads;                                  // the heads held, of heads.total (all of them without tp)
+  Communicator* tp = nullptr;                          // the tp group (null: one rank); must outlive the model
+  std::vector<int> model_layer_ids;                    // 0-based checkpoint layer index of each KDA layer
   std::vector<KimiDeltaAttention> layers;
 
   // Every KDA layer of a checkpoint (config.json + safetensors), or only
   // `only_layer` (0-based; it must be a KDA layer). With a `tp` group, only
   // tp rank r's heads are read (kda::Error when tp->size() does not divide
   // the number of heads). Weights holding a NaN or infinity are refused
-  // (kda::Error naming the checkpoint key and element).
+  // (kda::Error naming the checkpoint key and element). weights_format
+  // kInt8: the projections are quantized as they load (each tp rank
+  // quantizes only its slices).
   static KdaModel Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer = std::nullopt,
-                       Communicator* tp = nullptr);
+                       Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
   // `num_layers` layers of deterministic random weights (the same full
   // weights on every rank; a `tp` rank keeps its heads' shard).
   static KdaModel Random(const KdaLayerShape& shape, int num_layers, DType act_dtype, uint64_t seed,
-                         Communicator* tp = nullptr);
+                         Communicator* tp = nullptr, WeightFormat weights_format = WeightFormat::kDense);
 
   int num_layers() const { return static_cast<int>(layers.size()); }
   // The unsharded model's shape (heads.total heads).

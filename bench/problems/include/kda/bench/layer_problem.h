@@ -41,4 +41,29 @@ struct LayerProblem {
   std::unique_ptr<Linear> qkv, f_a, f_b, b, g_a, g_b, o;
 };
 
+// Decode steps of whole layers at batch N (bf16 or fp32 activations,
+// projection weights in `weights`): `layers` layers of random weights, cycled
+// so that each step streams its layer's weights and states from memory
+// (choose layers with LayersFor), N requests continuing at prefix 16.
+struct LayerDecodeProblem {
+  LayerDecodeProblem(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape, int64_t N, int layers);
+  LayerDecodeProblem(const LayerDecodeProblem&) = delete;
+  LayerDecodeProblem& operator=(const LayerDecodeProblem&) = delete;
+
+  // One DECODE forward of layer i % layers.
+  void Step(int64_t i);
+  // Bytes one step must move at least: its layer's projection weights (and
+  // Q8 scales) read once, its N recurrent states and conv tails read and written.
+  int64_t StepBytes() const;
+  // Layers whose weights span `bytes` (>> the last-level cache).
+  static int LayersFor(int64_t layer_weight_bytes, int64_t bytes);
+
+  KdaModel model;
+  RecurrentStatePool pool;
+  HybridReqToTokenPool req;
+  KDAAttnBackend backend;
+  ForwardBatch batch;
+  ActBuffer x, out;
+};
+
 }  // namespace kda::bench
