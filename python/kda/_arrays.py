@@ -33,10 +33,18 @@ def shape_of(x, name: str) -> tuple:
 def for_core(x, name: str):
     """The object the core reads for ``x``: the array itself, or a view of it (no copy)."""
     if isinstance(x, np.ndarray):
+        if x.dtype == np.uint16:  # the core reads uint16 as bf16 bits: only our own views may be
+            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got uint16")
         return x.view(np.uint16) if x.dtype == BF16 else x
     if is_torch(x):
+        import torch
+
+        if x.dtype == torch.uint16:
+            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got torch.uint16")
         return x.detach()  # a tensor that requires grad cannot be exported through DLPack
     if is_jax(x) or hasattr(x, "__dlpack__"):
+        if np_dtype(x) == np.uint16:
+            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got uint16")
         return x
     raise TypeError(f"{name}: expected an array (numpy, torch or JAX), got {type(x).__name__}")
 

@@ -68,6 +68,8 @@ void RequireNdim(const A& a, size_t ndim, const char* name, const char* layout) 
 // --- definitions ---
 
 inline std::string DlpackDTypeName(nb::dlpack::dtype d) {
+  // Only bf16 arrays reach the core as uint16 (kda._arrays.for_core refuses real uint16 arrays).
+  if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16) return "bfloat16";
   const char* code = "?";
   switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
     case nb::dlpack::dtype_code::Int: code = "int"; break;

@@ -55,9 +55,9 @@ NumpyArray ToNumpy(std::vector<float>&& values, const std::vector<int64_t>& shap
 const void* CheckAct(const InArray& a, DType act, const std::vector<int64_t>& shape, const char* name,
                      const char* layout) {
   RequireNdim(a, shape.size(), name, layout);
+  RequireShape(a, shape, name, layout);
   RequireDType(a, act, name);
   RequireCpuContiguous(a, name);
-  RequireShape(a, shape, name, layout);
   return a.data();
 }
 
