@@ -62,7 +62,8 @@ fuzz: deps
 run: build
 	@$(BUILD)/kda bench
 
-lint: build
+# python-env: the compile database of the Python bindings (build-py/) for clang-tidy.
+lint: build python-env
 	@pre-commit run --all-files
 
 clean:

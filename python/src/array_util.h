@@ -72,13 +72,26 @@ inline std::string DlpackDTypeName(nb::dlpack::dtype d) {
   if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16) return "bfloat16";
   const char* code = "?";
   switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
-    case nb::dlpack::dtype_code::Int: code = "int"; break;
-    case nb::dlpack::dtype_code::UInt: code = "uint"; break;
-    case nb::dlpack::dtype_code::Float: code = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: code = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: code = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: code = "bool"; break;
-    default: break;
+    case nb::dlpack::dtype_code::Int:
+      code = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      code = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      code = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      code = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      code = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      code = "bool";
+      break;
+    default:
+      break;
   }
   return std::string(code) + std::to_string(d.bits);
 }
@@ -94,8 +107,7 @@ DType FloatDType(const A& a, const char* name) {
   if (IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16)) {
     return DType::kBF16;
   }
-  throw nb::type_error(
-      (std::string(name) + ": dtype must be float32 or bfloat16, got " + DlpackDTypeName(d)).c_str());
+  throw nb::type_error((std::string(name) + ": dtype must be float32 or bfloat16, got " + DlpackDTypeName(d)).c_str());
 }
 
 template <class A>
@@ -104,33 +116,41 @@ void RequireDType(const A& a, DType want, const char* name) {
   bool ok = false;
   const char* want_name = "?";
   switch (want) {
-    case DType::kF32: ok = IsDType(d, nb::dlpack::dtype_code::Float, 32); want_name = "float32"; break;
-    case DType::kI32: ok = IsDType(d, nb::dlpack::dtype_code::Int, 32); want_name = "int32"; break;
-    case DType::kI64: ok = IsDType(d, nb::dlpack::dtype_code::Int, 64); want_name = "int64"; break;
+    case DType::kF32:
+      ok = IsDType(d, nb::dlpack::dtype_code::Float, 32);
+      want_name = "float32";
+      break;
+    case DType::kI32:
+      ok = IsDType(d, nb::dlpack::dtype_code::Int, 32);
+      want_name = "int32";
+      break;
+    case DType::kI64:
+      ok = IsDType(d, nb::dlpack::dtype_code::Int, 64);
+      want_name = "int64";
+      break;
     case DType::kBF16:
       ok = IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16);
       want_name = "bfloat16";
       break;
   }
   if (!ok) {
-    throw nb::type_error(
-        (std::string(name) + ": dtype must be " + want_name + ", got " + DlpackDTypeName(d)).c_str());
+    throw nb::type_error((std::string(name) + ": dtype must be " + want_name + ", got " + DlpackDTypeName(d)).c_str());
   }
 }
 
 template <class A>
 void RequireCpuContiguous(const A& a, const char* name) {
   if (a.device_type() != nb::device::cpu::value) {
-    throw nb::type_error((std::string(name) + ": must be a CPU array (DLPack device type " +
-                          std::to_string(a.device_type()) + ")")
-                             .c_str());
+    throw nb::type_error(
+        (std::string(name) + ": must be a CPU array (DLPack device type " + std::to_string(a.device_type()) + ")")
+            .c_str());
   }
   int64_t expected = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expected) {
       throw nb::value_error((std::string(name) + ": must be C-contiguous (row-major, no gaps); shape " +
-                             ShapeString(ShapeOf(a)) + " has stride " + std::to_string(a.stride(i)) +
-                             " in dimension " + std::to_string(i) + " (make a contiguous copy first)")
+                             ShapeString(ShapeOf(a)) + " has stride " + std::to_string(a.stride(i)) + " in dimension " +
+                             std::to_string(i) + " (make a contiguous copy first)")
                                 .c_str());
     }
     expected *= static_cast<int64_t>(a.shape(i));

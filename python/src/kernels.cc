@@ -29,8 +29,8 @@ struct TokenArrays {
   MutBuf o;
 };
 
-TokenArrays CheckTokenArrays(const OutArray& o, const InArray& q, const InArray& k, const InArray& v,
-                             const InArray& g, const InArray& beta) {
+TokenArrays CheckTokenArrays(const OutArray& o, const InArray& q, const InArray& k, const InArray& v, const InArray& g,
+                             const InArray& beta) {
   TokenArrays t;
   RequireNdim(q, 4, "q", "[B, T, H, K]");
   RequireNdim(v, 4, "v", "[B, T, H, V]");
@@ -56,8 +56,8 @@ TokenArrays CheckTokenArrays(const OutArray& o, const InArray& q, const InArray&
   t.beta = {beta.data(), FloatDType(beta, "beta")};
   t.o = {o.data(), FloatDType(o, "o")};
   if (t.k.dtype != t.q.dtype || t.v.dtype != t.q.dtype) {
-    throw nb::type_error((std::string("q, k and v must have one dtype, got ") + ActivationDTypeName(t.q.dtype) +
-                          ", " + ActivationDTypeName(t.k.dtype) + ", " + ActivationDTypeName(t.v.dtype))
+    throw nb::type_error((std::string("q, k and v must have one dtype, got ") + ActivationDTypeName(t.q.dtype) + ", " +
+                          ActivationDTypeName(t.k.dtype) + ", " + ActivationDTypeName(t.v.dtype))
                              .c_str());
   }
   if (t.o.dtype != t.q.dtype) {
@@ -69,16 +69,16 @@ TokenArrays CheckTokenArrays(const OutArray& o, const InArray& q, const InArray&
 }
 
 // A_log [H] and dt_bias [H*K] (or [H, K]) as fp32, when use_gate_in_kernel.
-void SetGateOptions(KdaOptions& opt, const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias,
-                    int H, int K) {
+void SetGateOptions(KdaOptions& opt, const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias, int H,
+                    int K) {
   if (!opt.use_gate_in_kernel) return;
   if (!a_log) throw nb::value_error("A_log: required with use_gate_in_kernel=True (shape [H])");
   RequireDType(*a_log, DType::kF32, "A_log");
   RequireCpuContiguous(*a_log, "A_log");
   if (static_cast<int64_t>(a_log->size()) != H) {
-    throw nb::value_error(("A_log: expected H = " + std::to_string(H) + " elements ([H]), got shape " +
-                           ShapeString(ShapeOf(*a_log)))
-                              .c_str());
+    throw nb::value_error(
+        ("A_log: expected H = " + std::to_string(H) + " elements ([H]), got shape " + ShapeString(ShapeOf(*a_log)))
+            .c_str());
   }
   opt.A_log = static_cast<const float*>(a_log->data());
   if (dt_bias) {
@@ -111,11 +111,11 @@ const int32_t* CheckIndices(const InArray& idx, int64_t N, const char* name) {
   return static_cast<const int32_t*>(idx.data());
 }
 
-void ChunkKdaInto(OutArray o, std::optional<OutArray> final_state, std::optional<OutArray> state,
+void ChunkKdaInto(const OutArray& o, const std::optional<OutArray>& final_state, const std::optional<OutArray>& state,
                   const InArray& q, const InArray& k, const InArray& v, const InArray& g, const InArray& beta,
-                  const InArray& cu_seqlens, std::optional<InArray> initial_state,
-                  std::optional<InArray> state_indices, float scale, bool use_qk_l2norm_in_kernel,
-                  bool use_gate_in_kernel, std::optional<InArray> a_log, std::optional<InArray> dt_bias,
+                  const InArray& cu_seqlens, const std::optional<InArray>& initial_state,
+                  const std::optional<InArray>& state_indices, float scale, bool use_qk_l2norm_in_kernel,
+                  bool use_gate_in_kernel, const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias,
                   const std::string& kernel) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   const TokenArrays t = CheckTokenArrays(o, q, k, v, g, beta);
@@ -169,10 +169,11 @@ void ChunkKdaInto(OutArray o, std::optional<OutArray> final_state, std::optional
   chunk_kda(a, impl);
 }
 
-void FusedRecurrentKdaInto(OutArray o, OutArray state, const InArray& q, const InArray& k, const InArray& v,
-                           const InArray& g, const InArray& beta, const InArray& state_indices, float scale,
-                           bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, std::optional<InArray> a_log,
-                           std::optional<InArray> dt_bias, const std::string& kernel) {
+void FusedRecurrentKdaInto(const OutArray& o, const OutArray& state, const InArray& q, const InArray& k,
+                           const InArray& v, const InArray& g, const InArray& beta, const InArray& state_indices,
+                           float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+                           const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias,
+                           const std::string& kernel) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   const TokenArrays t = CheckTokenArrays(o, q, k, v, g, beta);
   RecurrentKdaArgs a;
@@ -209,21 +210,23 @@ void BindKernels(nb::module_& m) {
         "chunk_kda over a packed batch, writing o [B, T, H, V] and final_state [N, H, K, V] (contiguous form) "
         "or the pool `state` [S, H, K, V] through state_indices [N] int32 (pool form). cu_seqlens: int64 "
         "[N + 1] over the B*T packed tokens. bf16 arrays may come as DLPack bfloat16 or as uint16 bit views.");
-  m.def("fused_recurrent_kda_into", &FusedRecurrentKdaInto, nb::arg("o"), nb::arg("state"), nb::arg("q"),
-        nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("state_indices"), nb::arg("scale"),
+  m.def("fused_recurrent_kda_into", &FusedRecurrentKdaInto, nb::arg("o"), nb::arg("state"), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("state_indices"), nb::arg("scale"),
         nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("kernel"),
         "fused_recurrent_kda: one token per sequence (the B*T tokens of q are N sequences), sequence n "
         "updating state[state_indices[n]] in place (negative: padding, output zero).");
   m.def(
-      "set_num_threads", [](int n) {
+      "set_num_threads",
+      [](int n) {
         if (n < 1) throw nb::value_error(("set_num_threads: n must be >= 1, got " + std::to_string(n)).c_str());
         SetNumThreads(n);
       },
       nb::arg("n"), "Threads of the kernels (OpenMP).");
   m.def("get_num_threads", &NumThreads);
   m.def(
-      "active_kernel", [](const std::string& kernel) { return std::string(ActiveKernelDescription(ParseKernelImpl(kernel))); },
+      "active_kernel",
+      [](const std::string& kernel) { return std::string(ActiveKernelDescription(ParseKernelImpl(kernel))); },
       nb::arg("kernel") = "auto", "What a call with `kernel` runs: 'reference' or 'optimized/<isa>'.");
   m.def(
       "set_kernel_isa", [](const std::string& isa) { SetKernelIsa(ParseKernelIsa(isa)); }, nb::arg("isa"),

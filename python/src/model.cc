@@ -79,8 +79,8 @@ class KdaLayer {
 
   // (out [T, hidden], final_recurrent_state [N, H, K, V] fp32, final_conv_state [N, W-1, 3P]).
   std::tuple<NumpyArray, NumpyArray, NumpyArray> Forward(const InArray& x, const InArray& cu_seqlens,
-                                                         std::optional<InArray> init_rec,
-                                                         std::optional<InArray> init_conv) const {
+                                                         const std::optional<InArray>& init_rec,
+                                                         const std::optional<InArray>& init_conv) const {
     const KdaLayerShape& s = model_.shape;
     const DType act = model_.act_dtype;
     const size_t esize = DTypeSize(act);
@@ -103,9 +103,9 @@ class KdaLayer {
       }
     }
     if (cu[N] != T) {
-      throw nb::value_error(("cu_seqlens[N] must equal T = " + std::to_string(T) + " (hidden_states' rows), got " +
-                             std::to_string(cu[N]))
-                                .c_str());
+      throw nb::value_error(
+          ("cu_seqlens[N] must equal T = " + std::to_string(T) + " (hidden_states' rows), got " + std::to_string(cu[N]))
+              .c_str());
     }
     const int64_t rs = s.RecurrentStateSize();
     const int64_t cs = s.ConvStateSize();
@@ -133,8 +133,7 @@ class KdaLayer {
         const int32_t slot = req_pool.Alloc(n);
         if (seeded) {
           pool.SetLayerState(0, slot, rec0 != nullptr ? rec0 + n * rs : zero_rec.data(),
-                             conv0 != nullptr ? static_cast<const uint8_t*>(conv0) + n * cs * esize
-                                              : zero_conv.data());
+                             conv0 != nullptr ? static_cast<const uint8_t*>(conv0) + n * cs * esize : zero_conv.data());
         }
         batch.req_ids.push_back(n);
         batch.extend_lens.push_back(cu[n + 1] - cu[n]);
@@ -188,8 +187,8 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  void Submit(int64_t id, const InArray& x, int64_t decode_tokens, std::optional<InArray> init_rec,
-              std::optional<InArray> init_conv) {
+  void Submit(int64_t id, const InArray& x, int64_t decode_tokens, const std::optional<InArray>& init_rec,
+              const std::optional<InArray>& init_conv) {
     const KdaLayerShape& s = model_->shape;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
