@@ -70,6 +70,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         if cu.ndim != 1 or cu.size < 2:
             raise ValueError(f"cu_seqlens: expected shape [N + 1] with N >= 1, got {list(cu.shape)}")
     else:
+        if B < 1:
+            raise ValueError(f"q: chunk_kda needs at least one sequence (B >= 1), got shape {list(qs)}")
         cu = np.arange(B + 1, dtype=np.int64) * T
     N = cu.size - 1
     qdt = np_dtype(q)

@@ -143,6 +143,24 @@ def test_layer_and_engine_refuse_bad_input():
     assert list(eng.run()) == [rid]
 
 
+def test_empty_batches():
+    z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
+    o, s = kda.chunk_kda(z(1, 0, H, K), z(1, 0, H, K), z(1, 0, H, K), z(1, 0, H, K), z(1, 0, H),
+                         initial_state=np.ones((1, H, K, K), np.float32), output_final_state=True)
+    assert o.shape == (1, 0, H, K) and (s == 1).all()  # no token: the state passes through
+    run_refused(ValueError, r"q: chunk_kda needs at least one sequence", kda.chunk_kda, z(0, 5, H, K), z(0, 5, H, K),
+                z(0, 5, H, K), z(0, 5, H, K), z(0, 5, H))
+    pool = np.ones((3, H, K, K), np.float32)
+    o, s = kda.fused_recurrent_kda(z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H),
+                                   initial_state=pool)
+    assert o.shape == (0, 1, H, K) and s is pool and (pool == 1).all()
+    run_refused(ValueError, r"ssm_state_indices: expected shape \[N\] = \[2\], got \[2, 1\]", kda.fused_recurrent_kda,
+                z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H), initial_state=pool,
+                ssm_state_indices=np.array([[0], [1]]))
+    run_refused(ValueError, r"state_indices: values out of the range of int32", kda.chunk_kda, z(1, 3, H, K),
+                z(1, 3, H, K), z(1, 3, H, K), z(1, 3, H, K), z(1, 3, H), initial_state=pool, state_indices=[2**40])
+
+
 # --- zero copy and aliasing -----------------------------------------------------------------------
 
 def test_numpy_bf16_crosses_as_a_view():
