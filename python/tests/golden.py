@@ -79,6 +79,23 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def read_checkpoint_tensors(model_dir: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """Tensors of a checkpoint directory: model.safetensors, or the shards its
+    model.safetensors.index.json maps them to."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {weight_map[n] for n in names}
+    else:
+        files = {"model.safetensors"}
+    out = {}
+    for f in sorted(files):
+        t = read_safetensors(model_dir / f)
+        out.update({n: t[n] for n in names if n in t})
+    return out
+
+
 def golden_cases() -> list[tuple[str, str]]:
     """(set, case) for every case file of every set under golden_dir(), plus generated/kda-real when
     it has been generated. Empty when the golden directory is missing (the tests then skip or fail)."""

@@ -16,7 +16,7 @@ from golden import (
     golden_required,
     golden_set_dir,
     load_case,
-    read_safetensors,
+    read_checkpoint_tensors,
 )
 
 CASES = golden_cases()
@@ -56,9 +56,9 @@ class Case:
         return np.zeros((self.N, self.H, self.K, self.K), np.float32)
 
     def gate_params(self):
-        w = read_safetensors(self.set_dir / "model.safetensors")
-        a_log = w["model.layers.0.self_attn.A_log"].astype(np.float32).reshape(-1)
-        dt_bias = w["model.layers.0.self_attn.dt_bias"].astype(np.float32).reshape(-1)
+        names = ["model.layers.0.self_attn.A_log", "model.layers.0.self_attn.dt_bias"]
+        w = read_checkpoint_tensors(self.set_dir, names)
+        a_log, dt_bias = (w[n].astype(np.float32).reshape(-1) for n in names)
         return a_log, dt_bias
 
 
