@@ -273,15 +273,11 @@ def test_threads_and_kernel_switches():
         kda.set_kernel_isa("auto")
 
 
-def test_gil_released_while_computing():
-    # Two threads each run a layer; with the GIL released they overlap (checked by a third thread
-    # counting while they run: it must make progress during the computation).
+def assert_releases_gil(fn):
+    """fn runs while another Python thread keeps running (it could not while fn held the GIL)."""
     import threading
     import time
 
-    path = golden_set_dir("kda-mini")
-    d = load_case("kda-mini", "single_T1024")
-    L = kda.KimiDeltaAttention.from_pretrained(path, layer=0, dtype="float32", kernel="reference")
     ticks = []
     stop = threading.Event()
 
@@ -292,11 +288,25 @@ def test_gil_released_while_computing():
 
     t = threading.Thread(target=counter)
     t.start()
+    time.sleep(0.01)
     t0 = time.perf_counter()
-    L.forward(d["hidden_states"])
+    fn()
     t1 = time.perf_counter()
     stop.set()
     t.join()
     during = [x for x in ticks if t0 < x < t1]
-    assert t1 - t0 > 0.02, "forward too short to tell"
-    assert len(during) >= 5, f"the counter thread ran {len(during)} times in {t1 - t0:.3f} s of forward"
+    assert t1 - t0 > 0.02, "too short to tell"
+    assert len(during) >= 5, f"the other thread ran {len(during)} times in {t1 - t0:.3f} s"
+
+
+def test_gil_released_while_computing():
+    path = golden_set_dir("kda-mini")
+    d = load_case("kda-mini", "single_T1024")
+    x = d["hidden_states"]
+    L = kda.KimiDeltaAttention.from_pretrained(path, layer=0, dtype="float32", kernel="reference")
+    assert_releases_gil(lambda: L.forward(x))
+    eng = kda.Engine(path, max_running=2, prefill_chunk=256, dtype="float32", kernel="reference")
+    eng.submit(x)
+    assert_releases_gil(eng.run)
+    q, k, v = (d[n][None] for n in ("q_conv", "k_conv", "v_conv"))
+    assert_releases_gil(lambda: kda.chunk_kda(q, k, v, d["g"][None], d["beta"][None], kernel="reference"))

@@ -126,3 +126,25 @@ def test_bad_arguments_through_the_op():
         kt.chunk_kda(q, k[:, :, :1], v, g, beta)
     with pytest.raises(TypeError, match=r"q: dtype must be float32 or bfloat16, got float64"):
         kt.chunk_kda(q.double(), k, v, g, beta)
+
+
+def test_layer_and_engine_take_torch_tensors():
+    import ml_dtypes
+
+    from golden import golden_set_dir
+
+    path = golden_set_dir("kda-mini")
+    d = load_case("kda-mini", "varlen_initstate")
+    layer = kda.KimiDeltaAttention.from_pretrained(path, layer=0, dtype="bfloat16")
+    x = d["hidden_states"].astype(ml_dtypes.bfloat16)
+    want = layer.forward(x, d["cu_seqlens"], d["initial_recurrent_state"], d["initial_conv_state"].astype(x.dtype))
+    xt = torch.from_numpy(d["hidden_states"]).to(torch.bfloat16)
+    got = layer.forward(xt, torch.from_numpy(d["cu_seqlens"]), torch.from_numpy(d["initial_recurrent_state"]),
+                        torch.from_numpy(d["initial_conv_state"]).to(torch.bfloat16))
+    assert [g.dtype for g in got] == [torch.bfloat16, torch.float32, torch.bfloat16]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.float().numpy(), w.astype(np.float32))
+    eng = kda.Engine(path, max_running=2, dtype="bfloat16")
+    rid = eng.submit(xt[:10], decode_tokens=2)
+    r = eng.run()[rid]
+    assert isinstance(r.out, torch.Tensor) and r.out.dtype == torch.bfloat16 and r.out.shape == (10, 512)
