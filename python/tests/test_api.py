@@ -170,6 +170,21 @@ def test_numpy_bf16_crosses_as_a_view():
     assert for_core(y, "y") is y
 
 
+def test_read_only_inputs_are_read_in_place():
+    xs = list(problem(T=4, seed=9))
+    want, _ = kda.chunk_kda(*xs)
+    xs[:3] = [x.astype(ml_dtypes.bfloat16) for x in xs[:3]]
+    want_bf, _ = kda.chunk_kda(*xs)
+    for x in xs:
+        x.flags.writeable = False
+    got_bf, _ = kda.chunk_kda(*xs)
+    np.testing.assert_array_equal(got_bf.view(np.uint16), want_bf.view(np.uint16))
+    f32 = [x.astype(np.float32) for x in xs]
+    for x in f32:
+        x.flags.writeable = False
+    assert want.shape == kda.chunk_kda(*f32)[0].shape
+
+
 def test_contiguous_final_state_may_alias_nothing_and_pool_is_updated_in_place():
     q, k, v, g, beta = problem(T=6)
     init = np.random.default_rng(5).standard_normal((1, H, K, K)).astype(np.float32)
