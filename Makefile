@@ -9,7 +9,7 @@ FUZZERS := safetensors config checkpoint_index run_input
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: deps build test test-asan fuzz run lint clean
+.PHONY: deps build test test-python python-env test-asan fuzz run lint clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -22,6 +22,19 @@ build: deps $(BUILD)/Makefile
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@$(MAKE) --no-print-directory test-python
+
+# The Python package (numpy, JAX, PyTorch) and the examples, through pytest in the venv of
+# scripts/python-env.sh (KDA_VENV; outside the clone). KDA_BINARY_DIR: where the golden_generate
+# fixture of ctest wrote the generated golden sets.
+PYTEST_ARGS ?=
+python-env: deps
+	@bash scripts/python-env.sh
+
+test-python: deps
+	@venv=$$(bash scripts/python-env.sh) && cd python/tests && \
+	  KDA_BINARY_DIR=$(abspath $(BUILD)) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(JOBS)} \
+	  "$$venv/bin/python" -m pytest -q -rs $(PYTEST_ARGS) .
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan: deps
@@ -49,8 +62,9 @@ fuzz: deps
 run: build
 	@$(BUILD)/kda bench
 
-lint: build
+# python-env: the compile database of the Python bindings (build-py/) for clang-tidy.
+lint: build python-env
 	@pre-commit run --all-files
 
 clean:
-	@rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
+	@rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) build-py

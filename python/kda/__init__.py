@@ -1,0 +1,49 @@
+"""kda: Kimi Delta Attention inference on the CPU.
+
+- Kernels with fla's signatures: :func:`chunk_kda` (prefill) and :func:`fused_recurrent_kda`
+  (decode), over numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks
+  DLPack (torch tensors, JAX arrays), read in place.
+- :class:`KimiDeltaAttention`: one KDA layer of a Kimi-Linear checkpoint.
+- :class:`Engine`: the state pool and scheduler serving requests through all KDA layers.
+
+``import kda.torch`` registers the kernels as torch custom ops; ``import kda.jax`` gives the JAX
+kernels. Neither is imported here (both frameworks are optional).
+"""
+
+from . import _core
+from ._kernels import chunk_kda, fused_recurrent_kda
+from ._model import Engine, KimiDeltaAttention, RequestResult
+
+__version__ = "0.1.0"
+
+
+def set_num_threads(n: int) -> None:
+    """Threads of the kernels and layers (OpenMP)."""
+    _core.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return _core.get_num_threads()
+
+
+def active_kernel(kernel: str = "auto") -> str:
+    """What a call with ``kernel`` runs: "reference" or "optimized/<isa>"."""
+    return _core.active_kernel(kernel)
+
+
+def set_kernel_isa(isa: str) -> None:
+    """Instruction set of the optimized kernels: "auto" | "generic" | "avx2" | "avx512"."""
+    _core.set_kernel_isa(isa)
+
+
+__all__ = [
+    "chunk_kda",
+    "fused_recurrent_kda",
+    "KimiDeltaAttention",
+    "Engine",
+    "RequestResult",
+    "set_num_threads",
+    "get_num_threads",
+    "active_kernel",
+    "set_kernel_isa",
+]

@@ -1,0 +1,161 @@
+// Arrays crossing the Python boundary: any DLPack or buffer-protocol array on
+// the CPU (numpy, torch CPU tensors, JAX CPU arrays), read in place. Shape,
+// dtype, device and layout problems are refused with the argument's name
+// before any kernel runs: dtype and device problems as TypeError, shape and
+// layout problems as ValueError.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kda/base/dtype.h"
+
+namespace kda::python {
+
+namespace nb = nanobind;
+
+// Read-only and writable views of an array of any dtype, shape and device.
+using InArray = nb::ndarray<nb::ro>;
+using OutArray = nb::ndarray<>;
+
+// The dtype of a float array: F32, or BF16 (DLPack bfloat16, or uint16 holding
+// bf16 bits: numpy has no native bfloat16, so kda's Python layer passes
+// ml_dtypes.bfloat16 arrays as uint16 views).
+template <class A>
+DType FloatDType(const A& a, const char* name);
+
+// The exact dtype required of an array (F32, I32, I64); TypeError otherwise.
+template <class A>
+void RequireDType(const A& a, DType want, const char* name);
+
+// Shape as a vector, for checks and messages.
+template <class A>
+std::vector<int64_t> ShapeOf(const A& a) {
+  std::vector<int64_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<int64_t>(a.shape(i));
+  return s;
+}
+
+// On the CPU and C-contiguous (ValueError / TypeError naming the argument).
+template <class A>
+void RequireCpuContiguous(const A& a, const char* name);
+
+// ValueError "NAME: expected shape LAYOUT = [..], got [..]" unless the shape is `want`.
+template <class A>
+void RequireShape(const A& a, const std::vector<int64_t>& want, const char* name, const char* layout) {
+  if (ShapeOf(a) != want) {
+    throw nb::value_error((std::string(name) + ": expected shape " + layout + " = " + ShapeString(want) + ", got " +
+                           ShapeString(ShapeOf(a)))
+                              .c_str());
+  }
+}
+
+// ValueError unless the array has `ndim` dimensions.
+template <class A>
+void RequireNdim(const A& a, size_t ndim, const char* name, const char* layout) {
+  if (a.ndim() != ndim) {
+    throw nb::value_error((std::string(name) + ": expected a " + std::to_string(ndim) + "-D array " + layout +
+                           ", got shape " + ShapeString(ShapeOf(a)))
+                              .c_str());
+  }
+}
+
+// --- definitions ---
+
+inline std::string DlpackDTypeName(nb::dlpack::dtype d) {
+  // Only bf16 arrays reach the core as uint16 (kda._arrays.for_core refuses real uint16 arrays).
+  if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16) return "bfloat16";
+  const char* code = "?";
+  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
+    case nb::dlpack::dtype_code::Int:
+      code = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      code = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      code = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      code = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      code = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      code = "bool";
+      break;
+    default:
+      break;
+  }
+  return std::string(code) + std::to_string(d.bits);
+}
+
+inline bool IsDType(nb::dlpack::dtype d, nb::dlpack::dtype_code code, int bits) {
+  return d.code == static_cast<uint8_t>(code) && d.bits == bits && d.lanes == 1;
+}
+
+template <class A>
+DType FloatDType(const A& a, const char* name) {
+  const nb::dlpack::dtype d = a.dtype();
+  if (IsDType(d, nb::dlpack::dtype_code::Float, 32)) return DType::kF32;
+  if (IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16)) {
+    return DType::kBF16;
+  }
+  throw nb::type_error((std::string(name) + ": dtype must be float32 or bfloat16, got " + DlpackDTypeName(d)).c_str());
+}
+
+template <class A>
+void RequireDType(const A& a, DType want, const char* name) {
+  const nb::dlpack::dtype d = a.dtype();
+  bool ok = false;
+  const char* want_name = "?";
+  switch (want) {
+    case DType::kF32:
+      ok = IsDType(d, nb::dlpack::dtype_code::Float, 32);
+      want_name = "float32";
+      break;
+    case DType::kI32:
+      ok = IsDType(d, nb::dlpack::dtype_code::Int, 32);
+      want_name = "int32";
+      break;
+    case DType::kI64:
+      ok = IsDType(d, nb::dlpack::dtype_code::Int, 64);
+      want_name = "int64";
+      break;
+    case DType::kBF16:
+      ok = IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16);
+      want_name = "bfloat16";
+      break;
+  }
+  if (!ok) {
+    throw nb::type_error((std::string(name) + ": dtype must be " + want_name + ", got " + DlpackDTypeName(d)).c_str());
+  }
+}
+
+template <class A>
+void RequireCpuContiguous(const A& a, const char* name) {
+  if (a.device_type() != nb::device::cpu::value) {
+    throw nb::type_error(
+        (std::string(name) + ": must be a CPU array (DLPack device type " + std::to_string(a.device_type()) + ")")
+            .c_str());
+  }
+  if (a.size() == 0) return;  // no elements: any strides will do
+  int64_t expected = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) {
+      throw nb::value_error((std::string(name) + ": must be C-contiguous (row-major, no gaps); shape " +
+                             ShapeString(ShapeOf(a)) + " has stride " + std::to_string(a.stride(i)) + " in dimension " +
+                             std::to_string(i) + " (make a contiguous copy first)")
+                                .c_str());
+    }
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+}
+
+}  // namespace kda::python

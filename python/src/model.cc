@@ -1,0 +1,301 @@
+// kda._core layer and engine: one KDA layer of a checkpoint over a packed
+// batch (KdaLayer), and the serving loop over every KDA layer (Engine: the
+// state pool, model runner and scheduler). Outputs are returned as numpy
+// arrays owning C++ memory; bf16 ones as uint16 bit views (kda/__init__.py
+// views them as ml_dtypes.bfloat16). Computation runs without the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kda/kernels/kda.h"
+#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/models/kimi_linear.h"
+#include "kda/serving/model_runner.h"
+#include "kda/serving/scheduler.h"
+#include "python/src/array_util.h"
+#include "python/src/bindings.h"
+
+namespace kda::python {
+namespace {
+
+using NumpyArray = nb::ndarray<nb::numpy>;
+
+// A numpy array owning `bytes` (moved), of `shape` and element type `dtype`
+// (BF16 as uint16).
+NumpyArray ToNumpy(std::vector<uint8_t>&& bytes, const std::vector<int64_t>& shape, DType dtype) {
+  auto* owned = new std::vector<uint8_t>(std::move(bytes));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  std::vector<size_t> s(shape.begin(), shape.end());
+  nb::dlpack::dtype dt = dtype == DType::kBF16 ? nb::dtype<uint16_t>() : nb::dtype<float>();
+  return NumpyArray(owned->data(), s.size(), s.data(), owner, nullptr, dt);
+}
+
+NumpyArray ToNumpy(std::vector<float>&& values, const std::vector<int64_t>& shape) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  if (!values.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());
+  return ToNumpy(std::move(bytes), shape, DType::kF32);
+}
+
+// An activation array: the model's dtype, on the CPU, C-contiguous, of `shape`.
+const void* CheckAct(const InArray& a, DType act, const std::vector<int64_t>& shape, const char* name,
+                     const char* layout) {
+  RequireNdim(a, shape.size(), name, layout);
+  RequireShape(a, shape, name, layout);
+  RequireDType(a, act, name);
+  RequireCpuContiguous(a, name);
+  return a.data();
+}
+
+const float* CheckF32(const InArray& a, const std::vector<int64_t>& shape, const char* name, const char* layout) {
+  return static_cast<const float*>(CheckAct(a, DType::kF32, shape, name, layout));
+}
+
+// One KDA layer of a checkpoint.
+class KdaLayer {
+ public:
+  KdaLayer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel)
+      : kernel_(ParseKernelImpl(kernel)) {
+    const DType act = ParseActivationDType(dtype);
+    nb::gil_scoped_release release;
+    model_ = KdaModel::Load(path, act, layer);
+  }
+  KdaLayer(const KdaLayer&) = delete;
+  KdaLayer& operator=(const KdaLayer&) = delete;
+
+  // (out [T, hidden], final_recurrent_state [N, H, K, V] fp32, final_conv_state [N, W-1, 3P]).
+  std::tuple<NumpyArray, NumpyArray, NumpyArray> Forward(const InArray& x, const InArray& cu_seqlens,
+                                                         const std::optional<InArray>& init_rec,
+                                                         const std::optional<InArray>& init_conv) const {
+    const KdaLayerShape& s = model_.shape;
+    const DType act = model_.act_dtype;
+    const size_t esize = DTypeSize(act);
+    RequireNdim(x, 2, "hidden_states", "[T, hidden]");
+    const int64_t T = static_cast<int64_t>(x.shape(0));
+    const void* xd = CheckAct(x, act, {T, s.hidden}, "hidden_states", "[T, hidden]");
+    RequireDType(cu_seqlens, DType::kI64, "cu_seqlens");
+    RequireCpuContiguous(cu_seqlens, "cu_seqlens");
+    RequireNdim(cu_seqlens, 1, "cu_seqlens", "[N + 1]");
+    const int64_t N = static_cast<int64_t>(cu_seqlens.shape(0)) - 1;
+    if (N < 1) throw nb::value_error("cu_seqlens: expected shape [N + 1] with N >= 1, got [0]");
+    const auto* cu = static_cast<const int64_t*>(cu_seqlens.data());
+    if (cu[0] != 0) throw nb::value_error(("cu_seqlens[0] must be 0, got " + std::to_string(cu[0])).c_str());
+    for (int64_t n = 0; n < N; ++n) {
+      if (cu[n + 1] < cu[n]) {
+        throw nb::value_error(("cu_seqlens must be non-decreasing, but cu_seqlens[" + std::to_string(n + 1) +
+                               "] = " + std::to_string(cu[n + 1]) + " < cu_seqlens[" + std::to_string(n) +
+                               "] = " + std::to_string(cu[n]))
+                                  .c_str());
+      }
+    }
+    if (cu[N] != T) {
+      throw nb::value_error(
+          ("cu_seqlens[N] must equal T = " + std::to_string(T) + " (hidden_states' rows), got " + std::to_string(cu[N]))
+              .c_str());
+    }
+    const int64_t rs = s.RecurrentStateSize();
+    const int64_t cs = s.ConvStateSize();
+    const std::vector<int64_t> rec_shape = {N, s.H, s.K, s.K};
+    const std::vector<int64_t> conv_shape = {N, s.W - 1, s.ConvChannels()};
+    const float* rec0 = init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", "[N, H, K, V]") : nullptr;
+    const void* conv0 =
+        init_conv ? CheckAct(*init_conv, act, conv_shape, "initial_conv_state", "[N, W-1, 3P]") : nullptr;
+
+    std::vector<uint8_t> out(static_cast<size_t>(T * s.hidden) * esize);
+    std::vector<float> rec(static_cast<size_t>(N * rs));
+    std::vector<uint8_t> conv(static_cast<size_t>(N * cs) * esize);
+    {
+      nb::gil_scoped_release release;
+      // One EXTEND step of the packed batch through a pool of N slots.
+      RecurrentStatePool pool(1, N, s, act);
+      HybridReqToTokenPool req_pool(&pool);
+      KDAAttnBackend backend({&pool, &req_pool}, kernel_);
+      const bool seeded = rec0 != nullptr || conv0 != nullptr;
+      const std::vector<float> zero_rec(seeded && rec0 == nullptr ? rs : 0, 0.0F);
+      const std::vector<uint8_t> zero_conv(seeded && conv0 == nullptr ? cs * esize : 0, 0);
+      ForwardBatch batch;
+      batch.mode = ForwardMode::kExtend;
+      for (int64_t n = 0; n < N; ++n) {
+        const int32_t slot = req_pool.Alloc(n);
+        if (seeded) {
+          pool.SetLayerState(0, slot, rec0 != nullptr ? rec0 + n * rs : zero_rec.data(),
+                             conv0 != nullptr ? static_cast<const uint8_t*>(conv0) + n * cs * esize : zero_conv.data());
+        }
+        batch.req_ids.push_back(n);
+        batch.extend_lens.push_back(cu[n + 1] - cu[n]);
+        batch.prefix_lens.push_back(0);
+        batch.state_seeded.push_back(seeded ? 1 : 0);
+      }
+      backend.InitForwardMetadata(batch);
+      model_.layers[0].Forward({out.data(), act}, {xd, act}, backend);
+      for (int64_t n = 0; n < N; ++n) {
+        pool.GetLayerState(0, req_pool.SlotOf(n), rec.data() + n * rs, conv.data() + n * cs * esize);
+      }
+    }
+    return {ToNumpy(std::move(out), {T, s.hidden}, act), ToNumpy(std::move(rec), rec_shape),
+            ToNumpy(std::move(conv), conv_shape, act)};
+  }
+
+  const KdaModel& model() const { return model_; }
+
+ private:
+  KernelImpl kernel_;
+  KdaModel model_;
+};
+
+// The serving loop over every KDA layer of a checkpoint.
+class Engine {
+ public:
+  Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
+         int64_t step_token_budget, const std::string& kernel) {
+    const KernelImpl impl = ParseKernelImpl(kernel);
+    const DType act = ParseActivationDType(dtype);
+    if (max_running < 1) {
+      throw nb::value_error(("max_running must be >= 1, got " + std::to_string(max_running)).c_str());
+    }
+    if (prefill_chunk < 0) {
+      throw nb::value_error(("prefill_chunk must be >= 0 (0: no limit), got " + std::to_string(prefill_chunk)).c_str());
+    }
+    if (step_token_budget < 1) {
+      throw nb::value_error(("step_token_budget must be >= 1, got " + std::to_string(step_token_budget)).c_str());
+    }
+    nb::gil_scoped_release release;
+    model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act));
+    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), max_running, model_->shape, act);
+    req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
+    runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
+    SchedulerConfig config;
+    config.max_running = max_running;
+    config.prefill_chunk = prefill_chunk;
+    config.step_token_budget = step_token_budget;
+    scheduler_ = std::make_unique<Scheduler>(*runner_, MemoryPools{pool_.get(), req_pool_.get()}, config);
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void Submit(int64_t id, const InArray& x, int64_t decode_tokens, const std::optional<InArray>& init_rec,
+              const std::optional<InArray>& init_conv) {
+    const KdaLayerShape& s = model_->shape;
+    const DType act = model_->act_dtype;
+    const int64_t L = model_->num_layers();
+    RequireNdim(x, 2, "hidden_states", "[T, hidden]");
+    const int64_t T = static_cast<int64_t>(x.shape(0));
+    if (T < 1) throw nb::value_error("hidden_states: a request needs at least one token, got T = 0");
+    if (decode_tokens < 0) {
+      throw nb::value_error(("decode_tokens must be >= 0, got " + std::to_string(decode_tokens)).c_str());
+    }
+    ServeRequest r;
+    r.id = id;
+    r.input = {CheckAct(x, act, {T, s.hidden}, "hidden_states", "[T, hidden]"), act};
+    r.length = T;
+    r.decode_tokens = decode_tokens;
+    if (init_rec) {
+      r.initial_recurrent = CheckF32(*init_rec, {L, s.H, s.K, s.K}, "initial_recurrent_state", "[L, H, K, V]");
+    }
+    if (init_conv) {
+      r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.ConvChannels()}, "initial_conv_state", "[L, W-1, 3P]");
+    }
+    scheduler_->Submit(r);
+    // The scheduler reads the arrays in place: they are kept until the request ends.
+    inputs_[id] = {x, init_rec, init_conv};
+  }
+
+  // Runs every submitted request to its end: ([(id, out, final_recurrent, final_conv)], [(id, error)]).
+  std::tuple<std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray>>,
+             std::vector<std::tuple<int64_t, std::string>>>
+  Run() {
+    std::optional<std::string> error;
+    {
+      nb::gil_scoped_release release;
+      try {
+        scheduler_->RunToCompletion();
+      } catch (const Error& e) {
+        error = e.what();
+      }
+    }
+    const KdaLayerShape& s = model_->shape;
+    const DType act = model_->act_dtype;
+    const int64_t L = model_->num_layers();
+    std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray>> done;
+    for (RequestResult& r : scheduler_->TakeFinished()) {
+      const int64_t T = static_cast<int64_t>(r.out.size() / DTypeSize(act) / s.hidden);
+      done.emplace_back(r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
+                        ToNumpy(std::move(r.final_recurrent), {L, s.H, s.K, s.K}),
+                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.ConvChannels()}, act));
+      inputs_.erase(r.id);
+    }
+    std::vector<std::tuple<int64_t, std::string>> failed;
+    for (FailedRequest& f : scheduler_->TakeFailed()) {
+      failed.emplace_back(f.id, f.error);
+      inputs_.erase(f.id);
+    }
+    if (error && done.empty() && failed.empty()) throw Error(*error);
+    return {std::move(done), std::move(failed)};
+  }
+
+  const KdaModel& model() const { return *model_; }
+  int64_t num_waiting() const { return scheduler_->num_waiting(); }
+  int64_t num_running() const { return scheduler_->num_running(); }
+
+ private:
+  struct Kept {
+    InArray x;
+    std::optional<InArray> rec, conv;
+  };
+  // Destroyed in reverse: the scheduler first, the model last.
+  std::unique_ptr<KdaModel> model_;
+  std::unique_ptr<RecurrentStatePool> pool_;
+  std::unique_ptr<HybridReqToTokenPool> req_pool_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<int64_t, Kept> inputs_;
+};
+
+template <class C>
+void ShapeProperties(nb::class_<C>& c) {
+  c.def_prop_ro("hidden_size", [](const C& l) { return l.model().shape.hidden; });
+  c.def_prop_ro("num_heads", [](const C& l) { return l.model().shape.H; });
+  c.def_prop_ro("head_dim", [](const C& l) { return l.model().shape.K; });
+  c.def_prop_ro("conv_size", [](const C& l) { return l.model().shape.W; });
+  c.def_prop_ro("dtype", [](const C& l) { return std::string(ActivationDTypeName(l.model().act_dtype)); });
+  c.def_prop_ro("num_layers", [](const C& l) { return l.model().num_layers(); });
+  c.def_prop_ro("layer_ids", [](const C& l) { return l.model().model_layer_ids; });
+}
+
+}  // namespace
+
+void BindModel(nb::module_& m) {
+  nb::class_<KdaLayer> layer(m, "KdaLayer");
+  layer.def(nb::init<const std::string&, int, const std::string&, const std::string&>(), nb::arg("path"),
+            nb::arg("layer"), nb::arg("dtype"), nb::arg("kernel"));
+  layer.def("forward", &KdaLayer::Forward, nb::arg("hidden_states"), nb::arg("cu_seqlens"),
+            nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
+  ShapeProperties(layer);
+
+  nb::class_<Engine> engine(m, "Engine");
+  engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&>(),
+             nb::arg("path"), nb::arg("dtype"), nb::arg("max_running"), nb::arg("prefill_chunk"),
+             nb::arg("step_token_budget"), nb::arg("kernel"));
+  engine.def("submit", &Engine::Submit, nb::arg("id"), nb::arg("hidden_states"), nb::arg("decode_tokens"),
+             nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
+  engine.def("run", &Engine::Run);
+  engine.def_prop_ro("num_waiting", &Engine::num_waiting);
+  engine.def_prop_ro("num_running", &Engine::num_running);
+  ShapeProperties(engine);
+}
+
+}  // namespace kda::python

@@ -1,0 +1,22 @@
+// kda._core: the C++ library for Python (nanobind). kda::Error (bad input)
+// becomes ValueError; dtype and device problems are TypeError where the
+// bindings check them.
+#include <nanobind/nanobind.h>
+
+#include <exception>
+
+#include "kda/base/error.h"
+#include "python/src/bindings.h"
+
+NB_MODULE(_core, m) {
+  namespace nb = nanobind;
+  nb::register_exception_translator([](const std::exception_ptr& p, void* /*payload*/) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const kda::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  kda::python::BindKernels(m);
+  kda::python::BindModel(m);
+}
