@@ -122,8 +122,8 @@ ffi::Error Options(const char* who, const TokenOperands& t, float scale, bool l2
   opt.use_gate_in_kernel = gate;
   if (gate) {
     if (a_log.element_count() != static_cast<size_t>(t.H)) {
-      return ffi::Error::InvalidArgument(std::string(who) + ": use_gate_in_kernel needs A_log with H = " +
-                                         std::to_string(t.H) + " elements");
+      return ffi::Error::InvalidArgument(
+          std::string(who) + ": use_gate_in_kernel needs A_log with H = " + std::to_string(t.H) + " elements");
     }
     opt.A_log = a_log.typed_data();
     if (dt_bias.element_count() != 0) {
@@ -152,10 +152,9 @@ ffi::Error Run(F&& f) {
 
 ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta,
                         ffi::Buffer<ffi::S32> cu_seqlens, ffi::Buffer<ffi::F32> state,
-                        ffi::Buffer<ffi::S32> state_indices, ffi::Buffer<ffi::F32> a_log,
-                        ffi::Buffer<ffi::F32> dt_bias, ffi::Result<ffi::AnyBuffer> o,
-                        ffi::Result<ffi::Buffer<ffi::F32>> final_state, float scale, bool use_qk_l2norm_in_kernel,
-                        bool use_gate_in_kernel, bool output_final_state, bool pool) {
+                        ffi::Buffer<ffi::S32> state_indices, ffi::Buffer<ffi::F32> a_log, ffi::Buffer<ffi::F32> dt_bias,
+                        ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> final_state, float scale,
+                        bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, bool output_final_state, bool pool) {
   static const char* const kWho = "chunk_kda";
   TokenOperands t;
   if (ffi::Error e = CheckTokens(kWho, q, k, v, g, beta, *o, &t); e.failure()) return e;
@@ -267,18 +266,18 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()           // q
-                                  .Arg<ffi::AnyBuffer>()           // k
-                                  .Arg<ffi::AnyBuffer>()           // v
-                                  .Arg<ffi::AnyBuffer>()           // g
-                                  .Arg<ffi::AnyBuffer>()           // beta
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // initial state or pool
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // state_indices
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // A_log
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // dt_bias
-                                  .Ret<ffi::AnyBuffer>()           // o
-                                  .Ret<ffi::Buffer<ffi::F32>>()    // final state or pool
+                                  .Arg<ffi::AnyBuffer>()         // q
+                                  .Arg<ffi::AnyBuffer>()         // k
+                                  .Arg<ffi::AnyBuffer>()         // v
+                                  .Arg<ffi::AnyBuffer>()         // g
+                                  .Arg<ffi::AnyBuffer>()         // beta
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // initial state or pool
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // state_indices
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // A_log
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // dt_bias
+                                  .Ret<ffi::AnyBuffer>()         // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // final state or pool
                                   .Attr<float>("scale")
                                   .Attr<bool>("use_qk_l2norm_in_kernel")
                                   .Attr<bool>("use_gate_in_kernel")
@@ -287,18 +286,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()           // q
-                                  .Arg<ffi::AnyBuffer>()           // k
-                                  .Arg<ffi::AnyBuffer>()           // v
-                                  .Arg<ffi::AnyBuffer>()           // g
-                                  .Arg<ffi::AnyBuffer>()           // beta
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // state pool
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // ssm_state_indices
-                                  .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // A_log
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // dt_bias
-                                  .Ret<ffi::AnyBuffer>()           // o
-                                  .Ret<ffi::Buffer<ffi::F32>>()    // state pool
+                                  .Arg<ffi::AnyBuffer>()         // q
+                                  .Arg<ffi::AnyBuffer>()         // k
+                                  .Arg<ffi::AnyBuffer>()         // v
+                                  .Arg<ffi::AnyBuffer>()         // g
+                                  .Arg<ffi::AnyBuffer>()         // beta
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // state pool
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // ssm_state_indices
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // cu_seqlens
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // A_log
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // dt_bias
+                                  .Ret<ffi::AnyBuffer>()         // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // state pool
                                   .Attr<float>("scale")
                                   .Attr<bool>("use_qk_l2norm_in_kernel")
                                   .Attr<bool>("use_gate_in_kernel"));
