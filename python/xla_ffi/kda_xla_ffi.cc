@@ -6,18 +6,19 @@
 // shapes first; the checks here repeat them so that a direct call cannot read
 // out of bounds.
 //
-// Targets (inputs, results; attributes scale: f32, flags: pred):
-//   KdaChunkKda(q, k, v, g [B,T,H,K], v [B,T,H,V], beta [B,T,H],
-//               cu_seqlens [N+1] s32, state f32, state_indices [N] s32 or [0],
-//               A_log [H] f32 or [0], dt_bias [H*K] f32 or [0])
+// Targets (inputs in this order, results; attributes scale: f32, flags: pred;
+// q, k, g [B,T,H,K], v [B,T,H,V], beta [B,T,H], q/k/v one of f32/bf16):
+//   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32, state f32,
+//               state_indices [N] s32 or [0], A_log [H] f32 or [0],
+//               dt_bias [H*K] f32 or [0])
 //     -> (o [B,T,H,V] dtype of q, final_state f32)
 //     Contiguous form (pool = false): state is the initial state [N,H,K,V]
 //     or [0] (zeros); final_state is [N,H,K,V] when output_final_state, else
 //     [0]. Pool form (pool = true): state is the pool [S,H,K,V], aliased to
 //     final_state (input_output_aliases {6: 1}); the kernel reads and writes
 //     the pool through final_state, which XLA fills with the input first.
-//   KdaFusedRecurrentKda(q, k, g [B,T,H,K], v [B,T,H,V], beta [B,T,H],
-//               state [S,H,K,V] f32, state_indices [N] s32 (N = B*T),
+//   KdaFusedRecurrentKda(q, k, v, g, beta, state [S,H,K,V] f32,
+//               state_indices [N] s32 (N = B*T, one token per sequence),
 //               cu_seqlens [N+1] s32 or [0], A_log, dt_bias as above)
 //     -> (o [B,T,H,V], state [S,H,K,V] aliased to input 5)
 // cu_seqlens and state_indices are int32 (JAX's default integer type; the
