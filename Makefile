@@ -33,7 +33,7 @@ python-env: deps
 
 test-python: deps
 	@venv=$$(bash scripts/python-env.sh) && cd python/tests && \
-	  KDA_BINARY_DIR=$(abspath $(BUILD)) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(JOBS)} \
+	  KDA_BINARY_DIR=$(abspath $(BUILD)) KDA_REQUIRE_XLA_FFI=1 OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(JOBS)} \
 	  "$$venv/bin/python" -m pytest -q -rs $(PYTEST_ARGS) .
 
 # The suite under AddressSanitizer + UndefinedBehaviorSanitizer.

@@ -77,6 +77,7 @@ def main():
     diff = max(diff, float(jnp.max(jnp.abs(pool - ref_pool))))
     print(f"max |{kj.backend()} - naive| over outputs and states: {diff:.2e}")
     assert diff < 1e-4, diff
+    print("ok")
 
 
 if __name__ == "__main__":

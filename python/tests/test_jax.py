@@ -1,9 +1,8 @@
 """kda.jax: the XLA FFI kernels and the pure-JAX naive kernels, under jax.jit, against the golden
 kernel outputs and each other; state pools and their aliasing; bad arguments; the fallback.
 
-Run (from the repository root, the FFI library built with -DKDA_BUILD_XLA_FFI=ON):
-
-    KDA_XLA_FFI_LIBRARY=build/python/xla_ffi/libkda_xla_ffi.so PYTHONPATH=python pytest python/tests/test_jax.py
+Run by `make test-python` against the installed package; from a CMake build of the library
+(-DKDA_BUILD_XLA_FFI=ON), point $KDA_XLA_FFI_LIBRARY at build/python/xla_ffi/libkda_xla_ffi.so.
 
 Without the library the FFI tests skip (KDA_REQUIRE_XLA_FFI=1 makes them fail); without the golden
 data the golden tests skip (KDA_REQUIRE_GOLDEN=1 makes them fail). Tolerances are design §5's fp32
@@ -12,92 +11,30 @@ rule (base/tolerance.cc), as tests/layer_golden_test.cc applies it to the same k
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
 import kda.jax as kj
 from kda.jax import ffi as kffi
 
-REPO = Path(__file__).resolve().parents[2]
-GOLDEN = Path(os.environ.get("KDA_GOLDEN_DIR", REPO.parent / "shared" / "golden"))
+from golden import check_f32, golden_set_dir, load_case, read_safetensors, ulp_bf16
+from golden import check_state_f32 as check_state
+from golden import golden_cases as _all_golden_cases
+
 SETS = ("kda-mini", "kda-stress", "kda-loud")
 BACKENDS = ("ffi", "naive")
 
-# --- golden data and tolerance rules (numpy) ---------------------------------------------------
-
-_ST_DTYPES = {"F32": np.float32, "BF16": ml_dtypes.bfloat16, "I32": np.int32, "I64": np.int64}
-
-
-def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dt = np.dtype(_ST_DTYPES[info["dtype"]])
-        b, e = info["data_offsets"]
-        out[name] = np.frombuffer(data, dt, (e - b) // dt.itemsize, 8 + n + b).reshape(info["shape"]).copy()
-    return out
-
 
 def golden_cases() -> list[tuple[str, str]]:
-    cases = []
-    for s in SETS:
-        d = GOLDEN / s
-        if d.is_dir():
-            cases += [(s, f.stem) for f in sorted(d.glob("*.safetensors")) if f.name != "model.safetensors"]
-    if not cases:
-        cases = [("missing", "missing")]
-    return cases
-
-
-def load_case(set_name: str, case: str) -> dict[str, np.ndarray]:
-    path = GOLDEN / set_name / f"{case}.safetensors"
-    if not path.exists():
-        msg = f"golden data missing: {path} (set KDA_GOLDEN_DIR)"
-        if os.environ.get("KDA_REQUIRE_GOLDEN") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return read_safetensors(path)
-
-
-def check_f32(a, r, atol=1e-5, rtol=1e-5, what=""):
-    """design §5 fp32 rule: every element |a - r| <= atol + rtol |r|."""
-    a = np.asarray(a, np.float64).ravel()
-    r = np.asarray(r, np.float64).ravel()
-    assert a.shape == r.shape, what
-    d = np.abs(a - r)
-    tol = atol + rtol * np.abs(r)
-    bad = ~(d <= tol)
-    if bad.any():
-        i = int(np.argmax(bad))
-        pytest.fail(f"{what}: {int(bad.sum())} of {a.size} outside, first at {i}: got {a[i]} want {r[i]}, "
-                    f"max err/tol {np.nanmax(d / tol)}")
-
-
-def check_state(a, r, what=""):
-    """design §5 rule for final states: 1e-5 max(1, max|r|) + 1e-5 |r|."""
-    m = float(np.max(np.abs(r))) if np.size(r) else 0.0
-    check_f32(a, r, atol=1e-5 * max(1.0, m), rtol=1e-5, what=what)
-
-
-def ulp_bf16(m):
-    m = np.asarray(m, np.float64)
-    ok = (m != 0) & np.isfinite(m)
-    _, e = np.frexp(np.where(ok, m, 1.0))
-    return np.where(ok, np.ldexp(1.0, (e - 8).astype(np.int32)), 0.0)
+    """The kernel-level golden cases of the sets above (the real-shape set is too slow for the naive scan)."""
+    return [(s, c) for s, c in _all_golden_cases() if s in SETS]
 
 
 def check_bf16_output(a, r, what=""):
@@ -129,7 +66,7 @@ def backend(request):
 
 
 def _model_gate(set_name: str):
-    m = read_safetensors(GOLDEN / set_name / "model.safetensors")
+    m = read_safetensors(golden_set_dir(set_name) / "model.safetensors")
     a_log = m["model.layers.0.self_attn.A_log"]
     dt_bias = m["model.layers.0.self_attn.dt_bias"]
     return jnp.asarray(a_log), jnp.asarray(dt_bias)  # bf16, as in the checkpoint
@@ -550,7 +487,6 @@ def test_backend_selection():
 def _run_python(code: str, env_extra: dict) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.update(env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + env.get("PYTHONPATH", "").split(os.pathsep))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -578,29 +514,13 @@ print("OK", float(np.asarray(s).sum()))
     assert warnings[0].startswith("WARNING:kda.jax:")
 
 
-def test_library_found_next_to_the_package(tmp_path):
-    """Installed layout: kda/libkda_xla_ffi.so beside kda/jax/, no $KDA_XLA_FFI_LIBRARY."""
+def test_library_found_next_to_the_package():
+    """Installed layout: kda/libkda_xla_ffi.so beside kda/jax/, found without $KDA_XLA_FFI_LIBRARY."""
     _ffi_or_skip()
-    import shutil
-
-    shutil.copytree(REPO / "python" / "kda" / "jax", tmp_path / "kda" / "jax",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(kffi.library_path(), tmp_path / "kda" / kffi.LIBRARY_NAME)
     env = {k: v for k, v in os.environ.items() if k != kffi.ENV_LIBRARY}
-    env["PYTHONPATH"] = str(tmp_path)
-    code = "import kda.jax as kj; print(kj.backend(), kj.ffi.library_path())"
+    code = "import kda, kda.jax as kj; print(kj.backend(), kj.ffi.library_path(), kda.__file__)"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["ffi", str(tmp_path / "kda" / kffi.LIBRARY_NAME)]
-
-
-def test_example_runs():
-    """The example runs on the FFI kernels when the library loads, else on the fallback."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python"), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, str(REPO / "examples" / "jax_example.py")], capture_output=True, text=True,
-                       timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    want = "ffi" if kffi.load() else "naive"
-    assert f"backend: {want}" in r.stdout
-    assert f"max |{want} - naive| over outputs and states" in r.stdout
+    backend_name, lib, init = r.stdout.split()
+    assert backend_name == "ffi"
+    assert Path(lib) == Path(init).parent / kffi.LIBRARY_NAME
