@@ -189,7 +189,8 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
         {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}};
     // With the prefix cache, the rows reused from it are zeros in `out`: `computed` says which rows were computed.
     if (opt.prefix_cache) tensors.push_back({"computed", DType::kU8, {T}, s.computed.data()});
-    WriteSafetensors(opt.output, tensors, {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}, {"weights", WeightFormatName(wf)}});
+    WriteSafetensors(opt.output, tensors,
+                     {{"layer", std::to_string(layer)}, {"dtype", opt.dtype}, {"weights", WeightFormatName(wf)}});
   });
   if (!groups.is_root()) return 0;
   if (opt.prefix_cache) {
