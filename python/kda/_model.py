@@ -31,18 +31,21 @@ class KimiDeltaAttention:
         self._core = core
 
     @classmethod
-    def from_pretrained(cls, path, layer=None, dtype="bfloat16", kernel="auto") -> "KimiDeltaAttention":
+    def from_pretrained(cls, path, layer=None, dtype="bfloat16", kernel="auto", weights="bf16") -> "KimiDeltaAttention":
         """Layer ``layer`` (0-based model layer index; None: the first KDA layer) of the checkpoint in
-        directory ``path`` (config.json + safetensors). ``dtype``: "float32" or "bfloat16"."""
+        directory ``path`` (config.json + safetensors). ``dtype``: "float32" or "bfloat16".
+        ``weights``: "bf16" (the projections as the pipeline casts the checkpoint's weights) or
+        "int8" (Q8_0 projection weights, quantized at load or read from a ``kda quantize`` checkpoint)."""
         if layer is None:
             layer = _first_kda_layer(path)
-        return cls(_core.KdaLayer(os.fspath(path), int(layer), str(dtype), str(kernel)))
+        return cls(_core.KdaLayer(os.fspath(path), int(layer), str(dtype), str(kernel), str(weights)))
 
     hidden_size = property(lambda self: self._core.hidden_size)
     num_heads = property(lambda self: self._core.num_heads)
     head_dim = property(lambda self: self._core.head_dim)
     conv_size = property(lambda self: self._core.conv_size)
     dtype = property(lambda self: self._core.dtype)
+    weights = property(lambda self: self._core.weights)
 
     def forward(self, hidden_states, cu_seqlens=None, initial_recurrent_state=None, initial_conv_state=None):
         """The layer over a packed batch: hidden_states ``[T, hidden]`` in the layer's dtype, cu_seqlens
@@ -78,12 +81,13 @@ class RequestResult(NamedTuple):
 class Engine:
     """Serves requests through every KDA layer of a checkpoint the way an engine does: a state pool
     of ``max_running`` slots, chunked prefill (``prefill_chunk`` tokens of a request per step, 0: no
-    limit, at most ``step_token_budget`` per step), batched decode, slot reuse."""
+    limit, at most ``step_token_budget`` per step), batched decode, slot reuse. ``weights``: "bf16" or
+    "int8", as for :meth:`KimiDeltaAttention.from_pretrained`."""
 
     def __init__(self, path, max_running=16, prefill_chunk=0, dtype="bfloat16", step_token_budget=4096,
-                 kernel="auto"):
+                 kernel="auto", weights="bf16"):
         self._core = _core.Engine(os.fspath(path), str(dtype), int(max_running), int(prefill_chunk),
-                                  int(step_token_budget), str(kernel))
+                                  int(step_token_budget), str(kernel), str(weights))
         self._ids = itertools.count()
         self._like = {}
         #: Requests that ended without a result in the last run(): id -> error message.
@@ -93,6 +97,7 @@ class Engine:
     layer_ids = property(lambda self: list(self._core.layer_ids))
     hidden_size = property(lambda self: self._core.hidden_size)
     dtype = property(lambda self: self._core.dtype)
+    weights = property(lambda self: self._core.weights)
 
     def submit(self, hidden_states, decode_tokens=0, initial_recurrent_state=None, initial_conv_state=None,
                request_id=None) -> int:

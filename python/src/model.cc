@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kda/kernels/kda.h"
+#include "kda/kernels/q8.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
@@ -68,11 +69,13 @@ const float* CheckF32(const InArray& a, const std::vector<int64_t>& shape, const
 // One KDA layer of a checkpoint.
 class KdaLayer {
  public:
-  KdaLayer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel)
+  KdaLayer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel,
+           const std::string& weights)
       : kernel_(ParseKernelImpl(kernel)) {
     const DType act = ParseActivationDType(dtype);
+    const WeightFormat format = ParseWeightFormat(weights);
     nb::gil_scoped_release release;
-    model_ = KdaModel::Load(path, act, layer);
+    model_ = KdaModel::Load(path, act, layer, nullptr, format);
   }
   KdaLayer(const KdaLayer&) = delete;
   KdaLayer& operator=(const KdaLayer&) = delete;
@@ -161,9 +164,10 @@ class KdaLayer {
 class Engine {
  public:
   Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
-         int64_t step_token_budget, const std::string& kernel) {
+         int64_t step_token_budget, const std::string& kernel, const std::string& weights) {
     const KernelImpl impl = ParseKernelImpl(kernel);
     const DType act = ParseActivationDType(dtype);
+    const WeightFormat format = ParseWeightFormat(weights);
     if (max_running < 1) {
       throw nb::value_error(("max_running must be >= 1, got " + std::to_string(max_running)).c_str());
     }
@@ -174,7 +178,7 @@ class Engine {
       throw nb::value_error(("step_token_budget must be >= 1, got " + std::to_string(step_token_budget)).c_str());
     }
     nb::gil_scoped_release release;
-    model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act));
+    model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act, std::nullopt, nullptr, format));
     pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), max_running, model_->shape, act);
     req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
     runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
@@ -272,6 +276,7 @@ void ShapeProperties(nb::class_<C>& c) {
   c.def_prop_ro("head_dim", [](const C& l) { return l.model().shape.K; });
   c.def_prop_ro("conv_size", [](const C& l) { return l.model().shape.W; });
   c.def_prop_ro("dtype", [](const C& l) { return std::string(ActivationDTypeName(l.model().act_dtype)); });
+  c.def_prop_ro("weights", [](const C& l) { return std::string(WeightFormatName(l.model().weights_format)); });
   c.def_prop_ro("num_layers", [](const C& l) { return l.model().num_layers(); });
   c.def_prop_ro("layer_ids", [](const C& l) { return l.model().model_layer_ids; });
 }
@@ -280,16 +285,17 @@ void ShapeProperties(nb::class_<C>& c) {
 
 void BindModel(nb::module_& m) {
   nb::class_<KdaLayer> layer(m, "KdaLayer");
-  layer.def(nb::init<const std::string&, int, const std::string&, const std::string&>(), nb::arg("path"),
-            nb::arg("layer"), nb::arg("dtype"), nb::arg("kernel"));
+  layer.def(nb::init<const std::string&, int, const std::string&, const std::string&, const std::string&>(),
+            nb::arg("path"), nb::arg("layer"), nb::arg("dtype"), nb::arg("kernel"), nb::arg("weights"));
   layer.def("forward", &KdaLayer::Forward, nb::arg("hidden_states"), nb::arg("cu_seqlens"),
             nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
   ShapeProperties(layer);
 
   nb::class_<Engine> engine(m, "Engine");
-  engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&>(),
+  engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&,
+                      const std::string&>(),
              nb::arg("path"), nb::arg("dtype"), nb::arg("max_running"), nb::arg("prefill_chunk"),
-             nb::arg("step_token_budget"), nb::arg("kernel"));
+             nb::arg("step_token_budget"), nb::arg("kernel"), nb::arg("weights"));
   engine.def("submit", &Engine::Submit, nb::arg("id"), nb::arg("hidden_states"), nb::arg("decode_tokens"),
              nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
   engine.def("run", &Engine::Run);

@@ -79,6 +79,20 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """Writes numpy arrays (dtypes of the table above) as a safetensors file."""
+    names = {v: k for k, v in _DTYPES.items()}
+    header, blobs, offset = {}, [], 0
+    for name, arr in tensors.items():
+        blob = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": names[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
 def read_checkpoint_tensors(model_dir: Path, names: list[str]) -> dict[str, np.ndarray]:
     """Tensors of a checkpoint directory: model.safetensors, or the shards its
     model.safetensors.index.json maps them to."""
