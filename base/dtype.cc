@@ -75,15 +75,13 @@ size_t DTypeSize(DType t) {
     case DType::kI32:
       return 4;
     case DType::kBF16:
+    case DType::kF16:
       return 2;
     case DType::kI64:
       return 8;
     case DType::kU8:
-      return 1;
     case DType::kI8:
       return 1;
-    case DType::kF16:
-      return 2;
   }
   return 0;
 }
