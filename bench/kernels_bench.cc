@@ -20,18 +20,31 @@
 //     tokens (part 0) or its projection GEMMs alone (part 1), optimized
 //     kernels; counter time_per_token. The layer over the GEMMs is the ratio
 //     `kda bench-kernels` reports.
+//   BM_LinearDecode/<weights>/<M>: one projection of M rows (decode batch),
+//     fused q/k/v shape (12288 x 2304), bf16 activations, bf16 (weights 0) or
+//     int8 (weights 1) weights, cycling over copies spanning >= 256 MB so that
+//     the weights come from memory; an iteration is one product.
+//   BM_DecodeLayer/<weights>/<N>: one DECODE step of the whole layer, bf16
+//     activations, at batch N, with bf16 (weights 0) or int8 (weights 1)
+//     projection weights, the layers cycling over >= 256 MB of weights so that
+//     each step streams its layer's weights and states from memory; an
+//     iteration is one step.
 // impl: 0 = reference, 1 = optimized (the CPU's best ISA variant, or KDA_ISA);
 // dtype: 0 = float32, 1 = bfloat16.
 // Example: ./build/kda_bench --benchmark_filter='Chunk.*/impl:1/' --benchmark_repetitions=5
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "kda/base/dtype.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
+#include "kda/kernels/gemm.h"
 #include "kda/kernels/kda.h"
+#include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
 
 namespace kda {
@@ -146,6 +159,46 @@ void BM_KdaLayer(benchmark::State& state) {
       static_cast<double>(p.tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+void BM_LinearDecode(benchmark::State& state) {
+  const bool int8 = state.range(0) != 0;
+  const int64_t m = state.range(1);
+  constexpr int64_t kOut = 3 * 4096;
+  const int64_t in = kShape.hidden;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0F, 0.02F);
+  std::vector<float> w(static_cast<size_t>(kOut * in));
+  for (float& v : w) v = normal(rng);
+  const int64_t bytes = int8 ? kOut * in * 17 / 16 : kOut * in * 2;
+  std::vector<Linear> copies;
+  for (int64_t i = 0; i < std::max<int64_t>(2, ((int64_t{256} << 20) + bytes - 1) / bytes); ++i) {
+    copies.push_back(int8 ? Linear(QuantizeQ8(w, kOut, in), DType::kBF16) : Linear(w, kOut, in, DType::kBF16));
+  }
+  std::vector<BF16> x(static_cast<size_t>(m * in));
+  for (BF16& v : x) v = ToBF16(normal(rng));
+  std::vector<BF16> y(static_cast<size_t>(m * kOut));
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  for (const Linear& l : copies) l.Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, m);  // warm-up
+  size_t i = 0;
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+    copies[i++ % copies.size()].Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, m);
+  }
+  state.counters["bytes_per_second"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_DecodeLayer(benchmark::State& state) {
+  const WeightFormat weights = state.range(0) == 0 ? WeightFormat::kDense : WeightFormat::kInt8;
+  const int64_t n = state.range(1);
+  const int64_t layer_bytes =
+      bench::LayerDecodeProblem(DType::kBF16, weights, kShape, 1, 1).model.layers.front().projection_weight_bytes();
+  bench::LayerDecodeProblem p(DType::kBF16, weights, kShape, n,
+                              bench::LayerDecodeProblem::LayersFor(layer_bytes, int64_t{256} << 20));
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  for (int i = 0; i < p.model.num_layers(); ++i) p.Step(i);  // warm-up: one pass over the layers
+  int64_t step = 0;
+  for (auto _ : state) p.Step(step++);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+}
+
 void ChunkArgs(benchmark::internal::Benchmark* b, int64_t impl) {
   b->ArgNames({"impl", "dtype", "batch"});
   for (int64_t dtype : {0, 1}) {
@@ -191,6 +244,22 @@ BENCHMARK(BM_ShortConv)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MinTime(0.5)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_LinearDecode)
+    ->ArgNames({"weights", "M"})
+    ->ArgsProduct({{0, 1}, {1, 8}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime()
+    ->MinTime(1.0)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_DecodeLayer)
+    ->ArgNames({"weights", "N"})
+    ->ArgsProduct({{0, 1}, {1, 8}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime()
+    ->MinTime(1.0)
     ->Repetitions(3)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_KdaLayer)

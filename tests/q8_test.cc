@@ -231,8 +231,10 @@ void ExpectCloseToReference(const std::vector<float>& y, const std::vector<float
 
 TEST_P(Q8LinearTest, MatchesReferenceAndDenseLinearOnDequantizedWeights) {
   // Row counts around the small-M kernel's tiles (1, 2, 4, 8) and its limit
-  // (16); output dims with tails of the 4- and 2-row blocks and of a job.
-  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {130, 256}, {3, 32}}) {
+  // (16); output dims with tails of the 4- and 2-row blocks and of a job; an
+  // input dim of 25 blocks: spans of 8 blocks and a tail (16-register targets
+  // walk batches of 8+ rows in spans, over groups of 8 output rows: n = 19).
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {130, 256}, {3, 32}, {19, 800}}) {
     const LinearProblem p = MakeProblem(n, k, static_cast<uint32_t>(n * 1000 + k));
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const bool bf16 = dtype == DType::kBF16;

@@ -17,6 +17,9 @@ namespace {
 
 constexpr int64_t kBlock = 32;
 constexpr int kLanes = Vec::kLanes;
+// Vector registers of the target: a tile's accumulators, weights, scale and
+// input must fit (the x86-64 baseline and AVX2 have 16, AVX-512 32).
+constexpr int kRegisters = KDA_TARGET == KDA_TARGET_AVX512 ? 32 : 16;
 static_assert(kBlock % kLanes == 0, "a Q8 block is a whole number of registers");
 
 // fp16 bits -> fp32 (exact; the scales are checked finite where they enter).
@@ -30,16 +33,6 @@ KDA_INLINE float HalfToFloat(uint16_t h) {
   }
   if (e == 31) return Scalar::FromBits(sign | 0x7f800000U | (m << 13));
   return Scalar::FromBits(sign | ((e + 112U) << 23) | (m << 13));
-}
-
-// The weight rows of a tile are short streams (K bytes each): the next tile's
-// rows, R * K bytes ahead, are prefetched while this one runs, one cache line
-// per row every other block.
-template <int R>
-KDA_INLINE void PrefetchNextRows(const int8_t* q, int64_t K, int64_t b) {
-  if ((b & 1) == 0) {
-    for (int r = 0; r < R; ++r) __builtin_prefetch(q + (R + r) * K + b * 32, 0, 3);
-  }
 }
 
 // Blocks of scales converted at once (fp16 -> fp32).
@@ -70,30 +63,37 @@ KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
 #endif
 }
 
-// The register's values rounded to bf16 (nearest even), as fp32.
-KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) { return Vec::FromBits(BF16RoundedBits(Vec::Bits(w)) << 16); }
+// The register's values rounded to bf16 (nearest even), as fp32. Only for
+// finite values (dequantized weights: their scales and values are checked
+// where they enter), so kda::BF16RoundedBits' NaN case and its shift down and
+// back are left out: five integer operations per register.
+KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) {
+  const auto u = Vec::Bits(w);
+  return Vec::FromBits((u + (0x7fffU + ((u >> 16) & 1U))) & 0xffff0000U);
+}
 
-// Output rows [n, n + R) for input rows [m0, m0 + MT): R * MT accumulators in
-// registers, each weight register dequantized once and used MT times, each
-// input register loaded once and used R times.
+// Accumulates blocks [b0, b1) of output rows [n, n + R) times input rows
+// [m0, m0 + MT) into acc: each weight register dequantized once and used MT
+// times, each input register loaded once and used R times. The weight rows
+// are short streams (K bytes each): the bytes `ahead` of the current ones are
+// prefetched, one cache line per row every other block.
 template <int R, int MT, bool kRoundBF16>
-KDA_INLINE void Tile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
+KDA_INLINE void TileSpan(const internal::Q8GemvArgs& a, int64_t n, int64_t m0, int64_t b0, int64_t b1, int64_t ahead,
+                         Vec::Reg (&acc)[R][MT]) {
   const int64_t K = a.k;
   const int64_t nb = K / kBlock;
-  Vec::Reg acc[R][MT];
-  for (int r = 0; r < R; ++r) {
-    for (int i = 0; i < MT; ++i) acc[r][i] = Vec::Zero();
-  }
   const int8_t* q = a.q + n * K;
   const uint16_t* sc = a.scales + n * nb;
   const float* x = a.x + m0 * K;
-  float sf[R][kScaleChunk];
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t bc = b % kScaleChunk;
+  float sf[R][kScaleChunk] = {};  // filled kScaleChunk blocks at a time below
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t bc = (b - b0) % kScaleChunk;
     if (bc == 0) {
-      for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, nb - b < kScaleChunk ? nb - b : kScaleChunk);
+      for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, b1 - b < kScaleChunk ? b1 - b : kScaleChunk);
     }
-    PrefetchNextRows<R>(q, K, b);
+    if (((b - b0) & 1) == 0) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(q + r * K + b * kBlock + ahead, 0, 3);
+    }
     Vec::Reg s[R];
     for (int r = 0; r < R; ++r) s[r] = Vec::Set1(sf[r][bc]);
     for (int64_t j = 0; j < kBlock; j += kLanes) {
@@ -109,6 +109,12 @@ KDA_INLINE void Tile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
       }
     }
   }
+}
+
+// y for output rows [n, n + R) and input rows [m0, m0 + MT): each
+// accumulator's lanes summed, rounded once where the output is bf16.
+template <int R, int MT>
+KDA_INLINE void StoreTile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0, const Vec::Reg (&acc)[R][MT]) {
   for (int i = 0; i < MT; ++i) {
     for (int r = 0; r < R; ++r) {
       const float v = Vec::ReduceAdd(acc[r][i]);
@@ -122,17 +128,58 @@ KDA_INLINE void Tile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
   }
 }
 
-// Every input row for output rows [n, n + R): tiles of 8, 4, 2, 1 rows (the
+// Output rows [n, n + R) for input rows [m0, m0 + MT), the whole K in
+// registers; the next tile's rows (R * K bytes ahead) are prefetched.
+template <int R, int MT, bool kRoundBF16>
+KDA_INLINE void Tile(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) {
+  Vec::Reg acc[R][MT];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < MT; ++i) acc[r][i] = Vec::Zero();
+  }
+  TileSpan<R, MT, kRoundBF16>(a, n, m0, 0, a.k / kBlock, R * a.k, acc);
+  StoreTile<R, MT>(a, n, m0, acc);
+}
+
+// Input rows [m0, m) for output rows [n, n + R): tiles of 8, 4, 2, 1 rows (the
 // weight rows stay in cache across a row's tiles).
 template <int R, bool kRoundBF16>
-KDA_INLINE void Rows(const internal::Q8GemvArgs& a, int64_t n) {
-  int64_t m0 = 0;
-  if constexpr (R <= 2) {
+KDA_INLINE void Rows(const internal::Q8GemvArgs& a, int64_t n, int64_t m0 = 0) {
+  if constexpr (R * 8 + R + 2 <= kRegisters) {
     for (; m0 + 8 <= a.m; m0 += 8) Tile<R, 8, kRoundBF16>(a, n, m0);
   }
   for (; m0 + 4 <= a.m; m0 += 4) Tile<R, 4, kRoundBF16>(a, n, m0);
   for (; m0 + 2 <= a.m; m0 += 2) Tile<R, 2, kRoundBF16>(a, n, m0);
   for (; m0 < a.m; ++m0) Tile<R, 1, kRoundBF16>(a, n, m0);
+}
+
+// Batches of 8 or more input rows on 16-register targets, which hold one
+// output row's 8 accumulators: every output row of a tile reads the 8 input
+// rows in full (74 KB in fp32 at hidden 2304, from L2), which bounds the
+// step. So a group of up to kGroupRows output rows is walked in spans of
+// kSpanBlocks blocks, each span of the 8 input rows (8 KiB) staying in L1
+// while the group's weight rows stream by; the accumulators wait in memory
+// (L1) between spans. Each row's next span is prefetched, and during the
+// last span the next group's first.
+constexpr int kGroupRows = 8;
+constexpr int64_t kSpanBlocks = 8;
+
+template <bool kRoundBF16>
+KDA_INLINE void GroupRows(const internal::Q8GemvArgs& a, int64_t n, int g) {
+  const int64_t nb = a.k / kBlock;
+  int64_t m0 = 0;
+  for (; m0 + 8 <= a.m; m0 += 8) {
+    Vec::Reg acc[kGroupRows][1][8];
+    for (int r = 0; r < g; ++r) {
+      for (int i = 0; i < 8; ++i) acc[r][0][i] = Vec::Zero();
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += kSpanBlocks) {
+      const int64_t b1 = b0 + kSpanBlocks < nb ? b0 + kSpanBlocks : nb;
+      const int64_t ahead = b1 < nb ? kSpanBlocks * kBlock : g * a.k - b0 * kBlock;
+      for (int r = 0; r < g; ++r) TileSpan<1, 8, kRoundBF16>(a, n + r, m0, b0, b1, ahead, acc[r]);
+    }
+    for (int r = 0; r < g; ++r) StoreTile<1, 8>(a, n + r, m0, acc[r]);
+  }
+  for (int r = 0; r < g; ++r) Rows<1, kRoundBF16>(a, n + r, m0);
 }
 
 #if KDA_TARGET == KDA_TARGET_AVX512
@@ -157,7 +204,9 @@ KDA_BF16_DOT void TileDot(const internal::Q8GemvArgs& a, int64_t n, int64_t m0) 
     if (bc == 0) {
       for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, nb - b < kScaleChunk ? nb - b : kScaleChunk);
     }
-    PrefetchNextRows<R>(q, K, b);
+    if ((b & 1) == 0) {  // the next tile's rows, as in TileSpan
+      for (int r = 0; r < R; ++r) __builtin_prefetch(q + (R + r) * K + b * kBlock, 0, 3);
+    }
     const int64_t k = b * kBlock;
     __m512bh w[R];
     for (int r = 0; r < R; ++r) {
@@ -212,8 +261,11 @@ void GemvRange(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1) {
   int64_t n = n0;
   if (a.m <= 4) {
     for (; n + 4 <= n1; n += 4) Rows<4, kRoundBF16>(a, n);
-  } else {
+  } else if constexpr (kRegisters >= 32) {
     for (; n + 2 <= n1; n += 2) Rows<2, kRoundBF16>(a, n);
+  } else {
+    for (; n < n1; n += kGroupRows)
+      GroupRows<kRoundBF16>(a, n, n1 - n < kGroupRows ? static_cast<int>(n1 - n) : kGroupRows);
   }
   for (; n < n1; ++n) Rows<1, kRoundBF16>(a, n);
 }
