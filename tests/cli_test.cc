@@ -193,6 +193,35 @@ TEST_F(CliTest, BenchPrintsItsJsonLine) {
   EXPECT_NE(last.find("\"weights\": \"bf16\", \"weight_bytes_per_layer\": 78921728"), std::string::npos) << last;
 }
 
+// --vs-one-shot: the served prefill per layer next to one layer's one-shot
+// prefill of --max-prompt tokens, in the text and the JSON line, consistent
+// with the served rate; refused where the comparison would not be like for like.
+TEST_F(CliTest, BenchComparesServedPrefillWithOneShot) {
+  const CliResult r = RunCli(
+      "bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 2 --layers 2 --prefill-chunk 16 "
+      "--vs-one-shot --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("us/token one-shot (one sequence of 70 tokens)"), std::string::npos) << r.out;
+  const std::string last = r.out.substr(r.out.rfind('{'));
+  const auto number = [&](const std::string& key) {
+    const size_t at = last.find("\"" + key + "\": ");
+    EXPECT_NE(at, std::string::npos) << key << " in " << last;
+    return at == std::string::npos ? 0.0 : std::stod(last.substr(at + key.size() + 4));
+  };
+  const double served = number("prefill_us_per_token_per_layer");
+  const double one_shot = number("one_shot_layer_us_per_token");
+  EXPECT_GT(one_shot, 0.0);
+  EXPECT_NEAR(served, 1e6 / (number("prefill_tokens_per_s") * 2), 1e-3 * served);
+  EXPECT_NEAR(number("prefill_ratio_to_one_shot"), served / one_shot, 1e-4 * served / one_shot);
+  ExpectRefused("bench --vs-one-shot --weights int8", "use --weights bf16", false);
+  ExpectRefused("bench --vs-one-shot --workload multi-turn", "--vs-one-shot needs the default workload", false);
+  // Without the flag the line has none of these fields.
+  const CliResult plain =
+      RunCli("bench --requests 2 --min-prompt 5 --max-prompt 20 --decode-steps 1 --layers 1 --json");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_EQ(plain.out.find("one_shot"), std::string::npos) << plain.out;
+}
+
 // With int8 weights: the self-check passes and the JSON line names the format
 // and its bytes (1 + 2/32 bytes per weight).
 TEST_F(CliTest, BenchWithInt8Weights) {

@@ -1,6 +1,7 @@
 #include "tools/bench_command.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
+#include "kda/bench/layer_problem.h"
 #include "kda/distributed/parallel_groups.h"
 #include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
@@ -195,12 +197,30 @@ struct RankStats {
   double check_max_ratio = 0.0;
 };
 
+// One layer's one-shot prefill of one sequence of t tokens (bf16 weights,
+// random values): the median of three timed forwards after a warm-up, in
+// microseconds per token; the served prefill's per-layer rate is compared
+// with it.
+double OneShotLayerUsPerToken(const KdaLayerShape& shape, DType dtype, KernelImpl kernel, int64_t t) {
+  bench::LayerProblem p(dtype, kernel, shape, 1, t);
+  p.Forward();  // warm-up: GEMM primitives, scratch, first touches
+  std::vector<double> s;
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.Forward();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  return s[1] * 1e6 / static_cast<double>(t);
+}
+
 // World rank 0's report: the step table (its own steps), the job's
 // throughput, state bytes, the per-rank table under mpirun, the self-check
 // and the JSON line. Returns the exit status.
 int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kernel, const ParallelServeResult& served,
                 const std::map<std::pair<int, int64_t>, std::pair<int64_t, double>>& by_batch, const SelfCheck& check,
-                int64_t per_request, int probe, const std::vector<RankStats>& ranks, const ParallelGroups& groups) {
+                int64_t per_request, int probe, const std::vector<RankStats>& ranks, const ParallelGroups& groups,
+                double one_shot_us) {
   const int L = model.num_layers();
   const KdaLayerShape full = model.full_shape();
   const bool multi = groups.world().size() > 1;
@@ -268,6 +288,12 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
               prefill_tps);
   std::printf("  decode:  %lld tokens in %.2f s = %.1f tokens/s\n", static_cast<long long>(decode_tokens), decode_s,
               decode_tps);
+  const double prefill_us_per_layer = prefill_tps > 0 ? 1e6 / (prefill_tps * L) : 0.0;
+  if (one_shot_us > 0) {
+    std::printf(
+        "  prefill per layer: %.1f us/token served, %.1f us/token one-shot (one sequence of %lld tokens): %.3gx\n",
+        prefill_us_per_layer, one_shot_us, static_cast<long long>(opt.max_prompt), prefill_us_per_layer / one_shot_us);
+  }
   std::printf("  state: %.2f MiB per request, %.2f MiB for %lld running requests (plus the dummy slot)\n",
               static_cast<double>(per_request) / (1 << 20), static_cast<double>(per_request * running) / (1 << 20),
               static_cast<long long>(running));
@@ -301,12 +327,19 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
-        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld}\n",
+        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
         opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
         static_cast<long long>(rank_per_request), worst_share, WeightFormatName(model.weights_format),
         static_cast<long long>(weight_bytes));
+    if (one_shot_us > 0) {
+      std::printf(
+          ", \"prefill_us_per_token_per_layer\": %.3f, \"one_shot_layer_us_per_token\": %.3f, "
+          "\"prefill_ratio_to_one_shot\": %.6g",
+          prefill_us_per_layer, one_shot_us, prefill_us_per_layer / one_shot_us);
+    }
+    std::printf("}\n");
   }
   return pass ? 0 : 1;
 }
@@ -371,6 +404,8 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   // (RunOnRanks).
   const ParallelServeResult served = ServeParallel(model, groups, requests, serve_opt);
   const double allreduce_s = tp_comm.allreduce_seconds();
+  const double one_shot_us =
+      opt.vs_one_shot ? OneShotLayerUsPerToken(model.full_shape(), dtype, kernel, opt.max_prompt) : 0.0;
   const std::vector<StepRecord>& steps = served.steps;
 
   // Self-check, layer by layer: the traced request again, alone, every row in
@@ -433,7 +468,8 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
     }
   });
   int status = 0;
-  if (root) status = PrintReport(opt, model, kernel, served, by_batch, check, per_request, probe, ranks, groups);
+  if (root)
+    status = PrintReport(opt, model, kernel, served, by_batch, check, per_request, probe, ranks, groups, one_shot_us);
   std::fflush(stdout);
   groups.world().Broadcast(&status, sizeof(status), 0);
   return status;
@@ -454,6 +490,10 @@ int RunBenchCommand(const BenchOptions& opt) {
   SetNumThreads(opt.threads);
   Check(opt.workload == "default" || opt.workload == "multi-turn",
         "--workload must be default or multi-turn, got '" + opt.workload + "'");
+  Check(!opt.vs_one_shot || (opt.workload == "default" && opt.tp == 1 && opt.dp == 1),
+        "--vs-one-shot needs the default workload in one process (no --tp/--dp)");
+  Check(!opt.vs_one_shot || wf == WeightFormat::kDense,
+        "--vs-one-shot times a layer with bf16 weights: use --weights bf16");
   if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);

@@ -23,6 +23,10 @@ struct BenchOptions {
   int threads = 0;
   uint64_t seed = 1;
   bool json = false;
+  // Also time one layer's one-shot prefill of one sequence of max_prompt
+  // tokens (as `kda bench-kernels`' layer row; same activations, bf16
+  // weights, one process) and report the served prefill per layer against it.
+  bool vs_one_shot = false;
   // Parallelism (under mpirun, tp * dp processes): tensor-parallel ranks
   // split the heads, data-parallel ranks split the requests (max_running is
   // per data-parallel rank).

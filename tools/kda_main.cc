@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--threads", bench.threads, "Worker threads (0: OpenMP default)");
   bench_cmd->add_option("--seed", bench.seed, "Workload seed");
   bench_cmd->add_flag("--json", bench.json, "End with one JSON line of the results");
+  bench_cmd->add_flag("--vs-one-shot", bench.vs_one_shot,
+                      "Also time one layer's one-shot prefill of --max-prompt tokens and compare the served prefill "
+                      "per layer with it");
   bench_cmd->add_option("--tp", bench.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
   bench_cmd->add_option("--dp", bench.dp, "Data-parallel ranks (split the requests; under mpirun)");
   bench_cmd->add_option("--workload", bench.workload,
