@@ -199,6 +199,16 @@ void BM_DecodeLayer(benchmark::State& state) {
   for (auto _ : state) p.Step(step++);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
 }
 
+// Wall-clock timing, at least a second per repetition, the medians (and
+// spread) of three repetitions reported.
+void MillisecondsAggregated(benchmark::internal::Benchmark* b) {
+  b->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1.0)->Repetitions(3)->ReportAggregatesOnly(true);
+}
+void MicrosecondsAggregated(benchmark::internal::Benchmark* b) {
+  MillisecondsAggregated(b);
+  b->Unit(benchmark::kMicrosecond);
+}
+
 void ChunkArgs(benchmark::internal::Benchmark* b, int64_t impl) {
   b->ArgNames({"impl", "dtype", "batch"});
   for (int64_t dtype : {0, 1}) {
@@ -219,57 +229,19 @@ BENCHMARK(BM_ChunkKda)
     ->ReportAggregatesOnly(true);
 BENCHMARK(BM_ChunkKda)
     ->Apply([](benchmark::internal::Benchmark* b) { ChunkArgs(b, 1); })
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MeasureProcessCPUTime()
-    ->MinTime(0.5)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
-BENCHMARK(BM_ChunkKdaGateInKernel)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
+    ->Apply(MillisecondsAggregated)
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_ChunkKdaGateInKernel)->Apply(MillisecondsAggregated);
 BENCHMARK(BM_RecurrentKda)
     ->ArgNames({"impl", "N"})
     ->ArgsProduct({{0, 1}, {1, 8, 32}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->MinTime(0.5);
-BENCHMARK(BM_ShortConv)
-    ->ArgNames({"impl"})
-    ->Arg(0)
-    ->Arg(1)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(0.5)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
-BENCHMARK(BM_LinearDecode)
-    ->ArgNames({"weights", "M"})
-    ->ArgsProduct({{0, 1}, {1, 8}})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime()
-    ->MinTime(1.0)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
-BENCHMARK(BM_DecodeLayer)
-    ->ArgNames({"weights", "N"})
-    ->ArgsProduct({{0, 1}, {1, 8}})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime()
-    ->MinTime(1.0)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
-BENCHMARK(BM_KdaLayer)
-    ->ArgNames({"dtype", "gemms_only"})
-    ->ArgsProduct({{0, 1}, {0, 1}})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime()
-    ->MinTime(1.0)
-    ->Repetitions(3)
-    ->ReportAggregatesOnly(true);
+BENCHMARK(BM_ShortConv)->ArgNames({"impl"})->Arg(0)->Arg(1)->Apply(MillisecondsAggregated);
+BENCHMARK(BM_LinearDecode)->ArgNames({"weights", "M"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
+BENCHMARK(BM_DecodeLayer)->ArgNames({"weights", "N"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
+BENCHMARK(BM_KdaLayer)->ArgNames({"dtype", "gemms_only"})->ArgsProduct({{0, 1}, {0, 1}})->Apply(MillisecondsAggregated);
 
 }  // namespace kda
 
