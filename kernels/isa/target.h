@@ -27,8 +27,8 @@
 #endif
 #define KDA_TARGET_NS N_AVX512
 #elif KDA_TARGET == KDA_TARGET_AVX2
-#if !defined(__AVX2__) || !defined(__FMA__)
-#error "the AVX2 target needs -mavx2 -mfma"
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the AVX2 target needs -mavx2 -mfma -mf16c"
 #endif
 #define KDA_TARGET_NS N_AVX2
 #elif KDA_TARGET == KDA_TARGET_GENERIC

@@ -8,6 +8,10 @@
 #include <mutex>
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "kda/base/error.h"
 #include "kda/kernels/kda.h"
 #include "kernels/isa/dispatch.h"
@@ -36,12 +40,19 @@ EnvIsa& Env() {
 
 // The CPU feature checks, run once (cpuid + the OS's register state for AVX/AVX-512).
 struct CpuFeatures {
-  bool avx2_fma = false;
+  bool avx2_fma = false;  // AVX2 + FMA + F16C: the AVX2 target's -m flags
   bool avx512f = false;
   CpuFeatures() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // F16C (fp16 <-> fp32 conversion, the int8 kernels' scales) comes with every AVX2 CPU but is a
+    // separate CPUID bit; compilers spell its __builtin_cpu_supports name differently, so CPUID is read.
+    unsigned eax = 0;
+    unsigned ebx = 0;
+    unsigned ecx = 0;
+    unsigned edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     avx512f = avx2_fma && __builtin_cpu_supports("avx512f");
 #endif
   }
