@@ -69,14 +69,10 @@ KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
 #endif
 }
 
-// The register's values rounded to bf16 (nearest even), as fp32. Only for
-// finite values (dequantized weights: their scales and values are checked
-// where they enter), so kda::BF16RoundedBits' NaN case and its shift down and
-// back are left out: five integer operations per register.
-KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) {
-  const auto u = Vec::Bits(w);
-  return Vec::FromBits((u + (0x7fffU + ((u >> 16) & 1U))) & 0xffff0000U);
-}
+// The register's values rounded to bf16 (nearest even), as fp32. The
+// dequantized weights are finite (scales and values are checked where they
+// enter), so the finite form serves: five integer operations per register.
+KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) { return Vec::FromBits(BF16RoundedFiniteBits(Vec::Bits(w))); }
 
 // Accumulates blocks [b0, b1) of output rows [n, n + R) times input rows
 // [m0, m0 + MT) into acc: each weight register dequantized once and used MT

@@ -8,8 +8,8 @@
 //
 // Per-ISA sources call no inline code from outside their namespace (no std::
 // templates, no kda:: inline helpers of other headers) except the
-// always-inline kda::BF16RoundedBits; host code (validation, allocation,
-// threads) stays in the baseline sources and reaches the kernels through the
+// always-inline kda::BF16RoundedBits / BF16RoundedFiniteBits; host code
+// (validation, allocation, threads) stays in the baseline sources and reaches the kernels through the
 // dispatch table (kernels/isa/dispatch.h).
 #pragma once
 

@@ -24,10 +24,20 @@ struct BF16 {
 // vector kernels (kernels/isa/vec.h) round by this one definition. Always
 // inlined: no out-of-line copy compiled for one instruction set can be shared
 // with code compiled for another.
+//
+// BF16RoundedFiniteBits is the same rounding of a finite value, its result
+// left in place as float32 bits (low 16 bits zero): for callers that know
+// their values are finite and go on computing in fp32 (the int8 kernels'
+// dequantized weights).
+template <class U>
+[[gnu::always_inline]] inline U BF16RoundedFiniteBits(U u) {
+  return (u + (0x7fffU + ((u >> 16) & 1U))) & 0xffff0000U;
+}
+
 template <class U>
 [[gnu::always_inline]] inline U BF16RoundedBits(U u) {
   const U quiet_nan = (u >> 16) | 0x40U;
-  const U rounded = (u + (0x7fffU + ((u >> 16) & 1U))) >> 16;
+  const U rounded = BF16RoundedFiniteBits(u) >> 16;
   return (u & 0x7fffffffU) > 0x7f800000U ? quiet_nan : rounded;
 }
 
