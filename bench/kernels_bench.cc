@@ -20,8 +20,10 @@
 //     tokens (part 0) or its projection GEMMs alone (part 1), optimized
 //     kernels; counter time_per_token. The layer over the GEMMs is the ratio
 //     `kda bench-kernels` reports.
-//   BM_LinearDecode/<weights>/<M>: one projection of M rows (decode batch),
-//     fused q/k/v shape (12288 x 2304), bf16 activations, bf16 (weights 0) or
+//   BM_Linear/<weights>/<M>: one projection of M rows (decode batches of 1
+//     and 8, prefill chunks of 64 and 512 tokens; int8 runs its small-M kernel
+//     up to 16 rows, tiled dequantized panels above), fused q/k/v shape
+//     (12288 x 2304), bf16 activations, bf16 (weights 0) or
 //     int8 (weights 1) weights, cycling over copies spanning >= 256 MB so that
 //     the weights come from memory; an iteration is one product.
 //   BM_DecodeLayer/<weights>/<N>: one DECODE step of the whole layer, bf16
@@ -159,7 +161,7 @@ void BM_KdaLayer(benchmark::State& state) {
       static_cast<double>(p.tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
-void BM_LinearDecode(benchmark::State& state) {
+void BM_Linear(benchmark::State& state) {
   const bool int8 = state.range(0) != 0;
   const int64_t m = state.range(1);
   constexpr int64_t kOut = 3 * 4096;
@@ -239,7 +241,7 @@ BENCHMARK(BM_RecurrentKda)
     ->UseRealTime()
     ->MinTime(0.5);
 BENCHMARK(BM_ShortConv)->ArgNames({"impl"})->Arg(0)->Arg(1)->Apply(MillisecondsAggregated);
-BENCHMARK(BM_LinearDecode)->ArgNames({"weights", "M"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
+BENCHMARK(BM_Linear)->ArgNames({"weights", "M"})->ArgsProduct({{0, 1}, {1, 8, 64, 512}})->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_DecodeLayer)->ArgNames({"weights", "N"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_KdaLayer)->ArgNames({"dtype", "gemms_only"})->ArgsProduct({{0, 1}, {0, 1}})->Apply(MillisecondsAggregated);
 

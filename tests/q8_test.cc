@@ -251,10 +251,33 @@ TEST_P(Q8LinearTest, MatchesReferenceAndDenseLinearOnDequantizedWeights) {
         const std::vector<float> y = RunLinear(q8, x, m, dtype);
         ExpectCloseToReference(y, ref, p, x, m, bf16, what + " vs reference");
         ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense vs reference");
-        if (m > 16) {  // the panel route runs the dense GEMM on the same bf16/fp32 panel: identical
+        if (m > 16) {  // the same GEMM on the same bf16/fp32 weights (one tile at these sizes): identical
           EXPECT_EQ(y, RunLinear(dense, x, m, dtype)) << what;
         }
       }
+    }
+  }
+}
+
+TEST_P(Q8LinearTest, LargeMRunsTheWeightInTilesOfOutputRows) {
+  // Above the small-M limit the weight is dequantized a tile of output rows
+  // at a time (a panel of ~2 MiB): at k = 8192, 64 rows per tile in fp32, 128
+  // in bf16, so 300 rows end in a partial tile either way.
+  constexpr int64_t kN = 300;
+  constexpr int64_t kK = 8192;
+  const LinearProblem p = MakeProblem(kN, kK, 11);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = dtype == DType::kBF16;
+    const Linear q8(p.w, dtype);
+    for (int64_t m : {17, 33}) {
+      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
+      std::vector<float> ref(m * kN);
+      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
+      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
+      const std::vector<float> y = RunLinear(q8, x, m, dtype);
+      // Not bitwise the dense GEMM's result: the GEMM library may order the
+      // sums over k differently for a tile's column count.
+      ExpectCloseToReference(y, ref, p, x, m, bf16, what);
     }
   }
 }

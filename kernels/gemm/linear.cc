@@ -2,6 +2,7 @@
 #include <cstring>
 #include <dnnl.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "base/scratch.h"
@@ -29,18 +30,18 @@ bool CpuHasBF16Dot() {
   return has;
 }
 
-// The weight lives in a oneDNN memory object viewed as [K, N] with strides
-// {1, K}: the transpose of the [N, K] row-major Linear weight, no copy.
-// Primitives are created once per row count M and cached.
+// The GEMM views the [N, K] row-major Linear weight as [K, N] with strides
+// {1, K}: its transpose, no copy. Primitives are created once per shape and
+// cached.
 struct Linear::Impl {
   dnnl::memory::data_type compute_type = dnnl::memory::data_type::f32;
   std::vector<float> w_f32;  // used when compute_type is f32
   std::vector<BF16> w_bf16;  // used when compute_type is bf16
-  dnnl::memory weights;      // dense weights (empty for Q8)
   Q8Weight q8;               // Q8 weights
-  dnnl::memory::desc weights_md;
   mutable std::mutex mu;
-  mutable std::map<std::pair<int64_t, bool>, dnnl::matmul> primitives;  // (rows, bf16 output)
+  // (rows, output columns, bf16 output): Q8 weights run tiles of the columns.
+  using PrimitiveKey = std::tuple<int64_t, int64_t, bool>;
+  mutable std::map<PrimitiveKey, dnnl::matmul> primitives;
 };
 
 Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_features, DType dtype)
@@ -49,22 +50,17 @@ Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_fea
   Check(static_cast<int64_t>(w.size()) == out_features * in_features, "Linear: weight size does not match its shape");
   Check(dtype == DType::kF32 || dtype == DType::kBF16, "Linear: dtype must be F32 or BF16");
   using dt = dnnl::memory::data_type;
-  const dnnl::memory::dims wdims = {in_, out_};
-  const dnnl::memory::dims wstrides = {1, in_};
   if (dtype == DType::kBF16 && CpuHasBF16Dot()) {
     impl_->compute_type = dt::bf16;
     impl_->w_bf16.resize(w.size());
     std::transform(w.begin(), w.end(), impl_->w_bf16.begin(), ToBF16);
-    impl_->weights = dnnl::memory({wdims, dt::bf16, wstrides}, CpuEngine(), impl_->w_bf16.data());
   } else {
     impl_->compute_type = dt::f32;
     impl_->w_f32 = w;
     if (dtype == DType::kBF16) {
       for (float& x : impl_->w_f32) x = RoundBF16(x);
     }
-    impl_->weights = dnnl::memory({wdims, dt::f32, wstrides}, CpuEngine(), impl_->w_f32.data());
   }
-  impl_->weights_md = impl_->weights.get_desc();
 }
 
 Linear::Linear(Q8Weight w, DType dtype)
@@ -73,7 +69,6 @@ Linear::Linear(Q8Weight w, DType dtype)
   CheckQ8Weight(w);
   using dt = dnnl::memory::data_type;
   impl_->compute_type = dtype == DType::kBF16 && CpuHasBF16Dot() ? dt::bf16 : dt::f32;
-  impl_->weights_md = dnnl::memory::desc({in_, out_}, impl_->compute_type, dnnl::memory::dims{1, in_});
   impl_->q8 = std::move(w);
 }
 
@@ -126,6 +121,21 @@ Linear::~Linear() = default;
 Linear::Linear(Linear&&) noexcept = default;
 Linear& Linear::operator=(Linear&&) noexcept = default;
 
+namespace {
+
+// Q8 weights at large M are dequantized a tile of output rows at a time into a
+// panel of about this many bytes, which stays in cache until the GEMM has read
+// it. (The whole weight in one panel goes out to memory and comes back: for
+// the fused q/k/v projection in fp32, 113 MB written and read again, which
+// made a 64-token prefill with int8 weights take 1.6x bf16's time.)
+constexpr int64_t kQ8PanelBytes = int64_t{1} << 21;
+// Rows per dequantization job within a tile.
+constexpr int64_t kQ8DequantRows = 16;
+
+int64_t RoundUp(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
 void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   Check(x.dtype == dtype_,
         std::string("Linear: input dtype ") + DTypeName(x.dtype) + " does not match weight dtype " + DTypeName(dtype_));
@@ -139,37 +149,6 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   const dt ct = impl_->compute_type;
-
-  // Q8 weights at large M: dequantized into a panel of the compute type (the
-  // bf16 pipeline's weights rounded to bf16, as a dense bf16 Linear holds
-  // them), then the same GEMM as dense weights. The dequantization is a few
-  // percent of a prefill GEMM's time.
-  ScratchBlock panel;
-  dnnl::memory weights = impl_->weights;
-  if (format_ == WeightFormat::kInt8) {
-    const internal::KernelTable& kernels = internal::ActiveKernels();
-    const Q8Weight& q8 = impl_->q8;
-    const int64_t n = out_;
-    const int64_t k = in_;
-    const int64_t jobs = (n + kQ8RowsPerJob - 1) / kQ8RowsPerJob;
-    if (ct == dt::bf16) {
-      panel = ScratchBlock(static_cast<size_t>(n * k) * sizeof(BF16));
-      auto* w = static_cast<BF16*>(panel.data());
-      ParallelFor(jobs, [&](int64_t job) {
-        kernels.q8_dequant_bf16(w, q8.q.data(), q8.scales.data(), k, job * kQ8RowsPerJob,
-                                std::min(n, (job + 1) * kQ8RowsPerJob));
-      });
-    } else {
-      panel = ScratchBlock(static_cast<size_t>(n * k) * sizeof(float));
-      auto* w = static_cast<float*>(panel.data());
-      const bool round_bf16 = dtype_ == DType::kBF16;
-      ParallelFor(jobs, [&](int64_t job) {
-        kernels.q8_dequant_f32(w, q8.q.data(), q8.scales.data(), k, job * kQ8RowsPerJob,
-                               std::min(n, (job + 1) * kQ8RowsPerJob), round_bf16);
-      });
-    }
-    weights = dnnl::memory(impl_->weights_md, CpuEngine(), panel.data());
-  }
 
   // Inputs in the compute type (widened to fp32 where the CPU has no bf16 dot).
   std::vector<float> x_wide;
@@ -188,28 +167,69 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     acc.resize(static_cast<size_t>(m * out_));
     dst_ptr = acc.data();
   }
-
-  dnnl::matmul prim;
+  const dt dst_type = native_bf16_out ? dt::bf16 : dt::f32;
+  const size_t dst_size = native_bf16_out ? sizeof(BF16) : sizeof(float);
   const dnnl::memory::desc src_md({m, in_}, ct, tag::ab);
-  const dnnl::memory::desc dst_md({m, out_}, native_bf16_out ? dt::bf16 : dt::f32, tag::ab);
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    const std::pair<int64_t, bool> key(m, native_bf16_out);
-    auto it = impl_->primitives.find(key);
-    if (it == impl_->primitives.end()) {
-      // A serving loop sees many row counts: keep the cache bounded.
-      if (impl_->primitives.size() >= kMaxCachedPrimitives) impl_->primitives.clear();
-      const dnnl::matmul::desc desc(src_md, impl_->weights_md, dst_md);
-      const dnnl::matmul::primitive_desc pd(desc, CpuEngine());
-      it = impl_->primitives.emplace(key, dnnl::matmul(pd)).first;
-    }
-    prim = it->second;
-  }
   dnnl::memory src(src_md, CpuEngine(), const_cast<void*>(src_ptr));  // NOLINT: oneDNN takes void*
-  dnnl::memory dst(dst_md, CpuEngine(), dst_ptr);
   dnnl::stream stream(CpuEngine());
-  prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
-  stream.wait();
+
+  // Output columns [n0, n0 + cols) = x . W[n0 : n0 + cols]^T, the weight rows
+  // at w ([cols, in] row-major, viewed as [in, cols] with strides {1, in}).
+  const auto multiply = [&](int64_t n0, int64_t cols, void* w) {
+    const dnnl::memory::desc w_md({in_, cols}, ct, dnnl::memory::dims{1, in_});
+    const dnnl::memory::desc dst_md({m, cols}, dst_type, dnnl::memory::dims{out_, 1});
+    dnnl::matmul prim;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      const Impl::PrimitiveKey key{m, cols, native_bf16_out};
+      auto it = impl_->primitives.find(key);
+      if (it == impl_->primitives.end()) {
+        // A serving loop sees many row counts: keep the cache bounded.
+        if (impl_->primitives.size() >= kMaxCachedPrimitives) impl_->primitives.clear();
+        const dnnl::matmul::desc desc(src_md, w_md, dst_md);
+        const dnnl::matmul::primitive_desc pd(desc, CpuEngine());
+        it = impl_->primitives.emplace(key, dnnl::matmul(pd)).first;
+      }
+      prim = it->second;
+    }
+    dnnl::memory weights(w_md, CpuEngine(), w);
+    dnnl::memory dst(dst_md, CpuEngine(), static_cast<char*>(dst_ptr) + static_cast<size_t>(n0) * dst_size);
+    prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
+    stream.wait();
+  };
+
+  if (format_ == WeightFormat::kDense) {
+    multiply(0, out_, ct == dt::bf16 ? static_cast<void*>(impl_->w_bf16.data()) : impl_->w_f32.data());
+  } else {
+    // Q8 weights: each tile dequantized into the panel in the compute type
+    // (the bf16 pipeline's weights rounded to bf16, as a dense bf16 Linear
+    // holds them), then the same GEMM as dense weights on it.
+    const internal::KernelTable& kernels = internal::ActiveKernels();
+    const Q8Weight& q8 = impl_->q8;
+    const int64_t k = in_;
+    const int64_t w_size = ct == dt::bf16 ? int64_t{sizeof(BF16)} : int64_t{sizeof(float)};
+    // A tile of at least m rows: the GEMM reads the m input rows again for
+    // each tile, which then adds no more traffic than the weight itself.
+    const int64_t cache_rows = kQ8PanelBytes / (k * w_size);
+    const int64_t tile = std::min(out_, RoundUp(std::max(cache_rows, m), kQ8DequantRows));
+    ScratchBlock panel(static_cast<size_t>(tile * k * w_size));
+    const bool round_bf16 = dtype_ == DType::kBF16;
+    for (int64_t n0 = 0; n0 < out_; n0 += tile) {
+      const int64_t cols = std::min(tile, out_ - n0);
+      const int8_t* q = q8.q.data() + n0 * k;
+      const uint16_t* scales = q8.scales.data() + n0 * (k / kQ8Block);
+      ParallelFor((cols + kQ8DequantRows - 1) / kQ8DequantRows, [&](int64_t job) {
+        const int64_t r0 = job * kQ8DequantRows;
+        const int64_t r1 = std::min(cols, r0 + kQ8DequantRows);
+        if (ct == dt::bf16) {
+          kernels.q8_dequant_bf16(static_cast<BF16*>(panel.data()), q, scales, k, r0, r1);
+        } else {
+          kernels.q8_dequant_f32(static_cast<float*>(panel.data()), q, scales, k, r0, r1, round_bf16);
+        }
+      });
+      multiply(n0, cols, panel.data());
+    }
+  }
 
   if (y.dtype == DType::kBF16 && !native_bf16_out) {
     ConvertToBF16(static_cast<BF16*>(y.data), acc.data(), m * out_);

@@ -2,7 +2,8 @@
 // Face Linear layout ([out, in]), fp32 accumulation. Dense weights go through
 // oneDNN; Q8 weights (kda/kernels/q8.h) through the per-ISA kernels at small
 // M (decode: each weight byte read once, dequantized in registers) and through
-// oneDNN on dequantized panels at large M (prefill).
+// oneDNN at large M (prefill), on the weight dequantized one cache-sized tile
+// of output rows at a time.
 #pragma once
 
 #include <cstdint>
