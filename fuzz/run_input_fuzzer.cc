@@ -94,6 +94,7 @@ void StoreValue(Built* t, int64_t i, double v) {
       std::memcpy(at, &n, 8);
       break;
     }
+    case kda::DType::kU8:
     case kda::DType::kI8:
     case kda::DType::kF16:
       break;  // never picked (kAll)

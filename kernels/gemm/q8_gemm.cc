@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kda/base/bf16.h"
+#include "kda/kernels/q8.h"
 #include "kernels/gemm/q8_internal.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
@@ -15,7 +16,7 @@
 namespace kda::KDA_TARGET_NS {
 namespace {
 
-constexpr int64_t kBlock = 32;
+constexpr int64_t kBlock = kQ8Block;
 constexpr int kLanes = Vec::kLanes;
 // Vector registers of the target: a tile's accumulators, weights, scale and
 // input must fit (the x86-64 baseline and AVX2 have 16, AVX-512 32).
