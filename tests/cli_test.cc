@@ -234,16 +234,20 @@ TEST_F(CliTest, BenchWithInt8Weights) {
   EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
 }
 
-// The multi-turn benchmark's JSON line: cache off and on, both pipelines, on a small workload.
+// The multi-turn benchmark's JSON line: cache off and on, both pipelines and
+// weight formats, on a small workload.
 TEST_F(CliTest, MultiTurnBenchPrintsItsJsonLine) {
-  for (const std::string dtype : {"float32", "bfloat16"}) {
-    SCOPED_TRACE(dtype);
+  for (const auto& [dtype, weights] : std::vector<std::pair<std::string, std::string>>{
+           {"float32", "bf16"}, {"bfloat16", "bf16"}, {"bfloat16", "int8"}}) {
+    SCOPED_TRACE(dtype + " " + weights);
     const CliResult r = RunCli(
         "bench --workload multi-turn --layers 1 --conversations 2 --turns 3 --system-prompt 130 --min-user 8 "
         "--max-user 40 --decode-steps 4 --snapshot-interval 64 --json --dtype " +
-        dtype);
+        dtype + " --weights " + weights);
     ASSERT_EQ(r.status, 0) << r.err;
     const std::string last = r.out.substr(r.out.rfind('{'));
+    EXPECT_NE(last.find("\"weights\": \"" + weights + "\""), std::string::npos) << last;
+    EXPECT_NE(r.out.find(", " + weights + " weights,"), std::string::npos) << r.out;
     for (const char* key : {"\"prompt_tokens\"", "\"cache_hit_tokens\"", "\"prefill_s_cache_off\"",
                             "\"prefill_s_cache_on\"", "\"snapshot_bytes_peak\"", "\"self_check_max_ratio\""}) {
       EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
@@ -450,40 +454,47 @@ TEST_F(CliTest, RunWithPrefixCacheReusesSharedPrefixes) {
   const SafetensorsFile input = SafetensorsFile::Open(in.string());
   const std::vector<float> x = ToFloatVector(input.Get("hidden_states"));
   const std::vector<int32_t> cu = {0, 300, 680, 980};
-  const std::string base = "run --model " + mini_ + " --input " + in.string() + " --max-running 1 --prefill-chunk 100";
-  const fs::path plain_out = dir_ / "plain.safetensors";
-  const fs::path cached_out = dir_ / "cached.safetensors";
-  const CliResult plain = RunCli(base + " --output " + plain_out.string());
-  ASSERT_EQ(plain.status, 0) << plain.err;
-  EXPECT_EQ(plain.out.find("prefix cache"), std::string::npos);
-  const CliResult cached = RunCli(base + " --output " + cached_out.string() + " --prefix-cache --snapshot-interval 64");
-  ASSERT_EQ(cached.status, 0) << cached.err;
-  // b reuses a's 256 snapshot, the repeat of a all of a's 300 rows.
-  EXPECT_NE(cached.out.find("prefix cache: 556 of 980 prompt tokens reused"), std::string::npos) << cached.out;
-  const SafetensorsFile want = SafetensorsFile::Open(plain_out.string());
-  const SafetensorsFile got = SafetensorsFile::Open(cached_out.string());
-  EXPECT_FALSE(want.Has("computed"));
-  const TensorInfo& computed = got.Get("computed");
-  ASSERT_EQ(computed.dtype, DType::kU8);
-  ASSERT_EQ(computed.shape, std::vector<int64_t>{T});
-  const auto* mask = static_cast<const uint8_t*>(computed.data);
-  const std::vector<float> o = ToFloatVector(got.Get("out"));
-  const std::vector<float> w = ToFloatVector(want.Get("out"));
-  for (int64_t t = 0; t < T; ++t) {
-    const bool reused = (t >= 300 && t < 556) || t >= 680;
-    ASSERT_EQ(mask[t], reused ? 0 : 1) << "row " << t;
-    const float* got_row = o.data() + t * kHidden;
-    if (reused) {
-      for (int64_t i = 0; i < kHidden; ++i) ASSERT_EQ(got_row[i], 0.0F) << "row " << t;
-    } else {
-      ASSERT_TRUE(testing::AllCloseF32(got_row, w.data() + t * kHidden, kHidden)) << "row " << t;
+  for (const std::string weights : {"bf16", "int8"}) {
+    SCOPED_TRACE(weights);
+    const std::string base = "run --model " + mini_ + " --input " + in.string() +
+                             " --max-running 1 --prefill-chunk 100 --weights " + weights;
+    const fs::path plain_out = dir_ / ("plain_" + weights + ".safetensors");
+    const fs::path cached_out = dir_ / ("cached_" + weights + ".safetensors");
+    const CliResult plain = RunCli(base + " --output " + plain_out.string());
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    EXPECT_EQ(plain.out.find("prefix cache"), std::string::npos);
+    const CliResult cached =
+        RunCli(base + " --output " + cached_out.string() + " --prefix-cache --snapshot-interval 64");
+    ASSERT_EQ(cached.status, 0) << cached.err;
+    EXPECT_NE(cached.out.find(weights + " weights"), std::string::npos) << cached.out;
+    // b reuses a's 256 snapshot, the repeat of a all of a's 300 rows.
+    EXPECT_NE(cached.out.find("prefix cache: 556 of 980 prompt tokens reused"), std::string::npos) << cached.out;
+    const SafetensorsFile want = SafetensorsFile::Open(plain_out.string());
+    const SafetensorsFile got = SafetensorsFile::Open(cached_out.string());
+    EXPECT_FALSE(want.Has("computed"));
+    const TensorInfo& computed = got.Get("computed");
+    ASSERT_EQ(computed.dtype, DType::kU8);
+    ASSERT_EQ(computed.shape, std::vector<int64_t>{T});
+    const auto* mask = static_cast<const uint8_t*>(computed.data);
+    const std::vector<float> o = ToFloatVector(got.Get("out"));
+    const std::vector<float> w = ToFloatVector(want.Get("out"));
+    for (int64_t t = 0; t < T; ++t) {
+      const bool reused = (t >= 300 && t < 556) || t >= 680;
+      ASSERT_EQ(mask[t], reused ? 0 : 1) << "row " << t;
+      const float* got_row = o.data() + t * kHidden;
+      if (reused) {
+        for (int64_t i = 0; i < kHidden; ++i) ASSERT_EQ(got_row[i], 0.0F) << "row " << t;
+      } else {
+        ASSERT_TRUE(testing::AllCloseF32(got_row, w.data() + t * kHidden, kHidden)) << "row " << t;
+      }
+    }
+    for (const char* state : {"final_recurrent_state", "final_conv_state"}) {
+      const std::vector<float> s = ToFloatVector(got.Get(state));
+      EXPECT_TRUE(testing::AllCloseStateF32(s.data(), ToFloatVector(want.Get(state)).data(), s.size())) << state;
     }
   }
-  for (const char* state : {"final_recurrent_state", "final_conv_state"}) {
-    const std::vector<float> s = ToFloatVector(got.Get(state));
-    EXPECT_TRUE(testing::AllCloseStateF32(s.data(), ToFloatVector(want.Get(state)).data(), s.size())) << state;
-  }
   // Without input_ids nothing is reused; bad ids and intervals are refused.
+  const fs::path cached_out = dir_ / "cached.safetensors";
   const CliResult no_ids = RunCli("run --model " + mini_ + " --input " + mini_ +
                                   "/varlen_initstate.safetensors --prefix-cache --output " + cached_out.string());
   ASSERT_EQ(no_ids.status, 0) << no_ids.err;

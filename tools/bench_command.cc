@@ -494,7 +494,7 @@ int RunBenchCommand(const BenchOptions& opt) {
         "--vs-one-shot needs the default workload in one process (no --tp/--dp)");
   Check(!opt.vs_one_shot || wf == WeightFormat::kDense,
         "--vs-one-shot times a layer with bf16 weights: use --weights bf16");
-  if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, kernel);
+  if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, wf, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
   return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, wf, kernel, rt.get()); });

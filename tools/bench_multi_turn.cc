@@ -180,7 +180,7 @@ std::vector<float> ComputedRows(const RequestResult& r, int64_t cached, int64_t 
 
 }  // namespace
 
-int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel) {
+int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights, KernelImpl kernel) {
   Check(opt.conversations >= 1 && opt.turns >= 1, "--conversations and --turns must be >= 1");
   Check(opt.system_prompt >= 0 && opt.min_user >= 1 && opt.max_user >= opt.min_user,
         "--system-prompt must be >= 0 and 1 <= --min-user <= --max-user");
@@ -192,8 +192,10 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel) {
         "kda run --prefix-cache)");
   Check(opt.model_dir.empty() || opt.layers >= 0, "--layers must be >= 0");
   const auto make_model = [&](DType act) {
-    if (opt.model_dir.empty()) return KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129);
-    KdaModel m = KdaModel::Load(opt.model_dir, act, std::nullopt);
+    if (opt.model_dir.empty()) {
+      return KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, nullptr, weights);
+    }
+    KdaModel m = KdaModel::Load(opt.model_dir, act, std::nullopt, nullptr, weights);
     if (opt.layers > 0 && opt.layers < m.num_layers()) {
       m.layers.erase(m.layers.begin() + opt.layers, m.layers.end());
       m.model_layer_ids.resize(static_cast<size_t>(opt.layers));
@@ -208,11 +210,12 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel) {
 
   std::printf(
       "kda bench --workload multi-turn: %d conversations x %d turns, system prompt %lld tokens, user "
-      "messages %lld..%lld, %lld decoded tokens per answer; %d layers (hidden %lld, %d heads x %d), %s, %d "
-      "threads, kernel %s\n",
+      "messages %lld..%lld, %lld decoded tokens per answer; %d layers (hidden %lld, %d heads x %d), %s, %s "
+      "weights, %d threads, kernel %s\n",
       opt.conversations, opt.turns, static_cast<long long>(opt.system_prompt), static_cast<long long>(opt.min_user),
       static_cast<long long>(opt.max_user), static_cast<long long>(opt.decode_steps), L, static_cast<long long>(hidden),
-      model.shape.H, model.shape.K, opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel));
+      model.shape.H, model.shape.K, opt.dtype.c_str(), WeightFormatName(model.weights_format), NumThreads(),
+      ActiveKernelDescription(kernel));
   std::fflush(stdout);
   const int64_t probe = static_cast<int64_t>(opt.conversations) * opt.turns - 1;
   const bool bf16 = dtype == DType::kBF16;
@@ -297,12 +300,14 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel) {
   if (opt.json) {
     std::printf(
         "{\"workload\": \"multi-turn\", \"conversations\": %d, \"turns\": %d, \"layers\": %d, \"dtype\": \"%s\", "
-        "\"threads\": %d, \"kernel\": \"%s\", \"prompt_tokens\": %lld, \"cache_hit_tokens\": %lld, "
+        "\"weights\": \"%s\", \"threads\": %d, \"kernel\": \"%s\", \"prompt_tokens\": %lld, \"cache_hit_tokens\": "
+        "%lld, "
         "\"cache_hit_ratio\": %.6g, \"prefill_s_cache_off\": %.6g, \"prefill_s_cache_on\": %.6g, "
         "\"prefill_speedup\": %.6g, \"snapshot_bytes_peak\": %lld, \"self_check_max_ratio\": %.6g}\n",
-        opt.conversations, opt.turns, L, opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel),
-        static_cast<long long>(chats.prompt_tokens), static_cast<long long>(on.hit_tokens), hit_ratio, off.prefill_s,
-        on.prefill_s, speedup, static_cast<long long>(on.snapshot_bytes_peak), worst);
+        opt.conversations, opt.turns, L, opt.dtype.c_str(), WeightFormatName(model.weights_format), NumThreads(),
+        ActiveKernelDescription(kernel), static_cast<long long>(chats.prompt_tokens),
+        static_cast<long long>(on.hit_tokens), hit_ratio, off.prefill_s, on.prefill_s, speedup,
+        static_cast<long long>(on.snapshot_bytes_peak), worst);
   }
   std::fflush(stdout);
   return pass ? 0 : 1;

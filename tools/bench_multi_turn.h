@@ -4,12 +4,13 @@
 
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda.h"
+#include "kda/kernels/q8.h"
 #include "tools/bench_command.h"
 
 namespace kda::cli {
 
 // Prints the report (and the JSON line with --json); returns the exit status
 // (1 when the cache-on run does not match the cache-off run).
-int RunMultiTurnBench(const BenchOptions& opt, DType dtype, KernelImpl kernel);
+int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights, KernelImpl kernel);
 
 }  // namespace kda::cli
