@@ -1,7 +1,6 @@
 #include "tools/bench_command.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include "kda/base/parallel.h"
 #include "kda/base/tolerance.h"
 #include "kda/bench/layer_problem.h"
+#include "kda/bench/timing.h"
 #include "kda/distributed/parallel_groups.h"
 #include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
@@ -204,14 +204,7 @@ struct RankStats {
 double OneShotLayerUsPerToken(const KdaLayerShape& shape, DType dtype, KernelImpl kernel, int64_t t) {
   bench::LayerProblem p(dtype, kernel, shape, 1, t);
   p.Forward();  // warm-up: GEMM primitives, scratch, first touches
-  std::vector<double> s;
-  for (int i = 0; i < 3; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    p.Forward();
-    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(s.begin(), s.end());
-  return s[1] * 1e6 / static_cast<double>(t);
+  return bench::MedianSeconds(3, [&] { p.Forward(); }) * 1e6 / static_cast<double>(t);
 }
 
 // World rank 0's report: the step table (its own steps), the job's

@@ -11,12 +11,10 @@
 #endif
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -28,6 +26,7 @@
 #include "kda/base/parallel.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
+#include "kda/bench/timing.h"
 #include "kda/kernels/kda.h"
 #include "kda/kernels/q8.h"
 #include "kda/models/kimi_linear.h"
@@ -37,26 +36,10 @@
 namespace kda::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double Median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const size_t n = x.size();
-  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
-// Times fn `repeats` times; returns the median in seconds.
-double MedianSeconds(int repeats, const std::function<void()>& fn) {
-  std::vector<double> t;
-  for (int r = 0; r < repeats; ++r) {
-    const Clock::time_point t0 = Clock::now();
-    fn();
-    t.push_back(Seconds(t0));
-  }
-  return Median(t);
-}
+using bench::Clock;
+using bench::Median;
+using bench::MedianSeconds;
+using bench::Seconds;
 
 // ------------------------------------------------------------ counters
 

@@ -1,0 +1,36 @@
+// Wall-clock timing for the CLI's benchmarks (`kda bench-kernels`, `kda
+// bench --vs-one-shot`): medians of repeated calls, which a slow spell of a
+// shared machine moves less than a mean.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+namespace kda::bench {
+
+using Clock = std::chrono::steady_clock;
+
+// Seconds since t0.
+inline double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The median of x (the mean of the middle two for an even count); x is not empty.
+inline double Median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// Times fn `repeats` (>= 1) times; returns the median in seconds.
+inline double MedianSeconds(int repeats, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int r = 0; r < repeats; ++r) {
+    const Clock::time_point t0 = Clock::now();
+    fn();
+    t.push_back(Seconds(t0));
+  }
+  return Median(t);
+}
+
+}  // namespace kda::bench
