@@ -25,6 +25,7 @@
 #include "kda/kernels/kda.h"
 #include "tests/kda_problem.h"
 #include "tests/kernel_matrix.h"
+#include "tests/thread_scope.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -53,17 +54,7 @@ using testing::VariantParamName;
 using testing::VariantScope;
 using testing::VariantTest;
 
-// Runs a scope with a given worker thread count and restores the previous one.
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) : saved_(NumThreads()) { SetNumThreads(threads); }
-  ~ThreadScope() { SetNumThreads(saved_); }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int saved_;
-};
+using testing::ThreadScope;
 
 void (*ChunkFn(const Variant& v))(const ChunkKdaArgs&) {
   return v.optimized() ? &chunk_kda_optimized : &chunk_kda_reference;

@@ -20,6 +20,7 @@
 #include "kda/kernels/q8.h"
 #include "tests/error_util.h"
 #include "tests/kernel_matrix.h"
+#include "tests/thread_scope.h"
 
 namespace kda {
 namespace {
@@ -261,8 +262,10 @@ TEST_P(Q8LinearTest, MatchesReferenceAndDenseLinearOnDequantizedWeights) {
 
 TEST_P(Q8LinearTest, LargeMRunsTheWeightInTilesOfOutputRows) {
   // Above the small-M limit the weight is dequantized a tile of output rows
-  // at a time (a panel of ~2 MiB): at k = 8192, 64 rows per tile in fp32, 128
-  // in bf16, so 300 rows end in a partial tile either way.
+  // at a time (a panel of ~1 MiB per thread): with one thread at k = 8192,
+  // 32 rows per tile in fp32, 64 in bf16, so 300 rows end in a partial tile
+  // either way.
+  const testing::ThreadScope one_thread(1);
   constexpr int64_t kN = 300;
   constexpr int64_t kK = 8192;
   const LinearProblem p = MakeProblem(kN, kK, 11);

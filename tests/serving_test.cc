@@ -23,6 +23,7 @@
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
+#include "tests/thread_scope.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -622,12 +623,7 @@ int64_t ResidentBytes() {
 // each round, and resident memory stays flat after the first round.
 TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
   // Tiny shapes: one thread (workers would only wait on each other).
-  const int threads = NumThreads();
-  SetNumThreads(1);
-  struct Restore {
-    int n;
-    ~Restore() { SetNumThreads(n); }
-  } restore{threads};
+  const testing::ThreadScope one_thread(1);
   const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 13);
   const int64_t hidden = model.shape.hidden;
   constexpr int kRounds = 10;

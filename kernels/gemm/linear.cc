@@ -124,11 +124,12 @@ Linear& Linear::operator=(Linear&&) noexcept = default;
 namespace {
 
 // Q8 weights at large M are dequantized a tile of output rows at a time into a
-// panel of about this many bytes, which stays in cache until the GEMM has read
-// it. (The whole weight in one panel goes out to memory and comes back: for
-// the fused q/k/v projection in fp32, 113 MB written and read again, which
-// made a 64-token prefill with int8 weights take 1.6x bf16's time.)
-constexpr int64_t kQ8PanelBytes = int64_t{1} << 21;
+// panel of about this many bytes per thread (each thread's share within its
+// L2), which stays in cache until the GEMM has read it. (The whole weight in
+// one panel goes out to memory and comes back: for the fused q/k/v projection
+// in fp32, 113 MB written and read again, which made a 64-token prefill with
+// int8 weights take 1.6x bf16's time.)
+constexpr int64_t kQ8PanelBytesPerThread = int64_t{1} << 20;
 // Rows per dequantization job within a tile.
 constexpr int64_t kQ8DequantRows = 16;
 
@@ -210,7 +211,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     const int64_t w_size = ct == dt::bf16 ? int64_t{sizeof(BF16)} : int64_t{sizeof(float)};
     // A tile of at least m rows: the GEMM reads the m input rows again for
     // each tile, which then adds no more traffic than the weight itself.
-    const int64_t cache_rows = kQ8PanelBytes / (k * w_size);
+    const int64_t cache_rows = kQ8PanelBytesPerThread * NumThreads() / (k * w_size);
     const int64_t tile = std::min(out_, RoundUp(std::max(cache_rows, m), kQ8DequantRows));
     ScratchBlock panel(static_cast<size_t>(tile * k * w_size));
     const bool round_bf16 = dtype_ == DType::kBF16;
