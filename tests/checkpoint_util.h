@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,53 +14,61 @@
 
 namespace kda::testing {
 
-// Copies the checkpoint in `src_dir` (config.json + model.safetensors) to `dst_dir`, with element `flat` of
-// tensor `name` (F32 or BF16) set to `value`.
-inline void CopyCheckpointWithValue(const std::string& src_dir, const std::string& dst_dir, const std::string& name,
-                                    int64_t flat, float value) {
+// A tensor of a checkpoint being copied: its dtype and bytes, which an edit
+// may change (the shape stays).
+struct TensorCopy {
+  DType dtype;
+  std::vector<uint8_t> bytes;
+};
+
+// Copies the one-file checkpoint in `src_dir` (config.json +
+// model.safetensors) to `dst_dir`, each tensor passed through edit(info,
+// copy) on its way.
+inline void CopyCheckpoint(const std::string& src_dir, const std::string& dst_dir,
+                           const std::function<void(const TensorInfo&, TensorCopy&)>& edit) {
   namespace fs = std::filesystem;
   fs::create_directories(dst_dir);
   fs::copy_file(fs::path(src_dir) / "config.json", fs::path(dst_dir) / "config.json",
                 fs::copy_options::overwrite_existing);
   const SafetensorsFile src = SafetensorsFile::Open((fs::path(src_dir) / "model.safetensors").string());
-  std::vector<std::vector<uint8_t>> data;
-  data.reserve(src.tensors().size());
-  std::vector<TensorToWrite> tensors;
+  std::vector<TensorCopy> copies;
+  copies.reserve(src.tensors().size());
   for (const TensorInfo& t : src.tensors()) {
-    data.emplace_back(t.data, t.data + t.nbytes);
-    if (t.name == name) {
-      uint8_t* at = data.back().data() + static_cast<size_t>(flat) * DTypeSize(t.dtype);
-      if (t.dtype == DType::kBF16) {
-        const BF16 b = ToBF16(value);
-        std::memcpy(at, &b.bits, sizeof(b.bits));
-      } else {
-        std::memcpy(at, &value, sizeof(value));
-      }
-    }
-    tensors.push_back({t.name, t.dtype, t.shape, data.back().data()});
+    copies.push_back({t.dtype, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+    edit(t, copies.back());
+  }
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const TensorInfo& t = src.tensors()[i];
+    tensors.push_back({t.name, copies[i].dtype, t.shape, copies[i].bytes.data()});
   }
   WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
 }
 
-// Copies a one-file checkpoint like CopyCheckpointWithValue, with the raw
-// bytes of element `flat` of tensor `name` (any dtype) set to `bytes`
-// (DTypeSize of its dtype), e.g. an int8 value or an fp16 scale.
+// Copies a one-file checkpoint with the raw bytes of element `flat` of tensor
+// `name` (any dtype) set to `bytes` (DTypeSize of its dtype), e.g. an int8
+// value or an fp16 scale.
 inline void CopyCheckpointWithRawElement(const std::string& src_dir, const std::string& dst_dir,
                                          const std::string& name, int64_t flat, const void* bytes) {
-  namespace fs = std::filesystem;
-  fs::create_directories(dst_dir);
-  fs::copy_file(fs::path(src_dir) / "config.json", fs::path(dst_dir) / "config.json",
-                fs::copy_options::overwrite_existing);
-  const SafetensorsFile src = SafetensorsFile::Open((fs::path(src_dir) / "model.safetensors").string());
-  std::vector<std::vector<uint8_t>> data;
-  data.reserve(src.tensors().size());
-  std::vector<TensorToWrite> tensors;
-  for (const TensorInfo& t : src.tensors()) {
-    data.emplace_back(t.data, t.data + t.nbytes);
-    if (t.name == name) std::memcpy(data.back().data() + flat * DTypeSize(t.dtype), bytes, DTypeSize(t.dtype));
-    tensors.push_back({t.name, t.dtype, t.shape, data.back().data()});
-  }
-  WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
+  CopyCheckpoint(src_dir, dst_dir, [&](const TensorInfo& t, TensorCopy& c) {
+    if (t.name == name) std::memcpy(c.bytes.data() + flat * DTypeSize(c.dtype), bytes, DTypeSize(c.dtype));
+  });
+}
+
+// Copies a one-file checkpoint with element `flat` of tensor `name` (F32 or
+// BF16) set to `value`.
+inline void CopyCheckpointWithValue(const std::string& src_dir, const std::string& dst_dir, const std::string& name,
+                                    int64_t flat, float value) {
+  CopyCheckpoint(src_dir, dst_dir, [&](const TensorInfo& t, TensorCopy& c) {
+    if (t.name != name) return;
+    uint8_t* at = c.bytes.data() + static_cast<size_t>(flat) * DTypeSize(c.dtype);
+    if (c.dtype == DType::kBF16) {
+      const BF16 b = ToBF16(value);
+      std::memcpy(at, &b.bits, sizeof(b.bits));
+    } else {
+      std::memcpy(at, &value, sizeof(value));
+    }
+  });
 }
 
 // Copies a one-file checkpoint with every KDA Linear projection
@@ -67,28 +76,14 @@ inline void CopyCheckpointWithRawElement(const std::string& src_dir, const std::
 // by its Q8 round trip DequantizeQ8(QuantizeQ8(w)), stored as F32 (exact):
 // the dense model that int8 weights must equal (kda/kernels/q8.h).
 inline void WriteDequantizedCheckpoint(const std::string& src_dir, const std::string& dst_dir) {
-  namespace fs = std::filesystem;
-  fs::create_directories(dst_dir);
-  fs::copy_file(fs::path(src_dir) / "config.json", fs::path(dst_dir) / "config.json",
-                fs::copy_options::overwrite_existing);
-  const SafetensorsFile src = SafetensorsFile::Open((fs::path(src_dir) / "model.safetensors").string());
-  std::vector<std::vector<uint8_t>> data;
-  std::vector<std::vector<float>> floats;
-  data.reserve(src.tensors().size());
-  floats.reserve(src.tensors().size());
-  std::vector<TensorToWrite> tensors;
-  for (const TensorInfo& t : src.tensors()) {
+  CopyCheckpoint(src_dir, dst_dir, [](const TensorInfo& t, TensorCopy& c) {
     const std::string& n = t.name;
-    const bool proj = n.find(".self_attn.") != std::string::npos && n.ends_with("_proj.weight") && t.shape.size() == 2;
-    if (proj) {
-      floats.push_back(DequantizeQ8(QuantizeQ8(ToFloatVector(t), t.shape[0], t.shape[1], n)));
-      tensors.push_back({n, DType::kF32, t.shape, floats.back().data()});
-    } else {
-      data.emplace_back(t.data, t.data + t.nbytes);
-      tensors.push_back({n, t.dtype, t.shape, data.back().data()});
-    }
-  }
-  WriteSafetensors((fs::path(dst_dir) / "model.safetensors").string(), tensors, src.metadata());
+    if (n.find(".self_attn.") == std::string::npos || !n.ends_with("_proj.weight") || t.shape.size() != 2) return;
+    const std::vector<float> w = DequantizeQ8(QuantizeQ8(ToFloatVector(t), t.shape[0], t.shape[1], n));
+    c.dtype = DType::kF32;
+    c.bytes.resize(w.size() * sizeof(float));
+    std::memcpy(c.bytes.data(), w.data(), c.bytes.size());
+  });
 }
 
 }  // namespace kda::testing
