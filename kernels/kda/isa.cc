@@ -40,7 +40,7 @@ EnvIsa& Env() {
 
 // The CPU feature checks, run once (cpuid + the OS's register state for AVX/AVX-512).
 struct CpuFeatures {
-  bool avx2_fma = false;  // AVX2 + FMA + F16C: the AVX2 target's -m flags
+  bool avx2_target = false;  // AVX2 + FMA + F16C: the AVX2 target's -m flags
   bool avx512f = false;
   CpuFeatures() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -52,8 +52,8 @@ struct CpuFeatures {
     unsigned ecx = 0;
     unsigned edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-    avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    avx512f = avx2_fma && __builtin_cpu_supports("avx512f");
+    avx2_target = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    avx512f = avx2_target && __builtin_cpu_supports("avx512f");
 #endif
   }
 };
@@ -154,7 +154,7 @@ bool CpuSupportsKernelIsa(KernelIsa isa) {
     case KernelIsa::kGeneric:
       return true;
     case KernelIsa::kAvx2:
-      return Built(isa) && Cpu().avx2_fma;
+      return Built(isa) && Cpu().avx2_target;
     case KernelIsa::kAvx512:
       return Built(isa) && Cpu().avx512f;
   }
