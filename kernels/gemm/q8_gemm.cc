@@ -18,9 +18,8 @@ namespace {
 
 constexpr int64_t kBlock = kQ8Block;
 constexpr int kLanes = Vec::kLanes;
-// Vector registers of the target: a tile's accumulators, weights, scale and
-// input must fit (the x86-64 baseline and AVX2 have 16, AVX-512 32).
-constexpr int kRegisters = KDA_TARGET == KDA_TARGET_AVX512 ? 32 : 16;
+// A tile's accumulators, weights, scale and input must fit in the registers.
+constexpr int kRegisters = kVecRegisters;
 static_assert(kBlock % kLanes == 0, "a Q8 block is a whole number of registers");
 
 // fp16 bits -> fp32 (exact; the scales are checked finite where they enter).

@@ -14,6 +14,10 @@
 
 namespace kda::KDA_TARGET_NS {
 
+// Vector registers of the target (the x86-64 baseline and AVX2 have 16,
+// AVX-512 32): a loop's live values must fit in them.
+inline constexpr int kVecRegisters = KDA_TARGET == KDA_TARGET_AVX512 ? 32 : 16;
+
 // Registers of value columns per block: of the prefill sweep, and of the
 // decode passes.
 #if KDA_TARGET == KDA_TARGET_AVX512

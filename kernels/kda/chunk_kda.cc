@@ -9,23 +9,29 @@
 // run at the FMA rate. Per token t, head h and key row d the state row is kept
 // scaled, S[d,:] = c_d * Shat[d,:], with c_d in [kStateRowMinScale, 1]:
 //   decay:      c'_d = c_d e^{g_d}                     (Shat untouched)
-//   projection: p = S'^T k = sum_d (k_d c'_d) Shat[d,:]      ktil = k c'
+//   projection: p = S'^T k = sum_d (k_d c'_d) Shat[d,:]      kpre = k c'
 //   delta rule: Shat[d,:] += (k_d / c'_d) delta, delta = beta (v - p)   khat = k / c'
 //   readout:    o = S''^T (scale q) = sum_d (scale q_d c'_d) Shat[d,:]   qhat = scale q c'
 // so every state element costs three FMAs per token (the plain recurrence
 // needs a fourth operation, the decay multiply). When c'_d would drop below
-// kStateRowMinScale, the row is materialised instead: Shat[d,:] *= c_d e^{g_d} (this can be
-// 0 after a -250 gate, as in the reference) and c'_d = 1. Every exponent fed
-// to Exp is a single gate g <= 0, and c is a running product of e^g (never a
-// difference of running gate sums), so there is no cancellation.
+// kStateRowMinScale, the row is materialised instead: Shat[d,:] *= mfac_d =
+// c_d e^{g_d} (this can be 0 after a -250 gate, as in the reference) and
+// c'_d = 1 (khat, qhat use 1), in the pass that updates the token; its
+// projection, taken before, uses kpre = k c_d e^{g_d} on the unmaterialised
+// row. Every exponent fed to Exp is a single gate g <= 0, and c is a running
+// product of e^g (never a difference of running gate sums), so there is no
+// cancellation.
 //
 // The value columns of the recurrence are independent, so the state is swept
 // in blocks of NV registers of columns ([K][NV*lanes], 16 KiB at K = 128 with
-// AVX-512, resident in L1) over a block of kOptTokenBlock tokens whose
-// per-token vectors (ktil, khat, qhat, materialisation factors) are prepared
-// once for all column blocks. One pass per token over the block fuses token
-// t's update and readout with token t+1's projection: each state element is
-// loaded once, takes three FMAs, and is stored once. The preparation of the
+// AVX-512, resident in L1) over a block of kTokenBlock tokens whose per-token
+// vectors are prepared once for all column blocks. One pass over the block
+// updates and reads out two tokens and projects the state for the next two
+// (UpdatePass; the second token's projection, taken before the first token's
+// update, is corrected by a scalar): each state element takes three FMAs per
+// token and is loaded and stored once per two tokens. (On Zen 3 the AVX2
+// sweep of one token per pass ran at ~1.4x its FMA time, bound by the
+// state's stores; of two, ~1.1x.) The preparation of the
 // next token block (it depends only on the gates, not on the state) runs
 // interleaved with the sweeps of the current one, with its input rows
 // prefetched a few tokens ahead (see Pipeline), so it does not wait on memory.
@@ -92,10 +98,13 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 }
 
 // Prepares token t of the task's (sequence, head) into row i of `b` and
-// advances the row scales c (task.scratch.c):
-//   ktil = k c', khat = k / c', qhat = scale q c', mfac = materialisation factor
-//   (1 for rows that are not materialised), flag = any row materialised,
-//   vrow = v over the task's columns.
+// advances the row scales c (task.scratch.c), with c' = c e^g before any
+// materialisation:
+//   kpre = k c' (projects the state before the token's materialisation),
+//   kq = kpre mfac of row i - 1 (projects it before row i - 1's materialisation; row 0: kpre),
+//   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
+//   mfac = c' on materialised rows, else 1; flag = any row materialised,
+//   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
 template <class Vt>
 void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
   using Reg = typename Vt::Reg;
@@ -108,10 +117,15 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const int width = task.v_end - task.v_begin;
   const size_t row = static_cast<size_t>(t * a.H + task.h);
   const size_t base = row * static_cast<size_t>(kd);
-  float* qh = b.qhat + static_cast<size_t>(i) * kd;
-  float* kh = b.khat + static_cast<size_t>(i) * kd;
-  float* kt = b.ktil + static_cast<size_t>(i) * kd;
-  float* mf = b.mfac + static_cast<size_t>(i) * kd;
+  const size_t at = static_cast<size_t>(i) * static_cast<size_t>(kd);
+  float* qh = b.qhat + at;
+  float* kh = b.khat + at;
+  float* kp = b.kpre + at;
+  float* kq = b.kq + at;
+  float* mf = b.mfac + at;
+  // Row i - 1 (in this block): the token updated just before this one in a two-token pass.
+  const float* kh_prev = i > 0 ? kh - kd : nullptr;
+  const float* mf_prev = i > 0 ? mf - kd : nullptr;
   float q_mul = task.scale;
   float k_mul = 1.0F;
   if (opt.use_qk_l2norm_in_kernel) {
@@ -126,22 +140,31 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const Reg k_scale = Vt::Set1(k_mul);
   const Reg one = Vt::Set1(1.0F);
   const Reg tau = Vt::Set1(kc::kStateRowMinScale);
+  Reg gamma = Vt::Zero();
   bool any = false;
   for (int d = 0; d < kd; d += kL) {
     const Reg q = Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale);
     const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale) : LoadAt<Vt>(a.k, base + d);
     const Reg g = opt.use_gate_in_kernel ? Vt::Load(mf + d) : LoadAt<Vt>(a.g, base + d);
     Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(g));
+    const Reg pre = Vt::Mul(k, c);
+    Vt::Store(kp + d, pre);
+    if (kh_prev != nullptr) {
+      Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
+      gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
+    } else {
+      Vt::Store(kq + d, pre);
+    }
     const Mask low = Vt::Less(c, tau);
     Vt::Store(mf + d, Vt::Select(low, c, one));
     c = Vt::Select(low, one, c);
     any = any || Vt::Any(low);
-    Vt::Store(kt + d, Vt::Mul(k, c));
     Vt::Store(kh + d, Vt::Div(k, c));
     Vt::Store(qh + d, Vt::Mul(q, c));
     Vt::Store(c_row + d, c);
   }
   b.flag[i] = any ? 1 : 0;
+  b.gamma[i] = Vt::ReduceAdd(gamma);
   b.beta[i] = LoadScalar(a.beta, row);
   LoadRow<Vt>(a.v, row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), width,
               b.vrow + static_cast<size_t>(i) * width);
@@ -175,12 +198,12 @@ struct Pipeline {
     lines = 0;
     for (int j = 0; j < n; ++j) lines += ListTokenLines(t, t0 + j, t.scratch.lines + lines);
   }
-  // The lines to prefetch during step s: [*first, *first + count). The n tokens' lines span the first
-  // n / (n + kPrefetchAhead) of the steps (a line per slot's share when every token has as many).
-  int Lines(int s, const void* const** first) const {
+  // The lines to prefetch during steps [s, s + count): [*first, *first + returned). The n tokens' lines
+  // span the first n / (n + kPrefetchAhead) of the steps (a line per slot's share when every token has as many).
+  int Lines(int s, int count, const void* const** first) const {
     const int64_t span = n > 0 ? static_cast<int64_t>(lines) * (n + kPrefetchAhead) / n : 0;
     int64_t l0 = s * span / steps;
-    int64_t l1 = (s + 1) * span / steps;
+    int64_t l1 = (s + count) * span / steps;
     l0 = l0 < lines ? l0 : lines;
     l1 = l1 < lines ? l1 : lines;
     *first = task->scratch.lines + l0;
@@ -196,35 +219,51 @@ struct Pipeline {
   }
 };
 
-// p += sum_d ktil[d] w[d,:], first materialising the flagged rows (w[d,:] *= mfac[d]).
-template <class Vt, int NV, bool kMaterialise>
-KDA_INLINE void ProjectPass(float* w, int kd, const float* ktil, const float* mfac, typename Vt::Reg* p) {
+// The projections of a block's first pass: p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:].
+template <class Vt, int NV, bool kTwo>
+KDA_INLINE void ProjectPass(const float* w, int kd, const float* kpre, const float* kq, typename Vt::Reg* p,
+                            typename Vt::Reg* pn) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   for (int d = 0; d < kd; ++d) {
-    const typename Vt::Reg kt = Vt::Set1(ktil[d]);
-    float* wd = w + static_cast<size_t>(d) * kB;
+    const typename Vt::Reg kp = Vt::Set1(kpre[d]);
+    const float* wd = w + static_cast<size_t>(d) * kB;
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) {
-      typename Vt::Reg x = Vt::Load(wd + j * kL);
-      if constexpr (kMaterialise) {
-        x = Vt::Mul(x, Vt::Set1(mfac[d]));
-        Vt::Store(wd + j * kL, x);
-      }
-      p[j] = Vt::Fma(kt, x, p[j]);
+      const typename Vt::Reg x = Vt::Load(wd + j * kL);
+      p[j] = Vt::Fma(kp, x, p[j]);
+      if constexpr (kTwo) pn[j] = Vt::Fma(Vt::Set1(kq[d]), x, pn[j]);
     }
   }
 }
 
-// One pass over the column block: token t's delta-rule update
-// (w[d,:] += khat[d] delta) and readout (o += qhat[d] w[d,:]); with kProject
-// also token t+1's materialisation (kMaterialise) and projection
-// (p += ktil_next[d] w[d,:]). Issues the prefetches pf[0, npf), one every
-// kRowsPerPrefetch rows.
-template <class Vt, int NV, bool kProject, bool kMaterialise>
-KDA_INLINE void UpdatePass(float* w, int kd, const float* khat, const float* qhat, const float* ktil_next,
-                           const float* mfac_next, const typename Vt::Reg* delta, typename Vt::Reg* o,
-                           typename Vt::Reg* p, const void* const* pf, int npf) {
+// The prepared rows one update pass reads: of the tokens it updates (a, and b with two tokens), and the
+// projection keys for the next pass's tokens (n: kpre; nn, the second: kq).
+struct PassRows {
+  const float* khat_a = nullptr;
+  const float* qhat_a = nullptr;
+  const float* mfac_a = nullptr;
+  const float* khat_b = nullptr;
+  const float* qhat_b = nullptr;
+  const float* mfac_b = nullptr;
+  const float* key_n = nullptr;
+  const float* key_nn = nullptr;
+};
+
+// One pass over the column block w ([K][NV*lanes]), row by row: token a's materialisation (with kMaterialise;
+// w[d,:] *= mfac_a[d], 1 on the rows that are not materialised), delta-rule update
+// (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the same for token b;
+// then the projections of the result for the next kProject (0, 1 or 2) tokens: p_n += key_n[d] w[d,:],
+// p_nn += key_nn[d] w[d,:]. Each state element is loaded and stored once per pass.
+//
+// Both updates happen in one pass, so token b's projection is taken from the state before token a's update
+// (the previous pass's p_nn, with key kq_b = kpre_b mfac_a) and corrected once delta_a is known:
+//   p_b = sum_d kpre_b[d] (mfac_a[d] w[d,:] + khat_a[d] delta_a) = p_nn + gamma_b delta_a,
+// gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one every kRowsPerPrefetch rows.
+template <class Vt, int NV, int kTokens, int kProject, bool kMaterialise>
+KDA_INLINE void UpdatePass(float* w, int kd, const PassRows& r, const typename Vt::Reg* delta_a,
+                           const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
+                           typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
@@ -232,69 +271,159 @@ KDA_INLINE void UpdatePass(float* w, int kd, const float* khat, const float* qha
   for (int d0 = 0; d0 < kd; d0 += kRowsPerPrefetch) {
     if (issued < npf) __builtin_prefetch(pf[issued++], 0, 3);
     for (int d = d0; d < d0 + kRowsPerPrefetch; ++d) {
-      const Reg kh = Vt::Set1(khat[d]);
-      const Reg qh = Vt::Set1(qhat[d]);
       float* wd = w + static_cast<size_t>(d) * kB;
+      // One broadcast at a time, used by all NV registers: with two tokens the 6 NV accumulators and
+      // deltas, the NV state registers and one broadcast fill AVX2's 16 registers.
+      Reg x[NV];
 #pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) {
-        Reg x = Vt::Fma(kh, delta[j], Vt::Load(wd + j * kL));
-        o[j] = Vt::Fma(qh, x, o[j]);
-        if constexpr (kProject) {
-          if constexpr (kMaterialise) x = Vt::Mul(x, Vt::Set1(mfac_next[d]));
-          p[j] = Vt::Fma(Vt::Set1(ktil_next[d]), x, p[j]);
-        }
-        Vt::Store(wd + j * kL, x);
+      for (int j = 0; j < NV; ++j) x[j] = Vt::Load(wd + j * kL);
+      Reg s;
+      if constexpr (kMaterialise) {
+        s = Vt::Set1(r.mfac_a[d]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) x[j] = Vt::Mul(x[j], s);
       }
+      s = Vt::Set1(r.khat_a[d]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) x[j] = Vt::Fma(s, delta_a[j], x[j]);
+      s = Vt::Set1(r.qhat_a[d]);
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) o_a[j] = Vt::Fma(s, x[j], o_a[j]);
+      if constexpr (kTokens == 2) {
+        if constexpr (kMaterialise) {
+          s = Vt::Set1(r.mfac_b[d]);
+#pragma GCC unroll 8
+          for (int j = 0; j < NV; ++j) x[j] = Vt::Mul(x[j], s);
+        }
+        s = Vt::Set1(r.khat_b[d]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) x[j] = Vt::Fma(s, delta_b[j], x[j]);
+        s = Vt::Set1(r.qhat_b[d]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) o_b[j] = Vt::Fma(s, x[j], o_b[j]);
+      }
+      if constexpr (kProject > 0) {
+        s = Vt::Set1(r.key_n[d]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) p_n[j] = Vt::Fma(s, x[j], p_n[j]);
+      }
+      if constexpr (kProject == 2) {
+        s = Vt::Set1(r.key_nn[d]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; ++j) p_nn[j] = Vt::Fma(s, x[j], p_nn[j]);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < NV; ++j) Vt::Store(wd + j * kL, x[j]);
     }
   }
   PrefetchLines(pf + issued, npf - issued);
 }
 
+// UpdatePass with its projections (0, 1 or 2) and materialisation chosen at run time.
+template <class Vt, int NV, int kTokens>
+KDA_INLINE void UpdatePassAny(int project, bool materialise, float* w, int kd, const PassRows& r,
+                              const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
+                              typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
+                              const void* const* pf, int npf) {
+  if (materialise) {
+    if (project == 2) {
+      UpdatePass<Vt, NV, kTokens, 2, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    } else if (project == 1) {
+      UpdatePass<Vt, NV, kTokens, 1, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    } else {
+      UpdatePass<Vt, NV, kTokens, 0, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    }
+  } else if (project == 2) {
+    UpdatePass<Vt, NV, kTokens, 2, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  } else if (project == 1) {
+    UpdatePass<Vt, NV, kTokens, 1, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  } else {
+    UpdatePass<Vt, NV, kTokens, 0, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  }
+}
+
 // Runs the prepared tokens [t0, t0 + nt) (in `b`) through one column block:
 // columns [col, col + NV*lanes) of the task (w: that block's [K][NV*lanes]
-// state). Token step i also does step `step0 + i` of the pipeline.
+// state), two tokens per pass where the registers hold them (the last pass of
+// an odd block: one). Token i also does step `step0 + i` of the pipeline.
 template <class Vt, int NV>
 void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t0, int nt, int col, float* w,
                 Pipeline<Vt>& pipe, int step0) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
+  // Two tokens keep 6 NV accumulators and deltas, NV state registers and a broadcast live.
+  constexpr bool kPairs = 7 * NV + 1 <= kVecRegisters;
   const ChunkKdaArgs& a = *task.args;
   const int kd = a.K;
   const int width = task.v_end - task.v_begin;
-  Reg p[NV];
-  Reg o[NV];
-  Reg delta[NV];
-  for (int j = 0; j < NV; ++j) p[j] = Vt::Zero();
-  if (b.flag[0] != 0) {
-    ProjectPass<Vt, NV, true>(w, kd, b.ktil, b.mfac, p);
-  } else {
-    ProjectPass<Vt, NV, false>(w, kd, b.ktil, b.mfac, p);
+  const auto kdz = static_cast<size_t>(kd);
+  auto row = [kdz](const float* base, int i) { return base + static_cast<size_t>(i) * kdz; };
+  // Tokens of the pass starting at token i.
+  auto tokens_at = [nt](int i) { return kPairs && i + 1 < nt ? 2 : 1; };
+  Reg p[NV];   // the projection of the pass's first token
+  Reg pn[NV];  // of its second token, before the first token's update
+  Reg o_a[NV];
+  Reg o_b[NV];
+  Reg delta_a[NV];
+  Reg delta_b[NV];
+  for (int j = 0; j < NV; ++j) {
+    p[j] = Vt::Zero();
+    pn[j] = Vt::Zero();
+    delta_b[j] = Vt::Zero();  // read only by two-token passes, which set it
   }
-  for (int i = 0; i < nt; ++i) {
+  if (tokens_at(0) == 2) {
+    ProjectPass<Vt, NV, true>(w, kd, b.kpre, row(b.kq, 1), p, pn);
+  } else {
+    ProjectPass<Vt, NV, false>(w, kd, b.kpre, nullptr, p, pn);
+  }
+  for (int i = 0; i < nt;) {
+    const int tokens = tokens_at(i);
+    const int next = i + tokens;  // the next pass's first token
+    const int project = next < nt ? tokens_at(next) : 0;
     const void* const* pf = nullptr;
-    const int npf = pipe.Lines(step0 + i, &pf);
-    const Reg beta = Vt::Set1(b.beta[i]);
+    const int npf = pipe.Lines(step0 + i, tokens, &pf);
     const float* v = b.vrow + static_cast<size_t>(i) * width + col;
-    for (int j = 0; j < NV; ++j) {
-      delta[j] = Vt::Mul(beta, Vt::Sub(Vt::Load(v + j * kL), p[j]));
-      o[j] = Vt::Zero();
-      p[j] = Vt::Zero();
+    const Reg beta_a = Vt::Set1(b.beta[i]);
+    for (int j = 0; j < NV; ++j) delta_a[j] = Vt::Mul(beta_a, Vt::Sub(Vt::Load(v + j * kL), p[j]));
+    PassRows r;
+    r.khat_a = row(b.khat, i);
+    r.qhat_a = row(b.qhat, i);
+    r.mfac_a = row(b.mfac, i);
+    bool materialise = b.flag[i] != 0;
+    if (tokens == 2) {
+      const Reg beta_b = Vt::Set1(b.beta[i + 1]);
+      const Reg gamma = Vt::Set1(b.gamma[i + 1]);
+      for (int j = 0; j < NV; ++j) {
+        const Reg p_b = Vt::Fma(gamma, delta_a[j], pn[j]);
+        delta_b[j] = Vt::Mul(beta_b, Vt::Sub(Vt::Load(v + width + j * kL), p_b));
+      }
+      r.khat_b = row(b.khat, i + 1);
+      r.qhat_b = row(b.qhat, i + 1);
+      r.mfac_b = row(b.mfac, i + 1);
+      materialise = materialise || b.flag[i + 1] != 0;
     }
-    const size_t cur = static_cast<size_t>(i) * kd;
-    const size_t next = cur + kd;
-    if (i + 1 == nt) {
-      UpdatePass<Vt, NV, false, false>(w, kd, b.khat + cur, b.qhat + cur, nullptr, nullptr, delta, o, p, pf, npf);
-    } else if (b.flag[i + 1] != 0) {
-      UpdatePass<Vt, NV, true, true>(w, kd, b.khat + cur, b.qhat + cur, b.ktil + next, b.mfac + next, delta, o, p, pf,
-                                     npf);
+    if (project > 0) r.key_n = row(b.kpre, next);
+    if (project == 2) r.key_nn = row(b.kq, next + 1);
+    for (int j = 0; j < NV; ++j) {
+      o_a[j] = Vt::Zero();
+      o_b[j] = Vt::Zero();
+      p[j] = Vt::Zero();
+      pn[j] = Vt::Zero();
+    }
+    if (tokens == 2) {
+      UpdatePassAny<Vt, NV, 2>(project, materialise, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     } else {
-      UpdatePass<Vt, NV, true, false>(w, kd, b.khat + cur, b.qhat + cur, b.ktil + next, b.mfac + next, delta, o, p, pf,
-                                      npf);
+      UpdatePassAny<Vt, NV, 1>(project, materialise, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     }
     const size_t out = static_cast<size_t>((t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
-    for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o[j]);
-    pipe.Prepare(step0 + i);
+    for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
+    if (tokens == 2) {
+      const size_t out_b = out + static_cast<size_t>(a.H) * static_cast<size_t>(a.V);
+      for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
+    }
+    for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
+    i = next;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -40,8 +41,8 @@ class ChunkWorker {
     const auto kd = static_cast<size_t>(k_dim);
     const auto vd = static_cast<size_t>(v_dim);
     const auto tb = static_cast<size_t>(kc::kTokenBlock);
-    // state, c, then per prepared block: khat, ktil, qhat, mfac, vrow, beta.
-    const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb};
+    // state, c, then per prepared block: khat, qhat, kpre, kq, mfac, vrow, beta, gamma.
+    const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb, tb};
     size_t total = kAlignFloats + Padded(kd * vd) + 2 * Padded(kd);
     for (size_t n : prep_sizes) total += 2 * Padded(n);
     // Uninitialised: every element is written before it is read.
@@ -61,8 +62,9 @@ class ChunkWorker {
     scratch_.c_end = take(kd);
     for (int b = 0; b < 2; ++b) {
       internal::PrepBuffers& p = scratch_.prep[b];
-      float** targets[] = {&p.khat, &p.ktil, &p.qhat, &p.mfac, &p.vrow, &p.beta};
-      for (size_t i = 0; i < 6; ++i) *targets[i] = take(prep_sizes[i]);
+      float** targets[] = {&p.khat, &p.qhat, &p.kpre, &p.kq, &p.mfac, &p.vrow, &p.beta, &p.gamma};
+      static_assert(std::size(targets) == std::size(prep_sizes), "one size per prepared vector");
+      for (size_t i = 0; i < std::size(targets); ++i) *targets[i] = take(prep_sizes[i]);
       p.flag = flags_.get() + static_cast<size_t>(b) * tb;
     }
   }

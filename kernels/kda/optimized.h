@@ -12,15 +12,17 @@
 
 namespace kda::internal {
 
-// The prepared vectors of one token block. Shapes: khat, ktil, qhat, mfac
-// [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, flag [kc::kTokenBlock].
+// The prepared vectors of one token block (kernels/kda/chunk_kda.cc, PrepareToken). Shapes: khat, qhat,
+// kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, flag [kc::kTokenBlock].
 struct PrepBuffers {
   float* khat = nullptr;
-  float* ktil = nullptr;
   float* qhat = nullptr;
+  float* kpre = nullptr;
+  float* kq = nullptr;
   float* mfac = nullptr;
   float* vrow = nullptr;
   float* beta = nullptr;
+  float* gamma = nullptr;
   uint8_t* flag = nullptr;
 };
 
