@@ -298,13 +298,14 @@ constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
 constexpr int kHeads = kShape.H;
 constexpr int kHeadDim = kShape.K;
 
-// Prefill: chunk_kda over `lengths`. us_per_token is the median call time / T;
-// the floor is the recurrent form's 7 K V H flops per token at the FMA peak.
+// Prefill: chunk_kda over `lengths`. us_per_token is the median call time / T
+// (best_us_per_token: the best call's); the floor is the recurrent form's
+// 7 K V H flops per token at the FMA peak (itself the best of its runs).
 BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vector<int64_t>& lengths, int repeats) {
   bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
   if (impl == KernelImpl::kOptimized) chunk_kda(p.args, impl);  // warm-up (the reference is too slow for one)
   const ProcessCounters c0 = ProcessCounters::Now();
-  const double s = MedianSeconds(repeats, [&] { chunk_kda(p.args, impl); });
+  const bench::RepeatedSeconds s = bench::TimeRepeats(repeats, [&] { chunk_kda(p.args, impl); });
   const ProcessCounters c1 = ProcessCounters::Now();
   BenchRow r;
   r.kernel = "chunk";
@@ -317,11 +318,14 @@ BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vec
   r.T = p.args.T;
   r.threads = m.threads;
   r.repeats = repeats;
-  r.us_per_token = s * 1e6 / static_cast<double>(p.args.T);
+  r.us_per_token = s.median * 1e6 / static_cast<double>(p.args.T);
+  const double best_us = s.best * 1e6 / static_cast<double>(p.args.T);
   const double floor_us = 7.0 * kHeadDim * kHeadDim * kHeads / (m.fma_peak_gflops * 1e3);
   r.extra = {{"fma_peak_gflops", m.fma_peak_gflops},
              {"flop_floor_us_per_token", floor_us},
              {"ratio_to_flop_floor", r.us_per_token / floor_us},
+             {"best_us_per_token", best_us},
+             {"best_ratio_to_flop_floor", best_us / floor_us},
              {"minflt_per_call", static_cast<double>(c1.minor_faults - c0.minor_faults) / repeats},
              {"vcsw_per_call", static_cast<double>(c1.voluntary_switches - c0.voluntary_switches) / repeats},
              {"input_huge_page_fraction", InputHugePageFraction(p)}};

@@ -22,15 +22,26 @@ inline double Median(std::vector<double> x) {
   return n % 2 == 1 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-// Times fn `repeats` (>= 1) times; returns the median in seconds.
-inline double MedianSeconds(int repeats, const std::function<void()>& fn) {
+// The median and the best (shortest) of repeated timings, in seconds. The
+// best is the least disturbed call: beside a ceiling that is itself a best
+// (the FMA peak), it tells the kernel's own cost from a slow spell's.
+struct RepeatedSeconds {
+  double median = 0.0;
+  double best = 0.0;
+};
+
+// Times fn `repeats` (>= 1) times.
+inline RepeatedSeconds TimeRepeats(int repeats, const std::function<void()>& fn) {
   std::vector<double> t;
   for (int r = 0; r < repeats; ++r) {
     const Clock::time_point t0 = Clock::now();
     fn();
     t.push_back(Seconds(t0));
   }
-  return Median(t);
+  return {Median(t), *std::min_element(t.begin(), t.end())};
 }
+
+// Times fn `repeats` (>= 1) times; returns the median in seconds.
+inline double MedianSeconds(int repeats, const std::function<void()>& fn) { return TimeRepeats(repeats, fn).median; }
 
 }  // namespace kda::bench
