@@ -250,6 +250,28 @@ struct PassRows {
   const float* key_nn = nullptr;
 };
 
+// acc[j] += s y[j] over a row's NV registers (one broadcast of s).
+template <class Vt, int NV>
+KDA_INLINE void Axpy(typename Vt::Reg* acc, float s, const typename Vt::Reg* y) {
+  const typename Vt::Reg b = Vt::Set1(s);
+#pragma GCC unroll 8
+  for (int j = 0; j < NV; ++j) acc[j] = Vt::Fma(b, y[j], acc[j]);
+}
+
+// One token's step on a state row x (NV registers): materialisation (x *= mfac, with kMaterialise),
+// delta-rule update (x += khat delta) and readout (o += qhat x).
+template <class Vt, int NV, bool kMaterialise>
+KDA_INLINE void TokenStep(typename Vt::Reg* x, float mfac, float khat, const typename Vt::Reg* delta, float qhat,
+                          typename Vt::Reg* o) {
+  if constexpr (kMaterialise) {
+    const typename Vt::Reg m = Vt::Set1(mfac);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) x[j] = Vt::Mul(x[j], m);
+  }
+  Axpy<Vt, NV>(x, khat, delta);
+  Axpy<Vt, NV>(o, qhat, x);
+}
+
 // One pass over the column block w ([K][NV*lanes]), row by row: token a's materialisation (with kMaterialise;
 // w[d,:] *= mfac_a[d], 1 on the rows that are not materialised), delta-rule update
 // (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the same for token b;
@@ -277,41 +299,11 @@ KDA_INLINE void UpdatePass(float* w, int kd, const PassRows& r, const typename V
       Reg x[NV];
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) x[j] = Vt::Load(wd + j * kL);
-      Reg s;
-      if constexpr (kMaterialise) {
-        s = Vt::Set1(r.mfac_a[d]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) x[j] = Vt::Mul(x[j], s);
-      }
-      s = Vt::Set1(r.khat_a[d]);
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) x[j] = Vt::Fma(s, delta_a[j], x[j]);
-      s = Vt::Set1(r.qhat_a[d]);
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) o_a[j] = Vt::Fma(s, x[j], o_a[j]);
-      if constexpr (kTokens == 2) {
-        if constexpr (kMaterialise) {
-          s = Vt::Set1(r.mfac_b[d]);
-#pragma GCC unroll 8
-          for (int j = 0; j < NV; ++j) x[j] = Vt::Mul(x[j], s);
-        }
-        s = Vt::Set1(r.khat_b[d]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) x[j] = Vt::Fma(s, delta_b[j], x[j]);
-        s = Vt::Set1(r.qhat_b[d]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) o_b[j] = Vt::Fma(s, x[j], o_b[j]);
-      }
-      if constexpr (kProject > 0) {
-        s = Vt::Set1(r.key_n[d]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) p_n[j] = Vt::Fma(s, x[j], p_n[j]);
-      }
-      if constexpr (kProject == 2) {
-        s = Vt::Set1(r.key_nn[d]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; ++j) p_nn[j] = Vt::Fma(s, x[j], p_nn[j]);
-      }
+      TokenStep<Vt, NV, kMaterialise>(x, r.mfac_a[d], r.khat_a[d], delta_a, r.qhat_a[d], o_a);
+      if constexpr (kTokens == 2)
+        TokenStep<Vt, NV, kMaterialise>(x, r.mfac_b[d], r.khat_b[d], delta_b, r.qhat_b[d], o_b);
+      if constexpr (kProject > 0) Axpy<Vt, NV>(p_n, r.key_n[d], x);
+      if constexpr (kProject == 2) Axpy<Vt, NV>(p_nn, r.key_nn[d], x);
 #pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) Vt::Store(wd + j * kL, x[j]);
     }
