@@ -283,28 +283,41 @@ class ShiftedOut {
   uint8_t* data_ = nullptr;
 };
 
-// A chunk_kda implementation over the whole packed batch.
-inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&), const ChunkRun& run = {}) {
-  const Typed q(p.q, run.qkv), k(p.k, run.qkv), v(p.v, run.qkv), g(p.g, run.gb), beta(p.beta, run.gb);
-  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
-  std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
+// A problem's token inputs as kernel buffers: q, k, v in qkv, g and beta in gb.
+struct TypedInputs {
+  TypedInputs(const Problem& p, DType qkv, DType gb)
+      : q(p.q, qkv), k(p.k, qkv), v(p.v, qkv), g(p.g, gb), beta(p.beta, gb) {}
+  Typed q, k, v, g, beta;
+};
+
+// chunk_kda arguments for p over `in` (which must outlive them), writing o;
+// the state fields (contiguous or pool form) are the caller's to set.
+inline ChunkKdaArgs ChunkArgsFor(const Problem& p, const TypedInputs& in, MutBuf o) {
   ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.final_state = state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
+  a.o = o;
+  a.q = in.q.Const();
+  a.k = in.k.Const();
+  a.v = in.v.Const();
+  a.g = in.g.Const();
+  a.beta = in.beta.Const();
   a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
-  a.output_final_state = run.output_final_state;
   a.T = p.T;
   a.N = p.N;
   a.H = p.H;
-  a.K = p.K;
-  a.V = p.K;
+  a.K = a.V = p.K;
   a.options = p.Options();
+  return a;
+}
+
+// A chunk_kda implementation over the whole packed batch.
+inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&), const ChunkRun& run = {}) {
+  const TypedInputs in(p, run.qkv, run.gb);
+  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
+  std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
+  ChunkKdaArgs a = ChunkArgsFor(p, in, o.Mut());
+  a.final_state = state.data();
+  a.initial_state = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
+  a.output_final_state = run.output_final_state;
   chunk(a);
   return {o.ToF32(), state};
 }

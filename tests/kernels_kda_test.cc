@@ -31,6 +31,7 @@ namespace {
 
 using kda::testing::AllCloseF32;
 
+using testing::ChunkArgsFor;
 using testing::ChunkRun;
 using testing::ExpectErrorContaining;
 using testing::kSentinel;
@@ -40,6 +41,7 @@ using testing::Result;
 using testing::Spec;
 using testing::SupportedIsas;
 using testing::Typed;
+using testing::TypedInputs;
 
 // chunk_kda_reference over the whole packed batch. With `alias` the initial
 // state buffer is also the final state buffer.
@@ -388,24 +390,12 @@ TEST_F(KdaDispatchTest, EntryPointsRunTheRequestedKernel) {
   s.seed = 101;
   const Problem p = MakeProblem(s);
   const Result want = RunChunk(p);
-  const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), v(p.v, DType::kF32), g(p.g, DType::kF32),
-      beta(p.beta, DType::kF32);
+  const TypedInputs in(p, DType::kF32, DType::kF32);
   Typed o(p.q.size(), DType::kF32, kSentinel);
   std::vector<float> final_state(p.StateSize(), kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
+  ChunkKdaArgs a = ChunkArgsFor(p, in, o.Mut());
   a.final_state = final_state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
   a.initial_state = p.h0.data();
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
   chunk_kda(a, KernelImpl::kReference);
   EXPECT_EQ(o.ToF32(), want.o);
   EXPECT_EQ(final_state, want.state);
