@@ -101,7 +101,7 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 // advances the row scales c (task.scratch.c), with c' = c e^g before any
 // materialisation:
 //   kpre = k c' (projects the state before the token's materialisation),
-//   kq = kpre mfac of row i - 1 (projects it before row i - 1's materialisation; row 0: kpre),
+//   kq = kpre mfac of row i - 1 (projects it before row i - 1's materialisation; row 0: not written),
 //   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
 //   mfac = c' on materialised rows, else 1; flag = any row materialised,
 //   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
@@ -149,11 +149,9 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
     Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(g));
     const Reg pre = Vt::Mul(k, c);
     Vt::Store(kp + d, pre);
-    if (kh_prev != nullptr) {
+    if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma
       Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
       gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
-    } else {
-      Vt::Store(kq + d, pre);
     }
     const Mask low = Vt::Less(c, tau);
     Vt::Store(mf + d, Vt::Select(low, c, one));
