@@ -14,12 +14,12 @@ venv=${KDA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kda/venv}
 if [ ! -x "$venv/bin/python" ]; then
   mkdir -p "$(dirname "$venv")"
   /usr/bin/python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install -q --upgrade pip >&2
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2
 fi
 mapfile -t build_requires < <("$venv/bin/python" -c '
 import tomllib
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["build-system"]["requires"]))')
-"$venv/bin/pip" install -q "${build_requires[@]}" pytest >&2
-"$venv/bin/pip" install -q --no-build-isolation ".[jax,torch]" >&2
+"$venv/bin/python" -m pip install -q "${build_requires[@]}" pytest >&2
+"$venv/bin/python" -m pip install -q --no-build-isolation ".[jax,torch]" >&2
 echo "$venv"
