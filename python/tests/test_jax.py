@@ -524,3 +524,32 @@ def test_library_found_next_to_the_package():
     backend_name, lib, init = r.stdout.split()
     assert backend_name == "ffi"
     assert Path(lib) == Path(init).parent / kffi.LIBRARY_NAME
+
+
+def test_ffi_kernels_follow_the_settings_of_the_kda_module():
+    """One libkda in the process: kda.set_kernel_isa chooses the variant the FFI kernels run too."""
+    _ffi_or_skip()
+    import kda
+
+    rng = np.random.default_rng(7)
+    T, H, K = 37, 2, 32
+    q, k, v = (rng.standard_normal((1, T, H, K)).astype(np.float32) for _ in range(3))
+    g = (-0.5 * rng.random((1, T, H, K))).astype(np.float32)
+    beta = rng.random((1, T, H)).astype(np.float32)
+    kda.set_kernel_isa("auto")
+    best = kda.active_kernel().split("/")[1]
+    outputs = {}
+    try:
+        for isa in dict.fromkeys(("generic", best)):
+            kda.set_kernel_isa(isa)
+            o_core, s_core = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                           kernel="optimized")
+            o_ffi, s_ffi = kj.chunk_kda(*(jnp.asarray(x) for x in (q, k, v, g, beta)), output_final_state=True,
+                                        use_qk_l2norm_in_kernel=True, kernel="ffi")
+            np.testing.assert_array_equal(np.asarray(o_ffi), o_core, err_msg=isa)
+            np.testing.assert_array_equal(np.asarray(s_ffi), s_core, err_msg=isa)
+            outputs[isa] = o_core
+    finally:
+        kda.set_kernel_isa("auto")
+    if best != "generic":  # the variants round differently (FMA, vector width): the check above tells them apart
+        assert not np.array_equal(outputs["generic"], outputs[best])
