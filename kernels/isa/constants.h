@@ -32,10 +32,14 @@ inline constexpr int kHeadGroup = 4;
 inline constexpr int kMaxLinesPerToken = 4 * 17 + 1;
 
 // Software prefetch of the prefill's input rows: each line about this many
-// tokens before the preparation that reads it, one line issued every
-// kRowsPerPrefetch state rows of the update passes (chunk_kda.cc).
+// tokens before the preparation that reads it (chunk_kda.cc).
 inline constexpr int kPrefetchAhead = 2;
-inline constexpr int kRowsPerPrefetch = 8;
+
+// The update passes of the prefill take the state rows in groups of this many:
+// one prefetched line per group, and the materialisation multiply only on the
+// groups that hold a materialised row (one bit per group in a uint32_t).
+inline constexpr int kPassRowGroup = 8;
+static_assert(kMaxHeadDim / kPassRowGroup <= 32, "a token's row groups must fit in 32 bits");
 
 // ------------------------------------------------------------ short conv
 

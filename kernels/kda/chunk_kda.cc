@@ -18,7 +18,9 @@
 // c_d e^{g_d} (this can be 0 after a -250 gate, as in the reference) and
 // c'_d = 1 (khat, qhat use 1), in the pass that updates the token; its
 // projection, taken before, uses kpre = k c_d e^{g_d} on the unmaterialised
-// row. Every exponent fed to Exp is a single gate g <= 0, and c is a running
+// row. Only the groups of kPassRowGroup rows holding a materialised row
+// multiply, since the multiply is a fourth FP operation per element and token.
+// Every exponent fed to Exp is a single gate g <= 0, and c is a running
 // product of e^g (never a difference of running gate sums), so there is no
 // cancellation.
 //
@@ -65,8 +67,8 @@ namespace {
 // (one every 8 state rows), each about kPrefetchAhead tokens before the
 // preparation that reads it. Output rows are not prefetched: stores wait in
 // the store buffer without stalling.
+using kc::kPassRowGroup;
 using kc::kPrefetchAhead;
-using kc::kRowsPerPrefetch;
 
 // Appends the addresses of the cache lines that bytes [p, p + bytes) touch to out (rows need not be aligned).
 KDA_INLINE int AppendLines(const void* p, size_t bytes, const void** out) {
@@ -103,7 +105,7 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 //   kpre = k c' (projects the state before the token's materialisation),
 //   kq = kpre mfac of row i - 1 (projects it before row i - 1's materialisation; row 0: not written),
 //   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
-//   mfac = c' on materialised rows, else 1; flag = any row materialised,
+//   mfac = c' on materialised rows, else 1; mat = the row groups (kPassRowGroup rows) holding one,
 //   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
 template <class Vt>
 void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
@@ -141,7 +143,10 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const Reg one = Vt::Set1(1.0F);
   const Reg tau = Vt::Set1(kc::kStateRowMinScale);
   Reg gamma = Vt::Zero();
-  bool any = false;
+  uint32_t mat = 0;
+  // The row groups of a vector's rows [d, d + kL) (d is a multiple of kL; kL divides kPassRowGroup or is a
+  // multiple of it).
+  constexpr uint32_t kVecGroups = (1U << ((kL + kPassRowGroup - 1) / kPassRowGroup)) - 1U;
   for (int d = 0; d < kd; d += kL) {
     const Reg q = Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale);
     const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale) : LoadAt<Vt>(a.k, base + d);
@@ -156,12 +161,12 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
     const Mask low = Vt::Less(c, tau);
     Vt::Store(mf + d, Vt::Select(low, c, one));
     c = Vt::Select(low, one, c);
-    any = any || Vt::Any(low);
+    if (Vt::Any(low)) mat |= kVecGroups << (d / kPassRowGroup);
     Vt::Store(kh + d, Vt::Div(k, c));
     Vt::Store(qh + d, Vt::Mul(q, c));
     Vt::Store(c_row + d, c);
   }
-  b.flag[i] = any ? 1 : 0;
+  b.mat[i] = mat;
   b.gamma[i] = Vt::ReduceAdd(gamma);
   b.beta[i] = LoadScalar(a.beta, row);
   LoadRow<Vt>(a.v, row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), width,
@@ -206,6 +211,10 @@ struct Pipeline {
     l1 = l1 < lines ? l1 : lines;
     *first = task->scratch.lines + l0;
     return static_cast<int>(l1 - l0);
+  }
+  // Prepares the first `count` tokens now where they are not yet (the last pass of a block projects for them).
+  void PrepareFirst(int count) {
+    for (; prepared < count && prepared < n; ++prepared) PrepareToken<Vt>(*task, *next, t0 + prepared, prepared);
   }
   // Prepares the tokens due by the end of step s.
   void Prepare(int s) {
@@ -270,86 +279,132 @@ KDA_INLINE void TokenStep(typename Vt::Reg* x, float mfac, float khat, const typ
   Axpy<Vt, NV>(o, qhat, x);
 }
 
-// One pass over the column block w ([K][NV*lanes]), row by row: token a's materialisation (with kMaterialise;
-// w[d,:] *= mfac_a[d], 1 on the rows that are not materialised), delta-rule update
-// (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the same for token b;
-// then the projections of the result for the next kProject (0, 1 or 2) tokens: p_n += key_n[d] w[d,:],
-// p_nn += key_nn[d] w[d,:]. Each state element is loaded and stored once per pass.
+// Which row groups (kPassRowGroup rows) of a pass multiply by the materialisation factors: none, the groups
+// whose bit is set in the pass's mask, or all (a pass with most groups set: no branch per group).
+enum class Materialise : uint8_t { kNone, kGroups, kAll };
+
+// Rows [d0, d0 + kPassRowGroup) of an update pass (see UpdatePass), materialised with kMaterialise.
+template <class Vt, int NV, int kTokens, int kProject, bool kMaterialise>
+KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename Vt::Reg* delta_a,
+                           const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
+                           typename Vt::Reg* p_n, typename Vt::Reg* p_nn) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  constexpr int kB = NV * kL;
+  for (int d = d0; d < d0 + kPassRowGroup; ++d) {
+    float* wd = w + static_cast<size_t>(d) * kB;
+    // One broadcast at a time, used by all NV registers: with two tokens the 6 NV accumulators and
+    // deltas, the NV state registers and one broadcast fill AVX2's 16 registers.
+    Reg x[NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) x[j] = Vt::Load(wd + j * kL);
+    TokenStep<Vt, NV, kMaterialise>(x, r.mfac_a[d], r.khat_a[d], delta_a, r.qhat_a[d], o_a);
+    if constexpr (kTokens == 2) TokenStep<Vt, NV, kMaterialise>(x, r.mfac_b[d], r.khat_b[d], delta_b, r.qhat_b[d], o_b);
+    if constexpr (kProject > 0) Axpy<Vt, NV>(p_n, r.key_n[d], x);
+    if constexpr (kProject == 2) Axpy<Vt, NV>(p_nn, r.key_nn[d], x);
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; ++j) Vt::Store(wd + j * kL, x[j]);
+  }
+}
+
+// One pass over the column block w ([K][NV*lanes]), row by row: token a's materialisation (w[d,:] *= mfac_a[d],
+// 1 on the rows that are not materialised; per kMode, on the groups of rows whose bit is set in `mat`),
+// delta-rule update (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the
+// same for token b; then the projections of the result for the next kProject (0, 1 or 2) tokens:
+// p_n += key_n[d] w[d,:], p_nn += key_nn[d] w[d,:]. Each state element is loaded and stored once per pass.
 //
 // Both updates happen in one pass, so token b's projection is taken from the state before token a's update
 // (the previous pass's p_nn, with key kq_b = kpre_b mfac_a) and corrected once delta_a is known:
 //   p_b = sum_d kpre_b[d] (mfac_a[d] w[d,:] + khat_a[d] delta_a) = p_nn + gamma_b delta_a,
-// gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one every kRowsPerPrefetch rows.
-template <class Vt, int NV, int kTokens, int kProject, bool kMaterialise>
-KDA_INLINE void UpdatePass(float* w, int kd, const PassRows& r, const typename Vt::Reg* delta_a,
+// gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one per row group.
+template <class Vt, int NV, int kTokens, int kProject, Materialise kMode>
+KDA_INLINE void UpdatePass(float* w, int kd, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
                            const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                            typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
-  using Reg = typename Vt::Reg;
-  constexpr int kL = Vt::kLanes;
-  constexpr int kB = NV * kL;
   int issued = 0;
-  for (int d0 = 0; d0 < kd; d0 += kRowsPerPrefetch) {
+  for (int d0 = 0; d0 < kd; d0 += kPassRowGroup) {
     if (issued < npf) __builtin_prefetch(pf[issued++], 0, 3);
-    for (int d = d0; d < d0 + kRowsPerPrefetch; ++d) {
-      float* wd = w + static_cast<size_t>(d) * kB;
-      // One broadcast at a time, used by all NV registers: with two tokens the 6 NV accumulators and
-      // deltas, the NV state registers and one broadcast fill AVX2's 16 registers.
-      Reg x[NV];
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) x[j] = Vt::Load(wd + j * kL);
-      TokenStep<Vt, NV, kMaterialise>(x, r.mfac_a[d], r.khat_a[d], delta_a, r.qhat_a[d], o_a);
-      if constexpr (kTokens == 2)
-        TokenStep<Vt, NV, kMaterialise>(x, r.mfac_b[d], r.khat_b[d], delta_b, r.qhat_b[d], o_b);
-      if constexpr (kProject > 0) Axpy<Vt, NV>(p_n, r.key_n[d], x);
-      if constexpr (kProject == 2) Axpy<Vt, NV>(p_nn, r.key_nn[d], x);
-#pragma GCC unroll 8
-      for (int j = 0; j < NV; ++j) Vt::Store(wd + j * kL, x[j]);
+    const bool group =
+        kMode == Materialise::kAll || (kMode == Materialise::kGroups && ((mat >> (d0 / kPassRowGroup)) & 1U) != 0);
+    if (group) {
+      UpdateRows<Vt, NV, kTokens, kProject, true>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
+    } else {
+      UpdateRows<Vt, NV, kTokens, kProject, false>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
     }
   }
   PrefetchLines(pf + issued, npf - issued);
 }
 
-// UpdatePass with its projections (0, 1 or 2) and materialisation chosen at run time.
-template <class Vt, int NV, int kTokens>
-KDA_INLINE void UpdatePassAny(int project, bool materialise, float* w, int kd, const PassRows& r,
-                              const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
-                              typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
-                              const void* const* pf, int npf) {
-  if (materialise) {
-    if (project == 2) {
-      UpdatePass<Vt, NV, kTokens, 2, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
-    } else if (project == 1) {
-      UpdatePass<Vt, NV, kTokens, 1, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
-    } else {
-      UpdatePass<Vt, NV, kTokens, 0, true>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
-    }
-  } else if (project == 2) {
-    UpdatePass<Vt, NV, kTokens, 2, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
-  } else if (project == 1) {
-    UpdatePass<Vt, NV, kTokens, 1, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+// UpdatePass with its projections (0, 1 or 2) chosen at run time, and its materialisation from the mask of
+// row groups `mat`.
+template <class Vt, int NV, int kTokens, int kProject>
+KDA_INLINE void UpdatePassMat(float* w, int kd, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
+                              const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
+                              typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
+  // A group branch the predictor misses costs about what multiplying a group does: past half the groups set,
+  // every group multiplies.
+  if (mat == 0) {
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kNone>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
+                                                              npf);
+  } else if (2 * __builtin_popcount(mat) * kPassRowGroup > kd) {
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kAll>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
+                                                             npf);
   } else {
-    UpdatePass<Vt, NV, kTokens, 0, false>(w, kd, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kGroups>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
+                                                                pf, npf);
   }
 }
 
-// Runs the prepared tokens [t0, t0 + nt) (in `b`) through one column block:
-// columns [col, col + NV*lanes) of the task (w: that block's [K][NV*lanes]
-// state), two tokens per pass where the registers hold them (the last pass of
-// an odd block: one). Token i also does step `step0 + i` of the pipeline.
+// UpdatePassMat with its projections (0, 1 or 2) chosen at run time.
+template <class Vt, int NV, int kTokens>
+KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int kd, const PassRows& r,
+                              const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
+                              typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
+                              const void* const* pf, int npf) {
+  if (project == 2) {
+    UpdatePassMat<Vt, NV, kTokens, 2>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  } else if (project == 1) {
+    UpdatePassMat<Vt, NV, kTokens, 1>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  } else {
+    UpdatePassMat<Vt, NV, kTokens, 0>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+  }
+}
+
+// One token block's sweep of a head: the prepared block `cur` (nt tokens from t0) and the next one (next_n
+// tokens, prepared into `next` meanwhile). The last pass over a column block projects the state for the next
+// block's first pass, and the projections wait in the head's scratch (proj) until then; only a sequence's first
+// block starts each column block with a pass of projections alone (carried = false).
+struct BlockSweep {
+  const internal::PrepBuffers* cur = nullptr;
+  const internal::PrepBuffers* next = nullptr;
+  int64_t t0 = 0;
+  int nt = 0;
+  int next_n = 0;
+  bool carried = false;
+};
+
+// Runs the prepared tokens of bs through one column block: columns [col, col + NV*lanes) of the task (its
+// [K][NV*lanes] state in the scratch), two tokens per pass where the registers hold them (the last pass of an
+// odd block: one). Token i also does step `step0 + i` of the pipeline.
 template <class Vt, int NV>
-void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t0, int nt, int col, float* w,
-                Pipeline<Vt>& pipe, int step0) {
+void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, Pipeline<Vt>& pipe, int step0) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   // Two tokens keep 6 NV accumulators and deltas, NV state registers and a broadcast live.
   constexpr bool kPairs = 7 * NV + 1 <= kVecRegisters;
   const ChunkKdaArgs& a = *task.args;
+  const internal::PrepBuffers& b = *bs.cur;
+  const int nt = bs.nt;
   const int kd = a.K;
   const int width = task.v_end - task.v_begin;
   const auto kdz = static_cast<size_t>(kd);
+  float* w = task.scratch.state + kdz * col;
   auto row = [kdz](const float* base, int i) { return base + static_cast<size_t>(i) * kdz; };
-  // Tokens of the pass starting at token i.
-  auto tokens_at = [nt](int i) { return kPairs && i + 1 < nt ? 2 : 1; };
+  // Tokens of the pass starting at token i of a block of n.
+  auto tokens_at = [](int i, int n) { return kPairs && i + 1 < n ? 2 : 1; };
+  // The carried projections: p of the task's columns, then pn.
+  float* proj_p = task.scratch.proj + col;
+  float* proj_pn = task.scratch.proj + width + col;
   Reg p[NV];   // the projection of the pass's first token
   Reg pn[NV];  // of its second token, before the first token's update
   Reg o_a[NV];
@@ -357,19 +412,20 @@ void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b,
   Reg delta_a[NV];
   Reg delta_b[NV];
   for (int j = 0; j < NV; ++j) {
-    p[j] = Vt::Zero();
-    pn[j] = Vt::Zero();
+    p[j] = bs.carried ? Vt::Load(proj_p + j * kL) : Vt::Zero();
+    pn[j] = bs.carried ? Vt::Load(proj_pn + j * kL) : Vt::Zero();
     delta_b[j] = Vt::Zero();  // read only by two-token passes, which set it
   }
-  if (tokens_at(0) == 2) {
-    ProjectPass<Vt, NV, true>(w, kd, b.kpre, row(b.kq, 1), p, pn);
-  } else {
-    ProjectPass<Vt, NV, false>(w, kd, b.kpre, nullptr, p, pn);
+  if (!bs.carried) {
+    if (tokens_at(0, nt) == 2) {
+      ProjectPass<Vt, NV, true>(w, kd, b.kpre, row(b.kq, 1), p, pn);
+    } else {
+      ProjectPass<Vt, NV, false>(w, kd, b.kpre, nullptr, p, pn);
+    }
   }
   for (int i = 0; i < nt;) {
-    const int tokens = tokens_at(i);
+    const int tokens = tokens_at(i, nt);
     const int next = i + tokens;  // the next pass's first token
-    const int project = next < nt ? tokens_at(next) : 0;
     const void* const* pf = nullptr;
     const int npf = pipe.Lines(step0 + i, tokens, &pf);
     const float* v = b.vrow + static_cast<size_t>(i) * width + col;
@@ -379,7 +435,7 @@ void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b,
     r.khat_a = row(b.khat, i);
     r.qhat_a = row(b.qhat, i);
     r.mfac_a = row(b.mfac, i);
-    bool materialise = b.flag[i] != 0;
+    uint32_t mat = b.mat[i];
     if (tokens == 2) {
       const Reg beta_b = Vt::Set1(b.beta[i + 1]);
       const Reg gamma = Vt::Set1(b.gamma[i + 1]);
@@ -390,10 +446,20 @@ void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b,
       r.khat_b = row(b.khat, i + 1);
       r.qhat_b = row(b.qhat, i + 1);
       r.mfac_b = row(b.mfac, i + 1);
-      materialise = materialise || b.flag[i + 1] != 0;
+      mat |= b.mat[i + 1];
     }
-    if (project > 0) r.key_n = row(b.kpre, next);
-    if (project == 2) r.key_nn = row(b.kq, next + 1);
+    // The next pass's tokens and keys: in this block, else the next block's first (prepared now if not yet).
+    int project = 0;
+    if (next < nt) {
+      project = tokens_at(next, nt);
+      r.key_n = row(b.kpre, next);
+      if (project == 2) r.key_nn = row(b.kq, next + 1);
+    } else if (bs.next_n > 0) {
+      project = tokens_at(0, bs.next_n);
+      pipe.PrepareFirst(project);
+      r.key_n = bs.next->kpre;
+      if (project == 2) r.key_nn = row(bs.next->kq, 1);
+    }
     for (int j = 0; j < NV; ++j) {
       o_a[j] = Vt::Zero();
       o_b[j] = Vt::Zero();
@@ -401,11 +467,11 @@ void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b,
       pn[j] = Vt::Zero();
     }
     if (tokens == 2) {
-      UpdatePassAny<Vt, NV, 2>(project, materialise, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Vt, NV, 2>(project, mat, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     } else {
-      UpdatePassAny<Vt, NV, 1>(project, materialise, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Vt, NV, 1>(project, mat, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     }
-    const size_t out = static_cast<size_t>((t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
+    const size_t out = static_cast<size_t>((bs.t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
     for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
     if (tokens == 2) {
@@ -415,24 +481,28 @@ void SweepBlock(const internal::ChunkTask& task, const internal::PrepBuffers& b,
     for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
     i = next;
   }
+  if (bs.next_n == 0) return;
+  for (int j = 0; j < NV; ++j) {
+    Vt::Store(proj_p + j * kL, p[j]);
+    Vt::Store(proj_pn + j * kL, pn[j]);
+  }
 }
 
 // A column block of nv registers (1 <= nv <= 4).
 template <class Vt>
-void SweepAny(int nv, const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t0, int nt, int col,
-              float* w, Pipeline<Vt>& pipe, int step0) {
+void SweepAny(int nv, const internal::ChunkTask& task, const BlockSweep& bs, int col, Pipeline<Vt>& pipe, int step0) {
   switch (nv) {
     case 1:
-      SweepBlock<Vt, 1>(task, b, t0, nt, col, w, pipe, step0);
+      SweepBlock<Vt, 1>(task, bs, col, pipe, step0);
       return;
     case 2:
-      SweepBlock<Vt, 2>(task, b, t0, nt, col, w, pipe, step0);
+      SweepBlock<Vt, 2>(task, bs, col, pipe, step0);
       return;
     case 3:
-      SweepBlock<Vt, 3>(task, b, t0, nt, col, w, pipe, step0);
+      SweepBlock<Vt, 3>(task, bs, col, pipe, step0);
       return;
     default:
-      SweepBlock<Vt, 4>(task, b, t0, nt, col, w, pipe, step0);
+      SweepBlock<Vt, 4>(task, bs, col, pipe, step0);
       return;
   }
 }
@@ -508,23 +578,28 @@ void PrepareFirstBlock(const internal::ChunkTask& task, int64_t t0, int n) {
 
 // Sweeps the head's prepared block (nt tokens from t0, in prep[cur]) through
 // all its column blocks while preparing the next block (next_n tokens) into
-// prep[1 - cur].
+// prep[1 - cur]. carried: the block is not the sequence's first.
 template <class Vt, int NV>
-void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int next_n) {
+void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int next_n, bool carried) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   const internal::ChunkScratch& s = task.scratch;
-  const int kd = task.args->K;
   const int width = task.v_end - task.v_begin;
   Pipeline<Vt> pipe;
   pipe.Init(task, &s.prep[1 - cur], t0 + nt, next_n, (width + kB - 1) / kB * nt);
+  BlockSweep bs;
+  bs.cur = &s.prep[cur];
+  bs.next = &s.prep[1 - cur];
+  bs.t0 = t0;
+  bs.nt = nt;
+  bs.next_n = next_n;
+  bs.carried = carried;
   for (int col = 0; col < width; col += kB) {
-    float* w = s.state + static_cast<size_t>(kd) * col;
     const int step0 = col / kB * nt;
     if (width - col >= kB) {
-      SweepBlock<Vt, NV>(task, s.prep[cur], t0, nt, col, w, pipe, step0);
+      SweepBlock<Vt, NV>(task, bs, col, pipe, step0);
     } else {
-      SweepAny<Vt>((width - col) / kL, task, s.prep[cur], t0, nt, col, w, pipe, step0);
+      SweepAny<Vt>((width - col) / kL, task, bs, col, pipe, step0);
     }
   }
 }
@@ -569,7 +644,7 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
         for (int d = 0; d < a.K; ++d) heads[g].scratch.c_end[d] = heads[g].scratch.c[d];
       }
     }
-    for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n);
+    for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n, t0 != bos);
     if (snapshot) {
       for (int g = 0; g < group.heads; ++g)
         StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, a.snapshot_states[snap]);

@@ -41,13 +41,13 @@ class ChunkWorker {
     const auto kd = static_cast<size_t>(k_dim);
     const auto vd = static_cast<size_t>(v_dim);
     const auto tb = static_cast<size_t>(kc::kTokenBlock);
-    // state, c, then per prepared block: khat, qhat, kpre, kq, mfac, vrow, beta, gamma.
+    // state, c, c_end, proj, then per prepared block: khat, qhat, kpre, kq, mfac, vrow, beta, gamma.
     const size_t prep_sizes[] = {tb * kd, tb * kd, tb * kd, tb * kd, tb * kd, tb * vd, tb, tb};
-    size_t total = kAlignFloats + Padded(kd * vd) + 2 * Padded(kd);
+    size_t total = kAlignFloats + Padded(kd * vd) + 2 * Padded(kd) + Padded(2 * vd);
     for (size_t n : prep_sizes) total += 2 * Padded(n);
     // Uninitialised: every element is written before it is read.
     storage_ = std::make_unique_for_overwrite<float[]>(total);
-    flags_ = std::make_unique_for_overwrite<uint8_t[]>(2 * tb);
+    mat_ = std::make_unique_for_overwrite<uint32_t[]>(2 * tb);
     lines_ = std::make_unique_for_overwrite<const void*[]>(tb * kc::kMaxLinesPerToken);
     scratch_.lines = lines_.get();
     const auto address = reinterpret_cast<uintptr_t>(storage_.get());
@@ -60,19 +60,20 @@ class ChunkWorker {
     scratch_.state = take(kd * vd);
     scratch_.c = take(kd);
     scratch_.c_end = take(kd);
+    scratch_.proj = take(2 * vd);
     for (int b = 0; b < 2; ++b) {
       internal::PrepBuffers& p = scratch_.prep[b];
       float** targets[] = {&p.khat, &p.qhat, &p.kpre, &p.kq, &p.mfac, &p.vrow, &p.beta, &p.gamma};
       static_assert(std::size(targets) == std::size(prep_sizes), "one size per prepared vector");
       for (size_t i = 0; i < std::size(targets); ++i) *targets[i] = take(prep_sizes[i]);
-      p.flag = flags_.get() + static_cast<size_t>(b) * tb;
+      p.mat = mat_.get() + static_cast<size_t>(b) * tb;
     }
   }
   const internal::ChunkScratch& scratch() const { return scratch_; }
 
  private:
   std::unique_ptr<float[]> storage_;
-  std::unique_ptr<uint8_t[]> flags_;
+  std::unique_ptr<uint32_t[]> mat_;
   std::unique_ptr<const void*[]> lines_;
   internal::ChunkScratch scratch_;
 };

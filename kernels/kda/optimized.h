@@ -13,7 +13,8 @@
 namespace kda::internal {
 
 // The prepared vectors of one token block (kernels/kda/chunk_kda.cc, PrepareToken). Shapes: khat, qhat,
-// kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, flag [kc::kTokenBlock].
+// kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, mat [kc::kTokenBlock]
+// (mat: bit j set when rows [j, j + 1) * kc::kPassRowGroup hold one materialised at the token).
 struct PrepBuffers {
   float* khat = nullptr;
   float* qhat = nullptr;
@@ -23,17 +24,18 @@ struct PrepBuffers {
   float* vrow = nullptr;
   float* beta = nullptr;
   float* gamma = nullptr;
-  uint8_t* flag = nullptr;
+  uint32_t* mat = nullptr;
 };
 
 // Scratch of one worker for chunk tasks, sized for K, V (allocated by the host,
-// 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], c_end [K], two
+// 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], c_end [K], proj [2 * V], two
 // prepared blocks (the one being swept and the next one), and the addresses of
 // the next block's input lines to prefetch [kc::kTokenBlock * kc::kMaxLinesPerToken].
 struct ChunkScratch {
   float* state = nullptr;
   float* c = nullptr;
   float* c_end = nullptr;  // [K], the row scales at a snapshot's block end
+  float* proj = nullptr;   // [2][V]: the projections a block's last pass leaves for the next block
   PrepBuffers prep[2];
   const void** lines = nullptr;
 };
