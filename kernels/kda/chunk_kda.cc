@@ -370,16 +370,14 @@ KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int kd, const
   }
 }
 
-// One token block's sweep of a head: the prepared block `cur` (nt tokens from t0) and the next one (next_n
-// tokens, prepared into `next` meanwhile). The last pass over a column block projects the state for the next
-// block's first pass, and the projections wait in the head's scratch (proj) until then; only a sequence's first
-// block starts each column block with a pass of projections alone (carried = false).
+// One token block's sweep of a head: the prepared block `cur` (nt tokens from t0); the next block is the
+// pipeline's. The last pass over a column block projects the state for the next block's first pass, and the
+// projections wait in the head's scratch (proj) until then; only a sequence's first block starts each column
+// block with a pass of projections alone (carried = false).
 struct BlockSweep {
   const internal::PrepBuffers* cur = nullptr;
-  const internal::PrepBuffers* next = nullptr;
   int64_t t0 = 0;
   int nt = 0;
-  int next_n = 0;
   bool carried = false;
 };
 
@@ -454,11 +452,11 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       project = tokens_at(next, nt);
       r.key_n = row(b.kpre, next);
       if (project == 2) r.key_nn = row(b.kq, next + 1);
-    } else if (bs.next_n > 0) {
-      project = tokens_at(0, bs.next_n);
+    } else if (pipe.n > 0) {
+      project = tokens_at(0, pipe.n);
       pipe.PrepareFirst(project);
-      r.key_n = bs.next->kpre;
-      if (project == 2) r.key_nn = row(bs.next->kq, 1);
+      r.key_n = pipe.next->kpre;
+      if (project == 2) r.key_nn = row(pipe.next->kq, 1);
     }
     for (int j = 0; j < NV; ++j) {
       o_a[j] = Vt::Zero();
@@ -481,7 +479,7 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
     for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
     i = next;
   }
-  if (bs.next_n == 0) return;
+  if (pipe.n == 0) return;
   for (int j = 0; j < NV; ++j) {
     Vt::Store(proj_p + j * kL, p[j]);
     Vt::Store(proj_pn + j * kL, pn[j]);
@@ -589,10 +587,8 @@ void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int
   pipe.Init(task, &s.prep[1 - cur], t0 + nt, next_n, (width + kB - 1) / kB * nt);
   BlockSweep bs;
   bs.cur = &s.prep[cur];
-  bs.next = &s.prep[1 - cur];
   bs.t0 = t0;
   bs.nt = nt;
-  bs.next_n = next_n;
   bs.carried = carried;
   for (int col = 0; col < width; col += kB) {
     const int step0 = col / kB * nt;
