@@ -226,7 +226,8 @@ struct Pipeline {
   }
 };
 
-// The projections of a block's first pass: p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:].
+// The projections of a sequence's first pass (later blocks carry them from the pass before, SweepBlock):
+// p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:].
 template <class Vt, int NV, bool kTwo>
 KDA_INLINE void ProjectPass(const float* w, int kd, const float* kpre, const float* kq, typename Vt::Reg* p,
                             typename Vt::Reg* pn) {
