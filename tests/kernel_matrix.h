@@ -2,7 +2,7 @@
 // optimized version in every instruction-set variant this CPU supports.
 // Parameterised suites instantiate over AllVariants() and name each case
 // impl_isa ("reference", "optimized_generic", "optimized_avx2",
-// "optimized_avx512"); a VariantScope forces the variant's ISA while a case runs.
+// "optimized_avx512", "optimized_avx512_shape"); a VariantScope forces the variant's ISA while a case runs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,7 +25,7 @@ struct Variant {
 // The ISA variants this CPU supports.
 inline std::vector<KernelIsa> SupportedIsas() {
   std::vector<KernelIsa> r;
-  for (KernelIsa isa : {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
     if (CpuSupportsKernelIsa(isa)) r.push_back(isa);
   }
   return r;

@@ -490,11 +490,12 @@ class KdaIsaTest : public ::testing::Test {
 };
 
 TEST_F(KdaIsaTest, NamesAndSupport) {
-  for (KernelIsa isa : {KernelIsa::kAuto, KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  for (KernelIsa isa :
+       {KernelIsa::kAuto, KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
     EXPECT_EQ(ParseKernelIsa(KernelIsaName(isa)), isa);
   }
   ExpectErrorContaining([] { ParseKernelIsa("sse"); },
-                        "unknown kernel ISA 'sse' (expected auto, generic, avx2 or avx512)");
+                        "unknown kernel ISA 'sse' (expected auto, generic, avx2, avx512 or avx512_shape)");
   EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kGeneric));
   EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kAuto));
   EXPECT_NE(BestKernelIsa(), KernelIsa::kAuto);
@@ -502,6 +503,9 @@ TEST_F(KdaIsaTest, NamesAndSupport) {
   if (CpuSupportsKernelIsa(KernelIsa::kAvx512)) {
     EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kAvx2));
   }
+  // The test variant runs wherever AVX2 does, and is never the best.
+  EXPECT_EQ(CpuSupportsKernelIsa(KernelIsa::kAvx512Shape), CpuSupportsKernelIsa(KernelIsa::kAvx2));
+  EXPECT_NE(BestKernelIsa(), KernelIsa::kAvx512Shape);
 }
 
 TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
@@ -516,7 +520,7 @@ TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
   }
   SetKernelIsa(KernelIsa::kAuto);
   EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
-  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
     if (CpuSupportsKernelIsa(isa)) continue;
     ExpectErrorContaining([isa] { SetKernelIsa(isa); }, "is not supported by this");
   }
@@ -540,7 +544,7 @@ TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
   const Problem p = MakeProblem(s);
   ExpectErrorContaining([&] { testing::RunChunkWith(p, &chunk_kda_optimized); }, "KDA_ISA");
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
-  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
     if (CpuSupportsKernelIsa(isa)) continue;
     setenv("KDA_ISA", KernelIsaName(isa), 1);
     internal::ResetKernelIsaForTesting();

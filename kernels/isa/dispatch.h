@@ -86,3 +86,6 @@ const internal::KernelTable& Table();
 namespace kda::N_AVX512 {
 const internal::KernelTable& Table();
 }  // namespace kda::N_AVX512
+namespace kda::N_AVX512_SHAPE {
+const internal::KernelTable& Table();
+}  // namespace kda::N_AVX512_SHAPE

@@ -65,6 +65,8 @@ const internal::KernelTable& Table() {
     t.isa = KernelIsa::kAvx512;
 #elif KDA_TARGET == KDA_TARGET_AVX2
     t.isa = KernelIsa::kAvx2;
+#elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+    t.isa = KernelIsa::kAvx512Shape;
 #else
     t.isa = KernelIsa::kGeneric;
 #endif

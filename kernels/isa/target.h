@@ -2,7 +2,7 @@
 // per-ISA source (KDA_ISA_SOURCES in CMakeLists.txt) once per target, each
 // copy with its -m flags and KDA_TARGET naming the target; everything such a
 // source defines lives in the target's namespace, kda::KDA_TARGET_NS
-// (kda::N_GENERIC, kda::N_AVX2, kda::N_AVX512), so that inline helpers shared
+// (kda::N_GENERIC, kda::N_AVX2, kda::N_AVX512, kda::N_AVX512_SHAPE), so that inline helpers shared
 // by the copies are distinct functions and the linker can never hand an
 // AVX-512 copy to a CPU without AVX-512.
 //
@@ -16,6 +16,11 @@
 #define KDA_TARGET_GENERIC 0
 #define KDA_TARGET_AVX2 1
 #define KDA_TARGET_AVX512 2
+// A test variant: the AVX-512 target's shapes (16 lanes, 32 registers, its
+// register blocks and streaming stores) in portable vectors on AVX2 + FMA, so
+// that CPUs without AVX-512 run and test the code paths that the lane count
+// and register count select (see Vec in kernels/isa/vec.h).
+#define KDA_TARGET_AVX512_SHAPE 3
 
 #ifndef KDA_TARGET
 #error "per-ISA kernel sources are compiled with -DKDA_TARGET=KDA_TARGET_<isa> (see CMakeLists.txt)"
@@ -31,6 +36,11 @@
 #error "the AVX2 target needs -mavx2 -mfma -mf16c"
 #endif
 #define KDA_TARGET_NS N_AVX2
+#elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+#if !defined(__AVX2__) || !defined(__FMA__) || !defined(__F16C__)
+#error "the avx512_shape target needs -mavx2 -mfma -mf16c"
+#endif
+#define KDA_TARGET_NS N_AVX512_SHAPE
 #elif KDA_TARGET == KDA_TARGET_GENERIC
 #define KDA_TARGET_NS N_GENERIC
 #else

@@ -9,9 +9,9 @@
 // Fma(a, b, c) = a*b + c (fused where the target has FMA), Fnma(a, b, c) =
 // c - a*b, Min(a, b) = a < b ? a : b, Max(a, b) = a > b ? a : b (so that
 // Min(constant, NaN) is NaN), Round (to nearest even), Less, Select(mask,
-// if_true, if_false), Any, ReduceAdd, Bits / FromBits. The AVX-512 Vec also
-// has StoreStream, StoreStreamBF16 (non-temporal stores of one register to an
-// address aligned to its width) and StreamFence.
+// if_true, if_false), Any, ReduceAdd, Bits / FromBits. On the AVX-512 target
+// (and its avx512_shape stand-in) VecStream has Store, StoreBF16 (non-temporal
+// stores of one register to an address aligned to its width) and Fence.
 #pragma once
 
 #include <cstdint>
@@ -157,18 +157,20 @@ struct Vec {
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
 };
 
-#else  // generic
+#else  // generic, avx512_shape
 
-// GCC/Clang vector extensions: portable, lowered to the baseline target's SIMD
-// (an SSE2 register on x86-64). Multiply-add is two roundings here (no FMA
-// instruction assumed).
+// GCC/Clang vector extensions: portable, lowered to the target's SIMD. The
+// generic target: 4 lanes (an SSE2 register on x86-64), multiply-add as two
+// roundings (no FMA instruction assumed). The avx512_shape test target: the
+// AVX-512 target's 16 lanes, lowered to two 256-bit halves of AVX2, with
+// fused multiply-add as there.
 struct Vec {
-  static constexpr int kLanes = 4;
-  using Reg = float __attribute__((vector_size(16)));
-  using Mask = int32_t __attribute__((vector_size(16)));  // -1 where true
-  using U32 = uint32_t __attribute__((vector_size(16)));
-  using I32 = int32_t __attribute__((vector_size(16)));
-  using U16 = uint16_t __attribute__((vector_size(8)));
+  static constexpr int kLanes = KDA_TARGET == KDA_TARGET_AVX512_SHAPE ? 16 : 4;
+  using Reg = float __attribute__((vector_size(4 * kLanes)));
+  using Mask = int32_t __attribute__((vector_size(4 * kLanes)));  // -1 where true
+  using U32 = uint32_t __attribute__((vector_size(4 * kLanes)));
+  using I32 = int32_t __attribute__((vector_size(4 * kLanes)));
+  using U16 = uint16_t __attribute__((vector_size(2 * kLanes)));
 
   KDA_INLINE static Reg Load(const float* p) {
     Reg r;
@@ -182,8 +184,21 @@ struct Vec {
   KDA_INLINE static Reg Sub(Reg a, Reg b) { return a - b; }
   KDA_INLINE static Reg Mul(Reg a, Reg b) { return a * b; }
   KDA_INLINE static Reg Div(Reg a, Reg b) { return a / b; }
+#if KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+  KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) {
+    __m256 h[3][2];
+    __builtin_memcpy(h[0], &a, sizeof(a));
+    __builtin_memcpy(h[1], &b, sizeof(b));
+    __builtin_memcpy(h[2], &c, sizeof(c));
+    for (int i = 0; i < 2; ++i) h[2][i] = _mm256_fmadd_ps(h[0][i], h[1][i], h[2][i]);
+    __builtin_memcpy(&c, h[2], sizeof(c));
+    return c;
+  }
+  KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return Fma(-a, b, c); }
+#else
   KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) { return a * b + c; }
   KDA_INLINE static Reg Fnma(Reg a, Reg b, Reg c) { return c - a * b; }
+#endif
   KDA_INLINE static Reg Min(Reg a, Reg b) { return a < b ? a : b; }
   KDA_INLINE static Reg Max(Reg a, Reg b) { return a > b ? a : b; }
   KDA_INLINE static Reg Round(Reg x) {
@@ -332,6 +347,21 @@ struct VecStream {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(BF16Bits<Vec>(x)));
   }
   KDA_INLINE static void Fence() { _mm_sfence(); }
+};
+#define KDA_HAS_STREAM_STORES 1
+#elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+// The AVX-512 target's streaming stores as plain stores, which trap where
+// those would fault: on an address not aligned to the stored width.
+struct VecStream {
+  KDA_INLINE static void Store(float* p, Vec::Reg x) {
+    if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec::Reg) != 0) __builtin_trap();
+    Vec::Store(p, x);
+  }
+  KDA_INLINE static void StoreBF16(BF16* p, Vec::Reg x) {
+    if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec::U16) != 0) __builtin_trap();
+    KDA_TARGET_NS::StoreBF16<Vec>(p, x);
+  }
+  KDA_INLINE static void Fence() {}
 };
 #define KDA_HAS_STREAM_STORES 1
 #else

@@ -103,6 +103,8 @@ const char* ActiveKernelDescription(KernelImpl requested) {
       return "optimized/avx512";
     case KernelIsa::kAvx2:
       return "optimized/avx2";
+    case KernelIsa::kAvx512Shape:
+      return "optimized/avx512_shape";
     case KernelIsa::kAuto:
     case KernelIsa::kGeneric:
       break;

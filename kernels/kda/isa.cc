@@ -69,16 +69,17 @@ const internal::KernelTable* BuiltTable(KernelIsa isa) {
     case KernelIsa::kAuto:
     case KernelIsa::kGeneric:
       return &N_GENERIC::Table();
+#if defined(KDA_X86_TARGETS)
     case KernelIsa::kAvx2:
-#if defined(KDA_X86_TARGETS)
       return &N_AVX2::Table();
-#else
-      return nullptr;
-#endif
     case KernelIsa::kAvx512:
-#if defined(KDA_X86_TARGETS)
       return &N_AVX512::Table();
+    case KernelIsa::kAvx512Shape:
+      return &N_AVX512_SHAPE::Table();
 #else
+    case KernelIsa::kAvx2:
+    case KernelIsa::kAvx512:
+    case KernelIsa::kAvx512Shape:
       return nullptr;
 #endif
   }
@@ -131,7 +132,8 @@ KernelIsa ParseKernelIsa(const std::string& name) {
   if (name == "generic") return KernelIsa::kGeneric;
   if (name == "avx2") return KernelIsa::kAvx2;
   if (name == "avx512") return KernelIsa::kAvx512;
-  throw Error("unknown kernel ISA '" + name + "' (expected auto, generic, avx2 or avx512)");
+  if (name == "avx512_shape") return KernelIsa::kAvx512Shape;
+  throw Error("unknown kernel ISA '" + name + "' (expected auto, generic, avx2, avx512 or avx512_shape)");
 }
 
 const char* KernelIsaName(KernelIsa isa) {
@@ -144,6 +146,8 @@ const char* KernelIsaName(KernelIsa isa) {
       return "avx2";
     case KernelIsa::kAvx512:
       return "avx512";
+    case KernelIsa::kAvx512Shape:
+      return "avx512_shape";
   }
   return "?";
 }
@@ -154,6 +158,7 @@ bool CpuSupportsKernelIsa(KernelIsa isa) {
     case KernelIsa::kGeneric:
       return true;
     case KernelIsa::kAvx2:
+    case KernelIsa::kAvx512Shape:
       return Built(isa) && Cpu().avx2_target;
     case KernelIsa::kAvx512:
       return Built(isa) && Cpu().avx512f;

@@ -32,7 +32,7 @@ def active_kernel(kernel: str = "auto") -> str:
 
 
 def set_kernel_isa(isa: str) -> None:
-    """Instruction set of the optimized kernels: "auto" | "generic" | "avx2" | "avx512"."""
+    """Instruction set of the optimized kernels: "auto" | "generic" | "avx2" | "avx512" | "avx512_shape" (a test variant)."""
     _core.set_kernel_isa(isa)
 
 

@@ -230,7 +230,8 @@ void BindKernels(nb::module_& m) {
       nb::arg("kernel") = "auto", "What a call with `kernel` runs: 'reference' or 'optimized/<isa>'.");
   m.def(
       "set_kernel_isa", [](const std::string& isa) { SetKernelIsa(ParseKernelIsa(isa)); }, nb::arg("isa"),
-      "Forces the instruction set of the optimized kernels: auto | generic | avx2 | avx512.");
+      "Forces the instruction set of the optimized kernels: auto | generic | avx2 | avx512 | avx512_shape (a test "
+      "variant: AVX-512's code on AVX2).");
 }
 
 }  // namespace kda::python

@@ -127,9 +127,12 @@ void fused_recurrent_kda_optimized(const RecurrentKdaArgs& a);
 // Instruction-set variants of every optimized CPU kernel (these two, the short
 // conv and the element-wise kernels): one source compiled per ISA level,
 // chosen at run time from the CPU's features, one switch for all of them.
-enum class KernelIsa : uint8_t { kAuto, kGeneric, kAvx2, kAvx512 };
+// kAvx512Shape is a test variant, never chosen by itself: the AVX-512
+// variant's code (16 lanes, its register blocks) built for AVX2, so that
+// CPUs without AVX-512 test the code paths only that variant takes.
+enum class KernelIsa : uint8_t { kAuto, kGeneric, kAvx2, kAvx512, kAvx512Shape };
 
-// "auto" | "generic" | "avx2" | "avx512"; throws kda::Error on anything else.
+// "auto" | "generic" | "avx2" | "avx512" | "avx512_shape"; throws kda::Error on anything else.
 KernelIsa ParseKernelIsa(const std::string& name);
 const char* KernelIsaName(KernelIsa isa);
 
@@ -142,7 +145,7 @@ KernelIsa BestKernelIsa();
 // environment variable, else the best). Throws kda::Error if the CPU lacks it.
 void SetKernelIsa(KernelIsa isa);
 // The variant the optimized kernels use now (never kAuto): SetKernelIsa's,
-// else KDA_ISA (auto|generic|avx2|avx512), else BestKernelIsa(). Throws
+// else KDA_ISA (auto|generic|avx2|avx512|avx512_shape), else BestKernelIsa(). Throws
 // kda::Error if KDA_ISA is unknown or names a variant the CPU lacks.
 KernelIsa ActiveKernelIsa();
 
