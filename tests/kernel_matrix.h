@@ -22,10 +22,15 @@ struct Variant {
   bool optimized() const { return impl == KernelImpl::kOptimized; }
 };
 
+// Every ISA variant (kAuto aside), supported here or not.
+inline std::vector<KernelIsa> AllIsas() {
+  return {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape};
+}
+
 // The ISA variants this CPU supports.
 inline std::vector<KernelIsa> SupportedIsas() {
   std::vector<KernelIsa> r;
-  for (KernelIsa isa : {KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
+  for (KernelIsa isa : AllIsas()) {
     if (CpuSupportsKernelIsa(isa)) r.push_back(isa);
   }
   return r;

@@ -31,6 +31,7 @@ namespace {
 
 using kda::testing::AllCloseF32;
 
+using testing::AllIsas;
 using testing::ChunkArgsFor;
 using testing::ChunkRun;
 using testing::ExpectErrorContaining;
@@ -490,10 +491,8 @@ class KdaIsaTest : public ::testing::Test {
 };
 
 TEST_F(KdaIsaTest, NamesAndSupport) {
-  for (KernelIsa isa :
-       {KernelIsa::kAuto, KernelIsa::kGeneric, KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
-    EXPECT_EQ(ParseKernelIsa(KernelIsaName(isa)), isa);
-  }
+  EXPECT_EQ(ParseKernelIsa(KernelIsaName(KernelIsa::kAuto)), KernelIsa::kAuto);
+  for (KernelIsa isa : AllIsas()) EXPECT_EQ(ParseKernelIsa(KernelIsaName(isa)), isa);
   ExpectErrorContaining([] { ParseKernelIsa("sse"); },
                         "unknown kernel ISA 'sse' (expected auto, generic, avx2, avx512 or avx512_shape)");
   EXPECT_TRUE(CpuSupportsKernelIsa(KernelIsa::kGeneric));
@@ -520,7 +519,7 @@ TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
   }
   SetKernelIsa(KernelIsa::kAuto);
   EXPECT_EQ(ActiveKernelIsa(), BestKernelIsa());
-  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
+  for (KernelIsa isa : AllIsas()) {
     if (CpuSupportsKernelIsa(isa)) continue;
     ExpectErrorContaining([isa] { SetKernelIsa(isa); }, "is not supported by this");
   }
@@ -544,7 +543,7 @@ TEST_F(KdaIsaTest, OverrideThroughApiAndEnvironment) {
   const Problem p = MakeProblem(s);
   ExpectErrorContaining([&] { testing::RunChunkWith(p, &chunk_kda_optimized); }, "KDA_ISA");
   EXPECT_EQ(ResolveKernelImpl(KernelImpl::kReference), KernelImpl::kReference);
-  for (KernelIsa isa : {KernelIsa::kAvx2, KernelIsa::kAvx512, KernelIsa::kAvx512Shape}) {
+  for (KernelIsa isa : AllIsas()) {
     if (CpuSupportsKernelIsa(isa)) continue;
     setenv("KDA_ISA", KernelIsaName(isa), 1);
     internal::ResetKernelIsaForTesting();

@@ -21,6 +21,8 @@
 // that CPUs without AVX-512 run and test the code paths that the lane count
 // and register count select (see Vec in kernels/isa/vec.h).
 #define KDA_TARGET_AVX512_SHAPE 3
+// Whether the target has the AVX-512 target's shapes (lanes, registers, blocks).
+#define KDA_TARGET_AVX512_SHAPED (KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX512_SHAPE)
 
 #ifndef KDA_TARGET
 #error "per-ISA kernel sources are compiled with -DKDA_TARGET=KDA_TARGET_<isa> (see CMakeLists.txt)"

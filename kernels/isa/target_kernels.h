@@ -17,11 +17,11 @@ namespace kda::KDA_TARGET_NS {
 // Vector registers of the target (the x86-64 baseline and AVX2 have 16,
 // AVX-512 32): a loop's live values must fit in them. The avx512_shape test
 // target takes AVX-512's numbers here (its code, not its speed, is the point).
-inline constexpr int kVecRegisters = KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX512_SHAPE ? 32 : 16;
+inline constexpr int kVecRegisters = KDA_TARGET_AVX512_SHAPED ? 32 : 16;
 
 // Registers of value columns per block: of the prefill sweep, and of the
 // decode passes.
-#if KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+#if KDA_TARGET_AVX512_SHAPED
 inline constexpr int kChunkRegs = 2;
 inline constexpr int kDecodeRegs = 8;
 #elif KDA_TARGET == KDA_TARGET_AVX2
