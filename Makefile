@@ -9,6 +9,17 @@ FUZZERS := safetensors config checkpoint_index run_input
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
+# Every compile goes through ccache, its cache outside the clone. CMake reads the launcher from the
+# environment when it first configures a build tree (the Python package's too). BASEDIR makes the
+# paths under this clone relative, so that another clone's compiles hit; NOHASHDIR keeps the build
+# directory out of the hash of -g compiles.
+KDA_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kda
+export CCACHE_DIR ?= $(KDA_CACHE)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+export CCACHE_MAXSIZE ?= 5G
+export CMAKE_CXX_COMPILER_LAUNCHER ?= ccache
+
 .PHONY: deps build test test-python python-env test-asan fuzz run lint clean
 
 deps:

@@ -23,6 +23,7 @@ requirements=(
   # build
   "build-essential|g++"
   "cmake|cmake"
+  "ccache|ccache"
   "libdnnl-dev|$arch_lib/cmake/dnnl/dnnl-config.cmake"
   "ocl-icd-opencl-dev|$arch_lib/libOpenCL.so"
   "opencl-c-headers|/usr/include/CL/cl.h"

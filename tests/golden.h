@@ -15,13 +15,11 @@
 
 namespace kda::testing {
 
-inline std::string GoldenDir() {
-  if (const char* env = std::getenv("KDA_GOLDEN_DIR"); env != nullptr && *env != '\0') return env;
-  return std::string(KDA_SOURCE_DIR) + "/../shared/golden";
-}
+// $KDA_GOLDEN_DIR, else ../shared/golden beside the source tree (tests/golden.cc).
+std::string GoldenDir();
 
-// Where the golden_generate fixture writes its sets.
-inline std::string GeneratedGoldenDir() { return std::string(KDA_BINARY_DIR) + "/golden"; }
+// Where the golden_generate fixture writes its sets (tests/golden.cc).
+std::string GeneratedGoldenDir();
 
 inline constexpr const char* kGeneratedPrefix = "generated/";
 
