@@ -44,8 +44,8 @@
 #include "kda/base/dtype.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
-#include "kda/kernels/gemm.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
 

@@ -5,6 +5,7 @@
 
 #include "kda/base/error.h"
 #include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/linear_recurrent_backend.h"
 
 namespace kda {
 

@@ -142,24 +142,4 @@ void RecurrentStatePool::SetLayerState(int layer, int32_t slot, const float* rec
   if (conv != nullptr && cs > 0) std::memcpy(conv_[layer].data() + slot * cs, conv, cs);
 }
 
-int32_t HybridReqToTokenPool::Alloc(int64_t req_id) {
-  Check(!Has(req_id), "request " + std::to_string(req_id) + " already holds a state slot");
-  const int32_t slot = pool_->Alloc();
-  slots_.emplace(req_id, slot);
-  return slot;
-}
-
-void HybridReqToTokenPool::Free(int64_t req_id) {
-  auto it = slots_.find(req_id);
-  Check(it != slots_.end(), "request " + std::to_string(req_id) + " holds no state slot");
-  pool_->Free(it->second);
-  slots_.erase(it);
-}
-
-int32_t HybridReqToTokenPool::SlotOf(int64_t req_id) const {
-  auto it = slots_.find(req_id);
-  Check(it != slots_.end(), "request " + std::to_string(req_id) + " holds no state slot");
-  return it->second;
-}
-
 }  // namespace kda

@@ -10,7 +10,7 @@
 
 #include "base/act_buffer.h"
 #include "kda/io/safetensors.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/weights.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda::testing {

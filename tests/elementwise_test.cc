@@ -18,7 +18,7 @@
 #include "kda/base/bf16.h"
 #include "kda/base/error.h"
 #include "kda/kernels/elementwise.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_gate.h"
 #include "kda/kernels/short_conv.h"
 #include "kernels/isa/dispatch.h"
 #include "tests/error_util.h"

@@ -16,7 +16,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 #include "tests/tolerance.h"
 
 namespace kda::testing {

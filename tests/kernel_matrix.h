@@ -11,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "kda/kernels/kda.h"
-#include "kernels/kda/dispatch_internal.h"
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/kernels/kernel_isa.h"
+#include "kernels/kda/kda_dispatch_testing.h"
 
 namespace kda::testing {
 

@@ -16,7 +16,7 @@
 #include "kda/base/bf16.h"
 #include "kda/base/buffer.h"
 #include "kda/base/tolerance.h"
-#include "kda/kernels/gemm.h"
+#include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"
 #include "tests/error_util.h"
 #include "tests/kernel_matrix.h"

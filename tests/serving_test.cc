@@ -19,6 +19,7 @@
 #include "base/fault_inject.h"
 #include "kda/base/parallel.h"
 #include "kda/io/safetensors.h"
+#include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"

@@ -17,7 +17,8 @@
 #include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
 #include "kda/bench/kernel_problems.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 
 namespace {

@@ -8,7 +8,8 @@
 
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
+#include "kda/models/weights.h"
 #include "kda/serving/model_runner.h"
 #include "tests/checkpoint_util.h"
 #include "tests/error_util.h"

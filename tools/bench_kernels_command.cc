@@ -27,9 +27,11 @@
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/bench/timing.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/q8.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
 
 #include <sys/resource.h>
 

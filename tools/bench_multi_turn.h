@@ -3,7 +3,7 @@
 #pragma once
 
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/q8.h"
 #include "tools/bench_command.h"
 

@@ -4,7 +4,7 @@
 #include <exception>
 #include <string>
 
-#include "kda/models/kimi_linear.h"
+#include "kda/models/quantize.h"
 #include "tools/bench_command.h"
 #include "tools/bench_kernels_command.h"
 #include "tools/rank_errors.h"

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kda/base/kda_layer_shape.h"
 #include "kda/io/safetensors.h"
-#include "kda/models/kimi_linear.h"
 
 namespace kda::cli {
 

@@ -1,6 +1,6 @@
 // The element-wise kernels: plain references, validation, and the host side
 // of the optimized versions (jobs over threads); their compute code is
-// gate_beta.cc, gated_rms_norm.cc and residual_add.cc, compiled per
+// gate_beta_simd.cc, gated_rms_norm_simd.cc and residual_add_simd.cc, compiled per
 // instruction set and reached through the dispatch table.
 #include "kda/kernels/elementwise.h"
 
@@ -9,7 +9,7 @@
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_gate.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/dispatch.h"
 

@@ -9,7 +9,7 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/elementwise.h"
-#include "kda/kernels/gemm.h"
+#include "kda/kernels/linear.h"
 #include "kernels/gemm/q8_internal.h"
 #include "kernels/isa/dispatch.h"
 

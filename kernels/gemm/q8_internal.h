@@ -1,5 +1,5 @@
 // The Q8 projection kernels' arguments (host side kernels/gemm/q8.cc and
-// linear.cc; compute code kernels/gemm/q8_gemm.cc, compiled per instruction
+// linear.cc; compute code kernels/gemm/q8_gemm_simd.cc, compiled per instruction
 // set and reached through the dispatch table).
 #pragma once
 

@@ -14,7 +14,7 @@ inline constexpr int kMaxHeadDim = 256;
 inline constexpr float kL2NormEps = 1e-6F;
 
 // Smallest scale factor c of a stored state row of the optimized prefill
-// before the row is materialised (kernels/kda/chunk_kda.cc). Shat = S / c stays
+// before the row is materialised (kernels/kda/chunk_kda_simd.cc). Shat = S / c stays
 // below |S| * 2^64, far from fp32 overflow, and scale q c stays a normal number.
 inline constexpr float kStateRowMinScale = 0x1p-64F;
 
@@ -32,7 +32,7 @@ inline constexpr int kHeadGroup = 4;
 inline constexpr int kMaxLinesPerToken = 4 * 17 + 1;
 
 // Software prefetch of the prefill's input rows: each line about this many
-// tokens before the preparation that reads it (chunk_kda.cc).
+// tokens before the preparation that reads it (chunk_kda_simd.cc).
 inline constexpr int kPrefetchAhead = 2;
 
 // The update passes of the prefill take the state rows in groups of this many:

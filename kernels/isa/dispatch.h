@@ -1,5 +1,5 @@
 // The dispatch table of the per-ISA kernels: one table per instruction set,
-// filled by kernels/isa/table.cc (compiled once per target), and the one
+// filled by kernels/isa/table_simd.cc (compiled once per target), and the one
 // switch that picks a table, ActiveKernelIsa() (SetKernelIsa / KDA_ISA /
 // the CPU's best). The host code of every optimized kernel (validation,
 // scratch, the split into jobs, threads) calls its compute code through the
@@ -9,10 +9,10 @@
 #include <cstdint>
 
 #include "kda/base/bf16.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/short_conv.h"
 #include "kernels/gemm/q8_internal.h"
-#include "kernels/kda/optimized.h"
+#include "kernels/kda/kda_tasks.h"
 
 namespace kda::internal {
 
@@ -22,18 +22,18 @@ enum class VecMathOp : uint8_t { kExp, kSigmoid, kSilu, kSoftplus, kLog, kRoundB
 struct KernelTable {
   KernelIsa isa = KernelIsa::kGeneric;
 
-  // KDA core (kernels/kda/chunk_kda.cc, fused_recurrent_kda.cc).
+  // KDA core (kernels/kda/chunk_kda_simd.cc, fused_recurrent_kda_simd.cc).
   void (*chunk_task)(const ChunkGroupTask& task) = nullptr;
   void (*recurrent_task)(const RecurrentTask& task) = nullptr;
   int column_block = 16;  // value columns per register block of the prefill sweep
 
-  // Short conv + SiLU (kernels/conv/short_conv.cc): channels [c0, c0 + nc) of
+  // Short conv + SiLU (kernels/conv/short_conv_simd.cc): channels [c0, c0 + nc) of
   // sequence n, wt the [W, C] weight at channel c0 (taps C apart); x and y of
   // one dtype (the F32 or the BF16 variant).
   void (*conv_chunk_f32)(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) = nullptr;
   void (*conv_chunk_bf16)(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) = nullptr;
 
-  // Forget gate and beta over token rows [t0, t1) (kernels/elementwise/gate_beta.cc).
+  // Forget gate and beta over token rows [t0, t1) (kernels/elementwise/gate_beta_simd.cc).
   void (*gate_beta_f32)(float* g, float* beta, const float* raw, const float* logits, const float* neg_a,
                         const float* dt_bias, int64_t t0, int64_t t1, int H, int K) = nullptr;
   void (*gate_beta_bf16)(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a,
@@ -41,19 +41,19 @@ struct KernelTable {
   // The gate of one row in place (bias or null).
   void (*gate_row)(float* g, const float* bias, float neg_a, int len) = nullptr;
 
-  // Gated RMSNorm over rows [r0, r1) of [T*H, V] (kernels/elementwise/gated_rms_norm.cc).
+  // Gated RMSNorm over rows [r0, r1) of [T*H, V] (kernels/elementwise/gated_rms_norm_simd.cc).
   void (*rms_norm_f32)(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V,
                        float eps) = nullptr;
   void (*rms_norm_bf16)(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V,
                         float eps) = nullptr;
 
-  // Residual add and bf16 conversions over elements [i0, i1) (kernels/elementwise/residual_add.cc).
+  // Residual add and bf16 conversions over elements [i0, i1) (kernels/elementwise/residual_add_simd.cc).
   void (*add_f32)(float* acc, const float* x, int64_t i0, int64_t i1) = nullptr;
   void (*add_bf16)(BF16* acc, const BF16* x, int64_t i0, int64_t i1) = nullptr;
   void (*to_bf16)(BF16* y, const float* x, int64_t i0, int64_t i1) = nullptr;
   void (*to_f32)(float* y, const BF16* x, int64_t i0, int64_t i1) = nullptr;
 
-  // Q8 projections (kernels/gemm/q8_gemm.cc): output columns [n0, n1) of the
+  // Q8 projections (kernels/gemm/q8_gemm_simd.cc): output columns [n0, n1) of the
   // small-M product; rows [r0, r1) of a Q8 weight [*, K] dequantized into w
   // (fp32, optionally rounded to bf16 values; or bf16), w indexed r * K + k.
   void (*q8_gemv)(const Q8GemvArgs& a, int64_t n0, int64_t n1) = nullptr;
@@ -74,7 +74,7 @@ const KernelTable& ActiveKernels();
 
 }  // namespace kda::internal
 
-// Each target's table, defined by kernels/isa/table.cc compiled for it. On
+// Each target's table, defined by kernels/isa/table_simd.cc compiled for it. On
 // builds for other than x86-64 only the generic target exists
 // (KDA_X86_TARGETS unset).
 namespace kda::N_GENERIC {

@@ -1,5 +1,5 @@
 // The compute entry points of one target (defined in its per-ISA sources,
-// collected into its dispatch table by kernels/isa/table.cc). Include only
+// collected into its dispatch table by kernels/isa/table_simd.cc). Include only
 // from per-ISA sources, after kernels/isa/vec.h.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "kernels/gemm/q8_internal.h"
 #include "kernels/isa/dispatch.h"
 #include "kernels/isa/target.h"
-#include "kernels/kda/optimized.h"
+#include "kernels/kda/kda_tasks.h"
 
 namespace kda::KDA_TARGET_NS {
 
@@ -32,39 +32,39 @@ inline constexpr int kChunkRegs = 4;
 inline constexpr int kDecodeRegs = 4;
 #endif
 
-// kernels/kda/chunk_kda.cc, fused_recurrent_kda.cc
+// kernels/kda/chunk_kda_simd.cc, fused_recurrent_kda_simd.cc
 void ChunkKdaTask(const internal::ChunkGroupTask& task);
 void FusedRecurrentKdaTask(const internal::RecurrentTask& task);
 int ChunkColumnBlock();
 
-// kernels/conv/short_conv.cc
+// kernels/conv/short_conv_simd.cc
 void ConvChunkF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc);
 void ConvChunkBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc);
 
-// kernels/elementwise/gate_beta.cc
+// kernels/elementwise/gate_beta_simd.cc
 void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* neg_a, const float* dt_bias,
                  int64_t t0, int64_t t1, int H, int K);
 void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a, const float* dt_bias,
                   int64_t t0, int64_t t1, int H, int K);
 void GateRow(float* g, const float* bias, float neg_a, int len);
 
-// kernels/elementwise/gated_rms_norm.cc
+// kernels/elementwise/gated_rms_norm_simd.cc
 void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
 void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
 
-// kernels/elementwise/residual_add.cc (with the bf16 conversions)
+// kernels/elementwise/residual_add_simd.cc (with the bf16 conversions)
 void AddF32(float* acc, const float* x, int64_t i0, int64_t i1);
 void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1);
 void ToBF16Range(BF16* y, const float* x, int64_t i0, int64_t i1);
 void ToF32Range(float* y, const BF16* x, int64_t i0, int64_t i1);
 
-// kernels/gemm/q8_gemm.cc
+// kernels/gemm/q8_gemm_simd.cc
 void Q8Gemv(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1);
 void Q8DequantF32(float* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1,
                   bool round_bf16);
 void Q8DequantBF16(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1);
 
-// kernels/isa/table.cc
+// kernels/isa/table_simd.cc
 void VecMath(internal::VecMathOp op, float* y, const float* x, int64_t n);
 
 }  // namespace kda::KDA_TARGET_NS

@@ -26,7 +26,8 @@
 
 #include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/chunk_kda_reference.h"
+#include "kda/kernels/kda_args.h"
 #include "kernels/kda/kda_common.h"
 
 namespace kda {

@@ -10,7 +10,8 @@
 
 #include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/fused_recurrent_kda_reference.h"
+#include "kda/kernels/kda_args.h"
 #include "kernels/kda/kda_common.h"
 
 namespace kda {

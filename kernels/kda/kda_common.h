@@ -11,7 +11,8 @@
 #include <cstdint>
 
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_gate.h"
 #include "kernels/isa/constants.h"
 
 namespace kda::internal {

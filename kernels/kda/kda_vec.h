@@ -1,5 +1,5 @@
 // Loads and stores of the optimized KDA kernels' F32 or BF16 buffers, shared
-// by chunk_kda.cc and fused_recurrent_kda.cc (per-ISA sources; see
+// by chunk_kda_simd.cc and fused_recurrent_kda_simd.cc (per-ISA sources; see
 // kernels/isa/target.h).
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"

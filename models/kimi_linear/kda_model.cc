@@ -6,7 +6,8 @@
 #include "kda/distributed/communicator.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
+#include "kda/models/weights.h"
 
 namespace kda {
 

@@ -1,3 +1,5 @@
+#include "kda/models/kimi_delta_attention.h"
+
 #include <cmath>
 #include <memory>
 #include <string>
@@ -9,7 +11,8 @@
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/layers/attention/linear/linear_recurrent_backend.h"
+#include "kda/models/weights.h"
 
 namespace kda {
 namespace {
@@ -42,40 +45,6 @@ std::unique_ptr<Linear> MakeLinear(const std::vector<float>& w, int64_t out, int
 }
 
 }  // namespace
-
-KdaLayerWeights DequantizeKdaLayerWeights(const KdaLayerWeights& w, const KdaLayerShape& shape) {
-  KdaLayerWeights r = w;
-  if (w.q8) {  // already Q8: its values
-    const KdaLayerQ8Weights& q = *w.q8;
-    r.q_proj = DequantizeQ8(q.q_proj);
-    r.k_proj = DequantizeQ8(q.k_proj);
-    r.v_proj = DequantizeQ8(q.v_proj);
-    r.f_a_proj = DequantizeQ8(q.f_a_proj);
-    r.f_b_proj = DequantizeQ8(q.f_b_proj);
-    r.b_proj = DequantizeQ8(q.b_proj);
-    r.g_a_proj = DequantizeQ8(q.g_a_proj);
-    r.g_b_proj = DequantizeQ8(q.g_b_proj);
-    r.o_proj = DequantizeQ8(q.o_proj);
-    r.q8.reset();
-    return r;
-  }
-  const int64_t hid = shape.hidden;
-  const int64_t p = shape.P();
-  const int64_t kd = shape.K;
-  auto rt = [](const std::vector<float>& v, int64_t out, int64_t in, const char* name) {
-    return DequantizeQ8(QuantizeQ8(v, out, in, name));
-  };
-  r.q_proj = rt(w.q_proj, p, hid, "q_proj");
-  r.k_proj = rt(w.k_proj, p, hid, "k_proj");
-  r.v_proj = rt(w.v_proj, p, hid, "v_proj");
-  r.f_a_proj = rt(w.f_a_proj, kd, hid, "f_a_proj");
-  r.f_b_proj = rt(w.f_b_proj, p, kd, "f_b_proj");
-  r.b_proj = rt(w.b_proj, shape.H, hid, "b_proj");
-  r.g_a_proj = rt(w.g_a_proj, kd, hid, "g_a_proj");
-  r.g_b_proj = rt(w.g_b_proj, p, kd, "g_b_proj");
-  r.o_proj = rt(w.o_proj, hid, p, "o_proj");
-  return r;
-}
 
 KimiDeltaAttention::KimiDeltaAttention(int layer_id, const KdaLayerShape& shape, const KdaLayerWeights& w,
                                        DType act_dtype, Communicator* tp, WeightFormat weights_format)

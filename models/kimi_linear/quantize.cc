@@ -13,7 +13,8 @@
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/kernels/q8.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/quantize.h"
+#include "kda/models/weights.h"
 
 namespace kda {
 

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "kda/base/parallel.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/kernels/kernel_isa.h"
 #include "python/src/array_util.h"
 #include "python/src/bindings.h"
 

@@ -20,12 +20,13 @@
 #include <utility>
 #include <vector>
 
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/q8.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
 #include "kda/serving/model_runner.h"
 #include "kda/serving/scheduler.h"
 #include "python/src/array_util.h"

@@ -31,7 +31,8 @@
 #include <vector>
 
 #include "kda/base/error.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;

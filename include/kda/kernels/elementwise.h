@@ -1,6 +1,6 @@
 // The element-wise parts of the KDA layer, each a plain reference and a
 // vectorised version (compiled for AVX-512, AVX2 and generic x86-64; the
-// variant is the one ActiveKernelIsa() names, see kda/kernels/kda.h).
+// variant is the one ActiveKernelIsa() names, see kda/kernels/kernel_isa.h).
 //
 // T tokens, H heads, K = V head dim, P = H*K.
 #pragma once

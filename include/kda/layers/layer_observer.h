@@ -7,9 +7,10 @@
 #include <cstdint>
 
 #include "kda/base/buffer.h"
-#include "kda/layers/forward_batch.h"
 
 namespace kda {
+
+struct ForwardBatch;
 
 // The tensors of one KDA layer's forward pass, T tokens of the batch, P = H*K.
 // In the activation dtype unless marked fp32.

@@ -1,5 +1,5 @@
 // The recurrent-state pool that serving uses to keep one KDA state per running
-// request (design §4), and the request -> slot map around it.
+// request (design §4). The request -> slot map around it: memory_pools.h.
 //
 // Per KDA layer l: recurrent[l] [slots + 1, H, K, V] fp32 and conv[l]
 // [slots + 1, W-1, 3P] in the model's activation dtype (bf16 model: bf16
@@ -12,7 +12,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 #include "kda/base/dtype.h"
@@ -84,33 +83,6 @@ class RecurrentStatePool {
   std::vector<std::vector<uint8_t>> conv_;     // per layer, raw conv_dtype elements
   std::vector<int32_t> free_;                  // free slots, smallest last
   std::vector<uint8_t> allocated_;             // [max_requests + 1]
-};
-
-// Request id -> pool slot, for the requests that currently hold one.
-class HybridReqToTokenPool {
- public:
-  explicit HybridReqToTokenPool(RecurrentStatePool* pool) : pool_(pool) {}
-
-  // Allocates a slot for `req_id` (kda::Error if it already holds one;
-  // PoolExhaustedError when none is free).
-  int32_t Alloc(int64_t req_id);
-  // Releases the request's slot (kda::Error if it holds none).
-  void Free(int64_t req_id);
-  bool Has(int64_t req_id) const { return slots_.count(req_id) > 0; }
-  // kda::Error if the request holds no slot.
-  int32_t SlotOf(int64_t req_id) const;
-  int64_t size() const { return static_cast<int64_t>(slots_.size()); }
-  RecurrentStatePool* state_pool() const { return pool_; }
-
- private:
-  RecurrentStatePool* pool_;
-  std::unordered_map<int64_t, int32_t> slots_;
-};
-
-// The pools a model runner passes down to the attention backend.
-struct MemoryPools {
-  RecurrentStatePool* state_pool = nullptr;
-  HybridReqToTokenPool* req_to_token_pool = nullptr;
 };
 
 }  // namespace kda

@@ -5,8 +5,9 @@
 #include "kda/base/buffer.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
 
 namespace kda {
 

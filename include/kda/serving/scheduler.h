@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/model_runner.h"

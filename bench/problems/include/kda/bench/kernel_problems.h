@@ -12,7 +12,7 @@
 #include "base/scratch.h"
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 
 namespace kda::bench {
 

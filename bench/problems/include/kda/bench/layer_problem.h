@@ -10,11 +10,13 @@
 #include <memory>
 
 #include "base/act_buffer.h"
-#include "kda/kernels/gemm.h"
+#include "kda/kernels/linear.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
+#include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kimi_linear.h"
+#include "kda/models/kda_model.h"
+#include "kda/models/kimi_delta_attention.h"
 
 namespace kda::bench {
 

@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_gate.h"
 #include "kernels/isa/constants.h"
 
 namespace kda {

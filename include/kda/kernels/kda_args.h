@@ -1,6 +1,8 @@
-// KDA core kernels: chunked prefill (`chunk_kda`) and one-token decode
-// (`fused_recurrent_kda`), each as a plain reference and (later) an optimized
-// implementation with the same signature, plus the dispatcher that picks one.
+// The arguments of the two KDA core kernels, chunked prefill (`chunk_kda`) and
+// one-token decode (`fused_recurrent_kda`), and their validation
+// (kernels/kda/kda_args.cc). Every implementation takes these: the references
+// (chunk_kda_reference.h, fused_recurrent_kda_reference.h), the optimized
+// kernels (kda_optimized.h) and the dispatcher (kda_dispatch.h).
 //
 // Notation: T tokens (packed), N sequences, H heads, K key dim, V value dim.
 // Per head, the state S is K x V, stored K-major ([k][v]); a batch of states
@@ -13,7 +15,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
@@ -108,75 +109,5 @@ struct RecurrentKdaArgs {
 // kernels call these first and touch no output when they throw.
 void ValidateChunkKda(const ChunkKdaArgs& a);
 void ValidateRecurrentKda(const RecurrentKdaArgs& a);
-
-// Plain references: the chunked algorithm of design §3 and the token-by-token
-// recurrence of design §2.5, two independent implementations of one function.
-void chunk_kda_reference(const ChunkKdaArgs& a);
-void fused_recurrent_kda_reference(const RecurrentKdaArgs& a);
-
-// Optimized kernels with the contract of the references (same arguments,
-// validation, aliasing and padding rules; results within the fp32 tolerance of
-// them, and independent of the thread count). Vectorised for the instruction
-// set that ActiveKernelIsa() names; multithreaded over sequences and heads,
-// and over value columns within a head when there are few (sequence, head)
-// pairs. Prefill uses the recurrent form with scaled state rows, decode two
-// passes over each state (kernels/kda/chunk_kda.cc, fused_recurrent_kda.cc).
-void chunk_kda_optimized(const ChunkKdaArgs& a);
-void fused_recurrent_kda_optimized(const RecurrentKdaArgs& a);
-
-// Instruction-set variants of every optimized CPU kernel (these two, the short
-// conv and the element-wise kernels): one source compiled per ISA level,
-// chosen at run time from the CPU's features, one switch for all of them.
-// kAvx512Shape is a test variant, never chosen by itself: the AVX-512
-// variant's code (16 lanes, its register blocks) built for AVX2, so that
-// CPUs without AVX-512 test the code paths only that variant takes.
-enum class KernelIsa : uint8_t { kAuto, kGeneric, kAvx2, kAvx512, kAvx512Shape };
-
-// "auto" | "generic" | "avx2" | "avx512" | "avx512_shape"; throws kda::Error on anything else.
-KernelIsa ParseKernelIsa(const std::string& name);
-const char* KernelIsaName(KernelIsa isa);
-
-// Whether this CPU (and build) can run the variant; kAuto and kGeneric always can.
-bool CpuSupportsKernelIsa(KernelIsa isa);
-// The best variant this CPU supports (never kAuto).
-KernelIsa BestKernelIsa();
-
-// Forces the variant the optimized kernels use (kAuto: back to the KDA_ISA
-// environment variable, else the best). Throws kda::Error if the CPU lacks it.
-void SetKernelIsa(KernelIsa isa);
-// The variant the optimized kernels use now (never kAuto): SetKernelIsa's,
-// else KDA_ISA (auto|generic|avx2|avx512|avx512_shape), else BestKernelIsa(). Throws
-// kda::Error if KDA_ISA is unknown or names a variant the CPU lacks.
-KernelIsa ActiveKernelIsa();
-
-// Which implementation the dispatcher uses.
-enum class KernelImpl : uint8_t { kAuto, kReference, kOptimized };
-
-// "auto" | "reference" | "optimized"; throws kda::Error on anything else.
-KernelImpl ParseKernelImpl(const std::string& name);
-const char* KernelImplName(KernelImpl impl);
-
-// The process-wide default used when a call passes kAuto: set through
-// SetDefaultKernelImpl, else the KDA_KERNEL environment variable, else auto.
-void SetDefaultKernelImpl(KernelImpl impl);
-KernelImpl DefaultKernelImpl();
-
-// The implementation a call with `requested` actually runs: auto resolves to
-// the optimized kernels (they cover every valid shape, with a generic build for
-// CPUs without AVX2). Throws kda::Error if the requested one is unavailable
-// (for optimized: if KDA_ISA is bad, see ActiveKernelIsa).
-KernelImpl ResolveKernelImpl(KernelImpl requested);
-
-// What a call with `requested` runs, for log lines and benchmark fields:
-// "reference" or "optimized/<isa>" (e.g. "optimized/avx512"). A static string;
-// throws like ResolveKernelImpl / ActiveKernelIsa.
-const char* ActiveKernelDescription(KernelImpl requested = KernelImpl::kAuto);
-
-// Dispatching entry points.
-void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
-void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
-
-// The activated forget gate for one element (fp32): -exp(A_log) * softplus(raw + dt_bias).
-float KdaGate(float raw_plus_bias, float a_log);
 
 }  // namespace kda

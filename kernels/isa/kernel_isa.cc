@@ -13,9 +13,9 @@
 #endif
 
 #include "kda/base/error.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kernels/isa/dispatch.h"
-#include "kernels/kda/dispatch_internal.h"
+#include "kernels/kda/kda_dispatch_testing.h"
 
 namespace kda {
 namespace {

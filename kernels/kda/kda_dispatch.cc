@@ -1,16 +1,18 @@
 // The KDA kernel dispatcher: which implementation a call runs, and the
 // dispatching entry points chunk_kda / fused_recurrent_kda. Auto runs the
-// optimized kernels (in the ISA variant of ActiveKernelIsa, isa.cc).
+// optimized kernels (in the ISA variant of ActiveKernelIsa, kernels/isa/kernel_isa.cc).
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "kda/base/error.h"
-#include "kda/kernels/kda.h"
-#include "kernels/kda/dispatch_internal.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kernels/kda/kda_common.h"
-#include "kernels/kda/optimized.h"
+#include "kernels/kda/kda_dispatch_testing.h"
+#include "kernels/kda/kda_tasks.h"
 
 namespace kda {
 namespace {

@@ -1,18 +1,19 @@
 // Private interface between the optimized KDA kernels' host code
-// (optimized.cc: validation, workspaces, task split, threads) and their
-// per-ISA compute code (kernels/kda/chunk_kda.cc and fused_recurrent_kda.cc,
+// (kernels/kda/kda_optimized.cc: validation, workspaces, task split, threads) and their
+// per-ISA compute code (kernels/kda/chunk_kda_simd.cc and fused_recurrent_kda_simd.cc,
 // compiled once per instruction set, reached through the dispatch table of
 // kernels/isa/dispatch.h). The per-ISA code sees only these plain structs.
 #pragma once
 
 #include <cstdint>
 
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kernels/isa/constants.h"
 
 namespace kda::internal {
 
-// The prepared vectors of one token block (kernels/kda/chunk_kda.cc, PrepareToken). Shapes: khat, qhat,
+// The prepared vectors of one token block (kernels/kda/chunk_kda_simd.cc, PrepareToken). Shapes: khat, qhat,
 // kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, mat [kc::kTokenBlock]
 // (mat: bit j set when rows [j, j + 1) * kc::kPassRowGroup hold one materialised at the token).
 struct PrepBuffers {

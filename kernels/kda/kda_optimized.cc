@@ -1,10 +1,10 @@
 // Host side of the optimized KDA kernels: validation, the split into tasks,
 // per-worker scratch and the parallel loop. The compute code is in
-// chunk_kda.cc and fused_recurrent_kda.cc, compiled per instruction set and
+// chunk_kda_simd.cc and fused_recurrent_kda_simd.cc, compiled per instruction set and
 // reached through the dispatch table (kernels/isa/dispatch.h).
 //
 // Threads: a prefill task is a group of up to kc::kHeadGroup heads of one
-// sequence (advanced in lockstep, see optimized.h) when there are enough
+// sequence (advanced in lockstep, see kernels/kda/kda_tasks.h) when there are enough
 // (sequence, head) pairs for about four tasks per worker; with fewer pairs
 // (N = 1 with few heads) a task is one head's group of value columns (the
 // columns of the recurrence are independent). Longer sequences are scheduled
@@ -20,11 +20,13 @@
 
 #include "kda/base/dtype.h"
 #include "kda/base/parallel.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_optimized.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/dispatch.h"
 #include "kernels/kda/kda_common.h"
-#include "kernels/kda/optimized.h"
+#include "kernels/kda/kda_tasks.h"
 
 namespace kda {
 namespace {

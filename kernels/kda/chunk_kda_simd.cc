@@ -1,7 +1,7 @@
 // The optimized chunk_kda (prefill) compute code, compiled once per
 // instruction set (kernels/isa/target.h) over the target's vector Vec
 // (kernels/isa/vec.h). Host side (validation, task split, scratch, threads):
-// optimized.cc; plain reference: chunk_kda_reference.cc.
+// kernels/kda/kda_optimized.cc; plain reference: chunk_kda_reference.cc.
 //
 // Prefill (chunk_kda) uses the recurrent form, not the chunked WY form: at
 // K = V = 128 the chunked form costs ~182 kflop per token and head against
@@ -45,12 +45,12 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
+#include "kernels/kda/kda_tasks.h"
 #include "kernels/kda/kda_vec.h"
-#include "kernels/kda/optimized.h"
 
 namespace kda::KDA_TARGET_NS {
 namespace {
@@ -601,7 +601,7 @@ void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int
   }
 }
 
-// One chunk task (see optimized.h) with column blocks of NV registers: its
+// One chunk task (see kernels/kda/kda_tasks.h) with column blocks of NV registers: its
 // heads advance together one token block at a time.
 template <class Vt, int NV>
 void RunChunkTask(const internal::ChunkGroupTask& group) {

@@ -1,5 +1,5 @@
 // The optimized fused_recurrent_kda (decode) compute code, compiled once per
-// instruction set (kernels/isa/target.h). Host side: optimized.cc; plain
+// instruction set (kernels/isa/target.h). Host side: kernels/kda/kda_optimized.cc; plain
 // reference: fused_recurrent_kda_reference.cc.
 //
 // Decode (fused_recurrent_kda) is memory-bound: per (sequence, head) one pass
@@ -9,12 +9,12 @@
 #include <cstdint>
 
 #include "kda/base/dtype.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
+#include "kernels/kda/kda_tasks.h"
 #include "kernels/kda/kda_vec.h"
-#include "kernels/kda/optimized.h"
 
 namespace kda::KDA_TARGET_NS {
 namespace {

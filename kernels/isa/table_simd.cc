@@ -2,7 +2,7 @@
 // kernels/isa/target.h), and its vector-math probe for the tests.
 #include <cstdint>
 
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kernel_isa.h"
 #include "kernels/isa/dispatch.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"

@@ -9,7 +9,7 @@
 
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
-#include "kda/kernels/kda.h"
+#include "kda/kernels/kda_args.h"
 
 namespace kda {
 namespace {
