@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "base/scratch.h"
-#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 
 namespace kda {

@@ -16,7 +16,6 @@
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
-#include "kda/layers/layer_observer.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/kimi_delta_attention.h"

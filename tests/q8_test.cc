@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kda/base/bf16.h"
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 #include "kda/base/tolerance.h"
 #include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"

@@ -1,4 +1,6 @@
-// Element types that cross the component's API.
+// Element types that cross the component's API, and the untyped contiguous
+// buffers tagged with one (ConstBuf, MutBuf): how kernels, layers and backends
+// pass tensors whose dtype is chosen at run time (F32 or BF16).
 #pragma once
 
 #include <cstddef>
@@ -54,5 +56,17 @@ inline void StoreFromFloat(void* data, DType t, size_t i, float v) {
     static_cast<float*>(data)[i] = v;
   }
 }
+
+// A contiguous read-only buffer with its element type.
+struct ConstBuf {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+// A contiguous writable buffer with its element type.
+struct MutBuf {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
 
 }  // namespace kda

@@ -16,7 +16,6 @@
 
 #include <cstdint>
 
-#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 
 namespace kda {

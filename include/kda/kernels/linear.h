@@ -12,7 +12,6 @@
 #include <mutex>
 #include <vector>
 
-#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 #include "kda/kernels/q8.h"
 

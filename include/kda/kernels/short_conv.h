@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 
 namespace kda {
 

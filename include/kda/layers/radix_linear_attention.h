@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 
 namespace kda {
 

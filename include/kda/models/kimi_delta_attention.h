@@ -12,7 +12,6 @@
 #include <memory>
 #include <vector>
 
-#include "kda/base/buffer.h"
 #include "kda/base/dtype.h"
 #include "kda/base/kda_layer_shape.h"
 #include "kda/kernels/linear.h"

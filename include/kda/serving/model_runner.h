@@ -2,7 +2,7 @@
 // layers, MLPs and norms of the full model are outside this component).
 #pragma once
 
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/memory_pools.h"

@@ -5,7 +5,7 @@
 // backend instance serves every KDA layer of a model.
 #pragma once
 
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/layers/attention/linear/linear_recurrent_backend.h"
 #include "kda/mem_cache/memory_pools.h"

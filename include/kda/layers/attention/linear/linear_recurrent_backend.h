@@ -8,9 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/base/buffer.h"
+#include "kda/base/dtype.h"
 #include "kda/layers/forward_batch.h"
-#include "kda/layers/layer_observer.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 
