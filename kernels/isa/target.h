@@ -1,5 +1,5 @@
 // The instruction-set target of a per-ISA kernel source. CMake compiles every
-// per-ISA source (KDA_ISA_SOURCES in CMakeLists.txt) once per target, each
+// per-ISA source (the kernels' *_simd.cc, KDA_ISA_SOURCES in CMakeLists.txt) once per target, each
 // copy with its -m flags and KDA_TARGET naming the target; everything such a
 // source defines lives in the target's namespace, kda::KDA_TARGET_NS
 // (kda::N_GENERIC, kda::N_AVX2, kda::N_AVX512, kda::N_AVX512_SHAPE), so that inline helpers shared
