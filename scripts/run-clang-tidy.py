@@ -9,7 +9,7 @@ by scripts/python-env.sh) for python/. A file with several commands (the per-ISA
 checked under each, as clang-tidy itself does.
 
 A clean result is remembered in KDA_TIDY_CACHE (default ~/.cache/kda/clang-tidy, outside the clone)
-under a key that covers everything clang-tidy's verdict depends on: the clang-tidy version, the
+under a key that covers everything clang-tidy's verdict depends on: the clang-tidy (and clang++) version, the
 .clang-tidy file, each compile command's flags, and the translation unit's preprocessed input with
 its comments (clang++ -E -C, so that a NOLINT comment or a header's change counts). The clone's own
 path is taken out of the key, so another clone of the same code hits. A file is checked again when
@@ -124,7 +124,9 @@ def main(argv):
                                             "kda", "clang-tidy"))
     if cache_dir == "off":
         cache_dir = ""
-    version = subprocess.run(["clang-tidy", "--version"], capture_output=True, check=True).stdout
+    # Both tools' versions: clang-tidy gives the verdict, clang++ the preprocessed input it is keyed by.
+    version = b"".join(subprocess.run([tool, "--version"], capture_output=True, check=True).stdout
+                       for tool in ("clang-tidy", "clang++"))
     with open(".clang-tidy", "rb") as f:
         common = version + b"\0" + f.read()
 
