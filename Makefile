@@ -5,7 +5,7 @@ FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 # libFuzzer's seed; 0 draws one. CI fixes it, so that a run explores what the last one did.
 FUZZ_SEED ?= 0
-FUZZERS := safetensors config checkpoint_index run_input
+FUZZERS := safetensors config checkpoint_index run_input kda_call
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 

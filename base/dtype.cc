@@ -1,29 +1,47 @@
 #include "kda/base/dtype.h"
 
 #include <cmath>
+#include <iterator>
 
 #include "kda/base/error.h"
 
 namespace kda {
 
+namespace {
+
+// Each DType's names and size, in the enum's order.
+struct DTypeInfo {
+  DType dtype;
+  const char* safetensors;  // "F32", ...
+  const char* torch;        // "float32", ...
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF32, "F32", "float32", 4}, {DType::kBF16, "BF16", "bfloat16", 2}, {DType::kI32, "I32", "int32", 4},
+    {DType::kI64, "I64", "int64", 8},   {DType::kU8, "U8", "uint8", 1},        {DType::kI8, "I8", "int8", 1},
+    {DType::kF16, "F16", "float16", 2},
+};
+
+const DTypeInfo* InfoOf(DType t) {
+  const auto i = static_cast<size_t>(t);
+  return i < std::size(kDTypes) && kDTypes[i].dtype == t ? &kDTypes[i] : nullptr;
+}
+
+}  // namespace
+
 const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI32:
-      return "I32";
-    case DType::kI64:
-      return "I64";
-    case DType::kU8:
-      return "U8";
-    case DType::kI8:
-      return "I8";
-    case DType::kF16:
-      return "F16";
-  }
-  return "?";
+  const DTypeInfo* info = InfoOf(t);
+  return info != nullptr ? info->safetensors : "?";
+}
+
+const char* TorchDTypeName(DType t) {
+  const DTypeInfo* info = InfoOf(t);
+  return info != nullptr ? info->torch : "?";
+}
+
+size_t DTypeSize(DType t) {
+  const DTypeInfo* info = InfoOf(t);
+  return info != nullptr ? info->size : 0;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -64,26 +82,11 @@ void CheckAllFinite(const float* values, int64_t n, const std::vector<int64_t>& 
 }
 
 std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t) {
-  std::vector<float> r(bytes.size() / DTypeSize(t));
+  const size_t esize = DTypeSize(t);
+  Check(esize > 0, "BytesToFloat: not an element type");
+  std::vector<float> r(bytes.size() / esize);
   for (size_t i = 0; i < r.size(); ++i) r[i] = LoadAsFloat(bytes.data(), t, i);
   return r;
-}
-
-size_t DTypeSize(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kBF16:
-    case DType::kF16:
-      return 2;
-    case DType::kI64:
-      return 8;
-    case DType::kU8:
-    case DType::kI8:
-      return 1;
-  }
-  return 0;
 }
 
 DType ParseActivationDType(const std::string& name) {
@@ -92,15 +95,6 @@ DType ParseActivationDType(const std::string& name) {
   throw Error("unknown dtype '" + name + "' (expected float32 or bfloat16)");
 }
 
-const char* ActivationDTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "float32";
-    case DType::kBF16:
-      return "bfloat16";
-    default:
-      return "?";
-  }
-}
+const char* ActivationDTypeName(DType t) { return t == DType::kF32 || t == DType::kBF16 ? TorchDTypeName(t) : "?"; }
 
 }  // namespace kda

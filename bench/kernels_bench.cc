@@ -64,10 +64,10 @@ void BM_ChunkKda(benchmark::State& state) {
   const std::vector<int64_t> lengths = state.range(2) == 0 ? std::vector<int64_t>{2048} : std::vector<int64_t>(8, 256);
   bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
   state.SetLabel(ActiveKernelDescription(impl));
-  if (impl == KernelImpl::kOptimized) chunk_kda(p.args, impl);  // warm-up: scratch and first touches
-  for (auto _ : state) chunk_kda(p.args, impl);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+  if (impl == KernelImpl::kOptimized) chunk_kda(p.call, impl);  // warm-up: scratch and first touches
+  for (auto _ : state) chunk_kda(p.call, impl);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
   state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.args.T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_RecurrentKda(benchmark::State& state) {
@@ -90,14 +90,14 @@ void BM_ChunkKdaGateInKernel(benchmark::State& state) {
   bench::ChunkProblem p({2048}, kHeads, kHeadDim, DType::kBF16);
   const std::vector<float> a_log(kHeads, 0.5F);
   const std::vector<float> dt_bias(static_cast<size_t>(kHeads) * kHeadDim, 0.1F);
-  p.args.options.use_gate_in_kernel = true;
-  p.args.options.A_log = a_log.data();
-  p.args.options.dt_bias = dt_bias.data();
+  p.call.use_gate_in_kernel = true;
+  p.call.A_log = ContiguousView<const void*>(a_log.data(), DType::kF32, {kHeads});
+  p.call.dt_bias = ContiguousView<const void*>(dt_bias.data(), DType::kF32, {kHeads, kHeadDim});
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
-  chunk_kda(p.args, KernelImpl::kOptimized);                       // warm-up
-  for (auto _ : state) chunk_kda(p.args, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
+  chunk_kda(p.call, KernelImpl::kOptimized);                       // warm-up
+  for (auto _ : state) chunk_kda(p.call, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
   state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.args.T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_ShortConv(benchmark::State& state) {

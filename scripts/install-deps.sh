@@ -39,6 +39,7 @@ requirements=(
   "qemu-user|qemu-x86_64"
   "clang|clang++"
   "libclang-rt-dev|/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a"
+  "libomp-dev|/usr/lib/llvm-*/lib/clang/*/include/omp.h"
   # the Python package (pyproject.toml; scripts/python-env.sh builds it into a venv for the tests)
   "python3-dev|/usr/include/python3*/Python.h"
   "python3-venv|/usr/lib/python3*/ensurepip/__init__.py"

@@ -11,7 +11,7 @@
 namespace kda {
 
 ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel)
-    : model_(model), backend_(pools, kernel) {
+    : model_(model), pools_(pools), backend_(pools, kernel) {
   const RecurrentStatePool& pool = *pools.state_pool;
   const KdaLayerShape& s = model.shape;
   Check(pool.num_layers() == model.num_layers(), "state pool has " + std::to_string(pool.num_layers()) +
@@ -19,6 +19,8 @@ ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl ke
   Check(pool.shape().H == s.H && pool.shape().K == s.K && pool.shape().W == s.W,
         "state pool shape differs from the model's");
   Check(pool.conv_dtype() == model.act_dtype, "state pool conv dtype differs from the model's activation dtype");
+  // Each layer against the pool once, here, not at every step.
+  for (const KimiDeltaAttention& layer : model.layers) backend_.CheckLayer(layer.attn());
 }
 
 void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {

@@ -251,7 +251,7 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
       cache.emplace(L, model.shape, model.act_dtype, options.prefix_cache_bytes);
       cfg.prefix_cache = &*cache;
     }
-    Scheduler sched(runner, pools, cfg);
+    Scheduler sched(runner, cfg);
     for (const ServeRequest& r : mine) sched.Submit(r);
     sched.RunToCompletion();
     res.local = sched.finished();

@@ -31,13 +31,13 @@ std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
   return notes;
 }
 
-Scheduler::Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConfig& config)
-    : runner_(runner), pools_(pools), config_(config) {
+Scheduler::Scheduler(ModelRunner& runner, const SchedulerConfig& config)
+    : runner_(runner), pools_(runner.pools()), config_(config) {
   notes_ = CheckServerArgs(config_);
-  const int64_t capacity = pools.state_pool->capacity();
+  const int64_t capacity = pools_.state_pool->capacity();
   if (config_.max_running == 0 || config_.max_running > capacity) config_.max_running = capacity;
   if (const RadixStateCache* cache = config_.prefix_cache; cache != nullptr) {
-    const RecurrentStatePool& pool = *pools.state_pool;
+    const RecurrentStatePool& pool = *pools_.state_pool;
     Check(cache->num_layers() == pool.num_layers() && cache->shape().H == pool.shape().H &&
               cache->shape().K == pool.shape().K && cache->shape().W == pool.shape().W &&
               cache->conv_dtype() == pool.conv_dtype(),
@@ -72,10 +72,10 @@ void Scheduler::Admit() {
     Running r;
     r.req = waiting_.front();
     waiting_.pop_front();
-    pools_.req_to_token_pool->Alloc(r.req.id);
+    r.slot = pools_.req_to_token_pool->Alloc(r.req.id);
     running_.push_back(std::move(r));  // from here on the slot is released with the request
     Running& a = running_.back();
-    const int32_t slot = pools_.req_to_token_pool->SlotOf(a.req.id);
+    const int32_t slot = a.slot;
     if (a.req.initial_recurrent != nullptr || a.req.initial_conv != nullptr) {
       for (int l = 0; l < model.num_layers(); ++l) {
         pool.SetLayerState(l, slot, a.req.initial_recurrent ? a.req.initial_recurrent + l * rs : nullptr,
@@ -131,7 +131,7 @@ void Scheduler::Finish(size_t index) {
   const int L = runner_.model().num_layers();
   const int64_t rs = pool.shape().RecurrentStateSize();
   const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
-  const int32_t slot = pools_.req_to_token_pool->SlotOf(r.req.id);
+  const int32_t slot = r.slot;
   r.result.final_recurrent.resize(static_cast<size_t>(L * rs));
   r.result.final_conv.resize(static_cast<size_t>(L * cs));
   for (int l = 0; l < L; ++l) {
@@ -248,6 +248,7 @@ bool Scheduler::Step() {
   for (size_t m = 0; m < members.size(); ++m) {
     const Running& r = running_[members[m]];
     batch.req_ids.push_back(r.req.id);
+    batch.req_pool_indices.push_back(r.slot);
     batch.prefix_lens.push_back(r.done);
     batch.state_seeded.push_back(r.seeded ? 1 : 0);
     const auto* src = static_cast<const uint8_t*>(r.req.input.data) + static_cast<size_t>(r.done) * row_bytes;

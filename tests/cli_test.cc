@@ -18,6 +18,7 @@
 #include "tests/checkpoint_util.h"
 #include "tests/cli_util.h"
 #include "tests/golden.h"
+#include "tests/json_nesting.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -25,21 +26,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testing::CliPath;
 using testing::CliResult;
 
 CliResult RunCli(const std::string& args) { return testing::RunKda("", args); }
 
-class CliTest : public ::testing::Test {
+class CliTest : public testing::CliTestBase {
  protected:
-  void SetUp() override {
-    if (!fs::exists(CliPath())) GTEST_SKIP() << "CLI binary not found at " << CliPath();
-    dir_ = fs::path(::testing::TempDir()) / ("kda_cli_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    mini_ = testing::GoldenDir() + "/kda-mini";
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Expects a clean refusal: status in [1, 125], one stderr line containing
   // `needle`, no output file.
   void ExpectRefused(const std::string& args, const std::string& needle, bool with_output = true) {
@@ -56,8 +48,7 @@ class CliTest : public ::testing::Test {
     }
   }
 
-  fs::path dir_;
-  std::string mini_;
+  const std::string mini_ = testing::GoldenDir() + "/kda-mini";
 };
 
 // Runs `prefix kda run` on the golden case `in` (its model is the golden
@@ -288,32 +279,25 @@ TEST_F(CliTest, RefusesBadInputFiles) {
   const std::vector<int32_t> cu_dec = {0, 5, 3, 8};
   const std::vector<int32_t> cu_end = {0, 3, 7};
   const std::vector<float> rec_bad(2 * 4 * 128 * 127, 0.0F);
+  const TensorToWrite hidden = {"hidden_states", DType::kF32, {8, 512}, x.data()};
+  // cu_seqlens as I32 [n].
+  auto cu_seqlens = [](const std::vector<int32_t>& cu) {
+    return TensorToWrite{"cu_seqlens", DType::kI32, {static_cast<int64_t>(cu.size())}, cu.data()};
+  };
   struct Case {
     std::string name;
     std::vector<TensorToWrite> tensors;
     std::string needle;
   };
   const std::vector<Case> cases = {
-      {"no_cu", {{"hidden_states", DType::kF32, {8, 512}, x.data()}}, "cu_seqlens"},
-      {"wrong_hidden",
-       {{"hidden_states", DType::kF32, {8, 100}, x_short.data()}, {"cu_seqlens", DType::kI32, {3}, cu_ok.data()}},
-       "hidden_states"},
-      {"cu_start",
-       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {3}, cu_start.data()}},
-       "start at 0"},
-      {"cu_decreasing",
-       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {4}, cu_dec.data()}},
-       "non-decreasing"},
-      {"cu_end",
-       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kI32, {3}, cu_end.data()}},
-       "end at T"},
-      {"cu_dtype",
-       {{"hidden_states", DType::kF32, {8, 512}, x.data()}, {"cu_seqlens", DType::kF32, {3}, x.data()}},
-       "cu_seqlens"},
+      {"no_cu", {hidden}, "cu_seqlens"},
+      {"wrong_hidden", {{"hidden_states", DType::kF32, {8, 100}, x_short.data()}, cu_seqlens(cu_ok)}, "hidden_states"},
+      {"cu_start", {hidden, cu_seqlens(cu_start)}, "start at 0"},
+      {"cu_decreasing", {hidden, cu_seqlens(cu_dec)}, "non-decreasing"},
+      {"cu_end", {hidden, cu_seqlens(cu_end)}, "end at T"},
+      {"cu_dtype", {hidden, {"cu_seqlens", DType::kF32, {3}, x.data()}}, "cu_seqlens"},
       {"bad_init_state",
-       {{"hidden_states", DType::kF32, {8, 512}, x.data()},
-        {"cu_seqlens", DType::kI32, {3}, cu_ok.data()},
-        {"initial_recurrent_state", DType::kF32, {2, 4, 128, 127}, rec_bad.data()}},
+       {hidden, cu_seqlens(cu_ok), {"initial_recurrent_state", DType::kF32, {2, 4, 128, 127}, rec_bad.data()}},
        "initial_recurrent_state"},
   };
   for (const Case& c : cases) {
@@ -334,10 +318,7 @@ TEST_F(CliTest, RefusesBadInputFiles) {
 namespace kda {
 namespace {
 
-// `depth` nested arrays around `inner`.
-std::string Nested(int depth, const std::string& inner) {
-  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
-}
+using testing::Nested;
 
 // Found by fuzzing: deeply nested JSON in an input header or config.json crashed `kda run` with SIGSEGV (exit
 // 139, no message); a zero-element shape with huge other dimensions overflowed the element count.

@@ -16,6 +16,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/io/safetensors.h"
+#include "tests/temp_dir.h"
 #include "tests/tolerance.h"
 
 namespace kda::testing {
@@ -29,6 +30,16 @@ struct CliResult {
   int status = -1;
   std::string out;
   std::string err;
+};
+
+// A fixture for tests that run the CLI: skipped without its binary, and a
+// directory of the test's own in dir_ (TempDirTest).
+class CliTestBase : public TempDirTest {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(CliPath())) GTEST_SKIP() << "CLI binary not found at " << CliPath();
+    TempDirTest::SetUp();
+  }
 };
 
 inline std::string Slurp(const std::filesystem::path& p) {

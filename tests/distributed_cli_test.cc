@@ -6,7 +6,6 @@
 // on one rank (KDA_FAULT_INJECT, SIGKILL), which end the whole job promptly.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,7 +27,6 @@ namespace kda {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::CliPath;
 using testing::CliResult;
 using testing::RunKda;
 
@@ -48,16 +46,8 @@ int CountOf(const std::string& text, const std::string& needle) {
   return n;
 }
 
-class DistCliTest : public ::testing::Test {
+class DistCliTest : public testing::CliTestBase {
  protected:
-  void SetUp() override {
-    if (!fs::exists(CliPath())) GTEST_SKIP() << "CLI binary not found at " << CliPath();
-    dir_ = fs::path(::testing::TempDir()) / ("kda_dist_cli_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
-    golden_ = testing::GoldenDir();
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // `kda run` on a golden case under `launcher`; the output file must match the
   // case's expected tensors.
   void ExpectRunMatches(const std::string& launcher, const std::string& model, const std::string& file,
@@ -103,8 +93,7 @@ class DistCliTest : public ::testing::Test {
     EXPECT_FALSE(fs::exists(out)) << args;
   }
 
-  fs::path dir_;
-  std::string golden_;
+  const std::string golden_ = testing::GoldenDir();
 };
 
 TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {

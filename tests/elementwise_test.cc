@@ -64,9 +64,50 @@ double SigmoidF64(double x) { return 1.0 / (1.0 + std::exp(-x)); }
   return AllCloseBF16(got.data(), rounded.data(), w.data(), w.size());
 }
 
+// An optimized kernel's output against the reference kernel's on the same
+// inputs: fp32 within 1e-6 (SiLU's exp differs from libm's by an ulp or two,
+// which can flip a bf16 rounding), bf16 by rule v2 against the exact oracle.
+::testing::AssertionResult CloseToReference(DType dt, const std::vector<float>& got, const std::vector<float>& ref,
+                                            const std::vector<double>& exact) {
+  if (dt == DType::kF32) return AllCloseF32(got.data(), ref.data(), ref.size(), 1e-6, 1e-6);
+  const std::vector<float> x(exact.begin(), exact.end());
+  return AllCloseBF16(got.data(), ref.data(), x.data(), ref.size());
+}
+
 // ------------------------------------------------------------ short conv
 
-class ShortConvTest : public VariantTest {};
+class ShortConvTest : public VariantTest {
+ protected:
+  // Runs the case's kernel (short_conv_silu, or short_conv_silu_reference) on
+  // the sequences `cu` of x (N and T from cu) into y, and on the tails in
+  // place (sequence n's at tails[idx[n]]); x and the tails with rows `stride`
+  // apart, w [W, C]. Returns the arguments, for a rerun.
+  ShortConvArgs RunShortConv(MutBuf y, ConstBuf x, MutBuf tails, int64_t stride, const std::vector<float>& w,
+                             const std::vector<int64_t>& cu, int64_t C, int W, int64_t num_tails,
+                             const std::vector<int32_t>& idx, const std::vector<uint8_t>& has_init) const {
+    ShortConvArgs a;
+    a.y = y;
+    a.x = x;
+    a.x_row_stride = stride;
+    a.weight = w.data();
+    a.cu_seqlens = cu.data();
+    a.N = static_cast<int64_t>(cu.size()) - 1;
+    a.T = cu.back();
+    a.C = C;
+    a.W = W;
+    a.tails = tails;
+    a.tail_row_stride = stride;
+    a.num_tails = num_tails;
+    a.tail_indices = idx.data();
+    a.has_initial_state = has_init.data();
+    if (variant().optimized()) {
+      short_conv_silu(a);
+    } else {
+      short_conv_silu_reference(a);
+    }
+    return a;
+  }
+};
 
 TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
   std::mt19937 rng(1);
@@ -87,26 +128,7 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
         const std::vector<uint8_t> has_init = {1, 0, 1, 1, 0};
         ActBuffer tails = ToAct(dt, tails0.ToFloat());
         ActBuffer y(dt, T * C);
-        ShortConvArgs a;
-        a.x = xb.view();
-        a.x_row_stride = stride;
-        a.weight = w.data();
-        a.cu_seqlens = cu.data();
-        a.N = N;
-        a.T = T;
-        a.C = C;
-        a.W = W;
-        a.tail_row_stride = stride;
-        a.num_tails = 7;
-        a.tail_indices = idx.data();
-        a.has_initial_state = has_init.data();
-        a.y = y.mut();
-        a.tails = tails.mut();
-        if (variant().optimized()) {
-          short_conv_silu(a);
-        } else {
-          short_conv_silu_reference(a);
-        }
+        ShortConvArgs a = RunShortConv(y.mut(), xb.view(), tails.mut(), stride, w, cu, C, W, 7, idx, has_init);
 
         // Oracle: input row i of sequence n (the tail, or zeros, before its
         // start). Padding: zero outputs, no tail read or written.
@@ -144,15 +166,7 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
           a.y = y_ref.mut();
           a.tails = t_ref.mut();
           short_conv_silu_reference(a);
-          const std::vector<float> yr = y_ref.ToFloat();
-          const std::vector<float> yf = y.ToFloat();
-          // SiLU's exp differs from libm's by an ulp or two, which can flip a bf16 rounding.
-          if (dt == DType::kF32) {
-            EXPECT_TRUE(AllCloseF32(yf.data(), yr.data(), yr.size(), 1e-6, 1e-6));
-          } else {
-            const std::vector<float> exact(want_y.begin(), want_y.end());
-            EXPECT_TRUE(AllCloseBF16(yf.data(), yr.data(), exact.data(), yr.size()));
-          }
+          EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want_y));
           EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
         }
       }
@@ -188,26 +202,8 @@ TEST_P(ShortConvTest, CheckpointWeightIsLaidOutTapMajor) {
   const std::vector<uint8_t> fresh = {0};
   std::vector<float> y(static_cast<size_t>(T * C), 0.0F);
   std::vector<float> tails(static_cast<size_t>((W - 1) * C), 7.0F);
-  ShortConvArgs a;
-  a.y = {y.data(), DType::kF32};
-  a.x = {x.data(), DType::kF32};
-  a.x_row_stride = C;
-  a.weight = w.data();
-  a.cu_seqlens = cu.data();
-  a.N = 1;
-  a.T = T;
-  a.C = C;
-  a.W = W;
-  a.tails = {tails.data(), DType::kF32};
-  a.tail_row_stride = C;
-  a.num_tails = 1;
-  a.tail_indices = idx.data();
-  a.has_initial_state = fresh.data();
-  if (variant().optimized()) {
-    short_conv_silu(a);
-  } else {
-    short_conv_silu_reference(a);
-  }
+  RunShortConv({y.data(), DType::kF32}, {x.data(), DType::kF32}, {tails.data(), DType::kF32}, C, w, cu, C, W, 1, idx,
+               fresh);
   EXPECT_TRUE(AllCloseF32(y.data(), want.data(), want.size()));
   ExpectErrorContaining([&] { ShortConvWeightFromCheckpoint(w_ckpt, C, W + 1); },
                         "checkpoint conv weight must be [C, W] = [600, 5]");
@@ -321,14 +317,7 @@ TEST_P(GatedRmsNormTest, MatchesOracle) {
       if (variant().optimized()) {
         ActBuffer y_ref(dt, T * H * V);
         GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
-        const std::vector<float> r = y_ref.ToFloat();
-        const std::vector<float> f = y.ToFloat();
-        if (dt == DType::kF32) {
-          EXPECT_TRUE(AllCloseF32(f.data(), r.data(), r.size(), 1e-6, 1e-6));
-        } else {
-          const std::vector<float> exact(want.begin(), want.end());
-          EXPECT_TRUE(AllCloseBF16(f.data(), r.data(), exact.data(), r.size()));
-        }
+        EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want));
       }
     }
   }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 #include <string>
 
@@ -46,6 +47,23 @@ inline std::string GoldenMissingReason(const std::string& path) {
   std::string r = s.str();
   while (!r.empty() && (r.back() == '\n' || r.back() == ' ')) r.pop_back();
   return "not generated: " + r;
+}
+
+// A golden case of a parameterised test: its set (as GoldenSetDir takes it) and its name.
+struct GoldenCase {
+  std::string dir;
+  std::string name;
+};
+
+inline void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
+
+// The case's part of a test name: "<dir>_<name>", '-' and '/' as '_'.
+inline std::string GoldenCaseName(const ::testing::TestParamInfo<GoldenCase>& info) {
+  std::string s = info.param.dir + "_" + info.param.name;
+  for (char& c : s) {
+    if (c == '-' || c == '/') c = '_';
+  }
+  return s;
 }
 
 }  // namespace kda::testing

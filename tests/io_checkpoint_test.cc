@@ -1,7 +1,6 @@
 #include "kda/io/checkpoint.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,23 +12,15 @@
 #include "kda/base/error.h"
 #include "kda/io/safetensors.h"
 #include "tests/golden.h"
+#include "tests/temp_dir.h"
 
 namespace kda {
 namespace {
 
 namespace fs = std::filesystem;
 
-class CheckpointTest : public ::testing::Test {
+class CheckpointTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("kda_io_ckpt_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Two shards: a, b in shard 1 of 2; c in shard 2 of 2.
   void WriteShards() {
     WriteSafetensors((dir_ / "model-00001-of-00002.safetensors").string(),
@@ -58,7 +49,16 @@ class CheckpointTest : public ::testing::Test {
     return "(no error)";
   }
 
-  fs::path dir_;
+  // OpenError() for the two shards indexed by GoodWeightMap() with the entry
+  // for `tensor` naming `shard`.
+  std::string OpenErrorWithEntry(const std::string& tensor, const std::string& shard) {
+    WriteShards();
+    nlohmann::json weight_map = GoodWeightMap();
+    weight_map[tensor] = shard;
+    WriteIndex(weight_map);
+    return OpenError();
+  }
+
   const float a_[2] = {1.0F, -2.0F};
   const int64_t b_[1] = {9};
   const int32_t c_[3] = {4, 5, 6};
@@ -110,22 +110,14 @@ TEST_F(CheckpointTest, RefusesEmptyDirectory) {
 }
 
 TEST_F(CheckpointTest, RefusesMissingShard) {
-  WriteShards();
-  nlohmann::json weight_map = GoodWeightMap();
-  weight_map["c"] = "model-00003-of-00002.safetensors";
-  WriteIndex(weight_map);
-  const std::string message = OpenError();
+  const std::string message = OpenErrorWithEntry("c", "model-00003-of-00002.safetensors");
   EXPECT_NE(message.find("weight_map entry for tensor 'c': shard file"), std::string::npos) << message;
   EXPECT_NE(message.find("model-00003-of-00002.safetensors does not exist or is not a regular file"), std::string::npos)
       << message;
 }
 
 TEST_F(CheckpointTest, RefusesTensorMissingFromShard) {
-  WriteShards();
-  nlohmann::json weight_map = GoodWeightMap();
-  weight_map["d"] = "model-00002-of-00002.safetensors";
-  WriteIndex(weight_map);
-  const std::string message = OpenError();
+  const std::string message = OpenErrorWithEntry("d", "model-00002-of-00002.safetensors");
   EXPECT_NE(message.find("tensor 'd' is listed in shard 'model-00002-of-00002.safetensors' but missing from it"),
             std::string::npos)
       << message;

@@ -1,7 +1,6 @@
 #include "kda/io/safetensors.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,23 +16,19 @@
 #include "kda/base/bf16.h"
 #include "kda/base/error.h"
 #include "tests/error_util.h"
+#include "tests/json_nesting.h"
+#include "tests/temp_dir.h"
 
 namespace kda {
 namespace {
 
 namespace fs = std::filesystem;
 
-class SafetensorsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ =
-        fs::path(::testing::TempDir()) / ("kda_io_st_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+// One valid entry with 8 bytes of F32 data, for the malformed cases to vary.
+constexpr char kEntryA[] = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
 
+class SafetensorsTest : public testing::TempDirTest {
+ protected:
   std::string PathOf(const std::string& file) const { return (dir_ / file).string(); }
 
   // Writes a file by hand: 8-byte little-endian length (header.size() unless given), header, data.
@@ -47,6 +42,12 @@ class SafetensorsTest : public ::testing::Test {
     return path;
   }
 
+  // WriteRaw of a header holding kEntryA and then `more` (entries, each after
+  // its comma), with `data_bytes` zero bytes of data.
+  std::string WriteAfterEntryA(const std::string& file, const std::string& more, size_t data_bytes) const {
+    return WriteRaw(file, std::string("{") + kEntryA + more + "}", std::string(data_bytes, '\0'));
+  }
+
   // Names of everything in the test directory.
   std::vector<std::string> Listing() const {
     std::vector<std::string> names;
@@ -54,8 +55,6 @@ class SafetensorsTest : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-
-  fs::path dir_;
 };
 
 // Expects SafetensorsFile::Open(path) to throw a kda::Error naming the path and containing `expected`.
@@ -183,9 +182,6 @@ TEST_F(SafetensorsTest, UnalignedTensorsAreReadable) {
   EXPECT_EQ(ToFloatVector(file.Get("f")), std::vector<float>{-3.5F});
 }
 
-// One valid entry with 8 bytes of F32 data, for the malformed cases to vary.
-constexpr char kEntryA[] = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
-
 TEST_F(SafetensorsTest, RefusesShortFile) {
   const std::string path = PathOf("short.safetensors");
   std::ofstream(path, std::ios::binary) << "abcde";
@@ -281,16 +277,13 @@ TEST_F(SafetensorsTest, RefusesBeginAfterEnd) {
 }
 
 TEST_F(SafetensorsTest, RefusesOverlap) {
-  ExpectOpenError(WriteRaw("overlap.safetensors",
-                           std::string("{") + kEntryA + R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                           std::string(12, '\0')),
-                  "tensors 'a' and 'b' overlap in the data section");
+  ExpectOpenError(
+      WriteAfterEntryA("overlap.safetensors", R"(,"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]})", 12),
+      "tensors 'a' and 'b' overlap in the data section");
 }
 
 TEST_F(SafetensorsTest, RefusesGap) {
-  ExpectOpenError(WriteRaw("gap.safetensors",
-                           std::string("{") + kEntryA + R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
-                           std::string(16, '\0')),
+  ExpectOpenError(WriteAfterEntryA("gap.safetensors", R"(,"b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]})", 16),
                   "gap in the data section: bytes [8, 12) belong to no tensor");
   ExpectOpenError(
       WriteRaw("lead.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0')),
@@ -298,15 +291,13 @@ TEST_F(SafetensorsTest, RefusesGap) {
 }
 
 TEST_F(SafetensorsTest, RefusesTrailingBytes) {
-  ExpectOpenError(WriteRaw("trail.safetensors", std::string("{") + kEntryA + "}", std::string(11, '\0')),
+  ExpectOpenError(WriteAfterEntryA("trail.safetensors", "", 11),
                   "data section has 3 trailing bytes after the last tensor");
   ExpectOpenError(WriteRaw("nothing.safetensors", "{}", "x"), "data section has 1 trailing bytes");
 }
 
 TEST_F(SafetensorsTest, RefusesDuplicateNames) {
-  ExpectOpenError(WriteRaw("dup.safetensors",
-                           std::string("{") + kEntryA + R"(,"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                           std::string(16, '\0')),
+  ExpectOpenError(WriteAfterEntryA("dup.safetensors", R"(,"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]})", 16),
                   "header has duplicate tensor name 'a'");
   ExpectOpenError(
       WriteRaw("dupkey.safetensors", R"({"a":{"dtype":"F32","shape":[2],"dtype":"F32","data_offsets":[0,8]}})",
@@ -372,10 +363,7 @@ TEST_F(SafetensorsTest, WriterRemovesTempFileWhenRenameFails) {
 namespace kda {
 namespace {
 
-// `depth` nested arrays around `inner`: [[...inner...]].
-std::string Nested(int depth, const std::string& inner) {
-  return std::string(static_cast<size_t>(depth), '[') + inner + std::string(static_cast<size_t>(depth), ']');
-}
+using testing::Nested;
 
 // Found by fuzzing: a shape or data_offsets element nested ~66k deep (a 130 KB header) crashed the reader with a
 // stack overflow while formatting the error. Nesting is refused before parsing.

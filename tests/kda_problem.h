@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,15 +55,6 @@ struct Problem {
   bool gate_in_kernel = false;
   float scale = 0.0F;
 
-  KdaOptions Options() const {
-    KdaOptions opt;
-    opt.scale = scale;
-    opt.use_qk_l2norm_in_kernel = l2norm_in_kernel;
-    opt.use_gate_in_kernel = gate_in_kernel;
-    opt.A_log = gate_in_kernel ? a_log.data() : nullptr;
-    opt.dt_bias = gate_in_kernel ? dt_bias.data() : nullptr;
-    return opt;
-  }
   size_t StateSize() const { return static_cast<size_t>(N) * H * K * K; }
 };
 
@@ -162,8 +154,8 @@ class Typed {
   }
   Typed(size_t n, DType t, float value) : Typed(std::vector<float>(n, value), t) {}
 
-  ConstBuf Const() const { return {Data(), dtype_}; }
   MutBuf Mut() { return {dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : f32_.data(), dtype_}; }
+  TensorView View(std::initializer_list<int64_t> shape) const { return ContiguousView(Data(), dtype_, shape); }
   std::vector<float> ToF32() const {
     if (dtype_ == DType::kF32) return f32_;
     std::vector<float> r;
@@ -182,6 +174,73 @@ struct Result {
   std::vector<float> o;      // [T, H, K]
   std::vector<float> state;  // [N, H, K, K]
 };
+
+// Token inputs as kernel buffers: q, k, v in qkv, g and beta in gb.
+struct TypedInputs {
+  TypedInputs(const std::vector<float>& q_, const std::vector<float>& k_, const std::vector<float>& v_,
+              const std::vector<float>& g_, const std::vector<float>& beta_, DType qkv, DType gb)
+      : q(q_, qkv), k(k_, qkv), v(v_, qkv), g(g_, gb), beta(beta_, gb) {}
+  // A problem's tokens.
+  TypedInputs(const Problem& p, DType qkv, DType gb) : TypedInputs(p.q, p.k, p.v, p.g, p.beta, qkv, gb) {}
+  Typed q, k, v, g, beta;
+};
+
+// p's options on a call, in fla's names (p.scale <= 0: the default K^-0.5).
+template <class Call>
+void SetOptions(const Problem& p, Call& c) {
+  if (p.scale > 0) c.scale = p.scale;
+  c.use_qk_l2norm_in_kernel = p.l2norm_in_kernel;
+  c.use_gate_in_kernel = p.gate_in_kernel;
+  if (p.gate_in_kernel) {
+    c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.H});
+    c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.H * p.K});
+  }
+}
+
+// A call of p's head shape and options over the tokens in `in` (which must
+// outlive it), `rows` batch rows of `t` tokens each ([1, T, ...] packed,
+// [N, 1, ...] decode), writing o; the sequences and states are the caller's.
+template <class Call>
+Call TokenCall(const Problem& p, const TypedInputs& in, MutBuf o, int64_t rows, int64_t t) {
+  Call c;
+  c.o = ContiguousView<void*>(o.data, o.dtype, {rows, t, p.H, p.K});
+  c.q = in.q.View({rows, t, p.H, p.K});
+  c.k = in.k.View({rows, t, p.H, p.K});
+  c.v = in.v.View({rows, t, p.H, p.K});
+  c.g = in.g.View({rows, t, p.H, p.K});
+  c.beta = in.beta.View({rows, t, p.H});
+  SetOptions(p, c);
+  return c;
+}
+
+// [n, H, K, K] fp32 states of p's head shape.
+inline TensorView StatesView(const Problem& p, const float* data, int64_t n) {
+  return ContiguousView<const void*>(data, DType::kF32, {n, p.H, p.K, p.K});
+}
+inline MutTensorView MutStatesView(const Problem& p, float* data, int64_t n) {
+  return ContiguousView<void*>(data, DType::kF32, {n, p.H, p.K, p.K});
+}
+
+// A decode call for p's head shape and options: token n of `in` ([N, 1, H, K],
+// N = idx.size()) updates states[idx[n]] of a pool of num_states, writing o.
+inline RecurrentKdaCall DecodeCallFor(const Problem& p, const TypedInputs& in, MutBuf o, float* states,
+                                      int64_t num_states, const std::vector<int32_t>& idx) {
+  const auto n = static_cast<int64_t>(idx.size());
+  RecurrentKdaCall c = TokenCall<RecurrentKdaCall>(p, in, o, n, 1);
+  c.initial_state = MutStatesView(p, states, num_states);
+  c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {n});
+  return c;
+}
+
+// A call whose f32 token views (q, k, v, g [rows, t, H, K], beta [rows, t, H])
+// have no data: a shape-only call, or an empty batch's. o stays absent.
+template <class Call>
+Call NullTokenCall(int64_t rows, int64_t t, int64_t h, int64_t k) {
+  Call c;
+  c.q = c.k = c.v = c.g = ContiguousView<const void*>(nullptr, DType::kF32, {rows, t, h, k});
+  c.beta = ContiguousView<const void*>(nullptr, DType::kF32, {rows, t, h});
+  return c;
+}
 
 // The packed batch through a one-token decode kernel, token by token: step t
 // takes token t of every sequence still running (state slot n + 1; shorter
@@ -212,24 +271,9 @@ inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKd
       std::copy_n(p.g.begin() + tok * hk, hk, g.begin() + n * hk);
       std::copy_n(p.beta.begin() + tok * p.H, p.H, beta.begin() + n * p.H);
     }
-    const Typed tq(q, qkv), tk(k, qkv), tv(v, qkv), tg(g, gb), tbeta(beta, gb);
+    const TypedInputs in(q, k, v, g, beta, qkv, gb);
     Typed o(q.size(), qkv, kSentinel);
-    RecurrentKdaArgs a;
-    a.o = o.Mut();
-    a.state = states.data();
-    a.state_indices = idx.data();
-    a.num_states = p.N + 1;
-    a.q = tq.Const();
-    a.k = tk.Const();
-    a.v = tv.Const();
-    a.g = tg.Const();
-    a.beta = tbeta.Const();
-    a.N = p.N;
-    a.H = p.H;
-    a.K = p.K;
-    a.V = p.K;
-    a.options = p.Options();
-    decode(a);
+    decode(BindRecurrentKda(DecodeCallFor(p, in, o.Mut(), states.data(), p.N + 1, idx)));
     const std::vector<float> of = o.ToF32();
     for (int64_t n = 0; n < p.N; ++n) {
       if (idx[n] < 0) {
@@ -283,42 +327,32 @@ class ShiftedOut {
   uint8_t* data_ = nullptr;
 };
 
-// A problem's token inputs as kernel buffers: q, k, v in qkv, g and beta in gb.
-struct TypedInputs {
-  TypedInputs(const Problem& p, DType qkv, DType gb)
-      : q(p.q, qkv), k(p.k, qkv), v(p.v, qkv), g(p.g, gb), beta(p.beta, gb) {}
-  Typed q, k, v, g, beta;
-};
-
-// chunk_kda arguments for p over `in` (which must outlive them), writing o;
-// the state fields (contiguous or pool form) are the caller's to set.
-inline ChunkKdaArgs ChunkArgsFor(const Problem& p, const TypedInputs& in, MutBuf o) {
-  ChunkKdaArgs a;
-  a.o = o;
-  a.q = in.q.Const();
-  a.k = in.k.Const();
-  a.v = in.v.Const();
-  a.g = in.g.Const();
-  a.beta = in.beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
-  a.options = p.Options();
-  return a;
+// A chunk_kda call for p's packed batch over `in` (which must outlive it),
+// writing o: tokens [1, T, H, K], p.cu as the int64 cu_seqlens, p's options;
+// the states (contiguous or pool form) are the caller's to set.
+inline ChunkKdaCall ChunkCallFor(const Problem& p, const TypedInputs& in, MutBuf o) {
+  ChunkKdaCall c = TokenCall<ChunkKdaCall>(p, in, o, 1, p.T);
+  c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+  return c;
 }
 
-// A chunk_kda implementation over the whole packed batch.
+// The contiguous state form on c: `initial` [N, H, K, K] (null: zeros) and,
+// unless null, `final_state` [N, H, K, K] written (output_final_state).
+inline void SetStates(const Problem& p, ChunkKdaCall& c, const float* initial, float* final_state) {
+  c.initial_state = initial != nullptr ? StatesView(p, initial, p.N) : TensorView{};
+  c.output_final_state = final_state != nullptr;
+  c.final_state = final_state != nullptr ? MutStatesView(p, final_state, p.N) : MutTensorView{};
+}
+
+// A chunk_kda implementation over the whole packed batch (the call bound by BindChunkKda).
 inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&), const ChunkRun& run = {}) {
   const TypedInputs in(p, run.qkv, run.gb);
   ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
   std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
-  ChunkKdaArgs a = ChunkArgsFor(p, in, o.Mut());
-  a.final_state = state.data();
-  a.initial_state = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
-  a.output_final_state = run.output_final_state;
-  chunk(a);
+  ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+  const float* initial = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
+  SetStates(p, c, initial, run.output_final_state ? state.data() : nullptr);
+  chunk(BindChunkKda(c));
   return {o.ToF32(), state};
 }
 

@@ -6,6 +6,8 @@
 // function, design §2.5 and §3), both against a float64 recurrence; then
 // state layout and semantics (aliasing, empty sequences, padding, causality,
 // split prefills, thread-count independence, aligned and unaligned outputs).
+// Every call is a ChunkKdaCall / RecurrentKdaCall bound by BindChunkKda /
+// BindRecurrentKda and run by the variant's implementation.
 // Test names: Kda/<Suite>.<Case>/<kernel>_<impl>[_<isa>].
 #include <gtest/gtest.h>
 
@@ -41,8 +43,9 @@ using testing::AllCloseBF16;
 using testing::AllCloseF32;
 using testing::AllVariants;
 using testing::BitEqual;
-using testing::ChunkArgsFor;
+using testing::ChunkCallFor;
 using testing::ChunkRun;
+using testing::DecodeCallFor;
 using testing::Describe;
 using testing::ExpectBitEqual;
 using testing::ExpectClose;
@@ -53,6 +56,7 @@ using testing::NormalizeRows;
 using testing::Problem;
 using testing::Result;
 using testing::RoundInputsToBF16;
+using testing::SetStates;
 using testing::Spec;
 using testing::Typed;
 using testing::TypedInputs;
@@ -64,12 +68,18 @@ using testing::VariantTest;
 
 using testing::ThreadScope;
 
+constexpr GateKind kMild = GateKind::kMild;
+constexpr GateKind kStress = GateKind::kStress;
+
 void (*ChunkFn(const Variant& v))(const ChunkKdaArgs&) {
   return v.optimized() ? &chunk_kda_optimized : &chunk_kda_reference;
 }
 void (*RecurrentFn(const Variant& v))(const RecurrentKdaArgs&) {
   return v.optimized() ? &fused_recurrent_kda_optimized : &fused_recurrent_kda_reference;
 }
+
+// The call bound and run by the variant's chunk implementation.
+void RunChunkCall(const Variant& v, const ChunkKdaCall& c) { ChunkFn(v)(BindChunkKda(c)); }
 
 Result RunChunk(const Variant& v, const Problem& p, const ChunkRun& run = {}) {
   return testing::RunChunkWith(p, ChunkFn(v), run);
@@ -120,19 +130,11 @@ class KdaKernelTest : public ::testing::TestWithParam<KdaParam> {
   Result Run(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, int threads = 1) const {
     if (!chunk()) return RunDecode(variant(), p, qkv, gb, threads);
     const ThreadScope scope(threads);
-    ChunkRun run;
-    run.qkv = qkv;
-    run.gb = gb;
-    return RunChunk(variant(), p, run);
+    return RunChunk(variant(), p, {.qkv = qkv, .gb = gb});
   }
   // The independent reference: the recurrent one for chunk kernels, the chunk one for recurrent kernels.
   Result Oracle(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32) const {
-    if (!chunk()) {
-      ChunkRun run;
-      run.qkv = qkv;
-      run.gb = gb;
-      return RunChunk(kReference, p, run);
-    }
+    if (!chunk()) return RunChunk(kReference, p, {.qkv = qkv, .gb = gb});
     return RunDecode(kReference, p, qkv, gb);
   }
   void CheckAgainstOracle(const Spec& s) const {
@@ -149,141 +151,106 @@ class KdaKernelTest : public ::testing::TestWithParam<KdaParam> {
 // chunks of the reference (64), with empty and one-token sequences.
 const std::vector<int64_t> kRagged = {0, 1, 31, 32, 33, 63, 64, 65, 130};
 
-TEST_P(KdaKernelTest, RaggedBatches) {
+// The in-kernel L2 norm and gate over ragged batches (mild and stress raw
+// gates), and the norm alone at K = 128.
+std::vector<Spec> InKernelSpecs() {
+  std::vector<Spec> r;
+  for (GateKind gate : {kMild, kStress}) {
+    r.push_back({.lengths = kRagged,
+                 .H = 2,
+                 .K = 64,
+                 .gate = gate,
+                 .l2norm_in_kernel = true,
+                 .gate_in_kernel = true,
+                 .seed = gate == kMild ? 51U : 52U});
+  }
+  r.push_back({.lengths = {0, 1, 50, 77}, .H = 2, .K = 128, .l2norm_in_kernel = true, .seed = 41});
+  return r;
+}
+
+// A problem checked against the oracle, and what it covers.
+struct OracleCase {
+  std::string what;
+  Spec spec;
+};
+
+std::vector<OracleCase> OracleCases() {
+  std::vector<OracleCase> r;
   uint32_t seed = 10;
   for (int h : {1, 3}) {
     for (int k : {64, 128}) {
       for (bool init : {false, true}) {
-        Spec s;
-        s.lengths = kRagged;
-        s.H = h;
-        s.K = k;
-        s.initial_state = init;
-        s.seed = ++seed;
-        CheckAgainstOracle(s);
+        r.push_back({"ragged batch", {.lengths = kRagged, .H = h, .K = k, .initial_state = init, .seed = ++seed}});
       }
     }
   }
-}
-
-TEST_P(KdaKernelTest, StressGates) {
   // Gates down to -250 per step: decays underflow to exactly 0.
-  Spec s;
-  s.lengths = {1, 64, 70, 200, 260};
-  s.H = 2;
-  s.K = 128;
-  s.gate = GateKind::kStress;
-  s.seed = 31;
-  CheckAgainstOracle(s);
-
-  s.lengths = kRagged;
-  s.K = 64;
-  s.initial_state = false;
-  s.scale = 0.3F;  // an explicit scale instead of K^-0.5
-  s.seed = 32;
-  CheckAgainstOracle(s);
-}
-
-TEST_P(KdaKernelTest, LongSequences) {
+  r.push_back({"stress gates", {.lengths = {1, 64, 70, 200, 260}, .H = 2, .K = 128, .gate = kStress, .seed = 31}});
+  r.push_back(
+      {"stress gates, an explicit scale instead of K^-0.5",
+       {.lengths = kRagged, .H = 2, .K = 64, .gate = kStress, .initial_state = false, .scale = 0.3F, .seed = 32}});
   // Hundreds of tokens: the optimized prefill's scaled state rows are
   // materialised many times (mild gates reach the 2^-64 threshold after ~1000
   // steps in the slow dimensions, stress gates at every -250 step).
-  for (GateKind gate : {GateKind::kMild, GateKind::kStress}) {
-    Spec s;
-    s.lengths = {1100};
-    s.H = 1;
-    s.K = 128;
-    s.gate = gate;
-    s.seed = gate == GateKind::kMild ? 221 : 222;
-    CheckAgainstOracle(s);
+  for (GateKind gate : {kMild, kStress}) {
+    r.push_back(
+        {"long sequence", {.lengths = {1100}, .H = 1, .K = 128, .gate = gate, .seed = gate == kMild ? 221U : 222U}});
   }
-}
-
-TEST_P(KdaKernelTest, HeadDims) {
-  // 16, 32: one or two registers of columns; 48, 80: a partial column block
-  // after full ones; 256: the largest head dim.
-  uint32_t seed = 240;
+  // Head dims 16, 32: one or two registers of columns; 48, 80: a partial
+  // column block after full ones; 256: the largest head dim.
+  seed = 240;
   for (int k : {16, 32, 48, 80, 256}) {
-    Spec s;
-    s.lengths = k == 256 ? std::vector<int64_t>{5, 40} : std::vector<int64_t>{3, 0, 64, 100};
-    s.H = 2;
-    s.K = k;
-    s.gate = GateKind::kStress;
-    s.seed = ++seed;
-    CheckAgainstOracle(s);
+    const std::vector<int64_t> lengths = k == 256 ? std::vector<int64_t>{5, 40} : std::vector<int64_t>{3, 0, 64, 100};
+    r.push_back({"head dim", {.lengths = lengths, .H = 2, .K = k, .gate = kStress, .seed = ++seed}});
   }
-}
-
-TEST_P(KdaKernelTest, HeadGroups) {
   // Enough (sequence, head) pairs for the optimized prefill to run heads in
   // lockstep groups (including a partial last group: H = 10), two token blocks.
-  Spec s;
-  s.lengths = {40, 1, 0, 75};
-  s.H = 10;
-  s.K = 64;
-  s.gate = GateKind::kStress;
-  s.seed = 225;
-  CheckAgainstOracle(s);
-}
-
-TEST_P(KdaKernelTest, WithoutDecay) {
+  r.push_back({"head groups", {.lengths = {40, 1, 0, 75}, .H = 10, .K = 64, .gate = kStress, .seed = 225}});
   // g = 0: the row scales stay exactly 1.
-  Spec s;
-  s.lengths = {40, 3};
-  s.H = 2;
-  s.K = 32;
-  s.gate = GateKind::kNone;
-  s.seed = 231;
-  CheckAgainstOracle(s);
+  r.push_back({"without decay", {.lengths = {40, 3}, .H = 2, .K = 32, .gate = GateKind::kNone, .seed = 231}});
+  // The in-kernel norm and gate (see InKernelNormAndGateEqualPreprocessing).
+  for (const Spec& s : InKernelSpecs()) r.push_back({"in-kernel norm and gate", s});
+  return r;
 }
 
-TEST_P(KdaKernelTest, InKernelNormAndGate) {
-  for (GateKind gate : {GateKind::kMild, GateKind::kStress}) {
-    Spec s;
-    s.lengths = kRagged;
-    s.H = 2;
-    s.K = 64;
-    s.gate = gate;
-    s.gate_in_kernel = true;
-    s.l2norm_in_kernel = true;
-    s.seed = gate == GateKind::kMild ? 51 : 52;
-    CheckAgainstOracle(s);
+TEST_P(KdaKernelTest, MatchesOracle) {
+  for (const OracleCase& c : OracleCases()) {
+    SCOPED_TRACE(c.what);
+    CheckAgainstOracle(c.spec);
+  }
+}
 
-    // The in-kernel gate equals the pre-activated gate.
+TEST_P(KdaKernelTest, InKernelNormAndGateEqualPreprocessing) {
+  const std::vector<Spec> specs = InKernelSpecs();
+  for (const Spec& s : specs) {
+    SCOPED_TRACE(Describe(s));
     const Problem p = MakeProblem(s);
     Problem pre = p;
-    pre.gate_in_kernel = false;
-    for (size_t i = 0; i < pre.g.size(); ++i) {
-      const size_t c = i % (static_cast<size_t>(p.H) * p.K);  // channel h * K + d
-      pre.g[i] = KdaGate(p.g[i] + p.dt_bias[c], p.a_log[c / p.K]);
+    if (p.gate_in_kernel) {
+      // The in-kernel gate equals the pre-activated gate.
+      pre.gate_in_kernel = false;
+      for (size_t i = 0; i < pre.g.size(); ++i) {
+        const size_t c = i % (static_cast<size_t>(p.H) * p.K);  // channel h * K + d
+        pre.g[i] = KdaGate(p.g[i] + p.dt_bias[c], p.a_log[c / p.K]);
+      }
+    } else {
+      // The norm alone equals normalising beforehand (in double here).
+      pre.l2norm_in_kernel = false;
+      NormalizeRows(pre.q, pre.K);
+      NormalizeRows(pre.k, pre.K);
     }
     ExpectClose(Run(p), Run(pre));
   }
-  // The norm alone at K = 128; it equals normalising beforehand (in double here).
-  Spec s;
-  s.lengths = {0, 1, 50, 77};
-  s.H = 2;
-  s.K = 128;
-  s.l2norm_in_kernel = true;
-  s.seed = 41;
-  CheckAgainstOracle(s);
-  const Problem p = MakeProblem(s);
-  Problem pre = p;
-  pre.l2norm_in_kernel = false;
-  NormalizeRows(pre.q, pre.K);
-  NormalizeRows(pre.k, pre.K);
-  ExpectClose(Run(p), Run(pre));
 }
 
 TEST_P(KdaKernelTest, Bf16Inputs) {
   for (int k : {64, 128}) {
-    Spec s;
-    s.lengths = {0, 1, 33, 65, 100};
-    s.H = 2;
-    s.K = k;
-    s.gate = GateKind::kStress;
-    s.l2norm_in_kernel = k == 128;
-    s.seed = 260 + k;
+    const Spec s{.lengths = {0, 1, 33, 65, 100},
+                 .H = 2,
+                 .K = k,
+                 .gate = kStress,
+                 .l2norm_in_kernel = k == 128,
+                 .seed = static_cast<uint32_t>(260 + k)};
     SCOPED_TRACE(Describe(s));
     Problem p = MakeProblem(s);
     RoundInputsToBF16(p);
@@ -357,14 +324,13 @@ Result NaiveRecurrenceF64(const Problem& p) {
 
 TEST_P(KdaKernelTest, MatchesFloat64Recurrence) {
   for (bool in_kernel : {false, true}) {
-    Spec s;
-    s.lengths = {5, 0, 70};
-    s.H = 2;
-    s.K = 16;
-    s.gate = GateKind::kStress;
-    s.l2norm_in_kernel = in_kernel;
-    s.gate_in_kernel = in_kernel;
-    s.seed = 71;
+    const Spec s{.lengths = {5, 0, 70},
+                 .H = 2,
+                 .K = 16,
+                 .gate = kStress,
+                 .l2norm_in_kernel = in_kernel,
+                 .gate_in_kernel = in_kernel,
+                 .seed = 71};
     SCOPED_TRACE(Describe(s));
     const Problem p = MakeProblem(s);
     ExpectClose(Run(p), NaiveRecurrenceF64(p));
@@ -428,12 +394,11 @@ TEST_P(KdaKernelTest, ResultsDoNotDependOnThreadCountOrTaskSplit) {
   // splits a head's value columns over tasks; many pairs: heads run in
   // lockstep groups of up to four. Every split must give the same bits.
   for (int h : {1, 3, 16}) {
-    Spec s;
-    s.lengths = h == 16 ? std::vector<int64_t>{70, 0, 33, 5} : std::vector<int64_t>{70};
-    s.H = h;
-    s.K = h == 16 ? 32 : 128;
-    s.gate = GateKind::kStress;
-    s.seed = 320 + h;
+    const Spec s{.lengths = h == 16 ? std::vector<int64_t>{70, 0, 33, 5} : std::vector<int64_t>{70},
+                 .H = h,
+                 .K = h == 16 ? 32 : 128,
+                 .gate = kStress,
+                 .seed = static_cast<uint32_t>(320 + h)};
     SCOPED_TRACE(Describe(s));
     const Problem p = MakeProblem(s);
     const Result one = Run(p);
@@ -451,30 +416,15 @@ class KdaChunkTest : public VariantTest {
 };
 
 TEST_P(KdaChunkTest, AliasedInitialAndFinalStateMatchSeparate) {
-  Spec s;
-  s.lengths = {0, 65, 1, 0, 130};
-  s.H = 2;
-  s.K = 64;
-  s.gate = GateKind::kStress;
-  s.seed = 281;
-  const Problem p = MakeProblem(s);
-  ChunkRun alias;
-  alias.alias = true;
-  ExpectBitEqual(Run(p, alias), Run(p));
+  const Problem p = MakeProblem({.lengths = {0, 65, 1, 0, 130}, .H = 2, .K = 64, .gate = kStress, .seed = 281});
+  ExpectBitEqual(Run(p, {.alias = true}), Run(p));
 }
 
 TEST_P(KdaChunkTest, EmptySequencesKeepTheirStateExactly) {
-  Spec s;
-  s.lengths = {0, 5, 0};
-  s.H = 2;
-  s.K = 32;
-  s.seed = 291;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {0, 5, 0}, .H = 2, .K = 32, .seed = 291});
   const size_t per_seq = static_cast<size_t>(p.H) * p.K * p.K;
   for (bool alias : {false, true}) {
-    ChunkRun run;
-    run.alias = alias;
-    const Result r = Run(p, run);
+    const Result r = Run(p, {.alias = alias});
     for (int64_t n : {0, 2}) {
       EXPECT_TRUE(BitEqual(r.state.data() + n * per_seq, p.h0.data() + n * per_seq, per_seq))
           << "sequence " << n << (alias ? " (aliased)" : "");
@@ -490,52 +440,32 @@ TEST_P(KdaChunkTest, EmptySequencesKeepTheirStateExactly) {
 }
 
 TEST_P(KdaChunkTest, EmptyBatchCopiesInitialState) {
-  // T = 0: no token buffers at all; final state = initial state.
+  // T = 0: no token buffers at all (null views of shape [1, 0, H, K]); final state = initial state.
   const std::vector<int64_t> cu = {0, 0, 0};
   std::vector<float> h0(2 * 16 * 16);
   for (size_t i = 0; i < h0.size(); ++i) h0[i] = static_cast<float>(i) - 100.0F;
   std::vector<float> final_state(h0.size(), kSentinel);
-  ChunkKdaArgs a;
-  a.final_state = final_state.data();
-  a.cu_seqlens = cu.data();
-  a.initial_state = h0.data();
-  a.N = 2;
-  a.H = 1;
-  a.K = a.V = 16;
-  ChunkFn(variant())(a);
+  ChunkKdaCall c = testing::NullTokenCall<ChunkKdaCall>(1, 0, 1, 16);
+  c.o = ContiguousView<void*>(nullptr, DType::kF32, {1, 0, 1, 16});
+  c.cu_seqlens = ContiguousView<const void*>(cu.data(), DType::kI64, {3});
+  c.initial_state = ContiguousView<const void*>(h0.data(), DType::kF32, {2, 1, 16, 16});
+  c.output_final_state = true;
+  c.final_state = ContiguousView<void*>(final_state.data(), DType::kF32, {2, 1, 16, 16});
+  RunChunkCall(variant(), c);
   EXPECT_EQ(final_state, h0);
 }
 
 TEST_P(KdaChunkTest, NoFinalStateWhenNotRequested) {
-  Spec s;
-  s.lengths = {3, 70};
-  s.H = 1;
-  s.K = 16;
-  s.seed = 301;
-  const Problem p = MakeProblem(s);
-  ChunkRun run;
-  run.output_final_state = false;
-  const Result r = Run(p, run);
-  for (float x : r.state) ASSERT_EQ(x, kSentinel);
+  // Without output_final_state no final state buffer is passed; the outputs are unchanged.
+  const Problem p = MakeProblem({.lengths = {3, 70}, .H = 1, .K = 16, .seed = 301});
   const Result want = Run(p);
+  const Result r = Run(p, {.output_final_state = false});
+  for (float x : r.state) ASSERT_EQ(x, kSentinel);
   EXPECT_TRUE(BitEqual(r.o.data(), want.o.data(), want.o.size()));
-
-  // Without output_final_state no final state buffer is needed.
-  const Typed q(p.q, DType::kF32), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
-  Typed o(p.q.size(), DType::kF32, kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.q = a.k = a.v = q.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.data();
-  a.output_final_state = false;
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
-  EXPECT_NO_THROW(ChunkFn(variant())(a));
+  // An initial state buffer is read, not written.
+  const Result aliased = Run(p, {.alias = true, .output_final_state = false});
+  EXPECT_TRUE(BitEqual(aliased.state.data(), p.h0.data(), p.h0.size()));
+  EXPECT_TRUE(BitEqual(aliased.o.data(), want.o.data(), want.o.size()));
 }
 
 // The tokens [begin, begin + len) of a single-sequence problem.
@@ -559,13 +489,7 @@ Problem Slice(const Problem& p, int64_t begin, int64_t len) {
 
 TEST_P(KdaChunkTest, OutputsAreExactlyCausal) {
   // Token t's output must not depend on later tokens, not even at rounding level (design §8.3).
-  Spec s;
-  s.lengths = {150};
-  s.H = 2;
-  s.K = 32;
-  s.gate = GateKind::kStress;
-  s.seed = 111;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {150}, .H = 2, .K = 32, .gate = kStress, .seed = 111});
   const Result full = Run(p);
   for (int64_t len : {1, 31, 33, 40, 64, 100}) {
     const Result part = Run(Slice(p, 0, len));
@@ -573,72 +497,75 @@ TEST_P(KdaChunkTest, OutputsAreExactlyCausal) {
   }
 }
 
+// The first `split` tokens of a single-sequence problem p by the variant's
+// chunk kernel, the rest by `rest` (carrying the state): equal to `full`
+// within the fp32 tolerance (the reference's chunk boundaries move).
+template <class RunRest>
+void ExpectSplitMatches(const Variant& v, const Problem& p, int64_t split, const Result& full, const RunRest& rest) {
+  SCOPED_TRACE("split at " + std::to_string(split));
+  const Result first = RunChunk(v, Slice(p, 0, split));
+  Problem tail = Slice(p, split, p.T - split);
+  tail.h0 = first.state;
+  const Result second = rest(tail);
+  EXPECT_TRUE(AllCloseF32(first.o.data(), full.o.data(), first.o.size()));
+  EXPECT_TRUE(AllCloseF32(second.o.data(), full.o.data() + first.o.size(), second.o.size()));
+  EXPECT_TRUE(AllCloseF32(second.state.data(), full.state.data(), full.state.size()));
+}
+
 TEST_P(KdaChunkTest, SplitPrefillMatchesUnsplit) {
-  // Prefill in two calls, carrying the state, equals one call (within the fp32
-  // tolerance: the reference's chunk boundaries move).
-  Spec s;
-  s.lengths = {150};
-  s.H = 2;
-  s.K = 32;
-  s.seed = 121;
-  const Problem p = MakeProblem(s);
+  // Prefill in two calls, carrying the state, equals one call.
+  const Problem p = MakeProblem({.lengths = {150}, .H = 2, .K = 32, .seed = 121});
   const Result full = Run(p);
   for (int64_t split : {1, 50, 64, 129}) {
-    SCOPED_TRACE("split at " + std::to_string(split));
-    const Result first = Run(Slice(p, 0, split));
-    Problem rest = Slice(p, split, 150 - split);
-    rest.h0 = first.state;
-    const Result second = Run(rest);
-    const size_t head = first.o.size();
-    EXPECT_TRUE(AllCloseF32(first.o.data(), full.o.data(), head));
-    EXPECT_TRUE(AllCloseF32(second.o.data(), full.o.data() + head, second.o.size()));
-    EXPECT_TRUE(AllCloseF32(second.state.data(), full.state.data(), full.state.size()));
+    ExpectSplitMatches(variant(), p, split, full, [&](const Problem& tail) { return Run(tail); });
   }
 }
 
 TEST_P(KdaChunkTest, PrefillThenDecodeMatchesOnePrefill) {
   // Prefill the first tokens with this variant's chunk kernel, decode the rest
   // with its recurrent kernel: equal to one reference prefill.
-  Spec s;
-  s.lengths = {90};
-  s.H = 2;
-  s.K = 128;
-  s.gate = GateKind::kStress;
-  s.seed = 271;
-  const Problem p = MakeProblem(s);
-  const Result full = RunChunk(kReference, p);
-  const Result first = Run(Slice(p, 0, 80));
-  Problem tail = Slice(p, 80, 10);
-  tail.h0 = first.state;
-  const Result second = RunDecode(variant(), tail);
-  EXPECT_TRUE(AllCloseF32(first.o.data(), full.o.data(), first.o.size()));
-  EXPECT_TRUE(AllCloseF32(second.o.data(), full.o.data() + first.o.size(), second.o.size()));
-  EXPECT_TRUE(AllCloseF32(second.state.data(), full.state.data(), full.state.size()));
+  const Problem p = MakeProblem({.lengths = {90}, .H = 2, .K = 128, .gate = kStress, .seed = 271});
+  ExpectSplitMatches(variant(), p, 80, RunChunk(kReference, p),
+                     [&](const Problem& tail) { return RunDecode(variant(), tail); });
 }
 
 TEST_P(KdaChunkTest, AlignedAndUnalignedOutputsGiveTheSameBits) {
   // Aligned output rows take the optimized prefill's streaming stores, others the plain ones.
-  Spec s;
-  s.lengths = {0, 1, 37, 70};
-  s.H = 3;
-  s.K = 64;
-  s.gate = GateKind::kStress;
-  s.seed = 330;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {0, 1, 37, 70}, .H = 3, .K = 64, .gate = kStress, .seed = 330});
   for (DType dt : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dt));
-    ChunkRun aligned;
-    aligned.qkv = dt;
-    const Result want = Run(p, aligned);
-    for (int shift : {1, 8}) {
-      ChunkRun run = aligned;
-      run.out_shift = shift;
-      ExpectBitEqual(Run(p, run), want);
-    }
+    const Result want = Run(p, {.qkv = dt});
+    for (int shift : {1, 8}) ExpectBitEqual(Run(p, {.qkv = dt, .out_shift = shift}), want);
   }
 }
 
-// ------------------------------------------------- pool form (state_indices)
+// ------------------------------------------------- pool form (state_indices) and snapshots
+
+// Mid-sequence state snapshots of a chunk_kda call: sequence n's at the
+// offsets per_sequence[n], into `states` [total, H, K, V] (kSentinel at first).
+struct Snapshots {
+  Snapshots(const Problem& p, const std::vector<std::vector<int64_t>>& per_sequence) {
+    for (const auto& o : per_sequence) {
+      offsets.insert(offsets.end(), o.begin(), o.end());
+      cu.push_back(static_cast<int64_t>(offsets.size()));
+    }
+    const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+    states.assign(offsets.size() * per, kSentinel);
+    for (size_t j = 0; j < offsets.size(); ++j) dst.push_back(states.data() + j * per);
+  }
+  Snapshots(const Snapshots&) = delete;
+  Snapshots& operator=(const Snapshots&) = delete;
+  void SetOn(ChunkKdaCall& c) const {
+    c.snapshot_cu = cu.data();
+    c.snapshot_offsets = offsets.data();
+    c.snapshot_states = dst.data();
+  }
+
+  std::vector<int64_t> cu = {0};
+  std::vector<int64_t> offsets;
+  std::vector<float> states;
+  std::vector<float*> dst;
+};
 
 // chunk_kda's outputs and its whole [S, H, K, V] state pool after a pool-form call.
 struct PoolResult {
@@ -647,11 +574,13 @@ struct PoolResult {
 };
 
 // chunk_kda in the pool form: sequence n in slot idx[n] (< 0: padding) of a
-// pool of num_states slots. Slots start as kSentinel; a sequence that reads
-// its initial state (has_init empty or 1) finds p.h0[n] in its slot. Fresh
-// sequences' slots keep the sentinel, which must never be read.
+// pool of num_states slots, with `snapshots` when given. Slots start as
+// kSentinel; a sequence that reads its initial state (has_init empty or 1)
+// finds p.h0[n] in its slot. Fresh sequences' slots keep the sentinel, which
+// must never be read.
 PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<int32_t>& idx,
-                        const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32) {
+                        const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32,
+                        const Snapshots* snapshots = nullptr) {
   const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
   PoolResult r;
   r.pool.assign(static_cast<size_t>(num_states) * per, kSentinel);
@@ -662,12 +591,12 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
   }
   const TypedInputs in(p, qkv, DType::kF32);
   Typed o(p.q.size(), qkv, kSentinel);
-  ChunkKdaArgs a = ChunkArgsFor(p, in, o.Mut());
-  a.state = r.pool.data();
-  a.state_indices = idx.data();
-  a.num_states = num_states;
-  a.has_initial_state = has_init.empty() ? nullptr : has_init.data();
-  ChunkFn(v)(a);
+  ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+  c.state = testing::MutStatesView(p, r.pool.data(), num_states);
+  c.state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
+  if (!has_init.empty()) c.has_initial_state = ContiguousView<const void*>(has_init.data(), DType::kU8, {p.N});
+  if (snapshots != nullptr) snapshots->SetOn(c);
+  RunChunkCall(v, c);
   r.o = o.ToF32();
   return r;
 }
@@ -716,13 +645,7 @@ void ExpectPoolMatchesContiguous(const Variant& v, const Problem& p, const std::
 TEST_P(KdaChunkTest, PoolFormMatchesContiguousForm) {
   // Permuted slots, fresh sequences (their slots hold sentinels), empty
   // sequences fresh and continuing; slots 0 and 4 belong to no sequence.
-  Spec s;
-  s.lengths = {0, 5, 70, 33, 1, 0};
-  s.H = 3;
-  s.K = 32;
-  s.gate = GateKind::kStress;
-  s.seed = 401;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {0, 5, 70, 33, 1, 0}, .H = 3, .K = 32, .gate = kStress, .seed = 401});
   const std::vector<int32_t> idx = {3, 7, 1, 5, 2, 6};
   ExpectPoolMatchesContiguous(variant(), p, idx, {1, 0, 1, 1, 0, 0}, 8);
   ExpectPoolMatchesContiguous(variant(), p, idx, {}, 8);
@@ -731,26 +654,15 @@ TEST_P(KdaChunkTest, PoolFormMatchesContiguousForm) {
 TEST_P(KdaChunkTest, PoolPaddingWritesZerosAndTouchesNoState) {
   // Padding sequences with and without tokens (indices -1 and -3), mixed with
   // live ones; slot 0, the dummy slot, is never used.
-  Spec s;
-  s.lengths = {4, 0, 7, 3, 40};
-  s.H = 2;
-  s.K = 16;
-  s.seed = 411;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {4, 0, 7, 3, 40}, .H = 2, .K = 16, .seed = 411});
   ExpectPoolMatchesContiguous(variant(), p, {2, -1, 5, -3, 1}, {1, 1, 0, 1, 1}, 6);
 }
 
 TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
   // The pool form against the recurrent reference run token by token on the
   // contiguous problem (fresh states zeroed), fp32 and bf16 q/k/v/o.
-  Spec s;
-  s.lengths = {130, 1, 0, 65, 33};
-  s.H = 4;
-  s.K = 64;
-  s.gate = GateKind::kStress;
-  s.l2norm_in_kernel = true;
-  s.seed = 421;
-  Problem p = MakeProblem(s);
+  Problem p = MakeProblem(
+      {.lengths = {130, 1, 0, 65, 33}, .H = 4, .K = 64, .gate = kStress, .l2norm_in_kernel = true, .seed = 421});
   RoundInputsToBF16(p);
   const std::vector<int32_t> idx = {4, 9, -1, 1, 6};
   const std::vector<uint8_t> has_init = {1, 0, 0, 1, 0};
@@ -776,45 +688,42 @@ TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
   }
 }
 
+struct SnapshotRun {
+  Result result;                 // outputs and final states ([N, H, K, V], contiguous form)
+  std::vector<float> snapshots;  // [snapshot_cu[N], H, K, V]
+};
+
+// The kernel in the contiguous form (has_init: as has_initial_state, unless
+// empty), with snapshots at offsets[n] of sequence n (none when empty), the
+// initial state buffer also the final one with `alias`.
+SnapshotRun RunContiguous(const Variant& v, const Problem& p, const std::vector<std::vector<int64_t>>& offsets,
+                          const std::vector<uint8_t>& has_init = {}, bool alias = false) {
+  const Snapshots snapshots(p, offsets);
+  const TypedInputs in(p, DType::kF32, DType::kF32);
+  Typed o(p.q.size(), DType::kF32, kSentinel);
+  SnapshotRun r;
+  r.result.state = alias ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
+  ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+  SetStates(p, c, p.h0.empty() ? nullptr : (alias ? r.result.state.data() : p.h0.data()), r.result.state.data());
+  if (!has_init.empty()) c.has_initial_state = ContiguousView<const void*>(has_init.data(), DType::kU8, {p.N});
+  if (!offsets.empty()) snapshots.SetOn(c);
+  RunChunkCall(v, c);
+  r.result.o = o.ToF32();
+  r.snapshots = snapshots.states;
+  return r;
+}
+
 TEST_P(KdaChunkTest, HasInitialStateInContiguousForm) {
   // has_initial_state[n] == 0 starts sequence n from zeros whatever its
   // initial_state holds, aliased or not; same bits as a zeroed initial state.
-  Spec s;
-  s.lengths = {5, 0, 40, 0};
-  s.H = 2;
-  s.K = 32;
-  s.seed = 431;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {5, 0, 40, 0}, .H = 2, .K = 32, .seed = 431});
   const std::vector<uint8_t> has_init = {0, 0, 1, 1};
   const Result want = Run(ZeroFreshStates(p, has_init));
   for (bool alias : {false, true}) {
     SCOPED_TRACE(alias ? "aliased" : "separate");
-    const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), v(p.v, DType::kF32), g(p.g, DType::kF32),
-        beta(p.beta, DType::kF32);
-    Typed o(p.q.size(), DType::kF32, kSentinel);
-    std::vector<float> final_state = alias ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
-    ChunkKdaArgs a;
-    a.o = o.Mut();
-    a.final_state = final_state.data();
-    a.q = q.Const();
-    a.k = k.Const();
-    a.v = v.Const();
-    a.g = g.Const();
-    a.beta = beta.Const();
-    a.cu_seqlens = p.cu.data();
-    a.initial_state = alias ? final_state.data() : p.h0.data();
-    a.has_initial_state = has_init.data();
-    a.T = p.T;
-    a.N = p.N;
-    a.H = p.H;
-    a.K = a.V = p.K;
-    a.options = p.Options();
-    ChunkFn(variant())(a);
-    ExpectBitEqual(Result{o.ToF32(), final_state}, want);
+    ExpectBitEqual(RunContiguous(variant(), p, {}, has_init, alias).result, want);
   }
 }
-
-// ------------------------------------------------- mid-sequence state snapshots
 
 // Sequence n's first len tokens with its initial state, as a one-sequence problem.
 Problem SequencePrefix(const Problem& p, int64_t n, int64_t len) {
@@ -823,51 +732,6 @@ Problem SequencePrefix(const Problem& p, int64_t n, int64_t len) {
   if (!p.h0.empty())
     r.h0.assign(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per),
                 p.h0.begin() + static_cast<std::ptrdiff_t>((n + 1) * per));
-  return r;
-}
-
-struct SnapshotRun {
-  Result result;                 // outputs and final states ([N, H, K, V], contiguous form)
-  std::vector<float> snapshots;  // [snapshot_cu[N], H, K, V]
-};
-
-// The kernel in the contiguous form with snapshots at offsets[n] of sequence n.
-SnapshotRun RunWithSnapshots(const Variant& v, const Problem& p, const std::vector<std::vector<int64_t>>& offsets) {
-  std::vector<int64_t> snap_cu = {0};
-  std::vector<int64_t> flat;
-  for (const auto& o : offsets) {
-    flat.insert(flat.end(), o.begin(), o.end());
-    snap_cu.push_back(static_cast<int64_t>(flat.size()));
-  }
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
-  SnapshotRun r;
-  r.snapshots.assign(flat.size() * per, kSentinel);
-  std::vector<float*> dst;
-  for (size_t j = 0; j < flat.size(); ++j) dst.push_back(r.snapshots.data() + j * per);
-  const Typed q(p.q, DType::kF32), k(p.k, DType::kF32), vv(p.v, DType::kF32), g(p.g, DType::kF32),
-      beta(p.beta, DType::kF32);
-  Typed o(p.q.size(), DType::kF32, kSentinel);
-  r.result.state.assign(p.StateSize(), kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.final_state = r.result.state.data();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = vv.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.initial_state = p.h0.empty() ? nullptr : p.h0.data();
-  a.snapshot_cu = snap_cu.data();
-  a.snapshot_offsets = flat.data();
-  a.snapshot_states = dst.data();
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
-  a.options = p.Options();
-  ChunkFn(v)(a);
-  r.result.o = o.ToF32();
   return r;
 }
 
@@ -881,18 +745,16 @@ TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
     int H, K, threads;
     GateKind gate;
   };
-  for (const Case& c :
-       {Case{3, 32, 1, GateKind::kMild}, Case{2, 128, 8, GateKind::kStress}, Case{4, 64, 3, GateKind::kMild}}) {
+  for (const Case& c : {Case{3, 32, 1, kMild}, Case{2, 128, 8, kStress}, Case{4, 64, 3, kMild}}) {
     SCOPED_TRACE("H " + std::to_string(c.H) + " K " + std::to_string(c.K) + " threads " + std::to_string(c.threads));
     const ThreadScope scope(c.threads);
-    Spec s;
     std::uniform_int_distribution<int64_t> len_dist(0, 330);
-    s.lengths = {len_dist(rng), 256, len_dist(rng), 0, 64, len_dist(rng)};
-    s.H = c.H;
-    s.K = c.K;
-    s.gate = c.gate;
-    s.seed = static_cast<uint32_t>(rng());
-    const Problem p = MakeProblem(s);
+    // (A braced list is evaluated in order: the lengths first, then the seed.)
+    const Problem p = MakeProblem({.lengths = {len_dist(rng), 256, len_dist(rng), 0, 64, len_dist(rng)},
+                                   .H = c.H,
+                                   .K = c.K,
+                                   .gate = c.gate,
+                                   .seed = static_cast<uint32_t>(rng())});
     std::vector<std::vector<int64_t>> offsets(static_cast<size_t>(p.N));
     std::bernoulli_distribution take(0.6);
     for (int64_t n = 0; n < p.N; ++n) {
@@ -902,7 +764,7 @@ TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
       }
       if (len > 0 && (len % kSnapshotAlign != 0 || take(rng))) offsets[n].push_back(len);
     }
-    const SnapshotRun got = RunWithSnapshots(variant(), p, offsets);
+    const SnapshotRun got = RunContiguous(variant(), p, offsets);
     ExpectBitEqual(got.result, Run(p));
     const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
     size_t j = 0;
@@ -922,64 +784,23 @@ TEST_P(KdaChunkTest, SnapshotsInPoolFormWithPaddingAndFreshSequences) {
   // The pool form (as the attention backend calls it): fresh sequences start
   // from zero, padding sequences have no snapshots; same snapshots as the
   // contiguous form with the fresh states zeroed.
-  Spec s;
-  s.lengths = {200, 7, 130, 64};
-  s.H = 2;
-  s.K = 32;
-  s.seed = 1211;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {200, 7, 130, 64}, .H = 2, .K = 32, .seed = 1211});
   const std::vector<int32_t> idx = {2, -1, 4, 1};
   const std::vector<uint8_t> has_init = {0, 1, 1, 0};
-  const std::vector<int64_t> snap_cu = {0, 3, 3, 5, 6};
-  const std::vector<int64_t> offsets = {64, 192, 200, 128, 130, 64};
-  const SnapshotRun want =
-      RunWithSnapshots(variant(), ZeroFreshStates(p, has_init), {{64, 192, 200}, {}, {128, 130}, {64}});
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
-  std::vector<float> pool(6 * per, kSentinel);
-  for (int64_t n = 0; n < p.N; ++n) {
-    if (idx[n] > 0) std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, pool.begin() + idx[n] * per);
-  }
-  std::vector<float> snaps(offsets.size() * per, kSentinel);
-  std::vector<float*> dst;
-  for (size_t j = 0; j < offsets.size(); ++j) dst.push_back(snaps.data() + j * per);
-  const Typed q(p.q, DType::kF32), g(p.g, DType::kF32), beta(p.beta, DType::kF32);
-  const Typed k(p.k, DType::kF32), v(p.v, DType::kF32);
-  Typed o(p.q.size(), DType::kF32, kSentinel);
-  ChunkKdaArgs a;
-  a.o = o.Mut();
-  a.q = q.Const();
-  a.k = k.Const();
-  a.v = v.Const();
-  a.g = g.Const();
-  a.beta = beta.Const();
-  a.cu_seqlens = p.cu.data();
-  a.state = pool.data();
-  a.state_indices = idx.data();
-  a.num_states = 6;
-  a.has_initial_state = has_init.data();
-  a.snapshot_cu = snap_cu.data();
-  a.snapshot_offsets = offsets.data();
-  a.snapshot_states = dst.data();
-  a.T = p.T;
-  a.N = p.N;
-  a.H = p.H;
-  a.K = a.V = p.K;
-  a.options = p.Options();
-  ChunkFn(variant())(a);
-  EXPECT_TRUE(BitEqual(snaps.data(), want.snapshots.data(), snaps.size()));
+  const std::vector<std::vector<int64_t>> offsets = {{64, 192, 200}, {}, {128, 130}, {64}};
+  const SnapshotRun want = RunContiguous(variant(), ZeroFreshStates(p, has_init), offsets);
+  const Snapshots got(p, offsets);
+  RunChunkPool(variant(), p, idx, has_init, 6, DType::kF32, &got);
+  EXPECT_TRUE(BitEqual(got.states.data(), want.snapshots.data(), got.states.size()));
 }
 
 TEST_P(KdaChunkTest, SnapshotOffsetsAreValidated) {
-  Spec s;
-  s.lengths = {130, 40};
-  s.H = 1;
-  s.K = 16;
-  const Problem p = MakeProblem(s);
+  const Problem p = MakeProblem({.lengths = {130, 40}, .H = 1, .K = 16});
   for (const auto& bad : std::vector<std::vector<std::vector<int64_t>>>{
            {{63}, {}}, {{128, 64}, {}}, {{0}, {}}, {{192}, {}}, {{}, {41}}, {{64, 64}, {}}}) {
-    EXPECT_THROW(RunWithSnapshots(variant(), p, bad), Error);
+    EXPECT_THROW(RunContiguous(variant(), p, bad), Error);
   }
-  EXPECT_NO_THROW(RunWithSnapshots(variant(), p, {{64, 128, 130}, {40}}));
+  EXPECT_NO_THROW(RunContiguous(variant(), p, {{64, 128, 130}, {40}}));
 }
 
 INSTANTIATE_TEST_SUITE_P(Kda, KdaChunkTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
@@ -990,7 +811,10 @@ class KdaRecurrentTest : public VariantTest {};
 
 TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
   // Mixed padding / live entries in one call, on the parallel path.
-  const int h = 2, kd = 32;
+  Problem shape;  // the head shape and (default) options of the call
+  shape.H = 2;
+  shape.K = 32;
+  const int h = shape.H, kd = shape.K;
   const size_t hk = static_cast<size_t>(h) * kd;
   const size_t per_state = hk * kd;
   std::mt19937 rng(5);
@@ -1006,23 +830,10 @@ TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
   const std::vector<float> beta(4 * h, 0.5F);
   const std::vector<float> states0 = random(4 * per_state);
   const std::vector<int32_t> idx = {2, -1, 0, -7};
-  const Typed tq(q, DType::kF32), tk(k, DType::kF32), tv(v, DType::kF32), tg(g, DType::kF32), tb(beta, DType::kF32);
+  const TypedInputs in(q, k, v, g, beta, DType::kF32, DType::kF32);
   auto run = [&](const Variant& variant, std::vector<float>& states) {
     Typed o(4 * hk, DType::kF32, kSentinel);
-    RecurrentKdaArgs a;
-    a.o = o.Mut();
-    a.state = states.data();
-    a.state_indices = idx.data();
-    a.num_states = 4;
-    a.q = tq.Const();
-    a.k = tk.Const();
-    a.v = tv.Const();
-    a.g = tg.Const();
-    a.beta = tb.Const();
-    a.N = 4;
-    a.H = h;
-    a.K = a.V = kd;
-    RecurrentFn(variant)(a);
+    RecurrentFn(variant)(BindRecurrentKda(DecodeCallFor(shape, in, o.Mut(), states.data(), 4, idx)));
     return o.ToF32();
   };
   std::vector<float> states = states0;

@@ -21,6 +21,7 @@
 #include "kda/models/kimi_delta_attention.h"
 #include "kda/models/weights.h"
 #include "tests/golden.h"
+#include "tests/layer_states.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -29,12 +30,8 @@ namespace {
 using testing::AllCloseBF16;
 using testing::AllCloseF32;
 using testing::AllCloseStateF32;
+using testing::GoldenCase;
 using testing::RoundedBF16;
-
-struct GoldenCase {
-  std::string dir;  // kda-mini | kda-stress | generated/kda-real (see tests/golden.h)
-  std::string name;
-};
 
 // Every tensor the layer shows its observer, as fp32 values.
 struct TensorRecorder : LayerObserver {
@@ -46,16 +43,6 @@ struct TensorRecorder : LayerObserver {
     for (int64_t i = 0; i < count; ++i) dst[i] = LoadAsFloat(values.data, values.dtype, static_cast<size_t>(i));
   }
 };
-
-void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
-
-std::string CaseName(const ::testing::TestParamInfo<GoldenCase>& info) {
-  std::string s = info.param.dir + "_" + info.param.name;
-  for (char& c : s) {
-    if (c == '-' || c == '/') c = '_';
-  }
-  return s;
-}
 
 const std::vector<GoldenCase>& AllCases() {
   static const std::vector<GoldenCase> cases = {
@@ -132,6 +119,7 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
         pool.SetLayerState(0, slot, Tensor("initial_recurrent_state").data() + n * rs, conv.data());
       }
       batch.req_ids.push_back(n);
+      batch.req_pool_indices.push_back(slot);
       batch.extend_lens.push_back(cu_[n + 1] - cu_[n]);
       batch.prefix_lens.push_back(0);
       batch.state_seeded.push_back(HasInit() ? 1 : 0);
@@ -144,15 +132,30 @@ class GoldenTest : public ::testing::TestWithParam<GoldenCase> {
     LayerResult r;
     r.inter = std::move(recorder.tensors);
     r.out = out.ToFloat();
-    ActBuffer conv(dtype, cs);
-    for (int64_t n = 0; n < N_; ++n) {
-      std::vector<float> rec(static_cast<size_t>(rs));
-      pool.GetLayerState(0, req_pool.SlotOf(n), rec.data(), conv.data());
-      r.rec.insert(r.rec.end(), rec.begin(), rec.end());
-      const std::vector<float> c = conv.ToFloat();
-      r.conv.insert(r.conv.end(), c.begin(), c.end());
-    }
+    testing::AppendLayerStates(pool, req_pool, N_, dtype, r.rec, r.conv);
     return r;
+  }
+
+  // A kernel call over the golden kernel inputs (q_conv, k_conv, v_conv, g, beta)
+  // from token `first` on, as `rows` batch rows of `t` tokens, writing o, with
+  // the layer's options.
+  template <class Call>
+  Call KernelCall(float* o, int64_t first, int64_t rows, int64_t t) {
+    const int64_t H = shape_.H;
+    const int64_t K = shape_.K;
+    const auto at = [&](const char* name, int64_t row) {
+      return static_cast<const void*>(Tensor(name).data() + first * row);
+    };
+    Call c;
+    c.o = ContiguousView<void*>(o, DType::kF32, {rows, t, H, K});
+    c.q = ContiguousView(at("q_conv", H * K), DType::kF32, {rows, t, H, K});
+    c.k = ContiguousView(at("k_conv", H * K), DType::kF32, {rows, t, H, K});
+    c.v = ContiguousView(at("v_conv", H * K), DType::kF32, {rows, t, H, K});
+    c.g = ContiguousView(at("g", H * K), DType::kF32, {rows, t, H, K});
+    c.beta = ContiguousView(at("beta", H), DType::kF32, {rows, t, H});
+    c.scale = 1.0F / std::sqrt(static_cast<float>(K));
+    c.use_qk_l2norm_in_kernel = true;
+    return c;
   }
 
   static ActBuffer ToAct(DType dtype, const std::vector<float>& v, int64_t begin, int64_t n) {
@@ -208,35 +211,21 @@ TEST_P(GoldenTest, Bf16PipelineMatchesOutputsAndStates) {
   EXPECT_TRUE(AllCloseBF16(r.conv.data(), conv_ref.data(), conv_exact.data(), r.conv.size())) << "conv";
 }
 
-// The kernels alone on the golden kernel inputs (q_conv, k_conv, v_conv, g, beta).
+// The kernels alone on the golden kernel inputs.
 TEST_P(GoldenTest, ChunkAndRecurrentKernelsMatchKernelOutput) {
-  const int H = shape_.H;
-  const int K = shape_.K;
+  const int64_t H = shape_.H;
+  const int64_t K = shape_.K;
   const int64_t rs = shape_.RecurrentStateSize();
   std::vector<float> init(static_cast<size_t>(N_ * rs), 0.0F);
   if (HasInit()) init = Tensor("initial_recurrent_state");
-  KdaOptions opt;
-  opt.scale = 1.0F / std::sqrt(static_cast<float>(K));
-  opt.use_qk_l2norm_in_kernel = true;
 
   std::vector<float> o_chunk(static_cast<size_t>(T_ * H * K), 0.0F);
   std::vector<float> s_chunk(init.size(), 0.0F);
-  ChunkKdaArgs c;
-  c.o = {o_chunk.data(), DType::kF32};
-  c.final_state = s_chunk.data();
-  c.q = {Tensor("q_conv").data(), DType::kF32};
-  c.k = {Tensor("k_conv").data(), DType::kF32};
-  c.v = {Tensor("v_conv").data(), DType::kF32};
-  c.g = {Tensor("g").data(), DType::kF32};
-  c.beta = {Tensor("beta").data(), DType::kF32};
-  c.cu_seqlens = cu_.data();
-  c.initial_state = init.data();
-  c.T = T_;
-  c.N = N_;
-  c.H = H;
-  c.K = K;
-  c.V = K;
-  c.options = opt;
+  auto c = KernelCall<ChunkKdaCall>(o_chunk.data(), 0, 1, T_);
+  c.cu_seqlens = ContiguousView<const void*>(cu_.data(), DType::kI64, {N_ + 1});
+  c.initial_state = ContiguousView<const void*>(init.data(), DType::kF32, {N_, H, K, K});
+  c.output_final_state = true;
+  c.final_state = ContiguousView<void*>(s_chunk.data(), DType::kF32, {N_, H, K, K});
   chunk_kda(c, KernelImpl::kReference);
   EXPECT_TRUE(AllCloseF32(o_chunk.data(), Tensor("o_kda").data(), o_chunk.size())) << "chunk o";
   EXPECT_TRUE(AllCloseStateF32(s_chunk.data(), Tensor("final_recurrent_state").data(), s_chunk.size())) << "chunk S";
@@ -244,25 +233,12 @@ TEST_P(GoldenTest, ChunkAndRecurrentKernelsMatchKernelOutput) {
   // Token by token through the decode kernel, every sequence in its own slot.
   std::vector<float> state = init;
   std::vector<float> o_rec(o_chunk.size(), 0.0F);
-  const int64_t hk = static_cast<int64_t>(H) * K;
   for (int64_t n = 0; n < N_; ++n) {
+    const int32_t slot = static_cast<int32_t>(n);
     for (int64_t t = cu_[n]; t < cu_[n + 1]; ++t) {
-      const int32_t slot = static_cast<int32_t>(n);
-      RecurrentKdaArgs a;
-      a.o = {&o_rec[t * hk], DType::kF32};
-      a.state = state.data();
-      a.state_indices = &slot;
-      a.num_states = N_;
-      a.q = {&Tensor("q_conv")[t * hk], DType::kF32};
-      a.k = {&Tensor("k_conv")[t * hk], DType::kF32};
-      a.v = {&Tensor("v_conv")[t * hk], DType::kF32};
-      a.g = {&Tensor("g")[t * hk], DType::kF32};
-      a.beta = {&Tensor("beta")[t * H], DType::kF32};
-      a.N = 1;
-      a.H = H;
-      a.K = K;
-      a.V = K;
-      a.options = opt;
+      auto a = KernelCall<RecurrentKdaCall>(&o_rec[t * H * K], t, 1, 1);
+      a.initial_state = ContiguousView<void*>(state.data(), DType::kF32, {N_, H, K, K});
+      a.ssm_state_indices = ContiguousView<const void*>(&slot, DType::kI32, {1});
       fused_recurrent_kda(a, KernelImpl::kReference);
     }
   }
@@ -270,7 +246,7 @@ TEST_P(GoldenTest, ChunkAndRecurrentKernelsMatchKernelOutput) {
   EXPECT_TRUE(AllCloseStateF32(state.data(), Tensor("final_recurrent_state").data(), state.size())) << "recurrent S";
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(AllCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(AllCases()), testing::GoldenCaseName);
 
 }  // namespace
 }  // namespace kda

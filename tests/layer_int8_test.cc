@@ -28,6 +28,7 @@
 #include "kda/models/kimi_delta_attention.h"
 #include "kda/models/weights.h"
 #include "tests/golden.h"
+#include "tests/layer_states.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -37,20 +38,7 @@ using testing::AllCloseBF16;
 using testing::AllCloseF32;
 using testing::AllCloseStateF32;
 
-struct Int8Case {
-  std::string dir;
-  std::string name;
-};
-
-void PrintTo(const Int8Case& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
-
-std::string CaseName(const ::testing::TestParamInfo<Int8Case>& info) {
-  std::string s = info.param.dir + "_" + info.param.name;
-  for (char& c : s) {
-    if (c == '-' || c == '/') c = '_';
-  }
-  return s;
-}
+using Int8Case = testing::GoldenCase;
 
 double RelL2(const std::vector<float>& a, const std::vector<float>& r) {
   double num = 0.0;
@@ -110,6 +98,7 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
       const int64_t len = first_token_only ? 1 : cu_[n + 1] - cu_[n];
       xin.insert(xin.end(), x_.begin() + cu_[n] * hid, x_.begin() + (cu_[n] + len) * hid);
       batch.req_ids.push_back(n);
+      batch.req_pool_indices.push_back(slot);
       batch.extend_lens.push_back(len);
       batch.prefix_lens.push_back(0);
       batch.state_seeded.push_back(init_rec_.empty() ? 0 : 1);
@@ -121,14 +110,7 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
     attn.Forward(out.mut(), x.view(), backend);
     Result r;
     r.out = out.ToFloat();
-    ActBuffer conv(dtype, cs);
-    for (int64_t n = 0; n < n_seq; ++n) {
-      std::vector<float> rec(static_cast<size_t>(rs));
-      pool.GetLayerState(0, req_pool.SlotOf(n), rec.data(), conv.data());
-      r.rec.insert(r.rec.end(), rec.begin(), rec.end());
-      const std::vector<float> c = conv.ToFloat();
-      r.conv.insert(r.conv.end(), c.begin(), c.end());
-    }
+    testing::AppendLayerStates(pool, req_pool, n_seq, dtype, r.rec, r.conv);
     return r;
   }
 
@@ -169,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, Int8LayerTest,
                                            Int8Case{"kda-loud", "loud_varlen_initstate"},
                                            Int8Case{"kda-stress", "stress_varlen_initstate"},
                                            Int8Case{"generated/kda-real", "real_varlen_initstate"}),
-                         CaseName);
+                         testing::GoldenCaseName);
 
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {
   KdaLayerShape s;

@@ -210,7 +210,7 @@ class Server {
   Server(const KdaModel& model, int64_t slots, RadixStateCache* cache, SchedulerConfig cfg = {})
       : pool_(model.num_layers(), slots, model.shape, model.act_dtype), req_(&pool_), runner_(model, {&pool_, &req_}) {
     cfg.prefix_cache = cache;
-    sched_ = std::make_unique<Scheduler>(runner_, MemoryPools{&pool_, &req_}, cfg);
+    sched_ = std::make_unique<Scheduler>(runner_, cfg);
   }
   void Submit(int64_t id, const Req& r, bool with_ids = true) {
     ServeRequest s;
@@ -220,6 +220,17 @@ class Server {
     s.decode_tokens = r.decode;
     s.token_ids = with_ids ? r.ids.data() : nullptr;
     sched_->Submit(s);
+  }
+  // Submits the request and runs the scheduler until every request is done.
+  void Serve(int64_t id, const Req& r, bool with_ids = true) {
+    Submit(id, r, with_ids);
+    sched_->RunToCompletion();
+  }
+  // Serves `first` (id 1), then `second` (id 2): the second's result.
+  RequestResult ServeAfter(const Req& first, const Req& second, bool with_ids = true) {
+    Serve(1, first, with_ids);
+    Serve(2, second, with_ids);
+    return Results().at(2);
   }
   std::map<int64_t, RequestResult> Results() {
     std::map<int64_t, RequestResult> m;
@@ -281,8 +292,7 @@ class PrefixServing : public ::testing::Test {
   // Each request alone, without a cache.
   RequestResult Uncached(const Req& r) const {
     Server s(model_, 1, nullptr);
-    s.Submit(0, r, false);
-    s.sched().RunToCompletion();
+    s.Serve(0, r, false);
     return s.Results().at(0);
   }
 
@@ -306,8 +316,7 @@ TEST_F(PrefixServing, HitsPartialHitsAndWholeRequestHitsMatchUncachedRuns) {
   reqs.push_back(Make(RandomIds(90, 3)));
   const std::vector<int64_t> want_cached = {0, 192, 300, 0};
   for (size_t i = 0; i < reqs.size(); ++i) {
-    s.Submit(static_cast<int64_t>(i), reqs[i]);
-    s.sched().RunToCompletion();
+    s.Serve(static_cast<int64_t>(i), reqs[i]);
   }
   std::map<int64_t, RequestResult> got = s.Results();
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -336,13 +345,9 @@ TEST_F(PrefixServing, BranchingConversationReusesTheCommonSnapshot) {
   ASSERT_NE(a[700], b[700]);
   const Req ra = Make(a);
   const Req rb = Make(b);
-  s.Submit(1, ra);
-  s.sched().RunToCompletion();
-  s.Submit(2, rb);
-  s.sched().RunToCompletion();
-  std::map<int64_t, RequestResult> got = s.Results();
-  EXPECT_EQ(got[2].cached_tokens, 512);
-  EXPECT_TRUE(SameResult(got[2], Uncached(rb), kTiny.hidden));
+  const RequestResult got = s.ServeAfter(ra, rb);
+  EXPECT_EQ(got.cached_tokens, 512);
+  EXPECT_TRUE(SameResult(got, Uncached(rb), kTiny.hidden));
 }
 
 TEST_F(PrefixServing, NextTurnReusesThePreviousTurnWithItsDecodedTokens) {
@@ -360,8 +365,7 @@ TEST_F(PrefixServing, NextTurnReusesThePreviousTurnWithItsDecodedTokens) {
     with_answer.insert(with_answer.end(), answer.begin(), answer.end());
     turns.push_back(Make(with_answer, 32));  // the answer's 32 tokens are decoded
     conv = with_answer;
-    s.Submit(turn, turns.back());
-    s.sched().RunToCompletion();
+    s.Serve(turn, turns.back());
   }
   std::map<int64_t, RequestResult> got = s.Results();
   EXPECT_EQ(got[0].cached_tokens, 0);
@@ -380,25 +384,17 @@ TEST_F(PrefixServing, RequestsWithoutIdsAndAZeroBudgetAreNeverCached) {
   {
     RadixStateCache cache(2, kTiny, DType::kF32, Budget(64));
     Server s(model_, 2, &cache);
-    s.Submit(1, r, false);
-    s.sched().RunToCompletion();
-    s.Submit(2, r, false);
-    s.sched().RunToCompletion();
-    std::map<int64_t, RequestResult> got = s.Results();
-    EXPECT_EQ(got[2].cached_tokens, 0);
-    EXPECT_TRUE(SameResult(got[2], want, kTiny.hidden));
+    const RequestResult got = s.ServeAfter(r, r, false);
+    EXPECT_EQ(got.cached_tokens, 0);
+    EXPECT_TRUE(SameResult(got, want, kTiny.hidden));
     EXPECT_EQ(cache.num_snapshots(), 0);
   }
   {
     RadixStateCache cache(2, kTiny, DType::kF32, 0);
     Server s(model_, 2, &cache);
-    s.Submit(1, r);
-    s.sched().RunToCompletion();
-    s.Submit(2, r);
-    s.sched().RunToCompletion();
-    std::map<int64_t, RequestResult> got = s.Results();
-    EXPECT_EQ(got[2].cached_tokens, 0);
-    EXPECT_TRUE(SameResult(got[2], want, kTiny.hidden));
+    const RequestResult got = s.ServeAfter(r, r);
+    EXPECT_EQ(got.cached_tokens, 0);
+    EXPECT_TRUE(SameResult(got, want, kTiny.hidden));
     EXPECT_NE(s.sched().notes().back().find("off"), std::string::npos);
   }
 }

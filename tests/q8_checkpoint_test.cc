@@ -4,7 +4,6 @@
 // without the int8 format; writing refuses a non-empty output directory.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +20,7 @@
 #include "tests/checkpoint_util.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
+#include "tests/temp_dir.h"
 
 namespace kda {
 namespace {
@@ -28,21 +28,16 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ExpectErrorContaining;
 
-class Q8CheckpointTest : public ::testing::Test {
+class Q8CheckpointTest : public testing::TempDirTest {
  protected:
   void SetUp() override {
-    mini_ = testing::GoldenDir() + "/kda-mini";
     KDA_REQUIRE_GOLDEN_PATH(mini_);
-    dir_ = fs::path(::testing::TempDir()) / ("kda_q8_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    TempDirTest::SetUp();
     q8_ = (dir_ / "q8").string();
     QuantizeKdaCheckpoint(mini_, q8_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::string mini_;
-  fs::path dir_;
+  const std::string mini_ = testing::GoldenDir() + "/kda-mini";
   std::string q8_;
 };
 

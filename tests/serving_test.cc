@@ -37,6 +37,27 @@ const KdaLayerShape kSmall{.H = 2, .K = 16, .W = 4};
 
 using testing::ErrorOf;
 
+// The slots of requests that hold one, as a batch builder resolves them.
+std::vector<int32_t> SlotsOf(const HybridReqToTokenPool& pool, const std::vector<int64_t>& ids) {
+  std::vector<int32_t> slots;
+  slots.reserve(ids.size());
+  for (int64_t id : ids) slots.push_back(pool.SlotOf(id));
+  return slots;
+}
+
+// A batch of the requests `ids` (their slots resolved in `pool`) with these
+// extend and prefix lengths.
+ForwardBatch BatchOf(const HybridReqToTokenPool& pool, ForwardMode mode, std::vector<int64_t> ids,
+                     std::vector<int64_t> extend_lens, std::vector<int64_t> prefix_lens) {
+  ForwardBatch b;
+  b.mode = mode;
+  b.req_pool_indices = SlotsOf(pool, ids);
+  b.req_ids = std::move(ids);
+  b.extend_lens = std::move(extend_lens);
+  b.prefix_lens = std::move(prefix_lens);
+  return b;
+}
+
 // --------------------------------------------------------------------- pool
 
 TEST(RecurrentStatePool, HandsOutEverySlotButTheDummyThenRefuses) {
@@ -168,11 +189,7 @@ class BackendTest : public ::testing::Test {
 TEST_F(BackendTest, MetadataIsComputedOncePerBatch) {
   req_.Alloc(10);
   req_.Alloc(11);
-  ForwardBatch b;
-  b.mode = ForwardMode::kExtend;
-  b.req_ids = {11, 10};
-  b.extend_lens = {3, 5};
-  b.prefix_lens = {0, 4};
+  const ForwardBatch b = BatchOf(req_, ForwardMode::kExtend, {11, 10}, {3, 5}, {0, 4});
   backend_.InitForwardMetadata(b);
   const LinearAttnMetadata& md = backend_.metadata();
   EXPECT_EQ(md.cu_q_lens, (std::vector<int64_t>{0, 3, 8}));
@@ -184,24 +201,23 @@ TEST_F(BackendTest, MetadataIsComputedOncePerBatch) {
 TEST_F(BackendTest, RefusesUnsupportedModesAndBadBatches) {
   req_.Alloc(1);
   for (ForwardMode m : {ForwardMode::kMixed, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify}) {
-    ForwardBatch b;
-    b.mode = m;
-    b.req_ids = {1};
-    b.extend_lens = {1};
-    b.prefix_lens = {0};
+    const ForwardBatch b = BatchOf(req_, m, {1}, {1}, {0});
     EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(b); }).find("not supported"), std::string::npos)
         << ForwardModeName(m);
   }
-  ForwardBatch d;
-  d.mode = ForwardMode::kDecode;
-  d.req_ids = {1};
-  d.extend_lens = {2};
-  d.prefix_lens = {4};
+  ForwardBatch d = BatchOf(req_, ForwardMode::kDecode, {1}, {2}, {4});
   EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("one token"), std::string::npos);
   d.extend_lens = {1};
-  d.req_ids = {99};
-  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("holds no state slot"), std::string::npos);
+  d.req_ids = {99};  // holds no slot: the batch's slot is request 1's
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("request 99 does not hold state slot"),
+            std::string::npos);
+  d.req_ids = {1};
+  d.req_pool_indices = {d.req_pool_indices[0] + 1};  // another slot than request 1's
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("request 1 does not hold state slot"),
+            std::string::npos);
+  d.req_pool_indices = {d.req_pool_indices[0] - 1};
   d.req_ids = {1, 1};
+  d.req_pool_indices = {d.req_pool_indices[0], d.req_pool_indices[0]};
   d.extend_lens = {1, 1};
   d.prefix_lens = {1, 1};
   EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("twice"), std::string::npos);
@@ -230,10 +246,7 @@ TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
     std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), garbage);
     std::vector<float> conv(static_cast<size_t>(kSmall.ConvStateSize()), garbage);
     pool_.SetLayerState(0, slot, rec.data(), conv.data());
-    ForwardBatch b;
-    b.req_ids = {5};
-    b.extend_lens = {6};
-    b.prefix_lens = {0};
+    const ForwardBatch b = BatchOf(req_, ForwardMode::kExtend, {5}, {6}, {0});
     backend_.InitForwardMetadata(b);
     ActBuffer out(DType::kF32, 6 * s.hidden);
     model_.layers[0].Forward(out.mut(), x.view(), backend_);
@@ -270,10 +283,7 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
     pool_.SetLayerState(0, fresh, garbage.data(), conv_garbage.data());
     pool_.SetLayerState(0, cont, h0.data(), conv0.data());
     pool_.SetLayerState(0, outside, h0.data(), conv0.data());
-    ForwardBatch b;
-    b.req_ids = {2, 1};
-    b.extend_lens = {3, 4};
-    b.prefix_lens = {5, 0};
+    const ForwardBatch b = BatchOf(req_, ForwardMode::kExtend, {2, 1}, {3, 4}, {5, 0});
     backend.InitForwardMetadata(b);
     ActBuffer out(DType::kF32, 7 * s.hidden);
     model_.layers[0].Forward(out.mut(), x.view(), backend);
@@ -305,10 +315,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   const int32_t a = req_.Alloc(1);
   const int32_t b = req_.Alloc(2);
   const int32_t idle = req_.Alloc(3);
-  ForwardBatch pre;
-  pre.req_ids = {1, 2, 3};
-  pre.extend_lens = {4, 2, 3};
-  pre.prefix_lens = {0, 0, 0};
+  const ForwardBatch pre = BatchOf(req_, ForwardMode::kExtend, {1, 2, 3}, {4, 2, 3}, {0, 0, 0});
   backend_.InitForwardMetadata(pre);
   const ActBuffer x = RandomRows(DType::kF32, 9, s.hidden, 3);
   ActBuffer out(DType::kF32, 9 * s.hidden);
@@ -318,11 +325,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   std::vector<float> a_before(idle_before.size());
   pool_.GetLayerState(0, a, a_before.data(), nullptr);
 
-  ForwardBatch dec;
-  dec.mode = ForwardMode::kDecode;
-  dec.req_ids = {2, 1};
-  dec.extend_lens = {1, 1};
-  dec.prefix_lens = {2, 4};
+  const ForwardBatch dec = BatchOf(req_, ForwardMode::kDecode, {2, 1}, {1, 1}, {2, 4});
   backend_.InitForwardMetadata(dec);
   ActBuffer out2(DType::kF32, 2 * s.hidden);
   model_.layers[0].Forward(out2.mut(), RandomRows(DType::kF32, 2, s.hidden, 4).view(), backend_);
@@ -376,10 +379,7 @@ TEST(ModelRunner, ObserverSeesEveryLayersInputAndOutput) {
   runner.SetObserver(&io);
   req.Alloc(1);
   req.Alloc(2);
-  ForwardBatch batch;
-  batch.req_ids = {1, 2};
-  batch.extend_lens = {3, 4};
-  batch.prefix_lens = {0, 0};
+  ForwardBatch batch = BatchOf(req, ForwardMode::kExtend, {1, 2}, {3, 4}, {0, 0});
   const int64_t hidden = model.shape.hidden;
   const ActBuffer x = RandomRows(DType::kF32, 7, hidden, 3);
   ActBuffer out(DType::kF32, 7 * hidden);
@@ -421,19 +421,17 @@ Served ServeBatch(const KdaModel& model, const ActBuffer& x, const std::vector<i
   RecurrentStatePool pool(model.num_layers(), slots, model.shape, model.act_dtype);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
-  Scheduler sched(runner, {&pool, &req}, cfg);
+  Scheduler sched(runner, cfg);
   const int64_t hidden = model.shape.hidden;
   const int64_t rs = model.shape.RecurrentStateSize();
   const int64_t cs = model.shape.ConvStateSize();
   for (int64_t n = 0; n < N; ++n) {
-    ServeRequest r;
-    r.id = n;
-    r.input = Offset(x.view(), cu[n] * hidden);
-    r.length = cu[n + 1] - cu[n];
-    r.decode_tokens = decode[n];
-    if (init_rec != nullptr) r.initial_recurrent = init_rec + n * rs;
-    if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * cs).data;
-    sched.Submit(r);
+    sched.Submit({.id = n,
+                  .input = Offset(x.view(), cu[n] * hidden),
+                  .length = cu[n + 1] - cu[n],
+                  .decode_tokens = decode[n],
+                  .initial_recurrent = init_rec != nullptr ? init_rec + n * rs : nullptr,
+                  .initial_conv = init_conv != nullptr ? Offset(init_conv->view(), n * cs).data : nullptr});
   }
   sched.RunToCompletion();
   EXPECT_EQ(pool.num_free(), slots);
@@ -554,7 +552,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
   SchedulerConfig cfg;
   cfg.prefill_chunk = 7;
   cfg.step_token_budget = 40;
-  Scheduler sched(runner, {&pool, &req}, cfg);
+  Scheduler sched(runner, cfg);
   for (int i = 0; i < kRequests; ++i) sched.Submit({i, inputs[i].view(), lens[i], decodes[i], nullptr, nullptr});
   sched.RunToCompletion();
   EXPECT_EQ(pool.num_free(), 8);
@@ -572,10 +570,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
     std::vector<float> want(static_cast<size_t>(n * hidden));
     req1.Alloc(r.id);
     if (n > 0) {
-      ForwardBatch b;
-      b.req_ids = {r.id};
-      b.extend_lens = {n};
-      b.prefix_lens = {0};
+      const ForwardBatch b = BatchOf(req1, ForwardMode::kExtend, {r.id}, {n}, {0});
       runner1.Forward(b, inputs[r.id].view(), {want.data(), DType::kF32});
     }
     for (int l = 0; l < model.num_layers(); ++l) {
@@ -597,7 +592,7 @@ TEST(Scheduler, QueuesWhenSlotsRunOutAndRefusesBadRequests) {
   RecurrentStatePool pool(1, 2, model.shape, DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
-  Scheduler sched(runner, {&pool, &req}, SchedulerConfig{});
+  Scheduler sched(runner, SchedulerConfig{});
   const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
   for (int i = 0; i < 5; ++i) sched.Submit({i, x.view(), 4, 2, nullptr, nullptr});
   EXPECT_NE(ErrorOf([&] { sched.Submit({3, x.view(), 4, 0, nullptr, nullptr}); }).find("already"), std::string::npos);
@@ -637,7 +632,7 @@ TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
   SchedulerConfig cfg;
   cfg.prefill_chunk = 7;
   cfg.step_token_budget = 40;
-  Scheduler sched(runner, {&pool, &req}, cfg);
+  Scheduler sched(runner, cfg);
   std::mt19937 rng(5);
   int64_t rss_after_warmup = 0;
   int64_t finished = 0;
@@ -732,7 +727,7 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
   {
     SchedulerConfig cfg;
     cfg.max_running = 0;  // the pool's capacity
-    Scheduler sched(runner, {&pool, &req}, cfg);
+    Scheduler sched(runner, cfg);
     sched.Submit({1, x.view(), 4, 0, nullptr, nullptr});
     const std::string e = ErrorOf([&] { sched.RunToCompletion(); });
     EXPECT_NE(e.find("1 requests wait for a state slot, but all 2 slots of the pool are held outside"),
@@ -747,13 +742,10 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
   req.Free(101);
   SchedulerConfig bad;
   bad.max_running = -1;
-  EXPECT_NE(ErrorOf([&] {
-              Scheduler s(runner, {&pool, &req}, bad);
-            }).find("max_running must be >= 0"),
-            std::string::npos);
+  EXPECT_NE(ErrorOf([&] { Scheduler s(runner, bad); }).find("max_running must be >= 0"), std::string::npos);
   // A scheduler that stops on an error gives its slots back when destroyed.
   {
-    Scheduler sched(runner, {&pool, &req}, SchedulerConfig{});
+    Scheduler sched(runner, SchedulerConfig{});
     sched.Submit({1, x.view(), 4, 2, nullptr, nullptr});
     sched.Submit({2, x.view(), 4, 2, nullptr, nullptr});
     ASSERT_TRUE(sched.Step());

@@ -121,15 +121,14 @@ TEST(SteadyState, DecodeStepIntoPoolSlotsAllocatesAndFaultsNothing) {
   for (int64_t i = 0; i < 64; ++i) slots.push_back(pool.Alloc());
   for (int64_t i = 0; i < 64 - kN; ++i) pool.Free(slots[static_cast<size_t>(i)]);
   for (int64_t i = 0; i < kN; ++i) p.indices[static_cast<size_t>(i)] = slots[static_cast<size_t>(64 - kN + i)];
-  RecurrentKdaArgs args = p.args;
-  args.state = cache.recurrent;
-  args.num_states = cache.num_slots;
+  RecurrentKdaCall call = p.call;
+  call.initial_state = ContiguousView<void*>(cache.recurrent, DType::kF32, {cache.num_slots, kH, kK, kK});
 
   for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
     SCOPED_TRACE(KernelImplName(impl));
-    fused_recurrent_kda(args, impl);  // warm-up: thread team, per-thread validation scratch
+    fused_recurrent_kda(call, impl);  // warm-up: thread team, per-thread validation scratch
     const Counts c = Count([&] {
-      for (int r = 0; r < 10; ++r) fused_recurrent_kda(args, impl);
+      for (int r = 0; r < 10; ++r) fused_recurrent_kda(call, impl);
     });
     EXPECT_EQ(c.news, 0);
     EXPECT_LE(c.faults, kFaultSlack);

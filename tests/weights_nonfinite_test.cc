@@ -1,6 +1,5 @@
 // Checkpoint weights holding a NaN or infinity are refused at load, naming the checkpoint key and the element.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <limits>
@@ -14,6 +13,7 @@
 #include "tests/checkpoint_util.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
+#include "tests/temp_dir.h"
 
 namespace kda {
 namespace {
@@ -21,19 +21,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ErrorOf;
 
-class WeightsNonFiniteTest : public ::testing::Test {
+class WeightsNonFiniteTest : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    mini_ = testing::GoldenDir() + "/kda-mini";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("kda_weights_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string mini_;
-  fs::path dir_;
+  const std::string mini_ = testing::GoldenDir() + "/kda-mini";
 };
 
 TEST_F(WeightsNonFiniteTest, LoadNamesTheKeyAndElement) {

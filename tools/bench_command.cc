@@ -67,24 +67,15 @@ class RequestTrace : public LayerObserver {
       : req_id_(req_id), inputs_(static_cast<size_t>(num_layers)), outputs_(static_cast<size_t>(num_layers)) {}
 
   void OnBatch(const ForwardBatch& batch) override {
-    begin_ = 0;
-    rows_ = 0;
+    at_ = RowsOf(batch, req_id_);
     tokens_ = batch.num_tokens();
-    int64_t at = 0;
-    for (size_t i = 0; i < batch.req_ids.size(); ++i) {
-      if (batch.req_ids[i] == req_id_) {
-        begin_ = at;
-        rows_ = batch.extend_lens[i];
-      }
-      at += batch.extend_lens[i];
-    }
   }
   void OnTensor(int layer_id, LayerTensor which, ConstBuf values, int64_t count) override {
-    if (rows_ == 0 || (which != LayerTensor::kInput && which != LayerTensor::kOutput)) return;
+    if (at_.rows == 0 || (which != LayerTensor::kInput && which != LayerTensor::kOutput)) return;
     const size_t row_bytes = static_cast<size_t>(count / tokens_) * DTypeSize(values.dtype);
-    const auto* p = static_cast<const uint8_t*>(values.data) + static_cast<size_t>(begin_) * row_bytes;
+    const auto* p = static_cast<const uint8_t*>(values.data) + static_cast<size_t>(at_.begin) * row_bytes;
     std::vector<uint8_t>& dst = (which == LayerTensor::kInput ? inputs_ : outputs_).at(static_cast<size_t>(layer_id));
-    dst.insert(dst.end(), p, p + static_cast<size_t>(rows_) * row_bytes);
+    dst.insert(dst.end(), p, p + static_cast<size_t>(at_.rows) * row_bytes);
   }
 
   int64_t req_id() const { return req_id_; }
@@ -95,8 +86,7 @@ class RequestTrace : public LayerObserver {
   int64_t req_id_;
   std::vector<std::vector<uint8_t>> inputs_;
   std::vector<std::vector<uint8_t>> outputs_;
-  int64_t begin_ = 0;  // the request's rows in the current batch
-  int64_t rows_ = 0;
+  BatchRows at_;        // the request's rows in the current batch
   int64_t tokens_ = 0;  // the batch's tokens
 };
 
@@ -127,6 +117,7 @@ std::vector<OneShot> ReplayLayers(const KdaModel& model, const RequestTrace& tra
   const int32_t slot = req_pool.Alloc(trace.req_id());
   ForwardBatch batch;
   batch.req_ids = {trace.req_id()};
+  batch.req_pool_indices = {slot};
   batch.extend_lens = {rows};
   batch.prefix_lens = {0};
   backend.InitForwardMetadata(batch);

@@ -112,37 +112,28 @@ double InputHugePageFraction(const bench::ChunkProblem& p) {
 constexpr int kFmaChains = 12;
 
 #if defined(__x86_64__)
-__attribute__((target("avx512f"))) float FmaLoopAvx512(int64_t iters) {
-  __m512 acc[kFmaChains];
-  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_set1_ps(1.0F + 0.001F * static_cast<float>(i));
-  const __m512 mul = _mm512_set1_ps(0.999999F);
-  const __m512 add = _mm512_set1_ps(1e-7F);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], mul, add);
+// The loop for one vector ISA: VEC its register type, P the prefix of its
+// intrinsics (_mm512, _mm256); the accumulators are summed lane by lane.
+#define KDA_FMA_LOOP(NAME, TARGET, VEC, P)                                                                   \
+  __attribute__((target(TARGET))) float NAME(int64_t iters) {                                                \
+    VEC acc[kFmaChains];                                                                                     \
+    for (int i = 0; i < kFmaChains; ++i) acc[i] = P##_set1_ps(1.0F + 0.001F * static_cast<float>(i));        \
+    const VEC mul = P##_set1_ps(0.999999F);                                                                  \
+    const VEC add = P##_set1_ps(1e-7F);                                                                      \
+    for (int64_t it = 0; it < iters; ++it) {                                                                 \
+      _Pragma("GCC unroll 12") for (int i = 0; i < kFmaChains; ++i) acc[i] = P##_fmadd_ps(acc[i], mul, add); \
+    }                                                                                                        \
+    VEC sum = acc[0];                                                                                        \
+    for (int i = 1; i < kFmaChains; ++i) sum = P##_add_ps(sum, acc[i]);                                      \
+    float lanes[sizeof(VEC) / sizeof(float)];                                                                \
+    P##_storeu_ps(lanes, sum);                                                                               \
+    float r = 0.0F;                                                                                          \
+    for (float x : lanes) r += x;                                                                            \
+    return r;                                                                                                \
   }
-  __m512 sum = acc[0];
-  for (int i = 1; i < kFmaChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  return _mm512_reduce_add_ps(sum);
-}
-
-__attribute__((target("avx2,fma"))) float FmaLoopAvx2(int64_t iters) {
-  __m256 acc[kFmaChains];
-  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm256_set1_ps(1.0F + 0.001F * static_cast<float>(i));
-  const __m256 mul = _mm256_set1_ps(0.999999F);
-  const __m256 add = _mm256_set1_ps(1e-7F);
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm256_fmadd_ps(acc[i], mul, add);
-  }
-  __m256 sum = acc[0];
-  for (int i = 1; i < kFmaChains; ++i) sum = _mm256_add_ps(sum, acc[i]);
-  float lanes[8];
-  _mm256_storeu_ps(lanes, sum);
-  float r = 0.0F;
-  for (float x : lanes) r += x;
-  return r;
-}
+KDA_FMA_LOOP(FmaLoopAvx512, "avx512f", __m512, _mm512)
+KDA_FMA_LOOP(FmaLoopAvx2, "avx2,fma", __m256, _mm256)
+#undef KDA_FMA_LOOP
 #endif
 
 // Multiply-adds of the portable build (the compiler may vectorise them).
@@ -252,19 +243,15 @@ struct BenchRow {
 
 void PrintRow(const BenchRow& r, bool json) {
   if (json) {
-    nlohmann::ordered_json j;
-    j["kernel"] = r.kernel;
-    j["impl"] = r.impl;
-    j["isa"] = r.isa;
-    j["dtype"] = r.dtype;
+    nlohmann::ordered_json j = {{"kernel", r.kernel}, {"impl", r.impl}, {"isa", r.isa}, {"dtype", r.dtype}};
     if (!r.weights.empty()) j["weights"] = r.weights;
-    j["H"] = r.H;
-    j["K"] = r.K;
-    j["N"] = r.N;
-    j["T"] = r.T;
-    j["threads"] = r.threads;
-    j["repeats"] = r.repeats;
-    j["us_per_token"] = r.us_per_token;
+    j.update(nlohmann::ordered_json{{"H", r.H},
+                                    {"K", r.K},
+                                    {"N", r.N},
+                                    {"T", r.T},
+                                    {"threads", r.threads},
+                                    {"repeats", r.repeats},
+                                    {"us_per_token", r.us_per_token}});
     for (const auto& [key, value] : r.extra) j[key] = value;
     std::printf("%s\n", j.dump().c_str());
   } else {
@@ -300,28 +287,34 @@ constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
 constexpr int kHeads = kShape.H;
 constexpr int kHeadDim = kShape.K;
 
-// Prefill: chunk_kda over `lengths`. us_per_token is the median call time / T
-// (best_us_per_token: the best call's); the floor is the recurrent form's
-// 7 K V H flops per token at the FMA peak (itself the best of its runs).
-BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vector<int64_t>& lengths, int repeats) {
-  bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
-  if (impl == KernelImpl::kOptimized) chunk_kda(p.args, impl);  // warm-up (the reference is too slow for one)
-  const ProcessCounters c0 = ProcessCounters::Now();
-  const bench::RepeatedSeconds s = bench::TimeRepeats(repeats, [&] { chunk_kda(p.args, impl); });
-  const ProcessCounters c1 = ProcessCounters::Now();
+// A row's fixed fields (H and K the real shapes').
+BenchRow Row(const Machine& m, const char* kernel, KernelImpl impl, DType dtype, int64_t n, int64_t t, int repeats) {
   BenchRow r;
-  r.kernel = "chunk";
+  r.kernel = kernel;
   r.impl = KernelImplName(impl);
   r.isa = IsaField(impl);
   r.dtype = ActivationDTypeName(dtype);
   r.H = kHeads;
   r.K = kHeadDim;
-  r.N = p.args.N;
-  r.T = p.args.T;
+  r.N = n;
+  r.T = t;
   r.threads = m.threads;
   r.repeats = repeats;
-  r.us_per_token = s.median * 1e6 / static_cast<double>(p.args.T);
-  const double best_us = s.best * 1e6 / static_cast<double>(p.args.T);
+  return r;
+}
+
+// Prefill: chunk_kda over `lengths`. us_per_token is the median call time / T
+// (best_us_per_token: the best call's); the floor is the recurrent form's
+// 7 K V H flops per token at the FMA peak (itself the best of its runs).
+BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vector<int64_t>& lengths, int repeats) {
+  bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
+  if (impl == KernelImpl::kOptimized) chunk_kda(p.call, impl);  // warm-up (the reference is too slow for one)
+  const ProcessCounters c0 = ProcessCounters::Now();
+  const bench::RepeatedSeconds s = bench::TimeRepeats(repeats, [&] { chunk_kda(p.call, impl); });
+  const ProcessCounters c1 = ProcessCounters::Now();
+  BenchRow r = Row(m, "chunk", impl, dtype, p.N(), p.T(), repeats);
+  r.us_per_token = s.median * 1e6 / static_cast<double>(p.T());
+  const double best_us = s.best * 1e6 / static_cast<double>(p.T());
   const double floor_us = 7.0 * kHeadDim * kHeadDim * kHeads / (m.fma_peak_gflops * 1e3);
   r.extra = {{"fma_peak_gflops", m.fma_peak_gflops},
              {"flop_floor_us_per_token", floor_us},
@@ -349,26 +342,16 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
   t.reserve(static_cast<size_t>(steps));  // nothing allocated or faulted between the clock reads
   const ProcessCounters c0 = ProcessCounters::Now();
   for (int64_t i = 0; i < steps; ++i) {
-    const RecurrentKdaArgs& a = p.Step(i);
+    const RecurrentKdaCall& call = p.Step(i);
     const Clock::time_point t0 = Clock::now();
-    fused_recurrent_kda(a, impl);
+    fused_recurrent_kda(call, impl);
     t.push_back(Seconds(t0));
   }
   const ProcessCounters c1 = ProcessCounters::Now();
   const double step_us = Median(t) * 1e6;
   const double state_bytes = static_cast<double>(n) * kHeads * kHeadDim * kHeadDim * sizeof(float);
   const double floor_us = state_bytes / (m.copy_gbps * 1e3);
-  BenchRow r;
-  r.kernel = "recurrent";
-  r.impl = KernelImplName(impl);
-  r.isa = IsaField(impl);
-  r.dtype = ActivationDTypeName(DType::kF32);
-  r.H = kHeads;
-  r.K = kHeadDim;
-  r.N = n;
-  r.T = 1;
-  r.threads = m.threads;
-  r.repeats = static_cast<int>(steps);
+  BenchRow r = Row(m, "recurrent", impl, DType::kF32, n, 1, static_cast<int>(steps));
   r.us_per_token = step_us / static_cast<double>(n);
   const double rmw_floor_us = state_bytes / (m.rmw_gbps * 1e3);
   r.extra = {{"step_us", step_us},
@@ -405,17 +388,7 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   }
   const double us_per_token = Median(layer_s) * 1e6 / static_cast<double>(t);
   const double gemm_us_per_token = Median(gemm_s) * 1e6 / static_cast<double>(t);
-  BenchRow r;
-  r.kernel = "layer";
-  r.impl = KernelImplName(impl);
-  r.isa = IsaField(impl);
-  r.dtype = ActivationDTypeName(dtype);
-  r.H = kHeads;
-  r.K = kHeadDim;
-  r.N = n;
-  r.T = t;
-  r.threads = m.threads;
-  r.repeats = repeats;
+  BenchRow r = Row(m, "layer", impl, dtype, n, t, repeats);
   r.us_per_token = us_per_token;
   r.extra = {{"hidden", static_cast<double>(kShape.hidden)},
              {"gemm_us_per_token", gemm_us_per_token},
@@ -457,18 +430,8 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
     const double step_us = Median(t[f]) * 1e6;
     const auto bytes = static_cast<double>(p.StepBytes());
     const double floor_us = bytes / (m.copy_gbps * 1e3);
-    BenchRow r;
-    r.kernel = "decode_layer";
-    r.impl = KernelImplName(KernelImpl::kOptimized);
-    r.isa = IsaField(KernelImpl::kOptimized);
-    r.dtype = ActivationDTypeName(DType::kBF16);
+    BenchRow r = Row(m, "decode_layer", KernelImpl::kOptimized, DType::kBF16, n, 1, static_cast<int>(steps));
     r.weights = WeightFormatName(formats[f]);
-    r.H = kHeads;
-    r.K = kHeadDim;
-    r.N = n;
-    r.T = 1;
-    r.threads = m.threads;
-    r.repeats = static_cast<int>(steps);
     r.us_per_token = step_us / static_cast<double>(n);
     r.extra = {{"step_us", step_us},
                {"weight_bytes_per_layer", static_cast<double>(p.model.layers.front().projection_weight_bytes())},

@@ -78,21 +78,13 @@ class FirstLayerTrace : public LayerObserver {
  public:
   explicit FirstLayerTrace(int64_t req_id) : req_id_(req_id) {}
   void OnBatch(const ForwardBatch& batch) override {
-    rows_ = 0;
+    at_ = RowsOf(batch, req_id_);
     tokens_ = batch.num_tokens();
-    int64_t at = 0;
-    for (size_t i = 0; i < batch.req_ids.size(); ++i) {
-      if (batch.req_ids[i] == req_id_) {
-        begin_ = at;
-        rows_ = batch.extend_lens[i];
-      }
-      at += batch.extend_lens[i];
-    }
   }
   void OnTensor(int layer_id, LayerTensor which, ConstBuf values, int64_t count) override {
-    if (rows_ == 0 || layer_id != 0 || which != LayerTensor::kOutput) return;
+    if (at_.rows == 0 || layer_id != 0 || which != LayerTensor::kOutput) return;
     const int64_t width = count / tokens_;
-    for (int64_t i = begin_ * width; i < (begin_ + rows_) * width; ++i) {
+    for (int64_t i = at_.begin * width; i < (at_.begin + at_.rows) * width; ++i) {
       out_.push_back(LoadAsFloat(values.data, values.dtype, static_cast<size_t>(i)));
     }
   }
@@ -100,8 +92,7 @@ class FirstLayerTrace : public LayerObserver {
 
  private:
   int64_t req_id_;
-  int64_t begin_ = 0;
-  int64_t rows_ = 0;
+  BatchRows at_;
   int64_t tokens_ = 1;
   std::vector<float> out_;
 };
@@ -137,7 +128,7 @@ Run Serve(const BenchOptions& opt, const KdaModel& model, const Chats& chats, Ke
     cache.emplace(L, model.shape, model.act_dtype, cache_bytes);
     cfg.prefix_cache = &*cache;
   }
-  Scheduler sched(runner, pools, cfg);
+  Scheduler sched(runner, cfg);
   Run run;
   const auto submit = [&](int s, int r) {
     const int64_t id = static_cast<int64_t>(s) * opt.turns + r;

@@ -6,10 +6,20 @@
 namespace kda::bench {
 namespace {
 
-KdaOptions LayerOptions() {
-  KdaOptions opt;
-  opt.use_qk_l2norm_in_kernel = true;  // as the KDA layer calls the kernels
-  return opt;
+// A call over `in` as `rows` batch rows of `t` tokens of H heads of K = V,
+// with the layer's options.
+template <class Call>
+Call LayerCall(TokenInputs& in, int64_t rows, int64_t t, int64_t heads, int64_t k_dim) {
+  const auto tokens = [&](const TypedBuffer& b) { return b.View({rows, t, heads, k_dim}); };
+  Call c;
+  c.o = in.o.MutView({rows, t, heads, k_dim});
+  c.q = tokens(in.q);
+  c.k = tokens(in.k);
+  c.v = tokens(in.v);
+  c.g = tokens(in.g);
+  c.beta = in.beta.View({rows, t, heads});
+  c.use_qk_l2norm_in_kernel = true;  // as the KDA layer calls the kernels
+  return c;
 }
 
 }  // namespace
@@ -63,20 +73,12 @@ ChunkProblem::ChunkProblem(const std::vector<int64_t>& lengths, int heads, int k
       in(cu.back() * heads, k_dim, dtype, seed),
       initial(TokenInputs::Random(static_cast<int64_t>(lengths.size()) * heads * k_dim * k_dim, seed + 5, 0.1F)),
       final_state(initial.size(), 0.0F) {
-  args.o = in.o.Mut();
-  args.final_state = final_state.data();
-  args.q = in.q.Const();
-  args.k = in.k.Const();
-  args.v = in.v.Const();
-  args.g = in.g.Const();
-  args.beta = in.beta.Const();
-  args.cu_seqlens = cu.data();
-  args.initial_state = initial.data();
-  args.T = cu.back();
-  args.N = static_cast<int64_t>(lengths.size());
-  args.H = heads;
-  args.K = args.V = k_dim;
-  args.options = LayerOptions();
+  const auto n = static_cast<int64_t>(lengths.size());
+  call = LayerCall<ChunkKdaCall>(in, 1, cu.back(), heads, k_dim);
+  call.cu_seqlens = ContiguousView<const void*>(cu.data(), DType::kI64, {n + 1});
+  call.initial_state = ContiguousView<const void*>(initial.data(), DType::kF32, {n, heads, k_dim, k_dim});
+  call.output_final_state = true;
+  call.final_state = ContiguousView<void*>(final_state.data(), DType::kF32, {n, heads, k_dim, k_dim});
 }
 
 std::vector<int64_t> ChunkProblem::CuSeqlens(const std::vector<int64_t>& lengths) {
@@ -91,19 +93,9 @@ DecodeProblem::DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType 
       states(TokenInputs::Random(num_layers * n * heads * k_dim * k_dim, seed + 5, 0.1F)),
       indices(static_cast<size_t>(n)) {
   for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  args.o = in.o.Mut();
-  args.state = states.data();
-  args.state_indices = indices.data();
-  args.num_states = n;
-  args.q = in.q.Const();
-  args.k = in.k.Const();
-  args.v = in.v.Const();
-  args.g = in.g.Const();
-  args.beta = in.beta.Const();
-  args.N = n;
-  args.H = heads;
-  args.K = args.V = k_dim;
-  args.options = LayerOptions();
+  call = LayerCall<RecurrentKdaCall>(in, n, 1, heads, k_dim);
+  call.initial_state = ContiguousView<void*>(states.data(), DType::kF32, {n, heads, k_dim, k_dim});
+  call.ssm_state_indices = ContiguousView<const void*>(indices.data(), DType::kI32, {n});
 }
 
 int DecodeProblem::LayersFor(int64_t n, int heads, int k_dim, int64_t bytes) {

@@ -22,7 +22,7 @@ LayerProblem::LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& 
       y_h(dtype, T * shape.H) {
   Check(N >= 1 && T >= N && T % N == 0, "layer problem: need N >= 1 and T a multiple of N");
   for (int64_t n = 0; n < N; ++n) {
-    req.Alloc(n);
+    batch.req_pool_indices.push_back(req.Alloc(n));
     batch.req_ids.push_back(n);
     batch.extend_lens.push_back(T / N);
     batch.prefix_lens.push_back(0);
@@ -67,7 +67,7 @@ LayerDecodeProblem::LayerDecodeProblem(DType dtype, WeightFormat weights, const 
       out(dtype, N * layer_shape.hidden) {
   batch.mode = ForwardMode::kDecode;
   for (int64_t n = 0; n < N; ++n) {
-    req.Alloc(n);
+    batch.req_pool_indices.push_back(req.Alloc(n));
     batch.req_ids.push_back(n);
     batch.extend_lens.push_back(1);
     batch.prefix_lens.push_back(16);

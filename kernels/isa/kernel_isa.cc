@@ -3,15 +3,13 @@
 // SetKernelIsa or the KDA_ISA environment variable, and the dispatch table of
 // the chosen one (kernels/isa/dispatch.h). A variant the CPU (or build) lacks
 // is a kda::Error, never a SIGILL.
-#include <atomic>
-#include <cstdlib>
-#include <mutex>
 #include <string>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
 
+#include "base/named_choice.h"
 #include "kda/base/error.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kernels/isa/dispatch.h"
@@ -20,23 +18,14 @@
 namespace kda {
 namespace {
 
-constexpr int kUnset = -1;
-
-// The value given to SetKernelIsa (never kAuto), or kUnset.
-std::atomic<int> g_set_isa{kUnset};
-
-// KDA_ISA, parsed once; a bad value is kept as a message and thrown when needed.
-struct EnvIsa {
-  std::mutex mutex;
-  bool parsed = false;
-  KernelIsa isa = KernelIsa::kAuto;
-  std::string error;
-};
-
-EnvIsa& Env() {
-  static EnvIsa env;
+// SetKernelIsa's value (never kAuto), else KDA_ISA, parsed once.
+EnvSetting<KernelIsa>& Env() {
+  static EnvSetting<KernelIsa> env("KDA_ISA", KernelIsa::kAuto);
   return env;
 }
+
+// In the enum's order.
+constexpr const char* kIsaNames[] = {"auto", "generic", "avx2", "avx512", "avx512_shape"};
 
 // The CPU feature checks, run once (cpuid + the OS's register state for AVX/AVX-512).
 struct CpuFeatures {
@@ -105,52 +94,18 @@ std::string Unsupported(KernelIsa isa) {
 }
 
 KernelIsa EnvKernelIsa() {
-  EnvIsa& env = Env();
-  std::lock_guard<std::mutex> lock(env.mutex);
-  if (!env.parsed) {
-    env.parsed = true;
-    env.isa = KernelIsa::kAuto;
-    env.error.clear();
-    const char* value = std::getenv("KDA_ISA");
-    if (value != nullptr && value[0] != '\0') {
-      try {
-        env.isa = ParseKernelIsa(value);
-        Check(CpuSupportsKernelIsa(env.isa), [&env] { return Unsupported(env.isa); });
-      } catch (const Error& e) {
-        env.error = std::string("KDA_ISA environment variable: ") + e.what();
-      }
-    }
-  }
-  if (!env.error.empty()) throw Error(env.error);
-  return env.isa;
+  return Env().Get([](const char* text) {
+    const KernelIsa isa = ParseKernelIsa(text);
+    Check(CpuSupportsKernelIsa(isa), [isa] { return Unsupported(isa); });
+    return isa;
+  });
 }
 
 }  // namespace
 
-KernelIsa ParseKernelIsa(const std::string& name) {
-  if (name == "auto") return KernelIsa::kAuto;
-  if (name == "generic") return KernelIsa::kGeneric;
-  if (name == "avx2") return KernelIsa::kAvx2;
-  if (name == "avx512") return KernelIsa::kAvx512;
-  if (name == "avx512_shape") return KernelIsa::kAvx512Shape;
-  throw Error("unknown kernel ISA '" + name + "' (expected auto, generic, avx2, avx512 or avx512_shape)");
-}
+KernelIsa ParseKernelIsa(const std::string& name) { return ParseNamed<KernelIsa>(name, kIsaNames, "kernel ISA"); }
 
-const char* KernelIsaName(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::kAuto:
-      return "auto";
-    case KernelIsa::kGeneric:
-      return "generic";
-    case KernelIsa::kAvx2:
-      return "avx2";
-    case KernelIsa::kAvx512:
-      return "avx512";
-    case KernelIsa::kAvx512Shape:
-      return "avx512_shape";
-  }
-  return "?";
-}
+const char* KernelIsaName(KernelIsa isa) { return NameOf(isa, kIsaNames); }
 
 bool CpuSupportsKernelIsa(KernelIsa isa) {
   switch (isa) {
@@ -174,14 +129,16 @@ KernelIsa BestKernelIsa() {
 
 void SetKernelIsa(KernelIsa isa) {
   Check(CpuSupportsKernelIsa(isa), [isa] { return Unsupported(isa); });
-  g_set_isa.store(isa == KernelIsa::kAuto ? kUnset : static_cast<int>(isa));
+  if (isa == KernelIsa::kAuto) {
+    Env().Unset();
+  } else {
+    Env().Set(isa);
+  }
 }
 
 KernelIsa ActiveKernelIsa() {
-  const int set = g_set_isa.load();
-  if (set != kUnset) return static_cast<KernelIsa>(set);
-  const KernelIsa env = EnvKernelIsa();
-  return env == KernelIsa::kAuto ? BestKernelIsa() : env;
+  const KernelIsa isa = EnvKernelIsa();
+  return isa == KernelIsa::kAuto ? BestKernelIsa() : isa;
 }
 
 namespace internal {
@@ -194,12 +151,7 @@ const KernelTable& KernelsFor(KernelIsa isa) {
 
 const KernelTable& ActiveKernels() { return *BuiltTable(ActiveKernelIsa()); }
 
-void ResetKernelIsaForTesting() {
-  g_set_isa.store(kUnset);
-  EnvIsa& env = Env();
-  std::lock_guard<std::mutex> lock(env.mutex);
-  env.parsed = false;
-}
+void ResetKernelIsaForTesting() { Env().Reset(); }
 
 }  // namespace internal
 }  // namespace kda

@@ -1,11 +1,9 @@
 // The KDA kernel dispatcher: which implementation a call runs, and the
 // dispatching entry points chunk_kda / fused_recurrent_kda. Auto runs the
 // optimized kernels (in the ISA variant of ActiveKernelIsa, kernels/isa/kernel_isa.cc).
-#include <atomic>
-#include <cstdlib>
-#include <mutex>
 #include <string>
 
+#include "base/named_choice.h"
 #include "kda/base/error.h"
 #include "kda/kernels/kda_args.h"
 #include "kda/kernels/kda_dispatch.h"
@@ -17,73 +15,28 @@
 namespace kda {
 namespace {
 
-constexpr int kUnset = -1;
-
-// The value given to SetDefaultKernelImpl, or kUnset.
-std::atomic<int> g_set_default{kUnset};
-
-// KDA_KERNEL, parsed once. A bad value is kept as an error message and thrown
-// whenever the default is needed (an Error, never an abort at startup).
-struct EnvDefault {
-  std::mutex mutex;
-  bool parsed = false;
-  KernelImpl impl = KernelImpl::kAuto;
-  std::string error;
-};
-
-EnvDefault& Env() {
-  static EnvDefault env;
+// SetDefaultKernelImpl's value, else KDA_KERNEL, parsed once.
+EnvSetting<KernelImpl>& Env() {
+  static EnvSetting<KernelImpl> env("KDA_KERNEL", KernelImpl::kAuto);
   return env;
 }
 
 KernelImpl EnvKernelImpl() {
-  EnvDefault& env = Env();
-  std::lock_guard<std::mutex> lock(env.mutex);
-  if (!env.parsed) {
-    env.parsed = true;
-    env.impl = KernelImpl::kAuto;
-    env.error.clear();
-    const char* value = std::getenv("KDA_KERNEL");
-    if (value != nullptr && value[0] != '\0') {
-      try {
-        env.impl = ParseKernelImpl(value);
-      } catch (const Error& e) {
-        env.error = std::string("KDA_KERNEL environment variable: ") + e.what();
-      }
-    }
-  }
-  if (!env.error.empty()) throw Error(env.error);
-  return env.impl;
+  return Env().Get([](const char* text) { return ParseKernelImpl(text); });
 }
+
+// In the enum's order.
+constexpr const char* kImplNames[] = {"auto", "reference", "optimized"};
 
 }  // namespace
 
-KernelImpl ParseKernelImpl(const std::string& name) {
-  if (name == "auto") return KernelImpl::kAuto;
-  if (name == "reference") return KernelImpl::kReference;
-  if (name == "optimized") return KernelImpl::kOptimized;
-  throw Error("unknown kernel '" + name + "' (expected auto, reference or optimized)");
-}
+KernelImpl ParseKernelImpl(const std::string& name) { return ParseNamed<KernelImpl>(name, kImplNames, "kernel"); }
 
-const char* KernelImplName(KernelImpl impl) {
-  switch (impl) {
-    case KernelImpl::kAuto:
-      return "auto";
-    case KernelImpl::kReference:
-      return "reference";
-    case KernelImpl::kOptimized:
-      return "optimized";
-  }
-  return "?";
-}
+const char* KernelImplName(KernelImpl impl) { return NameOf(impl, kImplNames); }
 
-void SetDefaultKernelImpl(KernelImpl impl) { g_set_default.store(static_cast<int>(impl)); }
+void SetDefaultKernelImpl(KernelImpl impl) { Env().Set(impl); }
 
-KernelImpl DefaultKernelImpl() {
-  const int set = g_set_default.load();
-  if (set != kUnset) return static_cast<KernelImpl>(set);
-  return EnvKernelImpl();
-}
+KernelImpl DefaultKernelImpl() { return EnvKernelImpl(); }
 
 KernelImpl ResolveKernelImpl(KernelImpl requested) {
   const KernelImpl impl = requested == KernelImpl::kAuto ? DefaultKernelImpl() : requested;
@@ -114,8 +67,8 @@ const char* ActiveKernelDescription(KernelImpl requested) {
   return "optimized/generic";
 }
 
-void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl) {
-  ValidateChunkKda(a);
+void chunk_kda(const ChunkKdaCall& call, KernelImpl impl) {
+  const ChunkKdaArgs a = BindChunkKda(call);  // checked there
   if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
     internal::ChunkKdaReferenceUnchecked(a);
   } else {
@@ -123,8 +76,8 @@ void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl) {
   }
 }
 
-void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl) {
-  ValidateRecurrentKda(a);
+void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl) {
+  const RecurrentKdaArgs a = BindRecurrentKda(call);
   if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
     internal::FusedRecurrentKdaReferenceUnchecked(a);
   } else {
@@ -134,12 +87,7 @@ void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl) {
 
 namespace internal {
 
-void ResetDefaultKernelImplForTesting() {
-  g_set_default.store(kUnset);
-  EnvDefault& env = Env();
-  std::lock_guard<std::mutex> lock(env.mutex);
-  env.parsed = false;
-}
+void ResetDefaultKernelImplForTesting() { Env().Reset(); }
 
 }  // namespace internal
 

@@ -49,6 +49,12 @@ def for_core(x, name: str):
     raise TypeError(f"{name}: expected an array (numpy, torch or JAX), got {type(x).__name__}")
 
 
+def spec_of(x, name: str) -> tuple:
+    """``x`` as a shape spec for the core's checks: (dtype name, shape), its data not read."""
+    dt = np_dtype(x)
+    return (dt.name if dt is not None else str(x.dtype).removeprefix("torch."), shape_of(x, name))
+
+
 def for_core_writable(x, name: str):
     """As for_core, for an array the core writes into (numpy writeable, or torch)."""
     if isinstance(x, np.ndarray):

@@ -1,4 +1,11 @@
-"""The KDA kernels with fla's signatures over numpy, torch CPU and JAX CPU arrays."""
+"""The KDA kernels with fla's signatures over numpy, torch CPU and JAX CPU arrays.
+
+Every check of the arguments is the C++ call description's (kda/kernels/kda_args.h), reached through
+``_core.chunk_kda`` / ``_core.fused_recurrent_kda``, whose messages surface unchanged. What stays here
+is Python's: converting arrays for the core (bf16 bit views, index lists, small float parameters),
+fla's defaults, and allocating the outputs in the caller's framework. A call first asks the core for
+the sizes it implies (``check_only``), allocates, then runs.
+"""
 
 from __future__ import annotations
 
@@ -13,33 +20,29 @@ from ._arrays import (
     is_torch,
     np_dtype,
     param_f32,
-    shape_of,
+    spec_of,
 )
 
 
-def _scale(scale) -> float:
-    if scale is None:
-        return 0.0  # the core's K^-0.5
-    s = float(scale)
-    if not s > 0 or not np.isfinite(s):
-        raise ValueError(f"scale: must be a finite number > 0 (None: K^-0.5), got {scale!r}")
-    return s
+def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+            kernel) -> dict:
+    """The arguments both kernels share, converted for the core."""
+    args = {n: for_core(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+    gate = bool(use_gate_in_kernel)
+    args.update(
+        scale=None if scale is None else float(scale),
+        cu_seqlens=None if cu_seqlens is None else int_array(cu_seqlens, "cu_seqlens", np.int64),
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
+        # As fla: A_log and dt_bias only matter with the gate in the kernel.
+        A_log=param_f32(A_log, "A_log") if gate and A_log is not None else None,
+        dt_bias=param_f32(dt_bias, "dt_bias") if gate and dt_bias is not None else None,
+        kernel=kernel)
+    return args
 
 
-def _token_shapes(q, v):
-    qs, vs = shape_of(q, "q"), shape_of(v, "v")
-    if len(qs) != 4:
-        raise ValueError(f"q: expected a 4-D array [B, T, H, K], got shape {list(qs)}")
-    if len(vs) != 4:
-        raise ValueError(f"v: expected a 4-D array [B, T, H, V], got shape {list(vs)}")
-    return qs, vs
-
-
-def _gate_params(use_gate_in_kernel, A_log, dt_bias):
-    if not use_gate_in_kernel:
-        return None, None
-    return (None if A_log is None else param_f32(A_log, "A_log"),
-            None if dt_bias is None else param_f32(dt_bias, "dt_bias"))
+def _output(q, s: dict):
+    """o [B, T, H, V] in q's dtype (checked by the core), in q's framework."""
+    return empty_like_framework(q, (s["B"], s["T"], s["H"], s["V"]), np_dtype(q))
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -54,43 +57,31 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     States are float32 ``[N, H, K, V]``: ``initial_state`` (None: zeros) is read, and the final state is
     returned when ``output_final_state``. With ``state_indices`` ([N] integers, negative: padding)
-    ``initial_state`` is a pool ``[S, H, K, V]``: sequence n reads and writes
+    ``initial_state`` is a pool ``[S, H, K, V]`` (the core's ``state``): sequence n reads and writes
     ``initial_state[state_indices[n]]`` in place, and the pool itself is returned as the final state.
 
     Returns ``(o, final_state or None)``; o ``[B, T, H, V]`` has q's dtype. Outputs are torch tensors
     when q is one, else numpy arrays. ``kernel``: "auto" | "reference" | "optimized".
     """
-    qs, vs = _token_shapes(q, v)
-    B, T, H, K = qs
-    V = vs[3]
-    if cu_seqlens is not None:
-        cu = int_array(cu_seqlens, "cu_seqlens", np.int64)
-        if B != 1:
-            raise ValueError(f"q: with cu_seqlens the batch must be packed as B = 1, got shape {list(qs)}")
-        if cu.ndim != 1 or cu.size < 2:
-            raise ValueError(f"cu_seqlens: expected shape [N + 1] with N >= 1, got {list(cu.shape)}")
+    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                   kernel)
+    pool = state_indices is not None
+    if pool:
+        args.update(initial_state=None, output_final_state=True,
+                    state=None if initial_state is None else for_core_writable(initial_state, "initial_state"),
+                    state_indices=int_array(state_indices, "state_indices", np.int32))
     else:
-        if B < 1:
-            raise ValueError(f"q: chunk_kda needs at least one sequence (B >= 1), got shape {list(qs)}")
-        cu = np.arange(B + 1, dtype=np.int64) * T
-    N = cu.size - 1
-    qdt = np_dtype(q)
-    o = empty_like_framework(q, (B, T, H, V), qdt if qdt is not None else np.dtype(np.float32))
-    a_log, dt = _gate_params(use_gate_in_kernel, A_log, dt_bias)
-    common = dict(scale=_scale(scale), use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
-                  use_gate_in_kernel=bool(use_gate_in_kernel), A_log=a_log, dt_bias=dt, kernel=kernel)
-    args = [for_core(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta"))]
-    if state_indices is not None:
-        if initial_state is None:
-            raise ValueError("initial_state: state_indices needs the state pool initial_state [S, H, K, V]")
-        pool = for_core_writable(initial_state, "initial_state")
-        idx = int_array(state_indices, "state_indices", np.int32)
-        _core.chunk_kda_into(for_core(o, "o"), None, pool, *args, cu, None, idx, **common)
+        args.update(initial_state=None if initial_state is None else for_core(initial_state, "initial_state"),
+                    output_final_state=bool(output_final_state), state=None, state_indices=None)
+    s = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
+    o = _output(q, s)
+    final = None
+    if output_final_state and not pool:
+        final = empty_like_framework(q, (s["N"], s["H"], s["K"], s["V"]), np.dtype(np.float32))
+    _core.chunk_kda(o=for_core(o, "o"), final_state=None if final is None else for_core(final, "final_state"),
+                    **args)
+    if pool:
         return o, (initial_state if output_final_state else None)
-    final = empty_like_framework(q, (N, H, K, V), np.dtype(np.float32)) if output_final_state else None
-    init = None if initial_state is None else for_core(initial_state, "initial_state")
-    _core.chunk_kda_into(for_core(o, "o"), None if final is None else for_core(final, "final_state"), None, *args,
-                         cu, init, None, **common)
     return o, final
 
 
@@ -109,47 +100,26 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplac
 
     Returns ``(o, final_state)``; o ``[B, T, H, V]`` has q's dtype (torch if q is, else numpy).
     """
-    qs, vs = _token_shapes(q, v)
-    B, T, H, K = qs
-    V = vs[3]
-    N = B * T
-    if cu_seqlens is not None:
-        cu = int_array(cu_seqlens, "cu_seqlens", np.int64)
-        if B != 1:
-            raise ValueError(f"q: with cu_seqlens the batch must be packed as B = 1, got shape {list(qs)}")
-        if cu.shape != (N + 1,) or not np.array_equal(cu, np.arange(N + 1)):
-            raise ValueError("cu_seqlens: fused_recurrent_kda decodes one token per sequence, so cu_seqlens must "
-                             f"be [0, 1, ..., {N}] for q of shape {list(qs)}")
-    elif T != 1:
-        raise ValueError(f"q: fused_recurrent_kda decodes one token per sequence: expected [N, 1, H, K] (or "
-                         f"[1, N, H, K] with cu_seqlens [0, 1, ..., N]), got shape {list(qs)}")
-    if ssm_state_indices is not None:
-        if initial_state is None:
-            raise ValueError("initial_state: ssm_state_indices needs the state pool initial_state [S, H, K, V]")
-        idx = int_array(ssm_state_indices, "ssm_state_indices", np.int32)
-    else:
+    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                   kernel)
+    idx = None if ssm_state_indices is None else int_array(ssm_state_indices, "ssm_state_indices", np.int32)
+    # The pool as the core will see it for the check: the array itself, or its shape when it is only read.
+    pool = None
+    if initial_state is not None:
+        pool = for_core_writable(initial_state, "initial_state") if inplace_final_state else spec_of(initial_state,
+                                                                                                     "initial_state")
+    s = _core.fused_recurrent_kda(o=None, initial_state=pool, ssm_state_indices=idx, check_only=True, **args)
+    N, H, K, V = s["N"], s["H"], s["K"], s["V"]
+    if idx is None:
         idx = np.arange(N, dtype=np.int32)
-    qdt = np_dtype(q)
-    o = empty_like_framework(q, (B, T, H, V), qdt if qdt is not None else np.dtype(np.float32))
-    a_log, dt = _gate_params(use_gate_in_kernel, A_log, dt_bias)
-    args = [for_core(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (g, "g"), (beta, "beta"))]
-    common = dict(scale=_scale(scale), use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
-                  use_gate_in_kernel=bool(use_gate_in_kernel), A_log=a_log, dt_bias=dt, kernel=kernel)
+        if pool is not None:  # sequence n uses state n: the pool must hold them
+            _core.fused_recurrent_kda(o=None, initial_state=pool, ssm_state_indices=idx, check_only=True, **args)
     if initial_state is None:
         state = empty_like_framework(q, (N, H, K, V), np.dtype(np.float32), zero=True)
     elif inplace_final_state:
         state = initial_state
-        for_core_writable(state, "initial_state")
     else:
         # A new [N, H, K, V]: sequence n's state gathered from the pool, updated there.
-        ss = shape_of(initial_state, "initial_state")
-        if len(ss) != 4 or ss[1:] != (H, K, V):
-            raise ValueError(f"initial_state: expected shape [S, H, K, V] = [S, {H}, {K}, {V}], got {list(ss)}")
-        if idx.shape != (N,):
-            raise ValueError(f"ssm_state_indices: expected shape [N] = [{N}], got {list(idx.shape)}")
-        if idx.size and idx.max() >= ss[0]:
-            raise ValueError(f"ssm_state_indices: index {int(idx.max())} is out of range for num_states = {ss[0]} "
-                             "(use a negative index for padding)")
         valid = np.nonzero(idx >= 0)[0]
         state = empty_like_framework(q, (N, H, K, V), np.dtype(np.float32), zero=True)
         if is_torch(state):
@@ -160,5 +130,7 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplac
         else:
             state[valid] = np.asarray(initial_state)[idx[valid]]
         idx = np.where(idx >= 0, np.arange(N, dtype=np.int32), -1).astype(np.int32)
-    _core.fused_recurrent_kda_into(for_core(o, "o"), for_core_writable(state, "initial_state"), *args, idx, **common)
+    o = _output(q, s)
+    _core.fused_recurrent_kda(o=for_core(o, "o"), initial_state=for_core_writable(state, "initial_state"),
+                              ssm_state_indices=idx, **args)
     return o, state

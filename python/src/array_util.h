@@ -23,12 +23,6 @@ namespace nb = nanobind;
 using InArray = nb::ndarray<nb::ro>;
 using OutArray = nb::ndarray<>;
 
-// The dtype of a float array: F32, or BF16 (DLPack bfloat16, or uint16 holding
-// bf16 bits: numpy has no native bfloat16, so kda's Python layer passes
-// ml_dtypes.bfloat16 arrays as uint16 views).
-template <class A>
-DType FloatDType(const A& a, const char* name);
-
 // The exact dtype required of an array (F32, I32, I64); TypeError otherwise.
 template <class A>
 void RequireDType(const A& a, DType want, const char* name);
@@ -67,47 +61,55 @@ void RequireNdim(const A& a, size_t ndim, const char* name, const char* layout) 
 
 // --- definitions ---
 
-inline std::string DlpackDTypeName(nb::dlpack::dtype d) {
-  // Only bf16 arrays reach the core as uint16 (kda._arrays.for_core refuses real uint16 arrays).
-  if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16) return "bfloat16";
-  const char* code = "?";
-  switch (static_cast<nb::dlpack::dtype_code>(d.code)) {
-    case nb::dlpack::dtype_code::Int:
-      code = "int";
-      break;
-    case nb::dlpack::dtype_code::UInt:
-      code = "uint";
-      break;
-    case nb::dlpack::dtype_code::Float:
-      code = "float";
-      break;
-    case nb::dlpack::dtype_code::Bfloat:
-      code = "bfloat";
-      break;
-    case nb::dlpack::dtype_code::Complex:
-      code = "complex";
-      break;
-    case nb::dlpack::dtype_code::Bool:
-      code = "bool";
-      break;
-    default:
-      break;
+// numpy's name of a DLPack dtype, for messages. uint16 is named "bfloat16": only bf16 arrays reach the core as
+// uint16 (kda._arrays.for_core refuses real uint16 arrays).
+inline const char* DlpackDTypeName(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  struct Name {
+    Code code;
+    int bits;
+    const char* name;
+  };
+  static constexpr Name kNames[] = {
+      {Code::Float, 16, "float16"},   {Code::Float, 32, "float32"},     {Code::Float, 64, "float64"},
+      {Code::Bfloat, 16, "bfloat16"}, {Code::Int, 8, "int8"},           {Code::Int, 16, "int16"},
+      {Code::Int, 32, "int32"},       {Code::Int, 64, "int64"},         {Code::UInt, 8, "uint8"},
+      {Code::UInt, 16, "bfloat16"},   {Code::UInt, 32, "uint32"},       {Code::UInt, 64, "uint64"},
+      {Code::Bool, 8, "bool"},        {Code::Complex, 64, "complex64"}, {Code::Complex, 128, "complex128"},
+  };
+  for (const Name& n : kNames) {
+    if (d.code == static_cast<uint8_t>(n.code) && d.bits == n.bits && d.lanes == 1) return n.name;
   }
-  return std::string(code) + std::to_string(d.bits);
+  return "an unknown dtype";
 }
 
 inline bool IsDType(nb::dlpack::dtype d, nb::dlpack::dtype_code code, int bits) {
   return d.code == static_cast<uint8_t>(code) && d.bits == bits && d.lanes == 1;
 }
 
-template <class A>
-DType FloatDType(const A& a, const char* name) {
-  const nb::dlpack::dtype d = a.dtype();
-  if (IsDType(d, nb::dlpack::dtype_code::Float, 32)) return DType::kF32;
-  if (IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16)) {
-    return DType::kBF16;
+// The kda dtype of a DLPack dtype; false when there is none. uint16 is BF16:
+// numpy has no native bfloat16, so kda's Python layer passes
+// ml_dtypes.bfloat16 arrays as uint16 views of their bits.
+template <class View>
+bool SetDType(View& v, nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  struct Map {
+    Code code;
+    int bits;
+    DType dtype;
+  };
+  static constexpr Map kMap[] = {
+      {Code::Float, 32, DType::kF32}, {Code::Bfloat, 16, DType::kBF16}, {Code::UInt, 16, DType::kBF16},
+      {Code::Int, 32, DType::kI32},   {Code::Int, 64, DType::kI64},     {Code::UInt, 8, DType::kU8},
+      {Code::Int, 8, DType::kI8},     {Code::Float, 16, DType::kF16},
+  };
+  for (const Map& m : kMap) {
+    if (IsDType(d, m.code, m.bits)) {
+      v.dtype = m.dtype;
+      return true;
+    }
   }
-  throw nb::type_error((std::string(name) + ": dtype must be float32 or bfloat16, got " + DlpackDTypeName(d)).c_str());
+  return false;
 }
 
 template <class A>

@@ -1,15 +1,19 @@
 // kda._core kernel entry points: chunk_kda and fused_recurrent_kda writing
-// into outputs the caller allocated (kda/__init__.py allocates them with
-// numpy or torch). Every argument is checked before the kernel runs, and the
-// kernel itself validates before writing, so a refused call writes nothing.
+// into outputs the caller allocated (python/kda/_kernels.py allocates them
+// with numpy or torch). The arguments become the C++ call description
+// (kda/kernels/kda_args.h), checked there, once: what stays here is Python's
+// (None, arrays through DLPack, shape specs of traced values, the GIL).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "kda/base/parallel.h"
@@ -22,202 +26,169 @@
 namespace kda::python {
 namespace {
 
-// q, k, v, g, beta and o of either kernel, checked: q/k/g [B, T, H, K], v/o
-// [B, T, H, V], beta [B, T, H]; q/k/v one float dtype, o q's dtype.
-struct TokenArrays {
-  int64_t B = 0, T = 0;
-  int H = 0, K = 0, V = 0;
-  ConstBuf q, k, v, g, beta;
-  MutBuf o;
-};
-
-TokenArrays CheckTokenArrays(const OutArray& o, const InArray& q, const InArray& k, const InArray& v, const InArray& g,
-                             const InArray& beta) {
-  TokenArrays t;
-  RequireNdim(q, 4, "q", "[B, T, H, K]");
-  RequireNdim(v, 4, "v", "[B, T, H, V]");
-  t.B = static_cast<int64_t>(q.shape(0));
-  t.T = static_cast<int64_t>(q.shape(1));
-  t.H = static_cast<int>(q.shape(2));
-  t.K = static_cast<int>(q.shape(3));
-  t.V = static_cast<int>(v.shape(3));
-  const std::vector<int64_t> qk_shape = {t.B, t.T, t.H, t.K};
-  const std::vector<int64_t> v_shape = {t.B, t.T, t.H, t.V};
-  RequireShape(k, qk_shape, "k", "[B, T, H, K] (q's shape)");
-  RequireShape(v, v_shape, "v", "[B, T, H, V] (B, T, H of q)");
-  RequireShape(g, qk_shape, "g", "[B, T, H, K] (q's shape)");
-  RequireShape(beta, {t.B, t.T, t.H}, "beta", "[B, T, H]");
-  RequireShape(o, v_shape, "o", "[B, T, H, V]");
-  const std::pair<const InArray*, const char*> ins[] = {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&g, "g"}, {&beta, "beta"}};
-  for (const auto& [a, name] : ins) RequireCpuContiguous(*a, name);
-  RequireCpuContiguous(o, "o");
-  t.q = {q.data(), FloatDType(q, "q")};
-  t.k = {k.data(), FloatDType(k, "k")};
-  t.v = {v.data(), FloatDType(v, "v")};
-  t.g = {g.data(), FloatDType(g, "g")};
-  t.beta = {beta.data(), FloatDType(beta, "beta")};
-  t.o = {o.data(), FloatDType(o, "o")};
-  if (t.k.dtype != t.q.dtype || t.v.dtype != t.q.dtype) {
-    throw nb::type_error((std::string("q, k and v must have one dtype, got ") + ActivationDTypeName(t.q.dtype) + ", " +
-                          ActivationDTypeName(t.k.dtype) + ", " + ActivationDTypeName(t.v.dtype))
-                             .c_str());
+// The element type of a shape-only argument, spelled as numpy / torch / JAX
+// spell it ("float32", "bfloat16", ...). Any other name is carried as a
+// foreign dtype (the tuple holding the string outlives the call).
+template <class View>
+void SetDTypeByName(View& v, const char* name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI32, DType::kI64, DType::kU8, DType::kI8, DType::kF16}) {
+    if (std::strcmp(name, TorchDTypeName(t)) == 0) {
+      v.dtype = t;
+      return;
+    }
   }
-  if (t.o.dtype != t.q.dtype) {
-    throw nb::type_error((std::string("o: dtype must be q's (") + ActivationDTypeName(t.q.dtype) + "), got " +
-                          ActivationDTypeName(t.o.dtype))
-                             .c_str());
-  }
-  return t;
+  v.foreign_dtype = name;
 }
 
-// A_log [H] and dt_bias [H*K] (or [H, K]) as fp32, when use_gate_in_kernel.
-void SetGateOptions(KdaOptions& opt, const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias, int H,
-                    int K) {
-  if (!opt.use_gate_in_kernel) return;
-  if (!a_log) throw nb::value_error("A_log: required with use_gate_in_kernel=True (shape [H])");
-  RequireDType(*a_log, DType::kF32, "A_log");
-  RequireCpuContiguous(*a_log, "A_log");
-  if (static_cast<int64_t>(a_log->size()) != H) {
-    throw nb::value_error(
-        ("A_log: expected H = " + std::to_string(H) + " elements ([H]), got shape " + ShapeString(ShapeOf(*a_log)))
+// One tensor argument of a kernel call: None (absent), a (dtype name, shape)
+// tuple (shape only: a traced JAX value), or an array read in place through
+// DLPack or the buffer protocol. Inputs may be read-only (a JAX array, a
+// non-writeable numpy array); outputs must be writable. nanobind converts
+// them when it matches the call, so they live for the whole call.
+using InArg = std::optional<std::variant<nb::tuple, nb::ndarray<nb::ro>>>;
+using OutArg = std::optional<std::variant<nb::tuple, nb::ndarray<>>>;
+
+template <class View>
+View SpecView(const nb::tuple& spec, const char* name) {
+  View v;
+  if (spec.size() != 2) throw nb::type_error((std::string(name) + ": a shape spec is (dtype, shape)").c_str());
+  const auto shape = nb::borrow<nb::sequence>(spec[1]);
+  const size_t ndim = nb::len(shape);
+  if (ndim > static_cast<size_t>(kMaxViewDims)) {
+    throw nb::value_error((std::string(name) + ": more than " + std::to_string(kMaxViewDims) + " dimensions").c_str());
+  }
+  SetDTypeByName(v, nb::cast<const char*>(spec[0]));
+  v.ndim = static_cast<int>(ndim);
+  for (size_t i = 0; i < ndim; ++i) v.shape[i] = nb::cast<int64_t>(shape[i]);
+  return v;
+}
+
+template <class View, class Array>
+View ArrayView(const Array& a, const char* name) {
+  View v;
+  if (a.device_type() != nb::device::cpu::value) {
+    throw nb::type_error(
+        (std::string(name) + ": must be a CPU array (DLPack device type " + std::to_string(a.device_type()) + ")")
             .c_str());
   }
-  opt.A_log = static_cast<const float*>(a_log->data());
-  if (dt_bias) {
-    RequireDType(*dt_bias, DType::kF32, "dt_bias");
-    RequireCpuContiguous(*dt_bias, "dt_bias");
-    if (static_cast<int64_t>(dt_bias->size()) != static_cast<int64_t>(H) * K) {
-      throw nb::value_error(("dt_bias: expected H*K = " + std::to_string(static_cast<int64_t>(H) * K) +
-                             " elements ([H*K] or [H, K]), got shape " + ShapeString(ShapeOf(*dt_bias)))
-                                .c_str());
-    }
-    opt.dt_bias = static_cast<const float*>(dt_bias->data());
+  if (a.ndim() > static_cast<size_t>(kMaxViewDims)) {
+    throw nb::value_error((std::string(name) + ": more than " + std::to_string(kMaxViewDims) + " dimensions").c_str());
   }
-}
-
-// state [S, H, K, V] fp32, writable; S returned.
-int64_t CheckStateBuffer(const OutArray& s, const char* name, int H, int K, int V) {
-  RequireNdim(s, 4, name, "[S, H, K, V]");
-  RequireDType(s, DType::kF32, name);
-  RequireCpuContiguous(s, name);
-  const int64_t S = static_cast<int64_t>(s.shape(0));
-  RequireShape(s, {S, H, K, V}, name, "[S, H, K, V]");
-  return S;
-}
-
-// int32 [N] state indices.
-const int32_t* CheckIndices(const InArray& idx, int64_t N, const char* name) {
-  RequireDType(idx, DType::kI32, name);
-  RequireCpuContiguous(idx, name);
-  RequireShape(idx, {N}, name, "[N]");
-  return static_cast<const int32_t*>(idx.data());
-}
-
-void ChunkKdaInto(const OutArray& o, const std::optional<OutArray>& final_state, const std::optional<OutArray>& state,
-                  const InArray& q, const InArray& k, const InArray& v, const InArray& g, const InArray& beta,
-                  const InArray& cu_seqlens, const std::optional<InArray>& initial_state,
-                  const std::optional<InArray>& state_indices, float scale, bool use_qk_l2norm_in_kernel,
-                  bool use_gate_in_kernel, const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias,
-                  const std::string& kernel) {
-  const KernelImpl impl = ParseKernelImpl(kernel);
-  const TokenArrays t = CheckTokenArrays(o, q, k, v, g, beta);
-  RequireDType(cu_seqlens, DType::kI64, "cu_seqlens");
-  RequireCpuContiguous(cu_seqlens, "cu_seqlens");
-  RequireNdim(cu_seqlens, 1, "cu_seqlens", "[N + 1]");
-  const int64_t N = static_cast<int64_t>(cu_seqlens.shape(0)) - 1;
-  if (N < 1) throw nb::value_error("cu_seqlens: expected shape [N + 1] with N >= 1, got [0]");
-
-  ChunkKdaArgs a;
-  a.o = t.o;
-  a.q = t.q;
-  a.k = t.k;
-  a.v = t.v;
-  a.g = t.g;
-  a.beta = t.beta;
-  a.T = t.B * t.T;
-  a.N = N;
-  a.H = t.H;
-  a.K = t.K;
-  a.V = t.V;
-  a.cu_seqlens = static_cast<const int64_t*>(cu_seqlens.data());
-  a.options.scale = scale;
-  a.options.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
-  a.options.use_gate_in_kernel = use_gate_in_kernel;
-  SetGateOptions(a.options, a_log, dt_bias, t.H, t.K);
-  const std::vector<int64_t> nhkv = {N, t.H, t.K, t.V};
-  if (state_indices) {
-    if (!state) throw nb::value_error("state_indices: needs the state pool (initial_state [S, H, K, V])");
-    a.num_states = CheckStateBuffer(*state, "initial_state", t.H, t.K, t.V);
-    a.state = static_cast<float*>(state->data());
-    a.state_indices = CheckIndices(*state_indices, N, "state_indices");
-    a.output_final_state = true;
-  } else {
-    if (initial_state) {
-      RequireDType(*initial_state, DType::kF32, "initial_state");
-      RequireCpuContiguous(*initial_state, "initial_state");
-      RequireShape(*initial_state, nhkv, "initial_state", "[N, H, K, V]");
-      a.initial_state = static_cast<const float*>(initial_state->data());
-    }
-    a.output_final_state = final_state.has_value();
-    if (final_state) {
-      RequireDType(*final_state, DType::kF32, "final_state");
-      RequireCpuContiguous(*final_state, "final_state");
-      RequireShape(*final_state, nhkv, "final_state", "[N, H, K, V]");
-      a.final_state = static_cast<float*>(final_state->data());
-    }
+  v.data = a.data();
+  if (!SetDType(v, a.dtype())) v.foreign_dtype = DlpackDTypeName(a.dtype());
+  v.ndim = static_cast<int>(a.ndim());
+  v.strided = true;
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.strides[i] = a.stride(i);
   }
-  ValidateChunkKda(a);  // kda::Error -> ValueError, with the GIL held
-  nb::gil_scoped_release release;
-  chunk_kda(a, impl);
+  return v;
 }
 
-void FusedRecurrentKdaInto(const OutArray& o, const OutArray& state, const InArray& q, const InArray& k,
-                           const InArray& v, const InArray& g, const InArray& beta, const InArray& state_indices,
-                           float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
-                           const std::optional<InArray>& a_log, const std::optional<InArray>& dt_bias,
-                           const std::string& kernel) {
+template <class View, class Arg>
+View ViewOf(const Arg& arg, const char* name) {
+  if (!arg) return View{};
+  if (const auto* spec = std::get_if<nb::tuple>(&*arg)) return SpecView<View>(*spec, name);
+  return ArrayView<View>(std::get<1>(*arg), name);
+}
+
+nb::dict ShapesDict(const KdaCallShapes& s) {
+  nb::dict d;
+  d["B"] = s.B;
+  d["T"] = s.T;
+  d["N"] = s.N;
+  d["H"] = s.H;
+  d["K"] = s.K;
+  d["V"] = s.V;
+  d["num_states"] = s.num_states;
+  return d;
+}
+
+// The arguments both kernels share: o, the token tensors and the options.
+template <class Call>
+void SetCommon(Call& c, const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
+               const InArg& beta, std::optional<float> scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+               const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias) {
+  c.o = ViewOf<MutTensorView>(o, "o");
+  c.q = ViewOf<TensorView>(q, "q");
+  c.k = ViewOf<TensorView>(k, "k");
+  c.v = ViewOf<TensorView>(v, "v");
+  c.g = ViewOf<TensorView>(g, "g");
+  c.beta = ViewOf<TensorView>(beta, "beta");
+  c.scale = scale;
+  c.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
+  c.use_gate_in_kernel = use_gate_in_kernel;
+  c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, "cu_seqlens");
+  c.A_log = ViewOf<TensorView>(a_log, "A_log");
+  c.dt_bias = ViewOf<TensorView>(dt_bias, "dt_bias");
+}
+
+// The call checked (check_only), or run without the GIL; the sizes it implies either way.
+template <class Call, class CheckFn, class RunFn>
+nb::dict CheckOrRun(const Call& c, KernelImpl impl, bool check_only, CheckFn check, RunFn run) {
+  const KdaCallShapes shapes = check(c);
+  if (!check_only) {
+    // Only the views are read from here on; a kda::Error raised without the GIL is translated once it is back.
+    nb::gil_scoped_release release;
+    run(c, impl);
+  }
+  return ShapesDict(shapes);
+}
+
+// The call's arguments in fla's order (plus kda's pool form), each tensor as
+// ViewOf takes it. check_only: the shape check only (outputs may be None,
+// shape specs allowed); otherwise the kernel runs, without the GIL.
+nb::dict ChunkKda(const OutArg& o, const OutArg& final_state, const InArg& q, const InArg& k, const InArg& v,
+                  const InArg& g, const InArg& beta, std::optional<float> scale, const InArg& initial_state,
+                  bool output_final_state, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+                  const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, const OutArg& state,
+                  const InArg& state_indices, const std::string& kernel, bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
-  const TokenArrays t = CheckTokenArrays(o, q, k, v, g, beta);
-  RecurrentKdaArgs a;
-  a.o = t.o;
-  a.q = t.q;
-  a.k = t.k;
-  a.v = t.v;
-  a.g = t.g;
-  a.beta = t.beta;
-  a.N = t.B * t.T;  // one token per sequence: [B, T] is N = B*T tokens
-  a.H = t.H;
-  a.K = t.K;
-  a.V = t.V;
-  a.num_states = CheckStateBuffer(state, "initial_state", t.H, t.K, t.V);
-  a.state = static_cast<float*>(state.data());
-  a.state_indices = CheckIndices(state_indices, a.N, "ssm_state_indices");
-  a.options.scale = scale;
-  a.options.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
-  a.options.use_gate_in_kernel = use_gate_in_kernel;
-  SetGateOptions(a.options, a_log, dt_bias, t.H, t.K);
-  ValidateRecurrentKda(a);
-  nb::gil_scoped_release release;
-  fused_recurrent_kda(a, impl);
+  ChunkKdaCall c;
+  SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
+  c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
+  c.initial_state = ViewOf<TensorView>(initial_state, "initial_state");
+  c.output_final_state = output_final_state;
+  c.state = ViewOf<MutTensorView>(state, "state");
+  c.state_indices = ViewOf<TensorView>(state_indices, "state_indices");
+  return CheckOrRun(c, impl, check_only, CheckChunkKdaShapes,
+                    [](const ChunkKdaCall& call, KernelImpl i) { chunk_kda(call, i); });
+}
+
+nb::dict FusedRecurrentKda(const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
+                           const InArg& beta, std::optional<float> scale, const OutArg& initial_state,
+                           const InArg& cu_seqlens, const InArg& ssm_state_indices, bool use_qk_l2norm_in_kernel,
+                           bool use_gate_in_kernel, const InArg& a_log, const InArg& dt_bias, const std::string& kernel,
+                           bool check_only) {
+  const KernelImpl impl = ParseKernelImpl(kernel);
+  RecurrentKdaCall c;
+  SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
+  c.initial_state = ViewOf<MutTensorView>(initial_state, "initial_state");
+  c.ssm_state_indices = ViewOf<TensorView>(ssm_state_indices, "ssm_state_indices");
+  return CheckOrRun(c, impl, check_only, CheckRecurrentKdaShapes,
+                    [](const RecurrentKdaCall& call, KernelImpl i) { fused_recurrent_kda(call, i); });
 }
 
 }  // namespace
 
 void BindKernels(nb::module_& m) {
-  m.def("chunk_kda_into", &ChunkKdaInto, nb::arg("o"), nb::arg("final_state").none(), nb::arg("state").none(),
-        nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("cu_seqlens"),
-        nb::arg("initial_state").none(), nb::arg("state_indices").none(), nb::arg("scale"),
-        nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("kernel"),
-        "chunk_kda over a packed batch, writing o [B, T, H, V] and final_state [N, H, K, V] (contiguous form) "
-        "or the pool `state` [S, H, K, V] through state_indices [N] int32 (pool form). cu_seqlens: int64 "
-        "[N + 1] over the B*T packed tokens. bf16 arrays may come as DLPack bfloat16 or as uint16 bit views.");
-  m.def("fused_recurrent_kda_into", &FusedRecurrentKdaInto, nb::arg("o"), nb::arg("state"), nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("state_indices"), nb::arg("scale"),
-        nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("kernel"),
-        "fused_recurrent_kda: one token per sequence (the B*T tokens of q are N sequences), sequence n "
-        "updating state[state_indices[n]] in place (negative: padding, output zero).");
+  // The two kernels, one entry each (python/kda/_kernels.py and kda.jax call them): every tensor is None, an array
+  // or a (dtype, shape) spec; check_only=True checks the shapes and returns the implied sizes without running.
+  m.def("chunk_kda", &ChunkKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("scale").none(), nb::arg("initial_state").none(),
+        nb::arg("output_final_state"), nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
+        nb::arg("cu_seqlens").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none(),
+        nb::arg("state_indices").none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
+        "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, H, V] and final_state [N, H, K, V], or "
+        "the pool `state` [S, H, K, V] through state_indices [N] int32. Returns {B, T, N, H, K, V, num_states}. bf16 "
+        "arrays may come as DLPack bfloat16 or as uint16 bit views.");
+  m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("g"), nb::arg("beta"), nb::arg("scale").none(), nb::arg("initial_state").none(),
+        nb::arg("cu_seqlens").none(), nb::arg("ssm_state_indices").none(), nb::arg("use_qk_l2norm_in_kernel"),
+        nb::arg("use_gate_in_kernel"), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("kernel") = "auto",
+        nb::arg("check_only") = false,
+        "fused_recurrent_kda (RecurrentKdaCall): one token per sequence, sequence n updating "
+        "initial_state[ssm_state_indices[n]] in place (negative: padding, output zero).");
   m.def(
       "set_num_threads",
       [](int n) {

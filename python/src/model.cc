@@ -140,6 +140,7 @@ class KdaLayer {
                              conv0 != nullptr ? static_cast<const uint8_t*>(conv0) + n * cs * esize : zero_conv.data());
         }
         batch.req_ids.push_back(n);
+        batch.req_pool_indices.push_back(slot);
         batch.extend_lens.push_back(cu[n + 1] - cu[n]);
         batch.prefix_lens.push_back(0);
         batch.state_seeded.push_back(seeded ? 1 : 0);
@@ -187,7 +188,7 @@ class Engine {
     config.max_running = max_running;
     config.prefill_chunk = prefill_chunk;
     config.step_token_budget = step_token_budget;
-    scheduler_ = std::make_unique<Scheduler>(*runner_, MemoryPools{pool_.get(), req_pool_.get()}, config);
+    scheduler_ = std::make_unique<Scheduler>(*runner_, config);
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

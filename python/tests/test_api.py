@@ -112,9 +112,11 @@ def test_pool_must_be_writable_float32():
 def test_fused_recurrent_one_token_per_sequence():
     q, k, v, g, beta = problem(B=1, T=3)
     run_refused(ValueError, r"one token per sequence: expected \[N, 1, H, K\]", kda.fused_recurrent_kda, q, k, v, g, beta)
-    run_refused(ValueError, r"cu_seqlens must be \[0, 1, ..., 3\]", kda.fused_recurrent_kda, q, k, v, g, beta,
-                cu_seqlens=np.array([0, 2, 3]))
-    run_refused(ValueError, r"ssm_state_indices needs the state pool", kda.fused_recurrent_kda, q, k, v, g, beta,
+    run_refused(ValueError, r"cu_seqlens: expected shape \[N \+ 1\] \(decode: one token per sequence\) = \[4\]",
+                kda.fused_recurrent_kda, q, k, v, g, beta, cu_seqlens=np.array([0, 2, 3]))
+    run_refused(ValueError, r"decodes one token per sequence, but cu_seqlens\[1\] = 2 \(want 1\)",
+                kda.fused_recurrent_kda, q, k, v, g, beta, cu_seqlens=np.array([0, 2, 3, 3]))
+    run_refused(ValueError, r"ssm_state_indices: needs the state pool", kda.fused_recurrent_kda, q, k, v, g, beta,
                 cu_seqlens=np.arange(4), ssm_state_indices=np.arange(3))
 
 
@@ -207,9 +209,10 @@ def test_core_writes_into_the_given_output():
     o = np.full((1, 4, H, K), np.nan, np.float32)
     fs = np.full((1, H, K, K), np.nan, np.float32)
     o_ptr, fs_ptr = o.ctypes.data, fs.ctypes.data
-    _core.chunk_kda_into(o, fs, None, q, k, v, g, beta, np.array([0, 4]), None, None, scale=0.0,
-                         use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-                         kernel="auto")
+    sizes = _core.chunk_kda(o, fs, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True,
+                            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]),
+                            A_log=None, dt_bias=None, state=None, state_indices=None)
+    assert sizes == dict(B=1, T=4, N=1, H=H, K=K, V=K, num_states=0)
     assert o.ctypes.data == o_ptr and fs.ctypes.data == fs_ptr
     want_o, want_s = kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
     np.testing.assert_array_equal(o, want_o)

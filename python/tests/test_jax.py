@@ -354,85 +354,114 @@ def _ok(B=1, T=4, H=2, K=16):
     return _random(rng, B, T, H, K)
 
 
+# (make the bad arguments, exception, the naive kernels' message, the C++ call description's message).
 BAD_CHUNK = [
-    (lambda q, k, v, g, b: dict(q=q[0]), ValueError, r"q must be \[B, T, H, K\]"),
-    (lambda q, k, v, g, b: dict(k=k[..., :8]), ValueError, r"k must be \[B, T, H, K\] = \[1, 4, 2, 16\]"),
-    (lambda q, k, v, g, b: dict(v=v[:, :3]), ValueError, r"v must be \[B, T, H, V\]"),
-    (lambda q, k, v, g, b: dict(g=g[..., :1, :]), ValueError, r"g must be \[B, T, H, K\]"),
-    (lambda q, k, v, g, b: dict(beta=b[..., None]), ValueError, r"beta must be \[B, T, H\] = \[1, 4, 2\]"),
+    (lambda q, k, v, g, b: dict(q=q[0]), ValueError, r"q must be \[B, T, H, K\]",
+     r"chunk_kda: q: expected a 4-D array \[B, T, H, K\]"),
+    (lambda q, k, v, g, b: dict(k=k[..., :8]), ValueError, r"k must be \[B, T, H, K\] = \[1, 4, 2, 16\]",
+     r"k: expected shape \[B, T, H, K\] \(q's shape\) = \[1, 4, 2, 16\]"),
+    (lambda q, k, v, g, b: dict(v=v[:, :3]), ValueError, r"v must be \[B, T, H, V\]", r"v: expected shape \[B, T, H, V\]"),
+    (lambda q, k, v, g, b: dict(g=g[..., :1, :]), ValueError, r"g must be \[B, T, H, K\]",
+     r"g: expected shape \[B, T, H, K\]"),
+    (lambda q, k, v, g, b: dict(beta=b[..., None]), ValueError, r"beta must be \[B, T, H\] = \[1, 4, 2\]",
+     r"beta: expected shape \[B, T, H\] = \[1, 4, 2\]"),
     (lambda q, k, v, g, b: dict(q=q.astype(jnp.float16), k=k.astype(jnp.float16), v=v.astype(jnp.float16)),
-     TypeError, "q must be float32 or bfloat16"),
-    (lambda q, k, v, g, b: dict(k=k.astype(jnp.bfloat16)), TypeError, "k must have q's dtype"),
-    (lambda q, k, v, g, b: dict(beta=b.astype(jnp.int32)), TypeError, "beta must be float32 or bfloat16"),
+     TypeError, "q must be float32 or bfloat16", "q: dtype must be float32 or bfloat16, got float16"),
+    (lambda q, k, v, g, b: dict(k=k.astype(jnp.bfloat16)), TypeError, "k must have q's dtype",
+     "q, k and v must have one dtype, got float32, bfloat16, float32"),
+    (lambda q, k, v, g, b: dict(beta=b.astype(jnp.int32)), TypeError, "beta must be float32 or bfloat16",
+     "beta: dtype must be float32 or bfloat16, got int32"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((2, 2, 16, 16))), ValueError,
-     r"initial_state must be \[N, H, K, V\] = \[1, 2, 16, 16\]"),
+     r"initial_state must be \[N, H, K, V\] = \[1, 2, 16, 16\]",
+     r"initial_state: expected shape \[N, H, K, V\] = \[1, 2, 16, 16\]"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((1, 2, 16, 16), jnp.bfloat16)), TypeError,
-     "initial_state must be float32"),
+     "initial_state must be float32", "initial_state: dtype must be float32, got bfloat16"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 2, 4], jnp.float32)), TypeError,
-     "cu_seqlens must be int32 or int64"),
+     "cu_seqlens must be int32 or int64", "cu_seqlens: dtype must be int32 or int64, got float32"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 3, 2, 4], jnp.int32)), ValueError,
-     "cu_seqlens must be non-decreasing"),
+     "cu_seqlens must be non-decreasing", "cu_seqlens must be non-decreasing"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 2, 5], jnp.int32)), ValueError,
-     r"cu_seqlens\[-1\] must equal the number of tokens 4"),
-    (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0], jnp.int32)), ValueError, r"cu_seqlens must be \[N \+ 1\]"),
+     r"cu_seqlens\[-1\] must equal the number of tokens 4", r"cu_seqlens\[N\] must equal T, got 5 with T = 4"),
+    (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0], jnp.int32)), ValueError, r"cu_seqlens must be \[N \+ 1\]",
+     r"cu_seqlens: expected shape \[N \+ 1\] with N >= 1"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([0], jnp.int32)), ValueError,
-     "state_indices needs initial_state"),
+     "state_indices needs initial_state", "state_indices: needs the state pool"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([3], jnp.int32), initial_state=jnp.zeros((3, 2, 16, 16))),
-     ValueError, r"state_indices\[0\] = 3 is out of range"),
+     ValueError, r"state_indices\[0\] = 3 is out of range", r"state_indices\[0\] = 3 is out of range"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([0, 1], jnp.int32), initial_state=jnp.zeros((3, 2, 16, 16))),
-     ValueError, r"state_indices must be \[N\] = \[1\]"),
-    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True), ValueError, "use_gate_in_kernel=True requires A_log"),
-    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(3)), ValueError, r"A_log must be \[H\] = \[2\]"),
+     ValueError, r"state_indices must be \[N\] = \[1\]", r"state_indices: expected shape \[N\] = \[1\]"),
+    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True), ValueError, "use_gate_in_kernel=True requires A_log",
+     "A_log: required with use_gate_in_kernel=True"),
+    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(3)), ValueError, r"A_log must be \[H\] = \[2\]",
+     r"A_log: expected H = 2 elements"),
     (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(2), dt_bias=jnp.zeros(5)), ValueError,
-     r"dt_bias must be \[H \* K\] = \[32\]"),
-    (lambda q, k, v, g, b: dict(scale=-1.0), ValueError, "scale must be a finite positive float"),
-    (lambda q, k, v, g, b: dict(scale="x"), TypeError, "scale must be a Python float"),
-    (lambda q, k, v, g, b: dict(v=jnp.zeros((1, 4, 2, 32))), ValueError, "the kernels need K == V"),
-    (lambda q, k, v, g, b: dict(kernel="fast"), ValueError, "kernel must be one of auto, ffi, naive"),
+     r"dt_bias must be \[H \* K\] = \[32\]", r"dt_bias: expected H\*K = 32 elements"),
+    (lambda q, k, v, g, b: dict(scale=-1.0), ValueError, "scale must be a finite positive float",
+     "scale must be a finite positive float"),
+    (lambda q, k, v, g, b: dict(scale="x"), TypeError, "scale must be a Python float", "scale must be a Python float"),
+    (lambda q, k, v, g, b: dict(kernel="fast"), ValueError, "kernel must be one of auto, ffi, naive",
+     "kernel must be one of auto, ffi, naive"),
 ]
 
 
-@pytest.mark.parametrize("make,exc,match", BAD_CHUNK)
-def test_chunk_bad_arguments(make, exc, match, backend):
+def _expect(exc, naive_match, ffi_match, backend):
+    return pytest.raises(exc, match=ffi_match if backend == "ffi" else naive_match)
+
+
+@pytest.mark.parametrize("make,exc,naive_match,ffi_match", BAD_CHUNK)
+def test_chunk_bad_arguments(make, exc, naive_match, ffi_match, backend):
     q, k, v, g, b = _ok()
     args = dict(q=q, k=k, v=v, g=g, beta=b)
     args.update(make(q, k, v, g, b))
-    with pytest.raises(exc, match=match):
+    with _expect(exc, naive_match, ffi_match, backend):
         kj.chunk_kda(**args, **({} if "kernel" in args else {"kernel": backend}))
 
 
-def test_chunk_cu_seqlens_needs_packed_batch():
+def test_ffi_needs_the_kernels_head_shape():
+    """The FFI kernels need K == V, a multiple of 16; the naive kernels take any head dims."""
+    _ffi_or_skip()
+    q, k, v, g, b = _ok()
+    with pytest.raises(ValueError, match="the kernels need K == V, got K = 16, V = 32"):
+        kj.chunk_kda(q, k, jnp.zeros((1, 4, 2, 32)), g, b, kernel="ffi")
+    o, _ = kj.chunk_kda(q, k, jnp.zeros((1, 4, 2, 32)), g, b, kernel="naive")
+    assert o.shape == (1, 4, 2, 32)
+
+
+def test_chunk_cu_seqlens_needs_packed_batch(backend):
     q, k, v, g, b = _random(np.random.default_rng(0), 2, 4, 2, 16)
     with pytest.raises(ValueError, match="B = 1"):
-        kj.chunk_kda(q, k, v, g, b, cu_seqlens=jnp.asarray([0, 8], jnp.int32), kernel="naive")
+        kj.chunk_kda(q, k, v, g, b, cu_seqlens=jnp.asarray([0, 8], jnp.int32), kernel=backend)
 
 
 BAD_DECODE = [
     (lambda q, k, v, g, b: dict(q=q.reshape(2, 2, 2, 16), k=k.reshape(2, 2, 2, 16), v=v.reshape(2, 2, 2, 16),
                                 g=g.reshape(2, 2, 2, 16), beta=b.reshape(2, 2, 2)),
-     ValueError, "one token per sequence"),
+     ValueError, "one token per sequence", r"decodes one token per sequence: expected \[N, 1, H, K\]"),
     (lambda q, k, v, g, b: dict(q=q.reshape(1, 4, 2, 16), k=k.reshape(1, 4, 2, 16), v=v.reshape(1, 4, 2, 16),
                                 g=g.reshape(1, 4, 2, 16), beta=b.reshape(1, 4, 2),
                                 cu_seqlens=jnp.asarray([0, 2, 3, 4, 4], jnp.int32)),
-     ValueError, "one token per sequence"),
-    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((3, 2, 16, 16))), ValueError, "the pool needs >= N = 4"),
+     ValueError, "one token per sequence", r"decodes one token per sequence, but cu_seqlens\[1\] = 2 \(want 1\)"),
+    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((3, 2, 16, 16))), ValueError, "the pool needs >= N = 4",
+     r"ssm_state_indices\[3\] = 3 is out of range for num_states = 3"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((4, 2, 16, 8))), ValueError,
-     r"initial_state must be the state pool \[S, H, K, V\] = \[S, 2, 16, 16\]"),
+     r"initial_state must be the state pool \[S, H, K, V\] = \[S, 2, 16, 16\]",
+     r"initial_state: expected shape \[S, H, K, V\] \(the state pool\) = \[4, 2, 16, 16\]"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((5, 2, 16, 16)), ssm_state_indices=jnp.asarray([0, 1, 1, -1])),
-     ValueError, "ssm_state_indices holds state 1 twice"),
+     ValueError, "ssm_state_indices holds state 1 twice",
+     r"duplicate state index 1 in ssm_state_indices\[1\] and ssm_state_indices\[2\]"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((5, 2, 16, 16)), ssm_state_indices=jnp.asarray([0, 1, 2])),
-     ValueError, r"ssm_state_indices must be \[N\] = \[4\]"),
+     ValueError, r"ssm_state_indices must be \[N\] = \[4\]", r"ssm_state_indices: expected shape \[N\] = \[4\]"),
     (lambda q, k, v, g, b: dict(ssm_state_indices=jnp.asarray([0, 1, 2, 3])), ValueError,
-     "ssm_state_indices needs initial_state"),
+     "ssm_state_indices needs initial_state", "ssm_state_indices: needs the state pool"),
 ]
 
 
-@pytest.mark.parametrize("make,exc,match", BAD_DECODE)
-def test_decode_bad_arguments(make, exc, match, backend):
+@pytest.mark.parametrize("make,exc,naive_match,ffi_match", BAD_DECODE)
+def test_decode_bad_arguments(make, exc, naive_match, ffi_match, backend):
     q, k, v, g, b = _random(np.random.default_rng(0), 4, 1, 2, 16)
     args = dict(q=q, k=k, v=v, g=g, beta=b)
     args.update(make(q, k, v, g, b))
-    with pytest.raises(exc, match=match):
+    with _expect(exc, naive_match, ffi_match, backend):
         kj.fused_recurrent_kda(**args, kernel=backend)
 
 

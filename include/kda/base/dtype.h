@@ -1,10 +1,14 @@
-// Element types that cross the component's API, and the untyped contiguous
-// buffers tagged with one (ConstBuf, MutBuf): how kernels, layers and backends
-// pass tensors whose dtype is chosen at run time (F32 or BF16).
+// Element types that cross the component's API; the untyped contiguous
+// buffers tagged with one (ConstBuf, MutBuf), how kernels, layers and backends
+// pass tensors whose dtype is chosen at run time (F32 or BF16); and tensor
+// views (pointer, dtype, shape, strides), how a caller describes the tensors
+// of a kernel call (kda/kernels/kda_args.h) before they are checked.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +30,9 @@ size_t DTypeSize(DType t);
 // string; the name of a non-activation dtype is "?".
 DType ParseActivationDType(const std::string& name);
 const char* ActivationDTypeName(DType t);
+
+// The dtype as torch and numpy spell it: "float32", "bfloat16", "int32", "int64", "uint8", "int8", "float16".
+const char* TorchDTypeName(DType t);
 
 // "[d0, d1, ...]", for messages; beyond 16 dimensions the first 8 and "... (N dimensions)".
 std::string ShapeString(const std::vector<int64_t>& shape);
@@ -68,5 +75,54 @@ struct MutBuf {
   void* data = nullptr;
   DType dtype = DType::kF32;
 };
+
+// A tensor as its caller holds it: pointer, dtype, shape and (optionally)
+// strides, in elements. Nothing is checked when a view is made; the code that
+// takes views checks them and names the argument in its errors. A view of
+// ndim -1 is an absent optional argument. A null `data` with a shape is a
+// shape-only view (tracing: the shape is known, the data not yet).
+inline constexpr int kMaxViewDims = 8;
+
+template <class Ptr>
+struct BasicTensorView {
+  Ptr data = nullptr;
+  DType dtype = DType::kF32;
+  // Set when the caller's dtype has no DType ("float64", "int16", ...): the
+  // view is refused wherever it appears, the message naming this dtype.
+  const char* foreign_dtype = nullptr;
+  int ndim = -1;  // -1: absent
+  int64_t shape[kMaxViewDims] = {};
+  int64_t strides[kMaxViewDims] = {};  // in elements; read only when `strided`
+  bool strided = false;                // false: C-contiguous
+
+  bool present() const { return ndim >= 0; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+};
+
+using TensorView = BasicTensorView<const void*>;
+using MutTensorView = BasicTensorView<void*>;
+
+// A C-contiguous view of `data` (at most kMaxViewDims dimensions; more are a
+// programming error and throw std::invalid_argument).
+template <class Ptr>
+BasicTensorView<Ptr> ContiguousView(Ptr data, DType dtype, std::initializer_list<int64_t> shape);
+
+// --- definitions ---
+
+template <class Ptr>
+BasicTensorView<Ptr> ContiguousView(Ptr data, DType dtype, std::initializer_list<int64_t> shape) {
+  BasicTensorView<Ptr> v;
+  if (shape.size() > static_cast<size_t>(kMaxViewDims)) throw std::invalid_argument("ContiguousView: too many dims");
+  v.data = data;
+  v.dtype = dtype;
+  v.ndim = static_cast<int>(shape.size());
+  int i = 0;
+  for (int64_t d : shape) v.shape[i++] = d;
+  return v;
+}
 
 }  // namespace kda

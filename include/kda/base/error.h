@@ -13,6 +13,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+// The refusal of an argument's element type (Python front ends raise it as
+// TypeError, every other kda::Error as ValueError).
+class DTypeError : public Error {
+ public:
+  explicit DTypeError(const std::string& what) : Error(what) {}
+};
+
 // Throws kda::Error(message) when `ok` is false.
 inline void Check(bool ok, const std::string& message) {
   if (!ok) throw Error(message);

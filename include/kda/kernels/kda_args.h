@@ -1,8 +1,13 @@
 // The arguments of the two KDA core kernels, chunked prefill (`chunk_kda`) and
-// one-token decode (`fused_recurrent_kda`), and their validation
-// (kernels/kda/kda_args.cc). Every implementation takes these: the references
-// (chunk_kda_reference.h, fused_recurrent_kda_reference.h), the optimized
-// kernels (kda_optimized.h) and the dispatcher (kda_dispatch.h).
+// one-token decode (`fused_recurrent_kda`), in two forms (kernels/kda/kda_args.cc):
+// - the call (ChunkKdaCall, RecurrentKdaCall): the tensors as views plus the
+//   options, in fla's names. This is what callers build: the backend, the
+//   numpy/torch bindings, the XLA FFI handlers, the tests and the benchmarks.
+//   BindChunkKda / BindRecurrentKda check it, once, and bind it to
+// - the kernel arguments (ChunkKdaArgs, RecurrentKdaArgs): pointers and
+//   sizes, what the implementations take: the references
+//   (chunk_kda_reference.h, fused_recurrent_kda_reference.h) and the optimized
+//   kernels (kda_optimized.h). The dispatcher (kda_dispatch.h) takes calls.
 //
 // Notation: T tokens (packed), N sequences, H heads, K key dim, V value dim.
 // Per head, the state S is K x V, stored K-major ([k][v]); a batch of states
@@ -15,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kda/base/dtype.h"
 
@@ -108,5 +114,80 @@ struct RecurrentKdaArgs {
 // kernels call these first and touch no output when they throw.
 void ValidateChunkKda(const ChunkKdaArgs& a);
 void ValidateRecurrentKda(const RecurrentKdaArgs& a);
+
+// ------------------------------------------------------------------ calls
+
+// chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.
+// B batch rows of T tokens; with cu_seqlens B = 1 and the T tokens are N
+// packed sequences, without it the rows are N = B sequences of T tokens.
+struct ChunkKdaCall {
+  // Outputs (absent in a shape check).
+  MutTensorView o;            // [B, T, H, V], q's dtype
+  MutTensorView final_state;  // [N, H, K, V] f32; required with output_final_state (contiguous form)
+  // Inputs, in fla's order.
+  TensorView q, k;             // [B, T, H, K], f32 or bf16 (one dtype with v)
+  TensorView v;                // [B, T, H, V]
+  TensorView g;                // [B, T, H, K] f32 or bf16: log decay, or the raw gate with use_gate_in_kernel
+  TensorView beta;             // [B, T, H] f32 or bf16
+  std::optional<float> scale;  // none: K^-0.5; else finite and > 0
+  TensorView initial_state;    // [N, H, K, V] f32, optional (zeros); may be final_state's buffer
+  bool output_final_state = false;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  TensorView cu_seqlens;  // [N + 1] i64 or i32, optional
+  TensorView A_log;       // [H] f32, required with use_gate_in_kernel (else ignored, as fla)
+  TensorView dt_bias;     // [H * K] or [H, K] f32, optional with use_gate_in_kernel
+  // kda's pool form: with state_indices [N] i32, sequence n reads and writes
+  // state[state_indices[n]] of the pool [S, H, K, V] f32 in place (negative:
+  // padding), whatever output_final_state says; initial_state and final_state
+  // stay absent.
+  MutTensorView state;
+  TensorView state_indices;
+  TensorView has_initial_state;  // [N] u8, optional: 0 starts sequence n from zeros
+  // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), passed through.
+  const int64_t* snapshot_cu = nullptr;
+  const int64_t* snapshot_offsets = nullptr;
+  float* const* snapshot_states = nullptr;
+};
+
+// fused_recurrent_kda as vLLM calls it: one token for each of N sequences,
+// each updating its state in the pool in place.
+struct RecurrentKdaCall {
+  MutTensorView o;  // [B, T, H, V], q's dtype (absent in a shape check)
+  // q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H]: N = B * T tokens,
+  // either [N, 1, ...], or [1, N, ...] with cu_seqlens = [0, 1, ..., N].
+  TensorView q, k, v, g, beta;
+  std::optional<float> scale;
+  MutTensorView initial_state;   // the pool [S, H, K, V] f32, updated in place
+  TensorView cu_seqlens;         // [N + 1] i64 or i32, optional
+  TensorView ssm_state_indices;  // [N] i32: sequence n uses initial_state[ssm_state_indices[n]]; < 0 padding
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  TensorView A_log, dt_bias;  // as ChunkKdaCall
+};
+
+// The sizes a call implies: o is [B, T, H, V], a final state [N, H, K, V].
+struct KdaCallShapes {
+  int64_t B = 0, T = 0, N = 0;
+  int H = 0, K = 0, V = 0;
+  int64_t num_states = 0;  // S of the pool form (0 otherwise)
+};
+
+// Checks the call's shapes, dtypes, layouts and options without reading any
+// tensor's data, which may be null (a traced call), except the small index
+// tensors (cu_seqlens, the state indices, has_initial_state): those are
+// checked by value when their data is given. Outputs may be absent, and so
+// may fused_recurrent_kda's pool and indices (a caller learning N). Throws
+// kda::Error naming the argument (kda::DTypeError for element types).
+KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call);
+KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call);
+
+// Everything CheckChunkKdaShapes checks, every output present, and the
+// values (ValidateChunkKda); returns the kernel arguments, pointing into the
+// call's tensors. Allocates nothing, except that int32 or absent cu_seqlens
+// are widened into a per-thread buffer, which the arguments point to until the
+// thread's next bind.
+ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call);
+RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call);
 
 }  // namespace kda

@@ -32,8 +32,9 @@ KernelImpl ResolveKernelImpl(KernelImpl requested);
 // throws like ResolveKernelImpl / ActiveKernelIsa.
 const char* ActiveKernelDescription(KernelImpl requested = KernelImpl::kAuto);
 
-// Dispatching entry points.
-void chunk_kda(const ChunkKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
-void fused_recurrent_kda(const RecurrentKdaArgs& a, KernelImpl impl = KernelImpl::kAuto);
+// Dispatching entry points: bind the call (kda_args.h; kda::Error naming the
+// argument, nothing written) and run the implementation `impl` resolves to.
+void chunk_kda(const ChunkKdaCall& call, KernelImpl impl = KernelImpl::kAuto);
+void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl = KernelImpl::kAuto);
 
 }  // namespace kda

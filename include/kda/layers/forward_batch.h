@@ -24,7 +24,10 @@ const char* ForwardModeName(ForwardMode mode);
 
 struct ForwardBatch {
   ForwardMode mode = ForwardMode::kExtend;
-  std::vector<int64_t> req_ids;      // [N] requests, each holding a state slot
+  std::vector<int64_t> req_ids;  // [N] requests, each holding a state slot
+  // [N] each request's state slot (HybridReqToTokenPool::Alloc's), resolved
+  // once by whoever builds the batch (sglang's req_pool_indices).
+  std::vector<int32_t> req_pool_indices;
   std::vector<int64_t> extend_lens;  // [N] tokens of each request in this step (1 in DECODE)
   std::vector<int64_t> prefix_lens;  // [N] tokens of each request processed before this step
   // [N] or empty: the request's slot was seeded with an initial state before
@@ -47,6 +50,14 @@ struct ForwardBatch {
     return t;
   }
 };
+
+// Where a request's tokens sit among a batch's packed tokens: rows
+// [begin, begin + rows) (rows 0 when the request is not in the batch).
+struct BatchRows {
+  int64_t begin = 0;
+  int64_t rows = 0;
+};
+BatchRows RowsOf(const ForwardBatch& batch, int64_t req_id);
 
 // The tensors of one KDA layer's forward pass, T tokens of the batch, P = H*K.
 // In the activation dtype unless marked fp32.

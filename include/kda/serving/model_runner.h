@@ -14,7 +14,9 @@ namespace kda {
 class ModelRunner {
  public:
   // The pools must have been made for this model (one pool layer per KDA
-  // layer, its heads, head dim and conv width, conv dtype = activation dtype).
+  // layer, its heads, head dim and conv width, conv dtype = activation dtype);
+  // checked here, once. The runner holds them for its backend and for a
+  // Scheduler over it; they must outlive the runner.
   ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel = KernelImpl::kAuto);
 
   // Runs one batch through every layer. x [T, hidden] -> out [T, hidden], in
@@ -28,10 +30,12 @@ class ModelRunner {
   void SetObserver(LayerObserver* observer) { backend_.SetObserver(observer); }
 
   const KdaModel& model() const { return model_; }
+  const MemoryPools& pools() const { return pools_; }
   const KDAAttnBackend& backend() const { return backend_; }
 
  private:
   const KdaModel& model_;
+  MemoryPools pools_;
   KDAAttnBackend backend_;
 };
 

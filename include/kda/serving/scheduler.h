@@ -82,8 +82,8 @@ struct StepRecord {
 
 class Scheduler {
  public:
-  // `pools` must be the runner's pools. Applies CheckServerArgs to `config`.
-  Scheduler(ModelRunner& runner, MemoryPools pools, const SchedulerConfig& config);
+  // Serves through `runner`, on its pools. Applies CheckServerArgs to `config`.
+  Scheduler(ModelRunner& runner, const SchedulerConfig& config);
 
   // Frees the slots of the requests still running: the pool outlives a
   // scheduler that stopped on an error with nothing leaked.
@@ -122,7 +122,8 @@ class Scheduler {
  private:
   struct Running {
     ServeRequest req;
-    int64_t done = 0;  // tokens processed
+    int32_t slot = -1;  // its state slot, resolved once at admission
+    int64_t done = 0;   // tokens processed
     bool seeded = false;
     bool cacheable = false;  // token ids, no initial state, the cache on
     RequestResult result;

@@ -1,16 +1,9 @@
 #include "kda/layers/attention/linear/kda_backend.h"
-#include "kda/layers/attention/linear/linear_recurrent_backend.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <string>
-#include <unordered_set>
+#include <cstdint>
 
-#include "base/act_buffer.h"
-#include "kda/base/error.h"
+#include "base/scratch.h"
 #include "kda/kernels/elementwise.h"
-#include "kda/kernels/short_conv.h"
 #include "kda/layers/radix_linear_attention.h"
 
 namespace kda {
@@ -18,123 +11,72 @@ namespace kda {
 KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
     : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
 
-struct KDAAttnBackend::Inputs {
-  ActBuffer q, k, v;         // [T, P]
-  ScratchArray<float> g;     // [T, H, K] fp32 log decay
-  ScratchArray<float> beta;  // [T, H] fp32
-};
-
-void KDAAttnBackend::Prepare(const RadixLinearAttention& layer, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                             ConstBuf beta_logits, Inputs& in) {
-  const int64_t T = md_.num_tokens;
-  const int64_t p = layer.projection_size();
-  const int H = layer.num_heads();
-  const int K = layer.head_k_dim();
-  in.q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  in.k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  in.v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  RunShortConv(layer, mixed_qkv, {in.q.mut(), in.k.mut(), in.v.mut()});
-  // Forget gate (fp32 log space, unbounded below) and beta.
-  in.g = ScratchArray<float>(static_cast<size_t>(T * p));
-  in.beta = ScratchArray<float>(static_cast<size_t>(T * H));
-  KdaGateBeta(in.g.data(), in.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T, H,
-              K);
-}
-
 namespace {
 
-// The core's tensors of one layer (tp = T * H * K values of gate_raw and o).
-void ReportTensors(LayerObserver& obs, int layer_id, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
-                   ConstBuf gate_raw, const ScratchArray<float>& g, const ScratchArray<float>& beta, MutBuf o,
-                   int64_t tp) {
-  obs.OnTensor(layer_id, LayerTensor::kQConv, q.view(), q.size());
-  obs.OnTensor(layer_id, LayerTensor::kKConv, k.view(), k.size());
-  obs.OnTensor(layer_id, LayerTensor::kVConv, v.view(), v.size());
-  obs.OnTensor(layer_id, LayerTensor::kGateRaw, gate_raw, tp);
-  obs.OnTensor(layer_id, LayerTensor::kGate, {g.data(), DType::kF32}, static_cast<int64_t>(g.size()));
-  obs.OnTensor(layer_id, LayerTensor::kBeta, {beta.data(), DType::kF32}, static_cast<int64_t>(beta.size()));
-  obs.OnTensor(layer_id, LayerTensor::kCoreOutput, {o.data, o.dtype}, tp);
+// The forget gate g [T, H, K] (fp32 log space, unbounded below) and beta [T, H] of a step.
+struct GateBeta {
+  ScratchArray<float> g, beta;
+};
+
+GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, ConstBuf beta_logits, int64_t T) {
+  const int H = layer.num_heads();
+  const int K = layer.head_k_dim();
+  GateBeta gb{ScratchArray<float>(static_cast<size_t>(T * H * K)), ScratchArray<float>(static_cast<size_t>(T * H))};
+  KdaGateBeta(gb.g.data(), gb.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T, H,
+              K);
+  return gb;
 }
 
-KdaOptions CoreOptions(const RadixLinearAttention& layer) {
-  KdaOptions opt;
-  opt.scale = layer.scale();
-  opt.use_qk_l2norm_in_kernel = true;
-  return opt;
+// The step's tokens and options as a core call: `rows` batch rows of `t`
+// tokens ([1, T, ...] for prefill, [N, 1, ...] for decode).
+template <class Call>
+Call CoreCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, int64_t rows, int64_t t) {
+  const int64_t H = s.layer.num_heads();
+  const int64_t K = s.layer.head_k_dim();
+  const int64_t V = s.layer.head_v_dim();
+  Call c;
+  c.o = ContiguousView<void*>(s.o.data, s.o.dtype, {rows, t, H, V});
+  c.q = ContiguousView<const void*>(s.q.data, s.q.dtype, {rows, t, H, K});
+  c.k = ContiguousView<const void*>(s.k.data, s.k.dtype, {rows, t, H, K});
+  c.v = ContiguousView<const void*>(s.v.data, s.v.dtype, {rows, t, H, V});
+  c.g = ContiguousView<const void*>(gb.g.data(), DType::kF32, {rows, t, H, K});
+  c.beta = ContiguousView<const void*>(gb.beta.data(), DType::kF32, {rows, t, H});
+  c.scale = s.layer.scale();
+  c.use_qk_l2norm_in_kernel = true;
+  return c;
 }
 
 }  // namespace
 
-void KDAAttnBackend::ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits) {
-  SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
-  Inputs in;
-  Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
-  const LayerStateCache cache = Cache(layer.layer_id());
-  ChunkKdaArgs a;
-  std::vector<float*> snapshots;  // this layer's part of each snapshot
-  if (!md_.snapshot_cu.empty()) {
-    const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
-    for (float* s : md_.snapshot_recurrent) snapshots.push_back(s + layer.layer_id() * rs);
-    a.snapshot_cu = md_.snapshot_cu.data();
-    a.snapshot_offsets = md_.snapshot_offsets.data();
-    a.snapshot_states = snapshots.data();
-  }
-  a.o = o;
-  a.q = in.q.view();
-  a.k = in.k.view();
-  a.v = in.v.view();
-  a.g = {in.g.data(), DType::kF32};
-  a.beta = {in.beta.data(), DType::kF32};
-  a.cu_seqlens = md_.cu_q_lens.data();
-  // States read and written in place in the pool's slots; fresh requests start from zeros.
-  a.state = cache.recurrent;
-  a.state_indices = md_.recurrent_indices.data();
-  a.num_states = cache.num_slots;
-  a.has_initial_state = md_.has_initial_state.data();
-  a.output_final_state = true;
-  a.T = md_.num_tokens;
-  a.N = static_cast<int64_t>(md_.recurrent_indices.size());
-  a.H = layer.num_heads();
-  a.K = layer.head_k_dim();
-  a.V = layer.head_v_dim();
-  a.options = CoreOptions(layer);
-  chunk_kda(a, kernel_);
-  if (observer_ != nullptr) {
-    ReportTensors(*observer_, layer.layer_id(), in.q, in.k, in.v, gate_raw, in.g, in.beta, o,
-                  md_.num_tokens * a.H * a.K);
-  }
+void KDAAttnBackend::ReportGate(const CoreStep& s, const float* g, const float* beta) const {
+  const int id = s.layer.layer_id();
+  const int64_t thk = s.num_tokens * s.layer.num_heads() * s.layer.head_k_dim();
+  Report(id, LayerTensor::kGateRaw, s.gate_raw, thk);
+  Report(id, LayerTensor::kGate, {g, DType::kF32}, thk);
+  Report(id, LayerTensor::kBeta, {beta, DType::kF32}, s.num_tokens * s.layer.num_heads());
 }
 
-void KDAAttnBackend::ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits) {
-  Inputs in;
-  Prepare(layer, mixed_qkv, gate_raw, beta_logits, in);
-  const LayerStateCache cache = Cache(layer.layer_id());
-  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
-  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  for (int64_t n = 0; n < N; ++n) {
-    if (md_.has_initial_state[n] == 0) std::fill_n(cache.recurrent + md_.recurrent_indices[n] * rs, rs, 0.0F);
-  }
-  RecurrentKdaArgs a;
-  a.o = o;
-  a.state = cache.recurrent;
-  a.state_indices = md_.recurrent_indices.data();
-  a.num_states = cache.num_slots;
-  a.q = in.q.view();
-  a.k = in.k.view();
-  a.v = in.v.view();
-  a.g = {in.g.data(), DType::kF32};
-  a.beta = {in.beta.data(), DType::kF32};
-  a.N = N;
-  a.H = layer.num_heads();
-  a.K = layer.head_k_dim();
-  a.V = layer.head_v_dim();
-  a.options = CoreOptions(layer);
-  fused_recurrent_kda(a, kernel_);
-  if (observer_ != nullptr) {
-    ReportTensors(*observer_, layer.layer_id(), in.q, in.k, in.v, gate_raw, in.g, in.beta, o, N * a.H * a.K);
-  }
+void KDAAttnBackend::RunExtend(const CoreStep& s) {
+  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
+  ChunkKdaCall c = CoreCall<ChunkKdaCall>(s, gb, 1, s.num_tokens);
+  c.cu_seqlens = s.cu_seqlens;
+  c.state = s.state;  // fresh requests start from zeros (has_initial_state)
+  c.state_indices = s.state_indices;
+  c.has_initial_state = s.has_initial_state;
+  c.snapshot_cu = s.snapshot_cu;
+  c.snapshot_offsets = s.snapshot_offsets;
+  c.snapshot_states = s.snapshot_states;
+  chunk_kda(c, kernel_);
+  ReportGate(s, gb.g.data(), gb.beta.data());
+}
+
+void KDAAttnBackend::RunDecode(const CoreStep& s) {
+  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
+  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, s.num_seqs, 1);
+  c.initial_state = s.state;
+  c.ssm_state_indices = s.state_indices;
+  fused_recurrent_kda(c, kernel_);
+  ReportGate(s, gb.g.data(), gb.beta.data());
 }
 
 }  // namespace kda

@@ -22,8 +22,8 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
   Check(mode == ForwardMode::kExtend || mode == ForwardMode::kDecode || mode == ForwardMode::kIdle,
         std::string("forward mode ") + ForwardModeName(mode) + " is not supported by the KDA backend");
   const size_t n = batch.req_ids.size();
-  Check(batch.extend_lens.size() == n && batch.prefix_lens.size() == n,
-        "forward batch: req_ids, extend_lens and prefix_lens must have one entry per request");
+  Check(batch.extend_lens.size() == n && batch.prefix_lens.size() == n && batch.req_pool_indices.size() == n,
+        "forward batch: req_ids, req_pool_indices, extend_lens and prefix_lens must have one entry per request");
   Check(batch.state_seeded.empty() || batch.state_seeded.size() == n,
         "forward batch: state_seeded must be empty or have one entry per request");
   if (mode == ForwardMode::kIdle) {
@@ -42,7 +42,11 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
     Check(mode != ForwardMode::kDecode || batch.extend_lens[i] == 1,
           "forward batch: a DECODE batch has exactly one token per request");
     md.cu_q_lens.push_back(md.cu_q_lens.back() + batch.extend_lens[i]);
-    md.recurrent_indices.push_back(pools_.req_to_token_pool->SlotOf(req));
+    const int32_t slot = batch.req_pool_indices[i];
+    Check(pools_.req_to_token_pool->Holds(req, slot), [&] {
+      return "forward batch: request " + std::to_string(req) + " does not hold state slot " + std::to_string(slot);
+    });
+    md.recurrent_indices.push_back(slot);
     const bool seeded = !batch.state_seeded.empty() && batch.state_seeded[i] != 0;
     md.has_initial_state.push_back(batch.prefix_lens[i] > 0 || seeded ? 1 : 0);
   }
@@ -78,30 +82,97 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
   if (observer_ != nullptr) observer_->OnBatch(batch);
 }
 
+void LinearRecurrentAttnBackend::CheckLayer(const RadixLinearAttention& layer) const {
+  const RecurrentStatePool& pool = *pools_.state_pool;
+  Check(layer.layer_id() >= 0 && layer.layer_id() < pool.num_layers(), [&] {
+    return "attention backend: layer " + std::to_string(layer.layer_id()) + " has no state in the pool (" +
+           std::to_string(pool.num_layers()) + " layers)";
+  });
+  Check(layer.num_heads() == pool.shape().H && layer.head_k_dim() == pool.shape().K &&
+            layer.head_v_dim() == pool.shape().K && layer.conv_width() == pool.shape().W,
+        "attention backend: the layer's heads, head dims or conv width differ from the pool's");
+}
+
 void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
                                          ConstBuf gate_raw, ConstBuf beta_logits) {
-  const RecurrentStatePool& pool = *pools_.state_pool;
-  Check(layer.layer_id() < pool.num_layers(), "attention backend: layer " + std::to_string(layer.layer_id()) +
-                                                  " has no state in the pool (" + std::to_string(pool.num_layers()) +
-                                                  " layers)");
-  Check(layer.num_heads() == pool.shape().H && layer.head_k_dim() == pool.shape().K &&
-            layer.conv_width() == pool.shape().W,
-        "attention backend: the layer's heads, head dim or conv width differ from the pool's");
-  Check(mixed_qkv.dtype == pool.conv_dtype() && gate_raw.dtype == mixed_qkv.dtype &&
-            beta_logits.dtype == mixed_qkv.dtype && o.dtype == mixed_qkv.dtype,
-        std::string("attention backend: activations must be ") + DTypeName(pool.conv_dtype()) +
-            ", the pool's conv dtype");
+  const auto id = static_cast<size_t>(std::max(layer.layer_id(), 0));
+  if (id >= checked_.size() || checked_[id] != &layer) {
+    CheckLayer(layer);  // once per layer, not per step
+    if (id >= checked_.size()) checked_.resize(id + 1, nullptr);
+    checked_[id] = &layer;
+  }
+  const DType conv_dtype = pools_.state_pool->conv_dtype();
+  Check(mixed_qkv.dtype == conv_dtype && gate_raw.dtype == mixed_qkv.dtype && beta_logits.dtype == mixed_qkv.dtype &&
+            o.dtype == mixed_qkv.dtype,
+        [&] {
+          return std::string("attention backend: activations must be ") + DTypeName(conv_dtype) +
+                 ", the pool's conv dtype";
+        });
   switch (md_.mode) {
     case ForwardMode::kExtend:
-      ForwardExtend(layer, o, mixed_qkv, gate_raw, beta_logits);
-      return;
     case ForwardMode::kDecode:
-      ForwardDecode(layer, o, mixed_qkv, gate_raw, beta_logits);
+      ForwardExtendOrDecode(layer, o, mixed_qkv, gate_raw, beta_logits);
       return;
     case ForwardMode::kIdle:
       return;  // no tokens: nothing to write, no state touched
     default:
       throw Error(std::string("forward mode ") + ForwardModeName(md_.mode) + " is not supported by the KDA backend");
+  }
+}
+
+void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
+                                                       ConstBuf gate_raw, ConstBuf beta_logits) {
+  const bool extend = md_.mode == ForwardMode::kExtend;
+  if (extend) SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
+  const int64_t T = md_.num_tokens;
+  const int64_t p = layer.projection_size();
+  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()});
+
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
+  const int64_t H = layer.num_heads();
+  CoreStep step{
+      .layer = layer,
+      .o = o,
+      .q = q.view(),
+      .k = k.view(),
+      .v = v.view(),
+      .gate_raw = gate_raw,
+      .beta_logits = beta_logits,
+      .num_tokens = T,
+      .num_seqs = N,
+      .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
+                                     {cache.num_slots, H, layer.head_k_dim(), layer.head_v_dim()}),
+      .state_indices = ContiguousView<const void*>(md_.recurrent_indices.data(), DType::kI32, {N}),
+      .has_initial_state = ContiguousView<const void*>(md_.has_initial_state.data(), DType::kU8, {N}),
+      .cu_seqlens = ContiguousView<const void*>(md_.cu_q_lens.data(), DType::kI64, {N + 1}),
+  };
+  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+  if (extend) {
+    if (!md_.snapshot_cu.empty()) {
+      layer_snapshots_.clear();
+      for (float* s : md_.snapshot_recurrent) layer_snapshots_.push_back(s + layer.layer_id() * rs);
+      step.snapshot_cu = md_.snapshot_cu.data();
+      step.snapshot_offsets = md_.snapshot_offsets.data();
+      step.snapshot_states = layer_snapshots_.data();
+    }
+    RunExtend(step);
+  } else {
+    // A fresh request's slot is cleared here, so that every decode kernel may read its state.
+    for (int64_t n = 0; n < N; ++n) {
+      if (md_.has_initial_state[n] == 0) std::fill_n(cache.recurrent + md_.recurrent_indices[n] * rs, rs, 0.0F);
+    }
+    RunDecode(step);
+  }
+  if (observer_ != nullptr) {
+    const int id = layer.layer_id();
+    Report(id, LayerTensor::kQConv, q.view(), q.size());
+    Report(id, LayerTensor::kKConv, k.view(), k.size());
+    Report(id, LayerTensor::kVConv, v.view(), v.size());
+    Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, T * H * layer.head_v_dim());
   }
 }
 

@@ -21,8 +21,7 @@ Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; q/k/v fp32 or bf16
 beta fp32 or bf16; o [B, T, H, V] in q's dtype. With ``cu_seqlens`` ([N + 1], int32 or int64) B = 1
 and the T tokens are N packed sequences; without it each of the B rows is a sequence. States are
 fp32 [N, H, K, V]; pools [S, H, K, V]. All math is fp32. ``scale`` is a static Python float (None:
-K^-0.5). The FFI kernels need K == V, a multiple of 16 in [16, 256] (the dispatcher checks this
-whatever the backend, so a call behaves the same on both).
+K^-0.5). The FFI kernels need K == V, a multiple of 16 in [16, 256]; the naive kernels take any.
 
 State pools (``chunk_kda(state_indices=...)``, ``fused_recurrent_kda``): sequence n reads and writes
 ``pool[indices[n]]``; a negative index is padding (zero output, no state touched). The pool is
@@ -32,8 +31,10 @@ the returned array. ``fused_recurrent_kda(inplace_final_state=False)`` leaves th
 and returns an updated copy.
 
 Bad shapes or dtypes raise ValueError / TypeError naming the argument and what it must be, at trace
-time. ``cu_seqlens`` and index values are checked when concrete; under ``jax.jit`` the FFI kernels
-check them at run time (an XLA runtime error), the naive kernels do not. A concrete array on a GPU or
+time: for the FFI kernels through the C++ call description (kda._core, its messages unchanged), for
+the naive kernels through the checks they need themselves (kda.jax._args). ``cu_seqlens`` and index
+values are checked when concrete; under ``jax.jit`` the FFI kernels check them at run time (an XLA
+runtime error), the naive kernels do not. A concrete array on a GPU or
 TPU passed to the FFI kernels is a ValueError (they are registered for the CPU only).
 """
 
@@ -128,12 +129,9 @@ def _split(spec: _args.Spec):
     return spec.state, rest, statics
 
 
-def _resolve(who: str, spec: _args.Spec, kernel: str | None) -> str:
-    _args.check_kernel_shape(who, spec)
-    impl = backend(kernel)
+def _on_cpu(who: str, spec: _args.Spec, impl: str) -> None:
     if impl == "ffi":
         ffi.check_cpu(who, spec)
-    return impl
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -148,9 +146,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``pool[state_indices[n]]`` and its final state is written there; the pool is donated and the updated
     pool is returned as the second result (whatever ``output_final_state`` says).
     """
+    impl = backend(kernel)
+    if impl == "ffi":  # the C++ call description's checks, at trace time
+        ffi.check_chunk(q, k, v, g, beta, _args.static_scale("chunk_kda", scale), initial_state, output_final_state,
+                        use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, A_log, dt_bias, state_indices)
     spec = _args.check_chunk(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                              cu_seqlens, A_log, dt_bias, state_indices)
-    impl = _resolve("chunk_kda", spec, kernel)
+    _on_cpu("chunk_kda", spec, impl)
     state, rest, statics = _split(spec)
     fn = _chunk_jit_donating if spec.state_indices is not None else _chunk_jit
     return fn(state, rest, statics=statics, impl=impl, output_final_state=bool(output_final_state))
@@ -167,9 +169,14 @@ def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplac
     otherwise the input pool is left as it was and an updated copy is returned. ``initial_state`` None
     starts every sequence from zeros and returns their states [N, H, K, V].
     """
+    impl = backend(kernel)
+    if impl == "ffi":
+        ffi.check_recurrent(q, k, v, g, beta, _args.static_scale("fused_recurrent_kda", scale), initial_state,
+                            cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
+                            dt_bias)
     spec = _args.check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices,
                                  use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias)
-    impl = _resolve("fused_recurrent_kda", spec, kernel)
+    _on_cpu("fused_recurrent_kda", spec, impl)
     state, rest, statics = _split(spec)
     fn = _recurrent_jit_donating if inplace_final_state and state is not None else _recurrent_jit
     return fn(state, rest, statics=statics, impl=impl)

@@ -1,4 +1,7 @@
-"""Argument checks shared by the FFI and the naive kernels of kda.jax.
+"""The naive kernels' own argument checks, and the arrays of a call as the jitted cores take them.
+
+The FFI kernels are checked first by the C++ call description (kda/kernels/kda_args.h, through
+kda._core; see ffi.check_chunk); these checks are what the naive kernels need for themselves.
 
 Shapes and dtypes are checked when the call is traced (they are static under
 ``jax.jit``); ``cu_seqlens`` and the state indices are checked by value only
@@ -77,6 +80,20 @@ class Spec:
                 self.A_log, self.dt_bias]
 
 
+def static_scale(who: str, scale) -> float | None:
+    """``scale`` as the static Python float it must be (None stays None: K^-0.5)."""
+    if scale is None:
+        return None
+    if isinstance(scale, (jax.Array, np.ndarray)) and scale.ndim == 0 and is_concrete(scale):
+        scale = float(scale)
+    if isinstance(scale, bool) or not isinstance(scale, (float, int, np.floating, np.integer)):
+        raise TypeError(f"{who}: scale must be a Python float (static) or None, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{who}: scale must be a finite positive float or None (K^-0.5), got {scale}")
+    return scale
+
+
 def _common(who, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias):
     q = _array(who, "q", q)
     k = _array(who, "k", k)
@@ -99,15 +116,8 @@ def _common(who, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_k
     _check_float(who, "g", g)
     _check_shape(who, "beta", beta, (B, T, H), "[B, T, H]")
     _check_float(who, "beta", beta)
-    if scale is None:
-        scale = K**-0.5
-    if isinstance(scale, (jax.Array, np.ndarray)) and scale.ndim == 0 and is_concrete(scale):
-        scale = float(scale)
-    if isinstance(scale, bool) or not isinstance(scale, (float, int, np.floating, np.integer)):
-        raise TypeError(f"{who}: scale must be a Python float (static) or None, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"{who}: scale must be a finite positive float or None (K^-0.5), got {scale}")
+    scale = static_scale(who, scale)
+    scale = K**-0.5 if scale is None else scale
     if use_gate_in_kernel:
         if A_log is None:
             raise ValueError(f"{who}: use_gate_in_kernel=True requires A_log [H] = [{H}]")
@@ -126,7 +136,9 @@ def _common(who, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_k
     else:
         A_log = None  # as fla: A_log and dt_bias only matter with the gate in the kernel
         dt_bias = None
-    return q, k, v, g, beta, float(scale), bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), A_log, dt_bias
+    return dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias, scale=float(scale),
+                use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=bool(use_gate_in_kernel),
+                B=B, T=T, H=H, K=K, V=V)
 
 
 def _int_array(who: str, name: str, x, want_len: int | None, what: str):
@@ -182,52 +194,53 @@ def check_state(who: str, name: str, x, want: tuple, what: str):
     return x
 
 
+def _packed_cu_seqlens(who: str, q, cu_seqlens, want_len: int | None, what: str):
+    """cu_seqlens of a packed batch (B = 1) as int32 [N + 1]."""
+    if q.shape[0] != 1:
+        raise ValueError(f"{who}: with cu_seqlens the batch must be packed, B = 1, got q {_shape_str(q.shape)}")
+    return _int_array(who, "cu_seqlens", cu_seqlens, want_len, what)
+
+
+def _pool_and_indices(who: str, name: str, initial_state, indices, N: int, H: int, K: int, V: int):
+    """The state pool [S, H, K, V] and its [N] indices (checked by value when concrete)."""
+    if initial_state is None:
+        raise ValueError(f"{who}: {name} needs initial_state, the state pool [S, H, K, V] = [S, {H}, {K}, {V}]")
+    pool = check_state(who, "initial_state", initial_state, (None, H, K, V), "the state pool [S, H, K, V]")
+    indices = _int_array(who, name, indices, N, f"[N] = [{N}]")
+    _check_index_values(who, name, indices, pool.shape[0])
+    return pool, indices
+
+
 def check_chunk(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens,
                 A_log, dt_bias, state_indices, who: str = "chunk_kda") -> Spec:
-    q, k, v, g, beta, scale, l2, gate, A_log, dt_bias = _common(who, q, k, v, g, beta, scale,
-                                                                 use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                                                                 A_log, dt_bias)
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    c = _common(who, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias)
+    B, T, H, K, V = c["B"], c["T"], c["H"], c["K"], c["V"]
     if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"{who}: with cu_seqlens the batch must be packed, B = 1, got q {_shape_str(q.shape)}")
-        cu_seqlens = _int_array(who, "cu_seqlens", cu_seqlens, None, "[N + 1] with N >= 1")
+        cu_seqlens = _packed_cu_seqlens(who, c["q"], cu_seqlens, None, "[N + 1] with N >= 1")
         if cu_seqlens.shape[0] < 2:
             raise ValueError(f"{who}: cu_seqlens must be [N + 1] with N >= 1, got {_shape_str(cu_seqlens.shape)}")
         _check_cu_values(who, cu_seqlens, T)
         N = cu_seqlens.shape[0] - 1
     else:
         if B < 1:
-            raise ValueError(f"{who}: q must have B >= 1 sequences, got {_shape_str(q.shape)}")
+            raise ValueError(f"{who}: q must have B >= 1 sequences, got {_shape_str(c['q'].shape)}")
         N = B
     if state_indices is not None:
-        if initial_state is None:
-            raise ValueError(f"{who}: state_indices needs initial_state, the state pool [S, H, K, V] = "
-                             f"[S, {H}, {K}, {V}]")
-        state = check_state(who, "initial_state", initial_state, (None, H, K, V), "the state pool [S, H, K, V]")
-        state_indices = _int_array(who, "state_indices", state_indices, N, f"[N] = [{N}]")
-        _check_index_values(who, "state_indices", state_indices, state.shape[0])
+        state, state_indices = _pool_and_indices(who, "state_indices", initial_state, state_indices, N, H, K, V)
     elif initial_state is not None:
         state = check_state(who, "initial_state", initial_state, (N, H, K, V), "[N, H, K, V]")
     else:
         state = None
-    return Spec(q, k, v, g, beta, state, cu_seqlens, state_indices, A_log, dt_bias, scale, l2, gate, N, B, T, H, K,
-                V)
+    return Spec(**c, state=state, cu_seqlens=cu_seqlens, state_indices=state_indices, N=N)
 
 
 def check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel,
                     use_gate_in_kernel, A_log, dt_bias, who: str = "fused_recurrent_kda") -> Spec:
-    q, k, v, g, beta, scale, l2, gate, A_log, dt_bias = _common(who, q, k, v, g, beta, scale,
-                                                                 use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                                                                 A_log, dt_bias)
-    B, T, H, K = q.shape
-    V = v.shape[3]
+    c = _common(who, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias)
+    B, T, H, K, V = c["B"], c["T"], c["H"], c["K"], c["V"]
     if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"{who}: with cu_seqlens the batch must be packed, B = 1, got q {_shape_str(q.shape)}")
-        cu_seqlens = _int_array(who, "cu_seqlens", cu_seqlens, T + 1,
-                                f"[N + 1] = [{T + 1}] (decode: one token per sequence)")
+        cu_seqlens = _packed_cu_seqlens(who, c["q"], cu_seqlens, T + 1,
+                                        f"[N + 1] = [{T + 1}] (decode: one token per sequence)")
         if is_concrete(cu_seqlens) and not np.array_equal(np.asarray(cu_seqlens), np.arange(T + 1)):
             raise ValueError(f"{who}: decode takes one token per sequence: cu_seqlens must be 0, 1, ..., {T}, "
                              f"got {np.asarray(cu_seqlens).tolist()}")
@@ -235,28 +248,16 @@ def check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_stat
     else:
         if T != 1:
             raise ValueError(f"{who}: decode takes one token per sequence: q must be [N, 1, H, K] (or [1, N, H, K] "
-                             f"with cu_seqlens), got {_shape_str(q.shape)}")
+                             f"with cu_seqlens), got {_shape_str(c['q'].shape)}")
         N = B
-    if initial_state is not None:
+    if ssm_state_indices is not None:
+        state, ssm_state_indices = _pool_and_indices(who, "ssm_state_indices", initial_state, ssm_state_indices, N, H,
+                                                     K, V)
+    elif initial_state is not None:
         state = check_state(who, "initial_state", initial_state, (None, H, K, V), "the state pool [S, H, K, V]")
-        if ssm_state_indices is None and state.shape[0] < N:
+        if state.shape[0] < N:
             raise ValueError(f"{who}: without ssm_state_indices sequence n uses initial_state[n]: the pool needs "
                              f">= N = {N} states, got {_shape_str(state.shape)}")
     else:
         state = None
-    if ssm_state_indices is not None:
-        if state is None:
-            raise ValueError(f"{who}: ssm_state_indices needs initial_state, the state pool [S, H, K, V] = "
-                             f"[S, {H}, {K}, {V}]")
-        ssm_state_indices = _int_array(who, "ssm_state_indices", ssm_state_indices, N, f"[N] = [{N}]")
-        _check_index_values(who, "ssm_state_indices", ssm_state_indices, state.shape[0])
-    return Spec(q, k, v, g, beta, state, cu_seqlens, ssm_state_indices, A_log, dt_bias, scale, l2, gate, N, B, T, H,
-                K, V)
-
-
-def check_kernel_shape(who: str, spec: Spec) -> None:
-    """The C++ kernels' head shapes: K == V, a multiple of 16 in [16, 256]."""
-    if spec.K != spec.V:
-        raise ValueError(f"{who}: the kernels need K == V, got K = {spec.K}, V = {spec.V}")
-    if spec.K % 16 or not 16 <= spec.K <= 256:
-        raise ValueError(f"{who}: the kernels need K a multiple of 16 in [16, 256], got {spec.K}")
+    return Spec(**c, state=state, cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, N=N)

@@ -101,6 +101,66 @@ def library_path() -> str | None:
     return _state["path"]
 
 
+def _spec(x, cast=None):
+    """An argument for the core's shape check: None, the concrete values of a small index array (checked by
+    value), or (dtype, shape) of anything else; ``cast``: the dtype the call will cast it to."""
+    if x is None:
+        return None
+    x = x if isinstance(x, jax.Array) else jnp.asarray(x)
+    dt = jnp.dtype(x.dtype)
+    if cast is not None:
+        kind = jnp.floating if jnp.issubdtype(cast, jnp.floating) else jnp.integer
+        if jnp.issubdtype(dt, kind):
+            dt = jnp.dtype(cast)
+    return (dt.name, tuple(int(d) for d in x.shape))
+
+
+def _index_spec(x):
+    """An index argument: its values when concrete (int32, as the FFI takes them), else its spec."""
+    if x is None or not _args.is_concrete(x):
+        return _spec(x, jnp.int32)
+    a = np.asarray(x)
+    if a.dtype.kind in "iu" and a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
+        return a  # the core names the dtype; the cast would wrap
+    return a.astype(np.int32) if a.dtype.kind in "iu" else a
+
+
+def _core():
+    from .. import _core
+
+    return _core
+
+
+def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                use_gate_in_kernel, cu_seqlens, A_log, dt_bias, state_indices) -> dict:
+    """The C++ call description's shape check of a chunk_kda call (kda/kernels/kda_args.h), at trace time;
+    its errors surface unchanged. Returns the sizes the call implies."""
+    pool = state_indices is not None
+    gate = bool(use_gate_in_kernel)
+    return _core().chunk_kda(
+        o=None, final_state=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta),
+        scale=scale, initial_state=None if pool else _spec(initial_state), output_final_state=bool(output_final_state),
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
+        cu_seqlens=_index_spec(cu_seqlens), A_log=_spec(A_log, jnp.float32) if gate else None,
+        dt_bias=_spec(dt_bias, jnp.float32) if gate else None, state=_spec(initial_state) if pool else None,
+        state_indices=_index_spec(state_indices), check_only=True)
+
+
+def check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel, A_log, dt_bias) -> dict:
+    """As check_chunk, for fused_recurrent_kda (None indices: sequence n uses initial_state[n])."""
+    gate = bool(use_gate_in_kernel)
+    args = dict(o=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta), scale=scale,
+                initial_state=_spec(initial_state), cu_seqlens=_index_spec(cu_seqlens),
+                use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
+                A_log=_spec(A_log, jnp.float32) if gate else None,
+                dt_bias=_spec(dt_bias, jnp.float32) if gate else None, check_only=True)
+    s = _core().fused_recurrent_kda(ssm_state_indices=_index_spec(ssm_state_indices), **args)
+    if ssm_state_indices is None and initial_state is not None:
+        _core().fused_recurrent_kda(ssm_state_indices=np.arange(s["N"], dtype=np.int32), **args)
+    return s
+
+
 def check_cpu(who: str, spec: _args.Spec) -> None:
     """A concrete array on a non-CPU device is refused: the handlers are registered for the CPU only."""
     names = ["q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias"]
@@ -135,9 +195,6 @@ def chunk_spec(spec: _args.Spec, output_final_state: bool):
     _require("chunk_kda")
     N, H, K, V = spec.N, spec.H, spec.K, spec.V
     pool = spec.state_indices is not None
-    cu = spec.cu_seqlens
-    if cu is None:
-        cu = jnp.asarray(np.arange(N + 1, dtype=np.int32) * spec.T)
     o_type = jax.ShapeDtypeStruct(spec.q.shape[:3] + (V,), spec.q.dtype)
     aliases = None
     if pool:
@@ -148,7 +205,7 @@ def chunk_spec(spec: _args.Spec, output_final_state: bool):
     else:
         s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
     call = jax.ffi.ffi_call(CHUNK_TARGET, (o_type, s_type), input_output_aliases=aliases)
-    o, s = call(spec.q, spec.k, spec.v, spec.g, spec.beta, cu, _opt(spec.state, jnp.float32),
+    o, s = call(spec.q, spec.k, spec.v, spec.g, spec.beta, _opt(spec.cu_seqlens, jnp.int32), _opt(spec.state, jnp.float32),
                 _opt(spec.state_indices, jnp.int32), _opt(spec.A_log, jnp.float32), _opt(spec.dt_bias, jnp.float32),
                 scale=np.float32(spec.scale), use_qk_l2norm_in_kernel=spec.use_qk_l2norm_in_kernel,
                 use_gate_in_kernel=spec.use_gate_in_kernel, output_final_state=bool(output_final_state), pool=pool)

@@ -1,11 +1,12 @@
 // Random KDA kernel problems for the benchmarks (bench/kernels_bench.cc and
 // `kda bench-kernels`): inputs shaped like the layer's (q, k raw with the
 // in-kernel L2 norm, trained-like gates, beta in (0, 1)), owned buffers, and
-// the kernel arguments pointing into them.
+// the kernel calls over them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -26,6 +27,9 @@ class TypedBuffer {
     return {dtype_ == DType::kBF16 ? static_cast<const void*>(bf16_.data()) : f32_.data(), dtype_};
   }
   MutBuf Mut() { return {dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : f32_.data(), dtype_}; }
+  // A C-contiguous view of the buffer as `shape`.
+  TensorView View(std::initializer_list<int64_t> shape) const { return ContiguousView(Const().data, dtype_, shape); }
+  MutTensorView MutView(std::initializer_list<int64_t> shape) { return ContiguousView(Mut().data, dtype_, shape); }
 
  private:
   DType dtype_;
@@ -56,18 +60,20 @@ struct ChunkProblem {
   // The q, k, v, g buffers, for HugePageFraction (the rows the kernel walks a page apart).
   std::vector<std::pair<const void*, size_t>> InputBuffers() const {
     std::vector<std::pair<const void*, size_t>> out;
-    for (const ConstBuf& b : {args.q, args.k, args.v, args.g}) {
-      out.emplace_back(b.data, static_cast<size_t>(args.T) * args.H * args.K * DTypeSize(b.dtype));
+    for (const TensorView* v : {&call.q, &call.k, &call.v, &call.g}) {
+      out.emplace_back(v->data, static_cast<size_t>(v->numel()) * DTypeSize(v->dtype));
     }
     return out;
   }
+  int64_t T() const { return call.q.shape[1]; }  // tokens (packed: [1, T, H, K])
+  int64_t N() const { return call.cu_seqlens.shape[0] - 1; }
 
   static std::vector<int64_t> CuSeqlens(const std::vector<int64_t>& lengths);
 
   std::vector<int64_t> cu;
   TokenInputs in;
   std::vector<float> initial, final_state;
-  ChunkKdaArgs args;
+  ChunkKdaCall call;  // [1, T, H, K] tokens, int64 cu_seqlens, contiguous initial and final states
 };
 
 // Decode steps of N sequences (one token each) over a state buffer of
@@ -79,11 +85,11 @@ struct DecodeProblem {
   DecodeProblem(const DecodeProblem&) = delete;
   DecodeProblem& operator=(const DecodeProblem&) = delete;
 
-  // The arguments of step i.
-  const RecurrentKdaArgs& Step(int64_t i) {
-    const size_t per_layer = static_cast<size_t>(args.N) * args.H * args.K * args.V;
-    args.state = states.data() + static_cast<size_t>(i % num_layers) * per_layer;
-    return args;
+  // The call of step i.
+  const RecurrentKdaCall& Step(int64_t i) {
+    const auto per_layer = static_cast<size_t>(call.initial_state.numel());
+    call.initial_state.data = states.data() + static_cast<size_t>(i % num_layers) * per_layer;
+    return call;
   }
   // Layers needed for the states of all layers to span `bytes` (>> the last-level cache).
   static int LayersFor(int64_t n, int heads, int k_dim, int64_t bytes);
@@ -92,7 +98,7 @@ struct DecodeProblem {
   TokenInputs in;
   std::vector<float> states;
   std::vector<int32_t> indices;
-  RecurrentKdaArgs args;
+  RecurrentKdaCall call;  // [N, 1, H, K] tokens; initial_state: layer 0's [N, H, K, V] states
 };
 
 }  // namespace kda::bench

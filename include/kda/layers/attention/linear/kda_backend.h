@@ -1,18 +1,16 @@
 // KDAAttnBackend (layers/attention/linear/kda_backend.cc): the attention
 // backend of the KDA layers, a LinearRecurrentAttnBackend that binds the KDA
-// kernels through the dispatcher. Both prefill and decode read and write the
-// recurrent states in place in the pool's slots (no gather or scatter). One
-// backend instance serves every KDA layer of a model.
+// kernels through the dispatcher: the per-key-dim gate and beta, then
+// chunk_kda (prefill) or fused_recurrent_kda (decode) on the pool's states in
+// place (no gather or scatter). One backend instance serves every KDA layer of
+// a model.
 #pragma once
 
-#include "kda/base/dtype.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/layers/attention/linear/linear_recurrent_backend.h"
 #include "kda/mem_cache/memory_pools.h"
 
 namespace kda {
-
-class RadixLinearAttention;
 
 class KDAAttnBackend : public LinearRecurrentAttnBackend {
  public:
@@ -20,16 +18,12 @@ class KDAAttnBackend : public LinearRecurrentAttnBackend {
   KernelImpl kernel() const { return kernel_; }
 
  protected:
-  void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                     ConstBuf beta_logits) override;
-  void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                     ConstBuf beta_logits) override;
+  void RunExtend(const CoreStep& step) override;
+  void RunDecode(const CoreStep& step) override;
 
  private:
-  // Conv + SiLU, then the gate g [T, H, K] and beta [T, H] in fp32.
-  struct Inputs;
-  void Prepare(const RadixLinearAttention& layer, ConstBuf mixed_qkv, ConstBuf gate_raw, ConstBuf beta_logits,
-               Inputs& in);
+  // The observer's kGateRaw, kGate and kBeta of a step.
+  void ReportGate(const CoreStep& s, const float* g, const float* beta) const;
 
   KernelImpl kernel_;
 };

@@ -1,14 +1,17 @@
 // The attention backend of linear recurrent layers (design §4),
 // LinearRecurrentAttnBackend (layers/attention/linear/linear_recurrent_backend.cc):
-// the part a KDA, GDN or Mamba2 backend shares. Per-batch metadata computed
-// once and read by every layer, forward-mode dispatch, the short conv with its
-// pool tails. A subclass binds its kernels (KDAAttnBackend, kda_backend.h).
+// the part a KDA, GDN or Mamba2 backend shares: per-batch metadata computed
+// once and read by every layer, the layer check, forward-mode dispatch, the
+// short conv with its pool tails and snapshots, and the pool's states as the
+// kernels take them (CoreStep). A subclass only binds its kernels: RunExtend
+// and RunDecode (KDAAttnBackend, kda_backend.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "kda/base/dtype.h"
+#include "kda/kernels/kda_args.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
@@ -22,7 +25,7 @@ struct LinearAttnMetadata {
   ForwardMode mode = ForwardMode::kIdle;
   int64_t num_tokens = 0;
   std::vector<int64_t> cu_q_lens;          // [N + 1]
-  std::vector<int32_t> recurrent_indices;  // [N] pool slots
+  std::vector<int32_t> recurrent_indices;  // [N] pool slots (the batch's req_pool_indices, checked)
   std::vector<uint8_t> has_initial_state;  // [N] prefix_len > 0 (or a seeded slot)
   // State snapshots of this EXTEND batch (see ForwardBatch); empty cu: none.
   std::vector<int64_t> snapshot_cu;
@@ -49,20 +52,51 @@ class LinearRecurrentAttnBackend {
   void SetObserver(LayerObserver* observer) { observer_ = observer; }
   LayerObserver* observer() const { return observer_; }
 
+  // kda::Error unless the layer fits the pool (a pool layer of its index, its
+  // heads, head dims and conv width). A ModelRunner checks each of its layers
+  // once, when it is made; Forward checks a layer the first time it sees it.
+  void CheckLayer(const RadixLinearAttention& layer) const;
+
   // One layer's attention core for the current batch (see RadixLinearAttention::Forward).
   void Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
                ConstBuf beta_logits);
 
+  // One layer's step as the kernels take it: the batch's tokens after the
+  // short conv, the layer's raw gate inputs, and its recurrent states in the
+  // pool, read and written in place through the slots.
+  struct CoreStep {
+    const RadixLinearAttention& layer;
+    MutBuf o;                        // [T, H, V]
+    ConstBuf q, k, v;                // [T, H, K], [T, H, K], [T, H, V] after conv + SiLU
+    ConstBuf gate_raw, beta_logits;  // the layer's projections, as Forward got them
+    int64_t num_tokens = 0;          // T
+    int64_t num_seqs = 0;            // N
+    MutTensorView state;             // [S, H, K, V] fp32, the layer's pool states
+    TensorView state_indices;        // [N] int32 slots
+    TensorView has_initial_state;    // [N] uint8; in DECODE the fresh slots are already zeroed
+    TensorView cu_seqlens;           // [N + 1] int64 (EXTEND)
+    // EXTEND with snapshots: this layer's part of each (see ChunkKdaArgs); else null.
+    const int64_t* snapshot_cu = nullptr;
+    const int64_t* snapshot_offsets = nullptr;
+    float* const* snapshot_states = nullptr;
+  };
+
  protected:
+  virtual void RunExtend(const CoreStep& step) = 0;  // prefill: the chunked kernel
+  virtual void RunDecode(const CoreStep& step) = 0;  // one token per sequence: the recurrent kernel
+
+  // Shows the observer (if any) one of the layer's tensors.
+  void Report(int layer_id, LayerTensor which, ConstBuf values, int64_t count) const {
+    if (observer_ != nullptr) observer_->OnTensor(layer_id, which, values, count);
+  }
+
+ private:
+  void ForwardExtendOrDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
+                             ConstBuf beta_logits);
   // q, k, v [T, P] after conv + SiLU, in the activation dtype.
   struct ConvOutputs {
     MutBuf q, k, v;
   };
-  virtual void ForwardExtend(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                             ConstBuf beta_logits) = 0;
-  virtual void ForwardDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                             ConstBuf beta_logits) = 0;
-
   // The q/k/v short convs + SiLU over the batch, tails read from and written
   // to the layer's pool slots (zero tails where has_initial_state is 0).
   void RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv, const ConvOutputs& out);
@@ -75,6 +109,8 @@ class LinearRecurrentAttnBackend {
   MemoryPools pools_;
   LinearAttnMetadata md_;
   LayerObserver* observer_ = nullptr;
+  std::vector<const RadixLinearAttention*> checked_;  // [layer id] the layer CheckLayer passed
+  std::vector<float*> layer_snapshots_;               // this layer's part of each snapshot (reused)
 };
 
 }  // namespace kda

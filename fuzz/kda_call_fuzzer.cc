@@ -1,0 +1,299 @@
+// Fuzzes the boundary where untrusted shapes, strides and indices enter: the
+// kernel call descriptions of kda/kernels/kda_args.h. Each input builds a
+// random ChunkKdaCall or RecurrentKdaCall whose every tensor is allocated to
+// exactly the extent its view claims (so that one element past it is an
+// AddressSanitizer report), mostly near a valid call and now and then with a
+// view absent, of the wrong rank, shape or dtype, strided, or null, and with
+// random index values. The call is shape-checked (data null), then bound and
+// run on the reference kernels: a kda::Error, or a call that stays in bounds.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "kda/base/dtype.h"
+#include "kda/base/error.h"
+#include "kda/kernels/chunk_kda_reference.h"
+#include "kda/kernels/fused_recurrent_kda_reference.h"
+#include "kda/kernels/kda_args.h"
+
+namespace {
+
+using kda::DType;
+
+// The input as a stream of choices (zeros once it runs out).
+class Choices {
+ public:
+  Choices(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t Byte() { return pos_ < size_ ? data_[pos_++] : 0; }
+  int Below(int n) { return Byte() % n; }
+  bool OneIn(int n) { return Below(n) == 0; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+// Buffers of exactly the requested size, freed with the case.
+class Arena {
+ public:
+  uint8_t* Alloc(size_t bytes) {
+    buffers_.push_back(std::make_unique<uint8_t[]>(bytes));
+    return buffers_.back().get();
+  }
+
+ private:
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+};
+
+// What a tensor holds when its values matter.
+enum class Fill : uint8_t { kFloat, kCuSeqlens, kIndices, kFlags };
+
+struct Sizes {
+  int64_t B, T, N, H, K, V, S;
+};
+
+class CaseBuilder {
+ public:
+  CaseBuilder(Choices& c, Arena& arena, const Sizes& s) : c_(c), arena_(arena), s_(s) {}
+
+  // A view of the intended shape and dtype, or (one time in ~6) one thing wrong with it.
+  template <class View>
+  View Make(std::initializer_list<int64_t> shape, DType dtype, Fill fill, bool optional_absent = false) {
+    View v;
+    if (optional_absent && !c_.OneIn(8)) return v;
+    v.dtype = dtype;
+    v.ndim = static_cast<int>(shape.size());
+    int i = 0;
+    for (int64_t d : shape) v.shape[i++] = d;
+    switch (c_.Below(24)) {
+      case 0:
+        return View{};  // absent
+      case 1:
+        v.ndim = v.ndim > 0 && c_.OneIn(2) ? v.ndim - 1 : v.ndim + 1;
+        if (v.ndim > 0) v.shape[v.ndim - 1] = 1 + c_.Below(3);
+        break;
+      case 2:
+        if (v.ndim > 0) v.shape[c_.Below(v.ndim)] += c_.OneIn(2) ? 1 : -1;
+        break;
+      case 3:
+        v.dtype = static_cast<DType>(c_.Below(7));
+        break;
+      case 4:
+        v.foreign_dtype = "float64";
+        break;
+      case 5:
+        v.strided = true;
+        break;
+      default:
+        break;
+    }
+    for (int d = 0; d < v.ndim; ++d) {
+      if (v.shape[d] < 0) v.shape[d] = 0;
+    }
+    int64_t extent = 1;
+    if (v.strided) {
+      // Row-major strides with one of them stretched (a gap) or shrunk.
+      int64_t stride = 1;
+      for (int d = v.ndim; d-- > 0;) {
+        v.strides[d] = stride;
+        stride *= v.shape[d];
+      }
+      if (v.ndim > 0) v.strides[c_.Below(v.ndim)] += c_.OneIn(2) ? 1 : -1;
+      for (int d = 0; d < v.ndim; ++d) {
+        if (v.strides[d] < 0) v.strides[d] = 0;
+        if (v.shape[d] == 0) extent = 0;
+        if (extent > 0) extent += (v.shape[d] - 1) * v.strides[d];
+      }
+    } else {
+      extent = v.numel();
+    }
+    if (c_.OneIn(24)) return v;  // null data
+    const size_t esize = v.foreign_dtype != nullptr ? 8 : kda::DTypeSize(v.dtype);
+    uint8_t* p = arena_.Alloc(static_cast<size_t>(extent) * esize);
+    FillValues(p, v.foreign_dtype != nullptr ? DType::kI64 : v.dtype, extent, fill);
+    v.data = p;
+    return v;
+  }
+
+ private:
+  void FillValues(uint8_t* p, DType dtype, int64_t n, Fill fill) {
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t value = 0;
+      switch (fill) {
+        case Fill::kFloat:
+          value = c_.Below(9) - 6;  // small values, mostly negative: a log decay
+          break;
+        case Fill::kCuSeqlens:  // near [0, T/N, ...], T
+          value = i == n - 1 ? s_.T : (i * s_.T) / std::max<int64_t>(n - 1, 1);
+          if (c_.OneIn(16)) value += c_.Below(5) - 2;
+          break;
+        case Fill::kIndices:  // distinct mostly, now and then out of range or padding
+          value = c_.OneIn(8) ? c_.Below(static_cast<int>(s_.S) + 3) - 2 : i;
+          break;
+        case Fill::kFlags:
+          value = c_.Below(2);
+          break;
+      }
+      Store(p, dtype, i, value);
+    }
+  }
+
+  static void Store(uint8_t* p, DType dtype, int64_t i, int64_t value) {
+    switch (dtype) {
+      case DType::kF32: {
+        const auto f = static_cast<float>(value) * 0.25F;
+        std::memcpy(p + i * 4, &f, 4);
+        break;
+      }
+      case DType::kBF16:
+      case DType::kF16: {
+        const kda::BF16 b = kda::ToBF16(static_cast<float>(value) * 0.25F);
+        std::memcpy(p + i * 2, &b, 2);
+        break;
+      }
+      case DType::kI32: {
+        const auto x = static_cast<int32_t>(value);
+        std::memcpy(p + i * 4, &x, 4);
+        break;
+      }
+      case DType::kI64:
+        std::memcpy(p + i * 8, &value, 8);
+        break;
+      case DType::kU8:
+      case DType::kI8:
+        p[i] = static_cast<uint8_t>(value);
+        break;
+    }
+  }
+
+  Choices& c_;
+  Arena& arena_;
+  const Sizes& s_;
+};
+
+using kda::MutTensorView;
+using kda::TensorView;
+
+template <class Call>
+void SetTokens(Call& call, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  call.o = b.Make<MutTensorView>({s.B, s.T, s.H, s.V}, act, Fill::kFloat);
+  call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
+  call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
+  call.v = b.Make<TensorView>({s.B, s.T, s.H, s.V}, act, Fill::kFloat);
+  call.g = b.Make<TensorView>({s.B, s.T, s.H, s.K}, gb, Fill::kFloat);
+  call.beta = b.Make<TensorView>({s.B, s.T, s.H}, gb, Fill::kFloat);
+}
+
+template <class Call>
+void SetOptions(Call& call, Choices& c, CaseBuilder& b, const Sizes& s) {
+  if (c.OneIn(3)) call.scale = c.OneIn(8) ? -1.0F : 0.125F * static_cast<float>(1 + c.Below(8));
+  call.use_qk_l2norm_in_kernel = c.OneIn(2);
+  call.use_gate_in_kernel = c.OneIn(3);
+  if (call.use_gate_in_kernel) {
+    call.A_log = b.Make<TensorView>({s.H}, DType::kF32, Fill::kFloat);
+    call.dt_bias = b.Make<TensorView>({s.H * s.K}, DType::kF32, Fill::kFloat, true);
+  }
+}
+
+// The call with its token and output data null, for the shape check (which must not read them).
+template <class Call>
+Call WithoutTokenData(Call call) {
+  for (TensorView* v : {&call.q, &call.k, &call.v, &call.g, &call.beta}) v->data = nullptr;
+  call.o.data = nullptr;
+  return call;
+}
+
+// Shape-checks `shapes`, then binds `call` and runs it: each a kda::Error or a call in bounds.
+template <class Call, class CheckFn, class RunFn>
+void Exercise(const Call& call, const Call& shapes, CheckFn check, RunFn run) {
+  try {
+    check(shapes);
+  } catch (const kda::Error&) {
+  }
+  try {
+    run(call);
+  } catch (const kda::Error&) {
+  }
+}
+
+// A call's token tensors and options.
+template <class Call>
+Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  Call call;
+  SetTokens(call, b, s, act, gb);
+  SetOptions(call, c, b, s);
+  return call;
+}
+
+void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  auto call = TokensAndOptions<kda::ChunkKdaCall>(c, b, s, act, gb);
+  const bool packed = s.B == 1 && c.OneIn(2);
+  const int64_t n = packed ? s.N : s.B;
+  if (packed) {
+    call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
+  }
+  if (c.OneIn(2)) {  // pool form
+    call.state = b.Make<MutTensorView>({s.S, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+    call.state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
+    call.has_initial_state = b.Make<TensorView>({n}, DType::kU8, Fill::kFlags, true);
+    if (c.OneIn(16)) call.initial_state = b.Make<TensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+  } else {
+    call.initial_state = b.Make<TensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat, true);
+    call.output_final_state = !c.OneIn(4);
+    if (call.output_final_state || c.OneIn(8)) {
+      call.final_state = b.Make<MutTensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+    }
+  }
+  kda::ChunkKdaCall shapes = WithoutTokenData(call);
+  shapes.initial_state.data = nullptr;
+  shapes.final_state.data = nullptr;
+  shapes.state.data = nullptr;
+  Exercise(call, shapes, kda::CheckChunkKdaShapes,
+           [](const kda::ChunkKdaCall& c) { kda::chunk_kda_reference(kda::BindChunkKda(c)); });
+}
+
+void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  auto call = TokensAndOptions<kda::RecurrentKdaCall>(c, b, s, act, gb);
+  const int64_t n = s.B * s.T;
+  if (s.B == 1 && c.OneIn(2)) {
+    call.cu_seqlens = b.Make<TensorView>({n + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kIndices);
+  }
+  call.initial_state = b.Make<MutTensorView>({s.S, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+  call.ssm_state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
+  kda::RecurrentKdaCall shapes = WithoutTokenData(call);
+  shapes.initial_state.data = nullptr;
+  Exercise(call, shapes, kda::CheckRecurrentKdaShapes,
+           [](const kda::RecurrentKdaCall& c) { kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c)); });
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Choices c(data, size);
+  const bool chunk = c.OneIn(2);
+  Sizes s{};
+  s.H = 1 + c.Below(2);
+  static constexpr int64_t kHeadDims[] = {16, 32, 16, 8, 24, 0};
+  s.K = kHeadDims[c.Below(6)];
+  s.V = c.OneIn(8) ? kHeadDims[c.Below(6)] : s.K;
+  s.B = c.Below(3) + (c.OneIn(8) ? 0 : 1);
+  s.T = c.Below(chunk ? 80 : 3);
+  s.N = 1 + c.Below(4);
+  s.S = c.Below(6);
+  static constexpr DType kActs[] = {DType::kF32, DType::kBF16};
+  const DType act = kActs[c.Below(2)];
+  const DType gb = kActs[c.Below(2)];
+  Arena arena;
+  CaseBuilder b(c, arena, s);
+  if (chunk) {
+    RunChunk(c, b, s, act, gb);
+  } else {
+    RunRecurrent(c, b, s, act, gb);
+  }
+  return 0;
+}
