@@ -131,26 +131,18 @@ void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
 
 }  // namespace
 
-void ValidateChunkKda(const ChunkKdaArgs& a) {
-  static const std::string who = "chunk_kda";  // built once: a good call allocates nothing
-  ValidateCommon(who, a.q, a.k, a.v, a.g, a.beta, a.o, a.H, a.K, a.V, a.options);
-  Check(a.T >= 0, [&] { return who + ": T must be >= 0, got " + std::to_string(a.T); });
-  Check(a.N >= 1, [&] { return who + ": N must be >= 1, got " + std::to_string(a.N); });
-  if (a.T > 0) CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
-  Check(a.cu_seqlens != nullptr, [&] { return who + ": cu_seqlens is null"; });
+namespace {
+
+// The checks that read values (boundaries, snapshots, state indices, how the
+// state buffers sit in memory), on arguments whose structure is checked: by
+// ValidateChunkKda, or by the call's view checks in a bind.
+void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a) {
   CheckCuSeqlens(who, a.cu_seqlens, a.N, a.T);
   CheckSnapshots(who, a);
   if (a.state_indices != nullptr) {
-    Check(a.initial_state == nullptr && a.final_state == nullptr,
-          [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
-    Check(a.state != nullptr, [&] { return who + ": state_indices given but state is null"; });
-    Check(a.num_states >= 0, [&] { return who + ": num_states must be >= 0, got " + std::to_string(a.num_states); });
     CheckStateIndices(who, a.state_indices, a.N, a.num_states);
     return;
   }
-  Check(a.state == nullptr, [&] { return who + ": state (pool form) requires state_indices"; });
-  Check(!a.output_final_state || a.final_state != nullptr,
-        [&] { return who + ": output_final_state requires final_state"; });
   if (a.output_final_state && a.initial_state != nullptr && a.initial_state != a.final_state) {
     // Aliasing is supported only as the very same buffer: a shifted overlap would read states already written.
     const size_t bytes = static_cast<size_t>(a.N) * static_cast<size_t>(a.H) * static_cast<size_t>(a.K) *
@@ -162,8 +154,44 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
   }
 }
 
-void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
+void CheckRecurrentValues(const std::string& who, const RecurrentKdaArgs& a) {
+  if (a.N > 0) CheckStateIndices(who, a.state_indices, a.N, a.num_states, "ssm_state_indices");  // the call's name
+}
+
+const std::string& ChunkWho() {
+  static const std::string who = "chunk_kda";  // built once: a good call allocates nothing
+  return who;
+}
+
+const std::string& RecurrentWho() {
   static const std::string who = "fused_recurrent_kda";
+  return who;
+}
+
+}  // namespace
+
+void ValidateChunkKda(const ChunkKdaArgs& a) {
+  const std::string& who = ChunkWho();
+  ValidateCommon(who, a.q, a.k, a.v, a.g, a.beta, a.o, a.H, a.K, a.V, a.options);
+  Check(a.T >= 0, [&] { return who + ": T must be >= 0, got " + std::to_string(a.T); });
+  Check(a.N >= 1, [&] { return who + ": N must be >= 1, got " + std::to_string(a.N); });
+  if (a.T > 0) CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
+  Check(a.cu_seqlens != nullptr, [&] { return who + ": cu_seqlens is null"; });
+  if (a.state_indices != nullptr) {
+    Check(a.initial_state == nullptr && a.final_state == nullptr,
+          [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
+    Check(a.state != nullptr, [&] { return who + ": state_indices given but state is null"; });
+    Check(a.num_states >= 0, [&] { return who + ": num_states must be >= 0, got " + std::to_string(a.num_states); });
+  } else {
+    Check(a.state == nullptr, [&] { return who + ": state (pool form) requires state_indices"; });
+    Check(!a.output_final_state || a.final_state != nullptr,
+          [&] { return who + ": output_final_state requires final_state"; });
+  }
+  CheckChunkValues(who, a);
+}
+
+void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
+  const std::string& who = RecurrentWho();
   ValidateCommon(who, a.q, a.k, a.v, a.g, a.beta, a.o, a.H, a.K, a.V, a.options);
   Check(a.N >= 0, [&] { return who + ": N must be >= 0, got " + std::to_string(a.N); });
   Check(a.num_states >= 0, [&] { return who + ": num_states must be >= 0, got " + std::to_string(a.num_states); });
@@ -171,7 +199,7 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
   CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
   Check(a.state != nullptr, [&] { return who + ": state is null"; });
   Check(a.state_indices != nullptr, [&] { return who + ": state_indices is null"; });
-  CheckStateIndices(who, a.state_indices, a.N, a.num_states, "ssm_state_indices");  // the call's name
+  CheckRecurrentValues(who, a);
 }
 
 // ------------------------------------------------------------------ calls
@@ -378,7 +406,7 @@ void CheckIndexView(const ViewChecker& c, const TensorView& v, int64_t n, int64_
 }
 
 KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
-  static const std::string who = "chunk_kda";
+  const std::string& who = ChunkWho();
   const ViewChecker c(who, full);
   KdaCallShapes s = CheckTokens(c, call);
   if (call.cu_seqlens.present()) {
@@ -432,7 +460,7 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
 }
 
 KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
-  static const std::string who = "fused_recurrent_kda";
+  const std::string& who = RecurrentWho();
   const ViewChecker c(who, full);
   KdaCallShapes s = CheckTokens(c, call);
   s.N = s.B * s.T;
@@ -534,7 +562,7 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.snapshot_states = call.snapshot_states;
   a.T = s.B * s.T;
   a.N = s.N;
-  ValidateChunkKda(a);
+  CheckChunkValues(ChunkWho(), a);  // the structure was checked on the views
   return a;
 }
 
@@ -546,7 +574,7 @@ RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
   a.state_indices = static_cast<const int32_t*>(call.ssm_state_indices.data);
   a.num_states = s.num_states;
   a.N = s.N;
-  ValidateRecurrentKda(a);
+  CheckRecurrentValues(RecurrentWho(), a);
   return a;
 }
 

@@ -114,29 +114,13 @@ bool SetDType(View& v, nb::dlpack::dtype d) {
 
 template <class A>
 void RequireDType(const A& a, DType want, const char* name) {
-  const nb::dlpack::dtype d = a.dtype();
-  bool ok = false;
-  const char* want_name = "?";
-  switch (want) {
-    case DType::kF32:
-      ok = IsDType(d, nb::dlpack::dtype_code::Float, 32);
-      want_name = "float32";
-      break;
-    case DType::kI32:
-      ok = IsDType(d, nb::dlpack::dtype_code::Int, 32);
-      want_name = "int32";
-      break;
-    case DType::kI64:
-      ok = IsDType(d, nb::dlpack::dtype_code::Int, 64);
-      want_name = "int64";
-      break;
-    case DType::kBF16:
-      ok = IsDType(d, nb::dlpack::dtype_code::Bfloat, 16) || IsDType(d, nb::dlpack::dtype_code::UInt, 16);
-      want_name = "bfloat16";
-      break;
-  }
-  if (!ok) {
-    throw nb::type_error((std::string(name) + ": dtype must be " + want_name + ", got " + DlpackDTypeName(d)).c_str());
+  struct {
+    DType dtype = DType::kF32;
+  } got;
+  if (!SetDType(got, a.dtype()) || got.dtype != want) {
+    throw nb::type_error(
+        (std::string(name) + ": dtype must be " + TorchDTypeName(want) + ", got " + DlpackDTypeName(a.dtype()))
+            .c_str());
   }
 }
 

@@ -123,26 +123,26 @@ void SetCommon(Call& c, const OutArg& o, const InArg& q, const InArg& k, const I
   c.dt_bias = ViewOf<TensorView>(dt_bias, "dt_bias");
 }
 
-// The call checked (check_only), or run without the GIL; the sizes it implies either way.
+// The call shape-checked, returning the sizes it implies (check_only), or run
+// without the GIL (its bind checks it; nothing is returned).
 template <class Call, class CheckFn, class RunFn>
-nb::dict CheckOrRun(const Call& c, KernelImpl impl, bool check_only, CheckFn check, RunFn run) {
-  const KdaCallShapes shapes = check(c);
-  if (!check_only) {
-    // Only the views are read from here on; a kda::Error raised without the GIL is translated once it is back.
-    nb::gil_scoped_release release;
-    run(c, impl);
-  }
-  return ShapesDict(shapes);
+std::optional<nb::dict> CheckOrRun(const Call& c, KernelImpl impl, bool check_only, CheckFn check, RunFn run) {
+  if (check_only) return ShapesDict(check(c));
+  // Only the views are read from here on; a kda::Error raised without the GIL is translated once it is back.
+  nb::gil_scoped_release release;
+  run(c, impl);
+  return std::nullopt;
 }
 
 // The call's arguments in fla's order (plus kda's pool form), each tensor as
 // ViewOf takes it. check_only: the shape check only (outputs may be None,
 // shape specs allowed); otherwise the kernel runs, without the GIL.
-nb::dict ChunkKda(const OutArg& o, const OutArg& final_state, const InArg& q, const InArg& k, const InArg& v,
-                  const InArg& g, const InArg& beta, std::optional<float> scale, const InArg& initial_state,
-                  bool output_final_state, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
-                  const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, const OutArg& state,
-                  const InArg& state_indices, const std::string& kernel, bool check_only) {
+std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, const InArg& q, const InArg& k,
+                                 const InArg& v, const InArg& g, const InArg& beta, std::optional<float> scale,
+                                 const InArg& initial_state, bool output_final_state, bool use_qk_l2norm_in_kernel,
+                                 bool use_gate_in_kernel, const InArg& cu_seqlens, const InArg& a_log,
+                                 const InArg& dt_bias, const OutArg& state, const InArg& state_indices,
+                                 const std::string& kernel, bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   ChunkKdaCall c;
   SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
@@ -155,11 +155,12 @@ nb::dict ChunkKda(const OutArg& o, const OutArg& final_state, const InArg& q, co
                     [](const ChunkKdaCall& call, KernelImpl i) { chunk_kda(call, i); });
 }
 
-nb::dict FusedRecurrentKda(const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
-                           const InArg& beta, std::optional<float> scale, const OutArg& initial_state,
-                           const InArg& cu_seqlens, const InArg& ssm_state_indices, bool use_qk_l2norm_in_kernel,
-                           bool use_gate_in_kernel, const InArg& a_log, const InArg& dt_bias, const std::string& kernel,
-                           bool check_only) {
+std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const InArg& q, const InArg& k, const InArg& v,
+                                          const InArg& g, const InArg& beta, std::optional<float> scale,
+                                          const OutArg& initial_state, const InArg& cu_seqlens,
+                                          const InArg& ssm_state_indices, bool use_qk_l2norm_in_kernel,
+                                          bool use_gate_in_kernel, const InArg& a_log, const InArg& dt_bias,
+                                          const std::string& kernel, bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   RecurrentKdaCall c;
   SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
@@ -180,7 +181,8 @@ void BindKernels(nb::module_& m) {
         nb::arg("cu_seqlens").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none(),
         nb::arg("state_indices").none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
         "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, H, V] and final_state [N, H, K, V], or "
-        "the pool `state` [S, H, K, V] through state_indices [N] int32. Returns {B, T, N, H, K, V, num_states}. bf16 "
+        "the pool `state` [S, H, K, V] through state_indices [N] int32. With check_only, returns {B, T, N, H, K, V, "
+        "num_states} (else None). bf16 "
         "arrays may come as DLPack bfloat16 or as uint16 bit views.");
   m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("g"), nb::arg("beta"), nb::arg("scale").none(), nb::arg("initial_state").none(),

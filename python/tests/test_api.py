@@ -209,10 +209,13 @@ def test_core_writes_into_the_given_output():
     o = np.full((1, 4, H, K), np.nan, np.float32)
     fs = np.full((1, H, K, K), np.nan, np.float32)
     o_ptr, fs_ptr = o.ctypes.data, fs.ctypes.data
-    sizes = _core.chunk_kda(o, fs, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=True,
-                            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]),
-                            A_log=None, dt_bias=None, state=None, state_indices=None)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, scale=None, initial_state=None, output_final_state=True,
+                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]), A_log=None,
+                dt_bias=None, state=None, state_indices=None)
+    sizes = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
     assert sizes == dict(B=1, T=4, N=1, H=H, K=K, V=K, num_states=0)
+    assert np.isnan(o).all()  # a check writes nothing
+    assert _core.chunk_kda(o=o, final_state=fs, **args) is None
     assert o.ctypes.data == o_ptr and fs.ctypes.data == fs_ptr
     want_o, want_s = kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
     np.testing.assert_array_equal(o, want_o)

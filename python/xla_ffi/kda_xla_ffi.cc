@@ -46,17 +46,16 @@ namespace kda {
 namespace {
 
 // A view of an XLA buffer (dense, row-major). Optional operands come as [0]
-// buffers when absent.
+// buffers when absent. Called inside Run: a kda::Error becomes the call's error.
 template <class View, class Buffer>
 View ViewOf(const Buffer& b, bool optional = false) {
   View v;
   const auto dims = b.dimensions();
   if (optional && dims.size() == 1 && dims[0] == 0) return v;
-  if (dims.size() > static_cast<size_t>(kMaxViewDims)) {
-    v.foreign_dtype = "a buffer of more than 8 dimensions";
-    v.ndim = 0;
-    return v;
-  }
+  Check(dims.size() <= static_cast<size_t>(kMaxViewDims), [&] {
+    return "an operand of " + std::to_string(dims.size()) + " dimensions (at most " + std::to_string(kMaxViewDims) +
+           ")";
+  });
   v.data = b.untyped_data();
   struct Map {
     ffi::DataType xla;
@@ -118,18 +117,20 @@ ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
                         ffi::Result<ffi::AnyBuffer> final_state, float scale, bool use_qk_l2norm_in_kernel,
                         bool use_gate_in_kernel, bool output_final_state, bool pool) {
-  ChunkKdaCall c;
-  SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
-  if (pool) {
-    // The pool is read and written through the aliased result.
-    c.state = ViewOf<MutTensorView>(*final_state);
-    c.state_indices = ViewOf<TensorView>(state_indices);
-  } else {
-    c.initial_state = ViewOf<TensorView>(state, true);
-    c.output_final_state = output_final_state;
-    if (output_final_state) c.final_state = ViewOf<MutTensorView>(*final_state);
-  }
-  return Run([&] { chunk_kda(c); });
+  return Run([&] {
+    ChunkKdaCall c;
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
+    if (pool) {
+      // The pool is read and written through the aliased result.
+      c.state = ViewOf<MutTensorView>(*final_state);
+      c.state_indices = ViewOf<TensorView>(state_indices);
+    } else {
+      c.initial_state = ViewOf<TensorView>(state, true);
+      c.output_final_state = output_final_state;
+      if (output_final_state) c.final_state = ViewOf<MutTensorView>(*final_state);
+    }
+    chunk_kda(c);
+  });
 }
 
 ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
@@ -138,11 +139,13 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
                                  ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
                                  ffi::Result<ffi::AnyBuffer> state_out, float scale, bool use_qk_l2norm_in_kernel,
                                  bool use_gate_in_kernel) {
-  RecurrentKdaCall c;
-  SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
-  c.initial_state = ViewOf<MutTensorView>(*state_out);  // the pool, aliased to the input
-  c.ssm_state_indices = ViewOf<TensorView>(state_indices);
-  return Run([&] { fused_recurrent_kda(c); });
+  return Run([&] {
+    RecurrentKdaCall c;
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
+    c.initial_state = ViewOf<MutTensorView>(*state_out);  // the pool, aliased to the input
+    c.ssm_state_indices = ViewOf<TensorView>(state_indices);
+    fused_recurrent_kda(c);
+  });
 }
 
 }  // namespace

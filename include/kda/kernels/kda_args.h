@@ -183,7 +183,7 @@ KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call);
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call);
 
 // Everything CheckChunkKdaShapes checks, every output present, and the
-// values (ValidateChunkKda); returns the kernel arguments, pointing into the
+// values (as ValidateChunkKda); returns the kernel arguments, pointing into the
 // call's tensors. Allocates nothing, except that int32 or absent cu_seqlens
 // are widened into a per-thread buffer, which the arguments point to until the
 // thread's next bind.
