@@ -1,5 +1,5 @@
 """kda with numpy: prefill two sequences with chunk_kda, then decode one more token of each with
-fused_recurrent_kda from a state pool, and check the result against a prefill over all tokens.
+fused_recurrent_kda_fwd from a state pool, and check the result against a prefill over all tokens.
 
     python examples/numpy_example.py [CHECKPOINT_DIR]
 
@@ -40,8 +40,8 @@ pool = np.zeros((4, H, K, K), np.float32)
 slots = np.array([3, 1], np.int32)
 pool[slots] = state
 dec = [x[:, T:].transpose(1, 0, *range(2, x.ndim)).copy() for x in (q, k, v, g, beta)]  # [N, 1, ...]
-o_dec, pool_after = kda.fused_recurrent_kda(*dec, initial_state=pool, ssm_state_indices=slots,
-                                            use_qk_l2norm_in_kernel=True)
+o_dec, pool_after = kda.fused_recurrent_kda_fwd(*dec, initial_state=pool, ssm_state_indices=slots,
+                                                use_qk_l2norm_in_kernel=True)
 assert pool_after is pool  # in place
 print("decode o", o_dec.shape)
 

@@ -6,7 +6,7 @@ torch.compile, with the decode state pool updated in place.
 
 import torch
 
-import kda.torch as kt  # registers torch.ops.kda.chunk_kda and torch.ops.kda.fused_recurrent_kda
+import kda.torch as kt  # registers torch.ops.kda.chunk_kda and torch.ops.kda.fused_recurrent_kda_fwd
 
 torch.manual_seed(0)
 H, K = 4, 64
@@ -27,8 +27,8 @@ print("prefill o", tuple(o.shape), o.dtype)
 
 
 def decode(q, k, v, g, beta, pool, slots):
-    o, _ = kt.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
-                                  use_qk_l2norm_in_kernel=True)
+    o, _ = kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
+                                      use_qk_l2norm_in_kernel=True)
     return o.float().norm()
 
 

@@ -4,8 +4,11 @@
 // exactly the extent its view claims (so that one element past it is an
 // AddressSanitizer report), mostly near a valid call and now and then with a
 // view absent, of the wrong rank, shape or dtype, strided, or null, and with
-// random index values. The call is shape-checked (data null), then bound and
-// run on the reference kernels: a kda::Error, or a call that stays in bounds.
+// random index values, over fla's options (grouped value heads, any head dims,
+// float16, several tokens per sequence, slots per token and accepted counts,
+// V-first states). The call is shape-checked (data null), then bound and run
+// on the reference or the optimized kernels: a kda::Error, or a call that
+// stays in bounds.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "kda/kernels/chunk_kda_reference.h"
 #include "kda/kernels/fused_recurrent_kda_reference.h"
 #include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_optimized.h"
 
 namespace {
 
@@ -54,7 +58,9 @@ class Arena {
 enum class Fill : uint8_t { kFloat, kCuSeqlens, kIndices, kFlags };
 
 struct Sizes {
-  int64_t B, T, N, H, K, V, S;
+  int64_t B, T, N, H, HV, K, V, S;
+  int64_t C;  // slots per sequence of 2-D ssm_state_indices
+  bool optimized;
 };
 
 class CaseBuilder {
@@ -150,10 +156,14 @@ class CaseBuilder {
         std::memcpy(p + i * 4, &f, 4);
         break;
       }
-      case DType::kBF16:
-      case DType::kF16: {
+      case DType::kBF16: {
         const kda::BF16 b = kda::ToBF16(static_cast<float>(value) * 0.25F);
         std::memcpy(p + i * 2, &b, 2);
+        break;
+      }
+      case DType::kF16: {
+        const kda::F16 h = kda::ToF16(static_cast<float>(value) * 0.25F);
+        std::memcpy(p + i * 2, &h, 2);
         break;
       }
       case DType::kI32: {
@@ -225,7 +235,7 @@ void Exercise(const Call& call, const Call& shapes, CheckFn check, RunFn run) {
 template <class Call>
 Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   Call call;
-  SetTokens(call, b, s, act, gb);
+  SetTokens(call, c, b, s, act, gb);
   SetOptions(call, c, b, s);
   return call;
 }
@@ -237,38 +247,73 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   if (packed) {
     call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
   }
+  call.safe_gate = c.OneIn(8);
+  if (c.OneIn(8)) call.chunk_size = c.OneIn(2) ? 32 : 48;
   if (c.OneIn(2)) {  // pool form
-    call.state = b.Make<MutTensorView>({s.S, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+    call.state = States<MutTensorView>(b, call, s, s.S);
     call.state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
     call.has_initial_state = b.Make<TensorView>({n}, DType::kU8, Fill::kFlags, true);
-    if (c.OneIn(16)) call.initial_state = b.Make<TensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
+    if (c.OneIn(16)) call.initial_state = States<TensorView>(b, call, s, n);
   } else {
-    call.initial_state = b.Make<TensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat, true);
+    call.initial_state = States<TensorView>(b, call, s, n, true);
     call.output_final_state = !c.OneIn(4);
-    if (call.output_final_state || c.OneIn(8)) {
-      call.final_state = b.Make<MutTensorView>({n, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
-    }
+    if (call.output_final_state || c.OneIn(8)) call.final_state = States<MutTensorView>(b, call, s, n);
   }
   kda::ChunkKdaCall shapes = WithoutTokenData(call);
   shapes.initial_state.data = nullptr;
   shapes.final_state.data = nullptr;
   shapes.state.data = nullptr;
-  Exercise(call, shapes, kda::CheckChunkKdaShapes,
-           [](const kda::ChunkKdaCall& c) { kda::chunk_kda_reference(kda::BindChunkKda(c)); });
+  Exercise(call, shapes, kda::CheckChunkKdaShapes, [&s](const kda::ChunkKdaCall& c) {
+    if (s.optimized) {
+      kda::chunk_kda_optimized(kda::BindChunkKda(c));
+    } else {
+      kda::chunk_kda_reference(kda::BindChunkKda(c));
+    }
+  });
 }
 
 void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   auto call = TokensAndOptions<kda::RecurrentKdaCall>(c, b, s, act, gb);
-  const int64_t n = s.B * s.T;
-  if (s.B == 1 && c.OneIn(2)) {
-    call.cu_seqlens = b.Make<TensorView>({n + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kIndices);
+  const bool packed = s.B == 1 && c.OneIn(2);
+  const int64_t n = packed ? s.N : s.B;
+  if (packed) {
+    call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
   }
-  call.initial_state = b.Make<MutTensorView>({s.S, s.H, s.K, s.V}, DType::kF32, Fill::kFloat);
-  call.ssm_state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
+  call.inplace_final_state = !c.OneIn(3);
+  call.output_final_state = c.OneIn(2);
+  switch (c.Below(3)) {
+    case 0:  // contiguous states
+      call.initial_state = States<MutTensorView>(b, call, s, n, !call.inplace_final_state);
+      if (!call.inplace_final_state && (call.output_final_state || c.OneIn(8))) {
+        call.final_state = States<MutTensorView>(b, call, s, n);
+      }
+      break;
+    case 1:  // the pool, a slot per sequence
+      call.initial_state = States<MutTensorView>(b, call, s, s.S);
+      call.ssm_state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
+      break;
+    default:  // the pool, a slot per token, accepted counts
+      call.initial_state = States<MutTensorView>(b, call, s, s.S);
+      call.ssm_state_indices = b.Make<TensorView>({n, s.C}, DType::kI32, Fill::kIndices);
+      if (c.OneIn(2)) call.num_accepted_tokens = b.Make<TensorView>({n}, DType::kI32, Fill::kFlags);
+      break;
+  }
+  if (call.ssm_state_indices.present() && !call.inplace_final_state && (call.output_final_state || c.OneIn(8))) {
+    call.final_state = States<MutTensorView>(b, call, s, s.B * s.T);  // a state per token
+  }
+  if (c.OneIn(16) && !call.num_accepted_tokens.present()) {
+    call.num_accepted_tokens = b.Make<TensorView>({n}, DType::kI32, Fill::kFlags);
+  }
   kda::RecurrentKdaCall shapes = WithoutTokenData(call);
   shapes.initial_state.data = nullptr;
-  Exercise(call, shapes, kda::CheckRecurrentKdaShapes,
-           [](const kda::RecurrentKdaCall& c) { kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c)); });
+  shapes.final_state.data = nullptr;
+  Exercise(call, shapes, kda::CheckRecurrentKdaShapes, [&s](const kda::RecurrentKdaCall& c) {
+    if (s.optimized) {
+      kda::fused_recurrent_kda_optimized(kda::BindRecurrentKda(c));
+    } else {
+      kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c));
+    }
+  });
 }
 
 }  // namespace
@@ -278,16 +323,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool chunk = c.OneIn(2);
   Sizes s{};
   s.H = 1 + c.Below(2);
-  static constexpr int64_t kHeadDims[] = {16, 32, 16, 8, 24, 0};
-  s.K = kHeadDims[c.Below(6)];
-  s.V = c.OneIn(8) ? kHeadDims[c.Below(6)] : s.K;
+  s.HV = s.H * (c.OneIn(3) ? 1 + c.Below(3) : 1) + (c.OneIn(16) ? 1 : 0);
+  static constexpr int64_t kHeadDims[] = {16, 32, 5, 8, 24, 0, 100, 260};
+  s.K = kHeadDims[c.Below(c.OneIn(8) ? 8 : 5)];
+  s.V = c.OneIn(4) ? kHeadDims[c.Below(c.OneIn(8) ? 8 : 5)] : s.K;
   s.B = c.Below(3) + (c.OneIn(8) ? 0 : 1);
-  s.T = c.Below(chunk ? 80 : 3);
+  s.T = c.Below(chunk ? 80 : 6);
   s.N = 1 + c.Below(4);
-  s.S = c.Below(6);
-  static constexpr DType kActs[] = {DType::kF32, DType::kBF16};
-  const DType act = kActs[c.Below(2)];
-  const DType gb = kActs[c.Below(2)];
+  s.S = c.Below(8);
+  s.C = 1 + c.Below(4);
+  s.optimized = c.OneIn(2);
+  static constexpr DType kActs[] = {DType::kF32, DType::kBF16, DType::kF16};
+  const DType act = kActs[c.Below(3)];
+  const DType gb = kActs[c.Below(3)];
   Arena arena;
   CaseBuilder b(c, arena, s);
   if (chunk) {

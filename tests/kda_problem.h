@@ -17,6 +17,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
+#include "kda/base/f16.h"
 #include "kda/kernels/kda_args.h"
 #include "tests/tolerance.h"
 
@@ -39,6 +40,15 @@ struct Spec {
   bool initial_state = true;
   float scale = 0.0F;
   uint32_t seed = 1;
+  // fla's options (defaults: Kimi-Linear's configuration).
+  int HV = 0;                 // value heads, a multiple of H (0: H)
+  int V = 0;                  // value head dim (0: K)
+  bool beta_sigmoid = false;  // beta holds logits (use_beta_sigmoid_in_kernel)
+  bool allow_neg_eigval = false;
+  float lower_bound = 0.0F;     // < 0: fla's sigmoid gate with gate_in_kernel
+  bool no_a_log = false;        // the sigmoid gate without A_log
+  bool beta_per_value = false;  // beta [T, HV, V] (fused_recurrent_kda only)
+  bool state_v_first = false;   // states [.., HV, V, K]
 };
 
 // Inputs as fp32 values (q/k/v/g/beta may be stored as BF16 later).
@@ -47,15 +57,30 @@ struct Problem {
   int64_t N = 0;
   int H = 0;
   int K = 0;
-  std::vector<int64_t> cu;              // [N + 1]
-  std::vector<float> q, k, v, g, beta;  // [T,H,K] x4 (g raw with gate_in_kernel), [T,H]
-  std::vector<float> h0;                // [N,H,K,K], empty for a null initial state
-  std::vector<float> a_log, dt_bias;    // [H], [H*K] with gate_in_kernel
+  int HV = 0;
+  int V = 0;
+  std::vector<int64_t> cu;            // [N + 1]
+  std::vector<float> q, k;            // [T, H, K]
+  std::vector<float> v;               // [T, HV, V]
+  std::vector<float> g;               // [T, HV, K] (raw with gate_in_kernel)
+  std::vector<float> beta;            // [T, HV] ([T, HV, V] with beta_per_value; logits with beta_sigmoid)
+  std::vector<float> h0;              // [N, HV, K, V] (V-first with state_v_first), empty for zeros
+  std::vector<float> a_log, dt_bias;  // [HV] (empty with no_a_log), [HV*K] with gate_in_kernel
   bool l2norm_in_kernel = false;
   bool gate_in_kernel = false;
   float scale = 0.0F;
+  bool beta_sigmoid = false;
+  bool allow_neg_eigval = false;
+  float lower_bound = 0.0F;
+  bool beta_per_value = false;
+  bool state_v_first = false;
 
-  size_t StateSize() const { return static_cast<size_t>(N) * H * K * K; }
+  size_t HeadState() const { return static_cast<size_t>(K) * V; }
+  size_t StateSize() const { return static_cast<size_t>(N) * HV * HeadState(); }
+  size_t KeyRow() const { return static_cast<size_t>(H) * K; }     // q, k of one token
+  size_t GateRow() const { return static_cast<size_t>(HV) * K; }   // g of one token
+  size_t ValueRow() const { return static_cast<size_t>(HV) * V; }  // v, o of one token
+  size_t BetaRow() const { return beta_per_value ? ValueRow() : static_cast<size_t>(HV); }
 };
 
 inline void NormalizeRows(std::vector<float>& x, int len) {
@@ -72,6 +97,13 @@ inline Problem MakeProblem(const Spec& s) {
   p.N = static_cast<int64_t>(s.lengths.size());
   p.H = s.H;
   p.K = s.K;
+  p.HV = s.HV > 0 ? s.HV : s.H;
+  p.V = s.V > 0 ? s.V : s.K;
+  p.beta_sigmoid = s.beta_sigmoid;
+  p.allow_neg_eigval = s.allow_neg_eigval;
+  p.lower_bound = s.lower_bound;
+  p.beta_per_value = s.beta_per_value;
+  p.state_v_first = s.state_v_first;
   p.cu.push_back(0);
   for (int64_t len : s.lengths) p.cu.push_back(p.cu.back() + len);
   p.T = p.cu.back();
@@ -82,7 +114,7 @@ inline Problem MakeProblem(const Spec& s) {
   std::mt19937 rng(s.seed);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::uniform_real_distribution<float> uniform(0.0F, 1.0F);
-  const size_t n_qk = static_cast<size_t>(p.T) * p.H * p.K;
+  const size_t n_qk = static_cast<size_t>(p.T) * p.KeyRow();
   auto fill = [&](std::vector<float>& x, size_t n, float mul) {
     x.resize(n);
     for (float& e : x) e = mul * normal(rng);
@@ -93,15 +125,18 @@ inline Problem MakeProblem(const Spec& s) {
     NormalizeRows(p.q, p.K);
     NormalizeRows(p.k, p.K);
   }
-  fill(p.v, n_qk, 1.0F);
-  p.beta.resize(static_cast<size_t>(p.T) * p.H);
-  for (float& b : p.beta) b = 1.0F / (1.0F + std::exp(-normal(rng)));
+  fill(p.v, static_cast<size_t>(p.T) * p.ValueRow(), 1.0F);
+  p.beta.resize(static_cast<size_t>(p.T) * p.BetaRow());
+  // beta in [0, 1] (with allow_neg_eigval in [0, 2)), as stored or as its logit.
+  for (float& b : p.beta) b = s.beta_sigmoid ? 1.5F * normal(rng) : 1.0F / (1.0F + std::exp(-normal(rng)));
 
-  p.g.resize(n_qk);
+  p.g.resize(static_cast<size_t>(p.T) * p.GateRow());
   if (s.gate_in_kernel) {
-    p.a_log.resize(p.H);
-    for (float& a : p.a_log) a = std::log(1.0F + 9.0F * uniform(rng));
-    fill(p.dt_bias, static_cast<size_t>(p.H) * p.K, 0.5F);
+    if (!s.no_a_log) {
+      p.a_log.resize(p.HV);
+      for (float& a : p.a_log) a = std::log(1.0F + 9.0F * uniform(rng));
+    }
+    fill(p.dt_bias, p.GateRow(), 0.5F);
     for (float& x : p.g) {
       const float u = uniform(rng);
       if (s.gate == GateKind::kStress && u < 0.05F) {
@@ -142,37 +177,40 @@ inline void RoundInputsToBF16(Problem& p) {
   }
 }
 
-// A float-valued buffer stored as F32 or BF16.
+inline void RoundInputsToF16(Problem& p) {
+  for (std::vector<float>* x : {&p.q, &p.k, &p.v, &p.g, &p.beta}) {
+    for (float& e : *x) e = RoundF16(e);
+  }
+}
+
+// A float-valued buffer stored as F32, BF16 or F16.
 class Typed {
  public:
-  Typed(const std::vector<float>& x, DType t) : dtype_(t) {
-    if (t == DType::kBF16) {
-      for (float e : x) bf16_.push_back(ToBF16(e));
-    } else {
-      f32_ = x;
-    }
+  Typed(const std::vector<float>& x, DType t) : dtype_(t), n_(x.size()) {
+    bytes_.resize(x.size() * DTypeSize(t) + 1);
+    for (size_t i = 0; i < x.size(); ++i) StoreFromFloat(bytes_.data(), t, i, x[i]);
   }
   Typed(size_t n, DType t, float value) : Typed(std::vector<float>(n, value), t) {}
 
-  MutBuf Mut() { return {dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : f32_.data(), dtype_}; }
+  MutBuf Mut() { return {bytes_.data(), dtype_}; }
   TensorView View(std::initializer_list<int64_t> shape) const { return ContiguousView(Data(), dtype_, shape); }
   std::vector<float> ToF32() const {
-    if (dtype_ == DType::kF32) return f32_;
-    std::vector<float> r;
-    for (BF16 b : bf16_) r.push_back(ToFloat(b));
+    std::vector<float> r(n_);
+    for (size_t i = 0; i < n_; ++i) r[i] = LoadAsFloat(bytes_.data(), dtype_, i);
     return r;
   }
 
  private:
-  const void* Data() const { return dtype_ == DType::kBF16 ? static_cast<const void*>(bf16_.data()) : f32_.data(); }
+  const void* Data() const { return bytes_.data(); }
   DType dtype_;
-  std::vector<float> f32_;
-  std::vector<BF16> bf16_;
+  size_t n_;
+  // Storage of any element type (operator new aligns it for floats).
+  std::vector<uint8_t> bytes_;
 };
 
 struct Result {
-  std::vector<float> o;      // [T, H, K]
-  std::vector<float> state;  // [N, H, K, K]
+  std::vector<float> o;      // [T, HV, V]
+  std::vector<float> state;  // [N, HV, K, V] (V-first with state_v_first)
 };
 
 // Token inputs as kernel buffers: q, k, v in qkv, g and beta in gb.
@@ -186,14 +224,17 @@ struct TypedInputs {
 };
 
 // p's options on a call, in fla's names (p.scale <= 0: the default K^-0.5).
-template <class Call>
-void SetOptions(const Problem& p, Call& c) {
+inline void SetOptions(const Problem& p, KdaCallCommon& c) {
   if (p.scale > 0) c.scale = p.scale;
   c.use_qk_l2norm_in_kernel = p.l2norm_in_kernel;
   c.use_gate_in_kernel = p.gate_in_kernel;
+  c.use_beta_sigmoid_in_kernel = p.beta_sigmoid;
+  c.allow_neg_eigval = p.allow_neg_eigval;
+  c.state_v_first = p.state_v_first;
   if (p.gate_in_kernel) {
-    c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.H});
-    c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.H * p.K});
+    if (!p.a_log.empty()) c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.HV});
+    c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.HV * p.K});
+    if (p.lower_bound < 0.0F) c.lower_bound = p.lower_bound;
   }
 }
 
@@ -203,25 +244,27 @@ void SetOptions(const Problem& p, Call& c) {
 template <class Call>
 Call TokenCall(const Problem& p, const TypedInputs& in, MutBuf o, int64_t rows, int64_t t) {
   Call c;
-  c.o = ContiguousView<void*>(o.data, o.dtype, {rows, t, p.H, p.K});
+  c.o = ContiguousView<void*>(o.data, o.dtype, {rows, t, p.HV, p.V});
   c.q = in.q.View({rows, t, p.H, p.K});
   c.k = in.k.View({rows, t, p.H, p.K});
-  c.v = in.v.View({rows, t, p.H, p.K});
-  c.g = in.g.View({rows, t, p.H, p.K});
-  c.beta = in.beta.View({rows, t, p.H});
+  c.v = in.v.View({rows, t, p.HV, p.V});
+  c.g = in.g.View({rows, t, p.HV, p.K});
+  c.beta = p.beta_per_value ? in.beta.View({rows, t, p.HV, p.V}) : in.beta.View({rows, t, p.HV});
   SetOptions(p, c);
   return c;
 }
 
-// [n, H, K, K] fp32 states of p's head shape.
+// [n, HV, K, V] fp32 states of p's head shape ([n, HV, V, K] with state_v_first).
 inline TensorView StatesView(const Problem& p, const float* data, int64_t n) {
-  return ContiguousView<const void*>(data, DType::kF32, {n, p.H, p.K, p.K});
+  return p.state_v_first ? ContiguousView<const void*>(data, DType::kF32, {n, p.HV, p.V, p.K})
+                         : ContiguousView<const void*>(data, DType::kF32, {n, p.HV, p.K, p.V});
 }
 inline MutTensorView MutStatesView(const Problem& p, float* data, int64_t n) {
-  return ContiguousView<void*>(data, DType::kF32, {n, p.H, p.K, p.K});
+  return p.state_v_first ? ContiguousView<void*>(data, DType::kF32, {n, p.HV, p.V, p.K})
+                         : ContiguousView<void*>(data, DType::kF32, {n, p.HV, p.K, p.V});
 }
 
-// A decode call for p's head shape and options: token n of `in` ([N, 1, H, K],
+// A decode call for p's head shape and options: token n of `in` ([N, 1, ...],
 // N = idx.size()) updates states[idx[n]] of a pool of num_states, writing o.
 inline RecurrentKdaCall DecodeCallFor(const Problem& p, const TypedInputs& in, MutBuf o, float* states,
                                       int64_t num_states, const std::vector<int32_t>& idx) {
@@ -247,40 +290,40 @@ Call NullTokenCall(int64_t rows, int64_t t, int64_t h, int64_t k) {
 // sequences are padding entries, slot 0 holds a sentinel state).
 inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKdaArgs&), DType qkv = DType::kF32,
                               DType gb = DType::kF32) {
-  const size_t per_state = static_cast<size_t>(p.H) * p.K * p.K;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
+  const size_t per_state = static_cast<size_t>(p.HV) * p.HeadState();
+  const size_t key = p.KeyRow(), gate = p.GateRow(), value = p.ValueRow(), br = p.BetaRow();
   std::vector<float> states((p.N + 1) * per_state, 0.0F);
   for (size_t i = 0; i < per_state; ++i) states[i] = kSentinel;
   if (!p.h0.empty()) std::copy(p.h0.begin(), p.h0.end(), states.begin() + static_cast<std::ptrdiff_t>(per_state));
 
   Result r;
-  r.o.assign(p.q.size(), kSentinel);
+  r.o.assign(static_cast<size_t>(p.T) * value, kSentinel);
   int64_t max_len = 0;
   for (int64_t n = 0; n < p.N; ++n) max_len = std::max(max_len, p.cu[n + 1] - p.cu[n]);
   for (int64_t t = 0; t < max_len; ++t) {
-    std::vector<float> q(p.N * hk, 0.0F), k(p.N * hk, 0.0F), v(p.N * hk, 0.0F), g(p.N * hk, 0.0F);
-    std::vector<float> beta(p.N * p.H, 0.0F);
+    std::vector<float> q(p.N * key, 0.0F), k(p.N * key, 0.0F), v(p.N * value, 0.0F), g(p.N * gate, 0.0F);
+    std::vector<float> beta(p.N * br, 0.0F);
     std::vector<int32_t> idx(p.N, -1);
     for (int64_t n = 0; n < p.N; ++n) {
       if (t >= p.cu[n + 1] - p.cu[n]) continue;
       const size_t tok = static_cast<size_t>(p.cu[n] + t);
       idx[n] = static_cast<int32_t>(n + 1);
-      std::copy_n(p.q.begin() + tok * hk, hk, q.begin() + n * hk);
-      std::copy_n(p.k.begin() + tok * hk, hk, k.begin() + n * hk);
-      std::copy_n(p.v.begin() + tok * hk, hk, v.begin() + n * hk);
-      std::copy_n(p.g.begin() + tok * hk, hk, g.begin() + n * hk);
-      std::copy_n(p.beta.begin() + tok * p.H, p.H, beta.begin() + n * p.H);
+      std::copy_n(p.q.begin() + tok * key, key, q.begin() + n * key);
+      std::copy_n(p.k.begin() + tok * key, key, k.begin() + n * key);
+      std::copy_n(p.v.begin() + tok * value, value, v.begin() + n * value);
+      std::copy_n(p.g.begin() + tok * gate, gate, g.begin() + n * gate);
+      std::copy_n(p.beta.begin() + tok * br, br, beta.begin() + n * br);
     }
     const TypedInputs in(q, k, v, g, beta, qkv, gb);
-    Typed o(q.size(), qkv, kSentinel);
+    Typed o(v.size(), qkv, kSentinel);
     decode(BindRecurrentKda(DecodeCallFor(p, in, o.Mut(), states.data(), p.N + 1, idx)));
     const std::vector<float> of = o.ToF32();
     for (int64_t n = 0; n < p.N; ++n) {
       if (idx[n] < 0) {
-        for (size_t i = 0; i < hk; ++i) EXPECT_EQ(of[n * hk + i], 0.0F) << "padding output not zero";
+        for (size_t i = 0; i < value; ++i) EXPECT_EQ(of[n * value + i], 0.0F) << "padding output not zero";
         continue;
       }
-      std::copy_n(of.begin() + n * hk, hk, r.o.begin() + (p.cu[n] + t) * hk);
+      std::copy_n(of.begin() + n * value, value, r.o.begin() + (p.cu[n] + t) * value);
     }
   }
   for (size_t i = 0; i < per_state; ++i) EXPECT_EQ(states[i], kSentinel) << "slot 0 touched";
@@ -328,7 +371,7 @@ class ShiftedOut {
 };
 
 // A chunk_kda call for p's packed batch over `in` (which must outlive it),
-// writing o: tokens [1, T, H, K], p.cu as the int64 cu_seqlens, p's options;
+// writing o: tokens [1, T, ...], p.cu as the int64 cu_seqlens, p's options;
 // the states (contiguous or pool form) are the caller's to set.
 inline ChunkKdaCall ChunkCallFor(const Problem& p, const TypedInputs& in, MutBuf o) {
   ChunkKdaCall c = TokenCall<ChunkKdaCall>(p, in, o, 1, p.T);
@@ -336,8 +379,8 @@ inline ChunkKdaCall ChunkCallFor(const Problem& p, const TypedInputs& in, MutBuf
   return c;
 }
 
-// The contiguous state form on c: `initial` [N, H, K, K] (null: zeros) and,
-// unless null, `final_state` [N, H, K, K] written (output_final_state).
+// The contiguous state form on c: `initial` [N, HV, K, V] (null: zeros) and,
+// unless null, `final_state` [N, HV, K, V] written (output_final_state).
 inline void SetStates(const Problem& p, ChunkKdaCall& c, const float* initial, float* final_state) {
   c.initial_state = initial != nullptr ? StatesView(p, initial, p.N) : TensorView{};
   c.output_final_state = final_state != nullptr;
@@ -347,7 +390,7 @@ inline void SetStates(const Problem& p, ChunkKdaCall& c, const float* initial, f
 // A chunk_kda implementation over the whole packed batch (the call bound by BindChunkKda).
 inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&), const ChunkRun& run = {}) {
   const TypedInputs in(p, run.qkv, run.gb);
-  ShiftedOut o(p.q.size(), run.qkv, run.out_shift);
+  ShiftedOut o(static_cast<size_t>(p.T) * p.ValueRow(), run.qkv, run.out_shift);
   std::vector<float> state = run.alias && !p.h0.empty() ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
   ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
   const float* initial = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
@@ -386,12 +429,18 @@ inline void ExpectBitEqual(const Result& got, const Result& want) {
 // The spec in a line, for SCOPED_TRACE.
 inline std::string Describe(const Spec& s) {
   std::string r = "H=" + std::to_string(s.H) + " K=" + std::to_string(s.K) + " lengths={";
+  if (s.HV > 0) r = "HV=" + std::to_string(s.HV) + " " + r;
+  if (s.V > 0) r = "V=" + std::to_string(s.V) + " " + r;
   for (int64_t len : s.lengths) r += std::to_string(len) + ",";
   r += "} gate=";
   r += s.gate == GateKind::kStress ? "stress" : (s.gate == GateKind::kMild ? "mild" : "none");
   r += s.l2norm_in_kernel ? " l2norm" : "";
   r += s.gate_in_kernel ? " gate_in_kernel" : "";
   r += s.initial_state ? " h0" : " no-h0";
+  r += s.beta_sigmoid ? (s.allow_neg_eigval ? " beta=2sigmoid" : " beta=sigmoid") : "";
+  r += s.lower_bound < 0.0F ? " lower_bound=" + std::to_string(s.lower_bound) + (s.no_a_log ? " no-A_log" : "") : "";
+  r += s.beta_per_value ? " beta-per-value" : "";
+  r += s.state_v_first ? " v-first" : "";
   return r;
 }
 

@@ -23,6 +23,7 @@
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
+#include "kda/base/f16.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/chunk_kda_reference.h"
 #include "kda/kernels/fused_recurrent_kda_reference.h"
@@ -56,6 +57,7 @@ using testing::NormalizeRows;
 using testing::Problem;
 using testing::Result;
 using testing::RoundInputsToBF16;
+using testing::RoundInputsToF16;
 using testing::SetStates;
 using testing::Spec;
 using testing::Typed;
@@ -273,50 +275,75 @@ TEST_P(KdaKernelTest, Bf16Inputs) {
 }
 
 // The recurrence of design §2 in double, written independently of all the
-// kernels (including the in-kernel L2 norm and gate).
+// kernels, with every option of the problem (the in-kernel L2 norm and gates,
+// beta logits and per-value beta, grouped value heads, V-first states).
 Result NaiveRecurrenceF64(const Problem& p) {
   const int kd = p.K;
+  const int vd = p.V;
+  const int group = p.HV / p.H;
   const double scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(kd));
+  const auto state_at = [&](int d, int j) {
+    return p.state_v_first ? static_cast<size_t>(j) * kd + d : static_cast<size_t>(d) * vd + j;
+  };
   Result r;
-  r.o.assign(p.q.size(), 0.0F);
+  r.o.assign(static_cast<size_t>(p.T) * p.ValueRow(), 0.0F);
   r.state.assign(p.StateSize(), 0.0F);
   for (int64_t n = 0; n < p.N; ++n) {
-    for (int h = 0; h < p.H; ++h) {
-      const size_t soff = (static_cast<size_t>(n) * p.H + h) * kd * kd;
-      std::vector<double> s(static_cast<size_t>(kd) * kd, 0.0);
-      if (!p.h0.empty()) std::copy_n(p.h0.begin() + soff, s.size(), s.begin());
+    for (int h = 0; h < p.HV; ++h) {
+      const size_t soff = (static_cast<size_t>(n) * p.HV + h) * p.HeadState();
+      std::vector<double> s(p.HeadState(), 0.0);  // [K][V]
+      if (!p.h0.empty()) {
+        for (int d = 0; d < kd; ++d) {
+          for (int j = 0; j < vd; ++j) s[static_cast<size_t>(d) * vd + j] = p.h0[soff + state_at(d, j)];
+        }
+      }
       for (int64_t t = p.cu[n]; t < p.cu[n + 1]; ++t) {
-        const size_t row = (static_cast<size_t>(t) * p.H + h) * kd;
-        std::vector<double> q(p.q.begin() + row, p.q.begin() + row + kd);
-        std::vector<double> k(p.k.begin() + row, p.k.begin() + row + kd);
+        const size_t key_row = (static_cast<size_t>(t) * p.H + h / group) * kd;
+        const size_t gate_row = (static_cast<size_t>(t) * p.HV + h) * kd;
+        const size_t value_row = (static_cast<size_t>(t) * p.HV + h) * vd;
+        std::vector<double> q(p.q.begin() + key_row, p.q.begin() + key_row + kd);
+        std::vector<double> k(p.k.begin() + key_row, p.k.begin() + key_row + kd);
         double qq = 0.0, kk = 0.0;
         for (int d = 0; d < kd; ++d) qq += q[d] * q[d], kk += k[d] * k[d];
         for (int d = 0; d < kd; ++d) {
           if (p.l2norm_in_kernel) q[d] /= std::sqrt(qq + 1e-6), k[d] /= std::sqrt(kk + 1e-6);
           q[d] *= scale;
         }
-        const double beta = p.beta[static_cast<size_t>(t) * p.H + h];
+        std::vector<double> beta(vd);
+        for (int j = 0; j < vd; ++j) {
+          double b = p.beta_per_value ? p.beta[value_row + j] : p.beta[static_cast<size_t>(t) * p.HV + h];
+          if (p.beta_sigmoid) b = (p.allow_neg_eigval ? 2.0 : 1.0) / (1.0 + std::exp(-b));
+          beta[j] = b;
+        }
         for (int d = 0; d < kd; ++d) {
-          double g = p.g[row + d];
+          double g = p.g[gate_row + d];
           if (p.gate_in_kernel) {
             const double x = g + p.dt_bias[static_cast<size_t>(h) * kd + d];
-            g = -std::exp(static_cast<double>(p.a_log[h])) * (x > 20 ? x : std::log1p(std::exp(x)));
+            if (p.lower_bound < 0.0F) {
+              const double a = p.a_log.empty() ? 1.0 : std::exp(static_cast<double>(p.a_log[h]));
+              g = p.lower_bound / (1.0 + std::exp(-a * x));
+            } else {
+              g = -std::exp(static_cast<double>(p.a_log[h])) * (x > 20 ? x : std::log1p(std::exp(x)));
+            }
           }
-          for (int j = 0; j < kd; ++j) s[d * kd + j] *= std::exp(g);
+          for (int j = 0; j < vd; ++j) s[static_cast<size_t>(d) * vd + j] *= std::exp(g);
         }
-        for (int j = 0; j < kd; ++j) {
+        for (int j = 0; j < vd; ++j) {
           double kv = 0.0;
-          for (int d = 0; d < kd; ++d) kv += k[d] * s[d * kd + j];
-          const double delta = beta * (p.v[row + j] - kv);
+          for (int d = 0; d < kd; ++d) kv += k[d] * s[static_cast<size_t>(d) * vd + j];
+          const double delta = beta[j] * (p.v[value_row + j] - kv);
           double o = 0.0;
           for (int d = 0; d < kd; ++d) {
-            s[d * kd + j] += k[d] * delta;
-            o += q[d] * s[d * kd + j];
+            s[static_cast<size_t>(d) * vd + j] += k[d] * delta;
+            o += q[d] * s[static_cast<size_t>(d) * vd + j];
           }
-          r.o[row + j] = static_cast<float>(o);
+          r.o[value_row + j] = static_cast<float>(o);
         }
       }
-      for (size_t i = 0; i < s.size(); ++i) r.state[soff + i] = static_cast<float>(s[i]);
+      for (int d = 0; d < kd; ++d) {
+        for (int j = 0; j < vd; ++j)
+          r.state[soff + state_at(d, j)] = static_cast<float>(s[static_cast<size_t>(d) * vd + j]);
+      }
     }
   }
   return r;
@@ -337,6 +364,81 @@ TEST_P(KdaKernelTest, MatchesFloat64Recurrence) {
   }
 }
 
+// fla's options beyond Kimi-Linear's configuration (design of the call in
+// kda/kernels/kda_args.h), each against the float64 recurrence: grouped value
+// heads, head dims off the register width and K != V (the optimized kernels'
+// zero-padded tails), beta logits (2 sigmoid with allow_neg_eigval), the
+// sigmoid gate with a lower bound (with and without A_log), V-first states,
+// per-value beta (recurrent kernel only).
+std::vector<Spec> FlaOptionSpecs(bool recurrent) {
+  std::vector<Spec> r = {
+      {.lengths = {5, 0, 40}, .H = 1, .K = 32, .gate = kStress, .seed = 601, .HV = 3},
+      {.lengths = {3, 37}, .H = 2, .K = 60, .l2norm_in_kernel = true, .seed = 602, .V = 100},
+      {.lengths = {1, 33}, .H = 2, .K = 100, .gate = kStress, .gate_in_kernel = true, .seed = 603, .V = 60},
+      {.lengths = {70}, .H = 1, .K = 100, .seed = 604, .V = 100},
+      {.lengths = {1, 9, 33}, .H = 2, .K = 5, .gate = kStress, .seed = 605, .HV = 4, .V = 3},
+      {.lengths = {2, 35}, .H = 2, .K = 32, .seed = 606, .beta_sigmoid = true},
+      {.lengths = {2, 35}, .H = 2, .K = 32, .seed = 607, .beta_sigmoid = true, .allow_neg_eigval = true},
+      {.lengths = {4, 66}, .H = 2, .K = 32, .gate = kStress, .gate_in_kernel = true, .seed = 608, .lower_bound = -5.0F},
+      {.lengths = {4, 40},
+       .H = 1,
+       .K = 24,
+       .gate_in_kernel = true,
+       .seed = 609,
+       .lower_bound = -3.0F,
+       .no_a_log = true},
+      {.lengths = {0, 6, 45}, .H = 2, .K = 24, .gate = kStress, .seed = 610, .V = 40, .state_v_first = true},
+      {.lengths = {3, 50},
+       .H = 2,
+       .K = 48,
+       .gate = kStress,
+       .l2norm_in_kernel = true,
+       .gate_in_kernel = true,
+       .seed = 611,
+       .HV = 4,
+       .V = 80,
+       .beta_sigmoid = true,
+       .allow_neg_eigval = true,
+       .lower_bound = -4.0F,
+       .state_v_first = true},
+  };
+  if (recurrent) {
+    r.push_back(
+        {.lengths = {2, 30}, .H = 1, .K = 20, .gate = kStress, .seed = 612, .HV = 2, .V = 36, .beta_per_value = true});
+    r.push_back({.lengths = {7}, .H = 2, .K = 16, .seed = 613, .beta_sigmoid = true, .beta_per_value = true});
+  }
+  return r;
+}
+
+TEST_P(KdaKernelTest, FlaOptionsMatchFloat64Recurrence) {
+  for (const Spec& s : FlaOptionSpecs(!chunk())) {
+    SCOPED_TRACE(Describe(s));
+    const Problem p = MakeProblem(s);
+    ExpectClose(Run(p), NaiveRecurrenceF64(p));
+  }
+}
+
+// float16 inputs and outputs: the same fp32 arithmetic on the fp16 values
+// (the state identical to the fp32 run's), the output rounded once.
+TEST_P(KdaKernelTest, F16Inputs) {
+  const std::vector<Spec> specs = {
+      {.lengths = {0, 1, 33, 65}, .H = 2, .K = 64, .gate = kStress, .l2norm_in_kernel = true, .seed = 621},
+      {.lengths = {3, 40}, .H = 1, .K = 100, .gate = kStress, .seed = 622, .HV = 2, .V = 60},
+  };
+  for (const Spec& s : specs) {
+    SCOPED_TRACE(Describe(s));
+    Problem p = MakeProblem(s);
+    RoundInputsToF16(p);
+    const Result f32 = Run(p);
+    const Result f16 = Run(p, DType::kF16, DType::kF16);
+    EXPECT_TRUE(BitEqual(f16.state.data(), f32.state.data(), f32.state.size()));
+    for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(f16.o[i], RoundF16(f32.o[i])) << i;
+    ExpectClose(f32, NaiveRecurrenceF64(p));
+    // fp16 gate and beta with fp32 q/k/v: the same values, the output stays fp32.
+    ExpectClose(Run(p, DType::kF32, DType::kF16), f32);
+  }
+}
+
 // One token, K = V = 16, H = 1, with a non-symmetric initial state
 // S0[i][j] = 100 i + j (K-major, index i * V + j).
 Problem OneTokenProblem() {
@@ -345,6 +447,8 @@ Problem OneTokenProblem() {
   p.N = 1;
   p.H = 1;
   p.K = 16;
+  p.HV = p.H;
+  p.V = p.K;
   p.cu = {0, 1};
   p.q.assign(16, 0.0F);
   p.k.assign(16, 0.0F);
@@ -814,6 +918,8 @@ TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
   Problem shape;  // the head shape and (default) options of the call
   shape.H = 2;
   shape.K = 32;
+  shape.HV = shape.H;
+  shape.V = shape.K;
   const int h = shape.H, kd = shape.K;
   const size_t hk = static_cast<size_t>(h) * kd;
   const size_t per_state = hk * kd;
@@ -860,6 +966,8 @@ TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
     p.T = p.N = 1;
     p.H = h;
     p.K = kd;
+    p.HV = h;
+    p.V = kd;
     p.cu = {0, 1};
     const auto row = static_cast<std::ptrdiff_t>(n * hk);
     const auto hk_d = static_cast<std::ptrdiff_t>(hk);
@@ -874,6 +982,147 @@ TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
     const Result want = RunChunk(kReference, p);
     EXPECT_TRUE(AllCloseF32(o.data() + n * hk, want.o.data(), hk)) << "entry " << n;
     EXPECT_TRUE(AllCloseF32(states.data() + slot, want.state.data(), per_state)) << "entry " << n;
+  }
+}
+
+// Sequence n of p alone, its first `len` tokens, starting from `initial` ([HV, K, V] or empty: zeros).
+Problem Prefix(const Problem& p, int64_t n, int64_t len, const std::vector<float>& initial) {
+  Problem r = p;
+  r.N = 1;
+  r.T = len;
+  r.cu = {0, len};
+  const auto first = static_cast<size_t>(p.cu[n]);
+  auto rows = [&](const std::vector<float>& x, size_t row) {
+    return std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(first * row),
+                              x.begin() + static_cast<std::ptrdiff_t>((first + len) * row));
+  };
+  r.q = rows(p.q, p.KeyRow());
+  r.k = rows(p.k, p.KeyRow());
+  r.v = rows(p.v, p.ValueRow());
+  r.g = rows(p.g, p.GateRow());
+  r.beta = rows(p.beta, p.BetaRow());
+  r.h0 = initial;
+  return r;
+}
+
+// Several tokens per sequence, packed with cu_seqlens or as B rows, with
+// contiguous states: fla's fused_recurrent_kda (a final state per sequence,
+// into a new buffer or back into initial_state).
+TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
+  for (bool packed : {true, false}) {
+    for (bool inplace : {false, true}) {
+      const Spec s{.lengths = packed ? std::vector<int64_t>{3, 0, 17, 1} : std::vector<int64_t>{5, 5, 5},
+                   .H = 2,
+                   .K = 24,
+                   .gate = kStress,
+                   .gate_in_kernel = true,
+                   .seed = 631,
+                   .HV = 4,
+                   .V = 40,
+                   .beta_per_value = !packed};
+      SCOPED_TRACE(Describe(s) + (inplace ? " inplace" : " new final_state"));
+      const Problem p = MakeProblem(s);
+      const TypedInputs in(p, DType::kF32, DType::kF32);
+      Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+      const int64_t rows = packed ? 1 : p.N;
+      const int64_t t = packed ? p.T : p.T / p.N;
+      RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), rows, t);
+      if (packed) c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+      std::vector<float> initial = p.h0;
+      std::vector<float> final_state(p.StateSize(), kSentinel);
+      c.initial_state = testing::MutStatesView(p, initial.data(), p.N);
+      c.inplace_final_state = inplace;
+      if (!inplace) {
+        c.output_final_state = true;
+        c.final_state = testing::MutStatesView(p, final_state.data(), p.N);
+      }
+      RecurrentFn(variant())(BindRecurrentKda(c));
+      const Result want = NaiveRecurrenceF64(p);
+      ExpectClose({o.ToF32(), inplace ? initial : final_state}, want);
+      if (!inplace) EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
+    }
+  }
+}
+
+// fla's pool and speculative semantics: 2-D ssm_state_indices [N, C], the
+// initial state from slot [n, num_accepted_tokens[n] - 1], the state after
+// token t into slot [n, t] (negative: not written), or with
+// inplace_final_state=False into row bos + t of the returned buffer; a
+// padding sequence (negative read slot) writes zeros and touches no state.
+TEST_P(KdaRecurrentTest, SlotsPerTokenForSpeculativeDecoding) {
+  const Spec s{.lengths = {4, 2, 3, 2},
+               .H = 1,
+               .K = 20,
+               .gate = kStress,
+               .initial_state = false,
+               .seed = 641,
+               .HV = 2,
+               .V = 28,
+               .state_v_first = true};
+  const Problem p = MakeProblem(s);
+  constexpr int64_t kCols = 4;
+  constexpr int64_t kSlots = 12;
+  const std::vector<int32_t> idx = {1, 2, 3, 4, /* */ 5, 6, -1, -1, /* */ 7, 8, 9, 10, /* */ -1, 11, -1, -1};
+  const std::vector<int32_t> accepted = {2, 1, 3, 1};  // sequence 3 reads idx[3][0] = -1: padding
+  const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
+  std::vector<float> pool0(kSlots * per_slot);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0F, 0.5F);
+  for (float& x : pool0) x = normal(rng);
+  auto slot = [&](const std::vector<float>& pool, int64_t i) {
+    return std::vector<float>(pool.begin() + static_cast<std::ptrdiff_t>(i * per_slot),
+                              pool.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_slot));
+  };
+  for (bool inplace : {true, false}) {
+    SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
+    const TypedInputs in(p, DType::kF32, DType::kF32);
+    Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+    RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), 1, p.T);
+    c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+    std::vector<float> pool = pool0;
+    std::vector<float> token_states(static_cast<size_t>(p.T) * per_slot, kSentinel);
+    c.initial_state = testing::MutStatesView(p, pool.data(), kSlots);
+    c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N, kCols});
+    c.num_accepted_tokens = ContiguousView<const void*>(accepted.data(), DType::kI32, {p.N});
+    c.inplace_final_state = inplace;
+    if (!inplace) {
+      c.output_final_state = true;
+      c.final_state = testing::MutStatesView(p, token_states.data(), p.T);
+    }
+    RecurrentFn(variant())(BindRecurrentKda(c));
+    const std::vector<float> out = o.ToF32();
+    std::vector<bool> written(kSlots, false);
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int32_t read = idx[n * kCols + accepted[n] - 1];
+      const int64_t len = p.cu[n + 1] - p.cu[n];
+      for (int64_t t = 0; t < len; ++t) {
+        const size_t row = static_cast<size_t>(p.cu[n] + t) * p.ValueRow();
+        if (read < 0) {
+          for (size_t j = 0; j < p.ValueRow(); ++j) EXPECT_EQ(out[row + j], 0.0F) << "padding output";
+          continue;
+        }
+        const Result want = NaiveRecurrenceF64(Prefix(p, n, t + 1, slot(pool0, read)));
+        const size_t last = static_cast<size_t>(t) * p.ValueRow();
+        EXPECT_TRUE(AllCloseF32(out.data() + row, want.o.data() + last, p.ValueRow())) << n << "," << t;
+        const float* got = nullptr;
+        if (inplace) {
+          const int32_t dst = idx[n * kCols + t];
+          if (dst < 0) continue;
+          written[dst] = true;
+          got = pool.data() + static_cast<size_t>(dst) * per_slot;
+        } else {
+          got = token_states.data() + static_cast<size_t>(p.cu[n] + t) * per_slot;
+        }
+        EXPECT_TRUE(AllCloseF32(got, want.state.data(), per_slot)) << "state after token " << t << " of " << n;
+      }
+    }
+    for (int64_t i = 0; i < kSlots; ++i) {
+      if (!written[i]) EXPECT_TRUE(BitEqual(pool.data() + i * per_slot, pool0.data() + i * per_slot, per_slot)) << i;
+    }
+    if (!inplace) {
+      const size_t pad_rows = static_cast<size_t>(p.cu[3]) * per_slot;  // sequence 3's rows stay unwritten
+      for (size_t i = pad_rows; i < token_states.size(); ++i) ASSERT_EQ(token_states[i], kSentinel) << i;
+    }
   }
 }
 

@@ -103,6 +103,12 @@ void SetTokenDim(Call& c, int dim, int64_t n) {
   c.o.shape[dim] = n;
 }
 
+// Sets the value heads of v, g, beta and o.
+template <class Call>
+void SetValueHeads(Call& c, int64_t hv) {
+  c.v.shape[2] = c.g.shape[2] = c.beta.shape[2] = c.o.shape[2] = hv;
+}
+
 // Sets the key dim of q, k, g and the value dim of v, o.
 template <class Call>
 void SetHeadDims(Call& c, int64_t k_dim, int64_t v_dim) {
@@ -278,41 +284,46 @@ std::vector<BadCase<C>> TokenCases() {
       {"null g", [](C& c) { c.g.data = nullptr; }, "g is null", kBind},
       {"null beta", [](C& c) { c.beta.data = nullptr; }, "beta is null", kBind},
       {"null o", [](C& c) { c.o.data = nullptr; }, "o is null", kBind},
-      {"absent o", [](C& c) { c.o = {}; }, "o: required (the output [B, T, H, V])", kBind},
+      {"absent o", [](C& c) { c.o = {}; }, "o: required (the output [B, T, HV, V])", kBind},
       // Shapes.
       {"q 3-D", [](C& c) { c.q.ndim = 3; }, "q: expected a 4-D array [B, T, H, K], got shape"},
-      {"v 5-D", [](C& c) { c.v.ndim = 5; }, "v: expected a 4-D array [B, T, H, V], got shape"},
+      {"v 5-D", [](C& c) { c.v.ndim = 5; }, "v: expected a 4-D array [B, T, HV, V], got shape"},
       {"k shape", [](C& c) { c.k.shape[3] = 32; }, "k: expected shape [B, T, H, K] (q's shape) ="},
-      {"v shape", [](C& c) { c.v.shape[2] = 1; }, "v: expected shape [B, T, H, V] (B, T, H of q) ="},
-      {"g shape", [](C& c) { c.g.shape[3] = 8; }, "g: expected shape [B, T, H, K] (q's shape) ="},
-      {"beta shape", [](C& c) { c.beta.shape[2] = 3; }, "beta: expected shape [B, T, H] ="},
-      {"o shape", [](C& c) { c.o.shape[3] = 32; }, "o: expected shape [B, T, H, V] ="},
+      {"v shape", [](C& c) { c.v.shape[0] = 2; }, "v: expected shape [B, T, HV, V] (B, T of q) ="},
+      {"HV = 3 with H = 2", [](C& c) { SetValueHeads(c, 3); },
+       "v: the value heads HV = 3 must be a multiple of the query/key heads H = 2 (grouped value heads)"},
+      {"g shape", [](C& c) { c.g.shape[3] = 8; }, "g: expected shape [B, T, HV, K] (HV of v, K of q) ="},
+      {"beta shape", [](C& c) { c.beta.shape[2] = 3; }, "beta: expected shape [B, T, HV]"},
+      {"o shape", [](C& c) { c.o.shape[3] = 32; }, "o: expected shape [B, T, HV, V] ="},
       {"H = 0", [](C& c) { SetTokenDim(c, 2, 0); }, "H must be >= 1, got 0"},
-      {"K != V", [](C& c) { SetHeadDims(c, 16, 32); }, "the kernels need K == V, got K = 16, V = 32"},
-      {"K = 8", [](C& c) { SetHeadDims(c, 8, 8); }, "K must be a multiple of 16 in [16, 256], got 8"},
-      {"K = 24", [](C& c) { SetHeadDims(c, 24, 24); }, "K must be a multiple of 16 in [16, 256], got 24"},
-      {"K = 272", [](C& c) { SetHeadDims(c, 272, 272); }, "K must be a multiple of 16 in [16, 256], got 272"},
-      {"K = 0", [](C& c) { SetHeadDims(c, 0, 0); }, "K must be a multiple of 16 in [16, 256], got 0"},
+      {"K = 272", [](C& c) { SetHeadDims(c, 272, 16); }, "q: the key head dim K must be in [1, 256], got 272"},
+      {"K = 0", [](C& c) { SetHeadDims(c, 0, 16); }, "q: the key head dim K must be in [1, 256], got 0"},
+      {"V = 300", [](C& c) { SetHeadDims(c, 16, 300); }, "v: the value head dim V must be in [1, 256], got 300"},
+      {"V = 0", [](C& c) { SetHeadDims(c, 16, 0); }, "v: the value head dim V must be in [1, 256], got 0"},
       // Layouts.
       {"q with a gap", [](C& c) { AddGap(c.q, 2); }, "q: must be C-contiguous (row-major, no gaps); shape"},
       {"g with a gap", [](C& c) { AddGap(c.g, 3); }, "g: must be C-contiguous (row-major, no gaps); shape"},
       {"beta with a gap", [](C& c) { AddGap(c.beta, 2); }, "beta: must be C-contiguous"},
       {"o with a gap", [](C& c) { AddGap(c.o, 3); }, "o: must be C-contiguous"},
       // Dtypes.
-      {"q int32", [](C& c) { c.q.dtype = DType::kI32; }, "q: dtype must be float32 or bfloat16, got int32", kDType},
-      {"q float64", [](C& c) { c.q.foreign_dtype = "float64"; }, "q: dtype must be float32 or bfloat16, got float64",
+      {"q int32", [](C& c) { c.q.dtype = DType::kI32; }, "q: dtype must be float32, bfloat16 or float16, got int32",
        kDType},
+      {"q float64", [](C& c) { c.q.foreign_dtype = "float64"; },
+       "q: dtype must be float32, bfloat16 or float16, got float64", kDType},
       {"k bfloat16", [](C& c) { c.k.dtype = DType::kBF16; },
        "q, k and v must have one dtype, got float32, bfloat16, float32", kDType},
       {"v bfloat16", [](C& c) { c.v.dtype = DType::kBF16; },
        "q, k and v must have one dtype, got float32, float32, bfloat16", kDType},
-      {"g int64", [](C& c) { c.g.dtype = DType::kI64; }, "g: dtype must be float32 or bfloat16, got int64", kDType},
-      {"g float64", [](C& c) { c.g.foreign_dtype = "float64"; }, "g: dtype must be float32 or bfloat16, got float64",
+      {"g int64", [](C& c) { c.g.dtype = DType::kI64; }, "g: dtype must be float32, bfloat16 or float16, got int64",
        kDType},
-      {"beta int32", [](C& c) { c.beta.dtype = DType::kI32; }, "beta: dtype must be float32 or bfloat16, got int32",
-       kDType},
-      {"beta float16", [](C& c) { c.beta.dtype = DType::kF16; }, "beta: dtype must be float32 or bfloat16, got float16",
-       kDType},
+      {"g float64", [](C& c) { c.g.foreign_dtype = "float64"; },
+       "g: dtype must be float32, bfloat16 or float16, got float64", kDType},
+      {"beta int32", [](C& c) { c.beta.dtype = DType::kI32; },
+       "beta: dtype must be float32, bfloat16 or float16, got int32", kDType},
+      {"beta uint8", [](C& c) { c.beta.dtype = DType::kU8; },
+       "beta: dtype must be float32, bfloat16 or float16, got uint8", kDType},
+      {"v float16", [](C& c) { c.v.dtype = DType::kF16; },
+       "q, k and v must have one dtype, got float32, float32, float16", kDType},
       {"o bfloat16", [](C& c) { c.o.dtype = DType::kBF16; }, "o: dtype must be q's (float32), got bfloat16", kDType},
       {"o float64", [](C& c) { c.o.foreign_dtype = "float64"; }, "o: dtype must be q's (float32), got float64", kDType},
       // Options.
@@ -321,13 +332,18 @@ std::vector<BadCase<C>> TokenCases() {
       {"zero scale", [](C& c) { c.scale = 0.0F; }, "scale: must be a finite number > 0"},
       {"negative scale", [](C& c) { c.scale = -0.25F; }, "scale: must be a finite number > 0"},
       {"gate without A_log", [](C& c) { c.use_gate_in_kernel = true; },
-       "A_log: required with use_gate_in_kernel=True (shape [H])"},
+       "A_log: required with use_gate_in_kernel=True when lower_bound is not set (shape [HV])"},
+      {"allow_neg_eigval alone", [](C& c) { c.allow_neg_eigval = true; },
+       "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"},
+      {"positive lower_bound", [](C& c) { c.lower_bound = 0.5F; },
+       "lower_bound: must be a finite number <= 0 (a log decay bound), got 0.5"},
+      {"nan lower_bound", [](C& c) { c.lower_bound = std::nanf(""); }, "lower_bound: must be a finite number <= 0"},
       {"A_log shape",
        [](C& c) {
          c.use_gate_in_kernel = true;
          c.A_log = ContiguousView<const void*>(kALog, DType::kF32, {3});
        },
-       "A_log: expected H = 2 elements ([H]), got shape [3]"},
+       "A_log: expected HV = 2 elements ([HV]), got shape [3]"},
       {"A_log bfloat16",
        [](C& c) {
          c.use_gate_in_kernel = true;
@@ -340,7 +356,7 @@ std::vector<BadCase<C>> TokenCases() {
          c.A_log = ContiguousView<const void*>(kALog, DType::kF32, {2});
          c.dt_bias = ContiguousView<const void*>(kALog, DType::kF32, {2, 15});
        },
-       "dt_bias: expected H*K = 32 elements ([H*K] or [H, K]), got shape [2, 15]"},
+       "dt_bias: expected HV*K = 32 elements ([HV*K] or [HV, K]), got shape [2, 15]"},
   };
 }
 
@@ -359,8 +375,8 @@ TEST(KdaValidation, ChunkRejectsBadCallsWithoutWriting) {
       {"k shape", [](C& c) { c.k.shape[3] = 32; },
        "chunk_kda: k: expected shape [B, T, H, K] (q's shape) = [1, 4, 2, 16], got [1, 4, 2, 32]"},
       {"v shape", [](C& c) { c.v.shape[1] = 3; },
-       "v: expected shape [B, T, H, V] (B, T, H of q) = [1, 4, 2, 16], got [1, 3, 2, 16]"},
-      {"beta shape", [](C& c) { c.beta.ndim = 4; }, "beta: expected shape [B, T, H] = [1, 4, 2], got [1, 4, 2, 0]"},
+       "v: expected shape [B, T, HV, V] (B, T of q) = [1, 4, 2, 16], got [1, 3, 2, 16]"},
+      {"beta shape", [](C& c) { c.beta.ndim = 4; }, "beta: expected shape [B, T, HV] = [1, 4, 2], got [1, 4, 2, 0]"},
       {"q with a gap", [](C& c) { AddGap(c.q, 1); },
        "chunk_kda: q: must be C-contiguous (row-major, no gaps); shape [1, 4, 2, 16] has stride 64 in dimension 1 "
        "(make a contiguous copy first)"},
@@ -369,14 +385,14 @@ TEST(KdaValidation, ChunkRejectsBadCallsWithoutWriting) {
       {"null initial_state", [](C& c) { c.initial_state.data = nullptr; }, "initial_state is null", kBind},
       {"null final_state", [](C& c) { c.final_state.data = nullptr; }, "final_state is null", kBind},
       {"absent final_state", [](C& c) { c.final_state = {}; },
-       "final_state: required with output_final_state (shape [N, H, K, V])", kBind},
+       "final_state: required with output_final_state (shape [N, HV, K, V])", kBind},
       {"shifted alias", [](C& c) { c.initial_state.data = static_cast<float*>(c.final_state.data) + 1; },
        "initial_state and final_state overlap without being the same buffer", kBind},
       // Their shapes, layouts and dtypes.
       {"initial_state shape", [](C& c) { c.initial_state.shape[0] = 3; },
-       "initial_state: expected shape [N, H, K, V] = [2, 2, 16, 16], got [3, 2, 16, 16]"},
+       "initial_state: expected shape [N, HV, K, V] = [2, 2, 16, 16], got [3, 2, 16, 16]"},
       {"final_state shape", [](C& c) { c.final_state.shape[2] = 32; },
-       "final_state: expected shape [N, H, K, V] = [2, 2, 16, 16], got [2, 2, 32, 16]"},
+       "final_state: expected shape [N, HV, K, V] = [2, 2, 16, 16], got [2, 2, 32, 16]"},
       {"cu_seqlens 2-D",
        [](C& c) {
          c.cu_seqlens = ContiguousView(c.cu_seqlens.data, DType::kI64, {1, 3});
@@ -436,7 +452,7 @@ TEST(KdaValidation, ChunkPoolFormRejectsBadCallsWithoutWriting) {
       {"null state", [](C& c) { c.state.data = nullptr; }, "chunk_kda: state is null", kBind},
       {"null state_indices", [](C& c) { c.state_indices.data = nullptr; }, "state_indices is null", kBind},
       {"null has_initial_state", [](C& c) { c.has_initial_state.data = nullptr; }, "has_initial_state is null", kBind},
-      {"absent state", [](C& c) { c.state = {}; }, "state_indices: needs the state pool (state [S, H, K, V])"},
+      {"absent state", [](C& c) { c.state = {}; }, "state_indices: needs the state pool (state [S, HV, K, V])"},
       {"also initial_state",
        [](C& c) {
          c.initial_state = ContiguousView<const void*>(kState, DType::kF32, {2, 2, 16, 16});
@@ -450,8 +466,8 @@ TEST(KdaValidation, ChunkPoolFormRejectsBadCallsWithoutWriting) {
        "state_indices (pool form) excludes initial_state and final_state"},
       {"state without indices", [](C& c) { c.state_indices = {}; }, "state (pool form) requires state_indices"},
       {"state shape", [](C& c) { c.state.shape[1] = 3; },
-       "state: expected shape [S, H, K, V] = [4, 2, 16, 16], got [4, 3, 16, 16]"},
-      {"state 3-D", [](C& c) { c.state.ndim = 3; }, "state: expected a 4-D array [S, H, K, V], got shape [4, 2, 16]"},
+       "state: expected shape [S, HV, K, V] = [4, 2, 16, 16], got [4, 3, 16, 16]"},
+      {"state 3-D", [](C& c) { c.state.ndim = 3; }, "state: expected a 4-D array [S, HV, K, V], got shape [4, 2, 16]"},
       {"state_indices shape", [](C& c) { c.state_indices.shape[0] = 3; },
        "state_indices: expected shape [N] = [2], got [3]"},
       {"has_initial_state shape", [](C& c) { c.has_initial_state.shape[0] = 1; },
@@ -470,28 +486,52 @@ TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
   ExpectCasesRefused<RecurrentFixture>(TokenCases<RecurrentKdaCall>());
   static const int32_t kOutOfRange[] = {1, -1, 4};
   static const int32_t kDuplicate[] = {3, -1, 3};
-  static const int64_t kCuSkips[] = {0, 1, 1, 3};
+  static const int64_t kCuShort[] = {0, 1, 1, 2};
+  static const int64_t kCuTwo[] = {0, 1, 3};
+  static const int32_t kAccepted[] = {1, 1, 1};
   static const int64_t kCuOnePer[] = {0, 1, 2, 3};
   using C = RecurrentKdaCall;
   const Refusal kBind = Refusal::kBind;
   const Refusal kDType = Refusal::kDType;
   ExpectCasesRefused<RecurrentFixture, C>({
       {"q 3-D", [](C& c) { c.q.ndim = 3; }, "q: expected a 4-D array [B, T, H, K], got shape [3, 1, 2]"},
-      {"beta shape", [](C& c) { c.beta.shape[0] = 2; }, "beta: expected shape [B, T, H] = [3, 1, 2], got [2, 1, 2]"},
+      {"beta shape", [](C& c) { c.beta.shape[0] = 2; },
+       "beta: expected shape [B, T, HV] or [B, T, HV, V] = [3, 1, 2], got [2, 1, 2]"},
       // The pool and its indices.
       {"null pool", [](C& c) { c.initial_state.data = nullptr; }, "initial_state is null", kBind},
       {"null indices", [](C& c) { c.ssm_state_indices.data = nullptr; }, "ssm_state_indices is null", kBind},
       {"absent pool", [](C& c) { c.initial_state = {}; },
-       "ssm_state_indices: needs the state pool initial_state [S, H, K, V]"},
+       "ssm_state_indices: needs the state pool initial_state [S, HV, K, V]"},
       {"absent pool and indices",
        [](C& c) {
          c.initial_state = {};
          c.ssm_state_indices = {};
        },
-       "initial_state: required (the state pool [S, H, K, V])", kBind},
-      {"absent indices", [](C& c) { c.ssm_state_indices = {}; }, "ssm_state_indices: required ([N] int32)", kBind},
+       "initial_state: required with inplace_final_state=True (the state pool, or [N, HV, K, V])", kBind},
+      // Without indices the states are contiguous, one per sequence.
+      {"absent indices", [](C& c) { c.ssm_state_indices = {}; },
+       "initial_state: expected shape [N, HV, K, V] = [3, 2, 16, 16], got [4, 2, 16, 16]"},
+      {"indices 3-D", [](C& c) { c.ssm_state_indices.ndim = 3; },
+       "ssm_state_indices: expected shape [N] or [N, C] (a slot per token), got"},
+      {"num_accepted_tokens with 1-D indices",
+       [](C& c) { c.num_accepted_tokens = ContiguousView<const void*>(kAccepted, DType::kI32, {3}); },
+       "num_accepted_tokens needs 2-D ssm_state_indices [N, C] (a slot per token)"},
+      {"final_state with inplace_final_state", [](C& c) { c.final_state = c.initial_state; },
+       "final_state given with inplace_final_state=True (the states go to initial_state)"},
+      {"final_state without output_final_state",
+       [](C& c) {
+         c.inplace_final_state = false;
+         c.final_state = c.initial_state;
+       },
+       "final_state given without output_final_state"},
+      {"absent final_state",
+       [](C& c) {
+         c.inplace_final_state = false;
+         c.output_final_state = true;
+       },
+       "final_state: required with output_final_state (shape [B * T, HV, K, V]: a state per token)", kBind},
       {"pool shape", [](C& c) { c.initial_state.shape[3] = 32; },
-       "initial_state: expected shape [S, H, K, V] (the state pool) = [4, 2, 16, 16], got [4, 2, 16, 32]"},
+       "initial_state: expected shape [S, HV, K, V] = [4, 2, 16, 16], got [4, 2, 16, 32]"},
       {"indices shape", [](C& c) { c.ssm_state_indices.shape[0] = 2; },
        "ssm_state_indices: expected shape [N] = [3], got [2]"},
       {"pool with a gap", [](C& c) { AddGap(c.initial_state, 2); }, "initial_state: must be C-contiguous"},
@@ -503,22 +543,21 @@ TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
       {"index out of range", [](C& c) { c.ssm_state_indices.data = kOutOfRange; },
        "state_indices[2] = 4 is out of range for num_states = 4"},
       {"duplicate index", [](C& c) { c.ssm_state_indices.data = kDuplicate; }, "duplicate state index 3"},
-      // One token per sequence.
-      {"two tokens per sequence", [](C& c) { PackTokens(c); },
-       "q: decodes one token per sequence: expected [N, 1, H, K] (or [1, N, H, K] with cu_seqlens [0, 1, ..., N]), "
-       "got shape [1, 3, 2, 16]"},
-      {"cu_seqlens skipping a token",
+      // The sequences: B rows, or packed with cu_seqlens (one index per sequence).
+      {"packed without cu_seqlens", [](C& c) { PackTokens(c); },
+       "ssm_state_indices: expected shape [N] = [1], got [3]"},
+      {"cu_seqlens of two sequences",
        [](C& c) {
          PackTokens(c);
-         c.cu_seqlens = ContiguousView<const void*>(kCuSkips, DType::kI64, {4});
+         c.cu_seqlens = ContiguousView<const void*>(kCuTwo, DType::kI64, {3});
        },
-       "decodes one token per sequence, but cu_seqlens[2] = 1 (want 2)"},
-      {"cu_seqlens shape",
+       "ssm_state_indices: expected shape [N] = [2], got [3]"},
+      {"cu_seqlens ending early",
        [](C& c) {
          PackTokens(c);
-         c.cu_seqlens = ContiguousView<const void*>(kCuOnePer, DType::kI64, {3});
+         c.cu_seqlens = ContiguousView<const void*>(kCuShort, DType::kI64, {4});
        },
-       "cu_seqlens: expected shape [N + 1] (decode: one token per sequence) = [4], got [3]"},
+       "cu_seqlens[N] must equal T, got 2 with T = 3"},
       {"cu_seqlens with B = 3", [](C& c) { c.cu_seqlens = ContiguousView<const void*>(kCuOnePer, DType::kI64, {4}); },
        "q: with cu_seqlens the batch must be packed as B = 1, got shape [3, 1, 2, 16]"},
       {"cu_seqlens float32",

@@ -229,7 +229,7 @@ struct BenchRow {
   std::string kernel;   // chunk | recurrent (| layer, later)
   std::string impl;     // reference | optimized
   std::string isa;      // the optimized kernels' ISA variant; "none" for the reference
-  std::string dtype;    // float32 | bfloat16
+  std::string dtype;    // float32 | bfloat16 | float16
   std::string weights;  // projection weights of the layer rows: bf16 | int8 (empty: none)
   int H = 0;
   int K = 0;
@@ -445,6 +445,67 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
   return rows;
 }
 
+// fla's options (docs/fla-api.md), optimized kernels only, each against the
+// same run's floor: the prefill with grouped value heads, in float16 and at
+// K = V = 100 beside its plain fp32 / bf16 shape (per value head, the flop
+// floor 7 K V per token and value head); the recurrence with T = 1 and 4
+// tokens per sequence (contiguous states), and a speculative verification
+// step (4 tokens per sequence, a pool slot per token).
+std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
+  struct ChunkCase {
+    const char* kernel;
+    int H, HV, K, V;
+    DType dtype;
+  };
+  const ChunkCase chunk_cases[] = {
+      {"chunk_plain", 32, 32, 128, 128, DType::kF32},  {"chunk_grouped", 16, 32, 128, 128, DType::kF32},
+      {"chunk_plain", 32, 32, 128, 128, DType::kBF16}, {"chunk_f16", 32, 32, 128, 128, DType::kF16},
+      {"chunk_k100", 32, 32, 100, 100, DType::kF32},
+  };
+  std::vector<BenchRow> rows;
+  const std::vector<int64_t> lengths(8, 256);
+  for (const ChunkCase& c : chunk_cases) {
+    bench::FlaProblem p(lengths, c.H, c.HV, c.K, c.V, c.dtype);
+    chunk_kda(p.chunk, KernelImpl::kOptimized);  // warm-up
+    const bench::RepeatedSeconds s = bench::TimeRepeats(repeats, [&] { chunk_kda(p.chunk, KernelImpl::kOptimized); });
+    BenchRow r = Row(m, c.kernel, KernelImpl::kOptimized, DType::kF32, p.N(), p.T(), repeats);
+    r.dtype = TorchDTypeName(c.dtype);
+    r.H = c.H;
+    r.K = c.K;
+    r.us_per_token = s.median * 1e6 / static_cast<double>(p.T());
+    const double floor_us = 7.0 * c.K * c.V * c.HV / (m.fma_peak_gflops * 1e3);
+    r.extra = {{"HV", c.HV},
+               {"V", c.V},
+               {"us_per_value_head", r.us_per_token / c.HV},
+               {"flop_floor_us_per_token", floor_us},
+               {"ratio_to_flop_floor", r.us_per_token / floor_us}};
+    rows.push_back(r);
+  }
+  // The recurrence: 8 sequences of T tokens; and the verification step of 4 tokens.
+  for (int64_t t : {1, 4, -4}) {
+    const bool speculative = t < 0;
+    const std::vector<int64_t> seq(8, speculative ? -t : t);
+    bench::FlaProblem p(seq, kHeads, kHeads, kHeadDim, kHeadDim, DType::kBF16);
+    RecurrentKdaCall& call = speculative ? p.speculative : p.recurrent;
+    fused_recurrent_kda(call, KernelImpl::kOptimized);  // warm-up
+    const int steps = std::max(repeats, 5) * 4;
+    const bench::RepeatedSeconds s =
+        bench::TimeRepeats(steps, [&] { fused_recurrent_kda(call, KernelImpl::kOptimized); });
+    BenchRow r = Row(m, speculative ? "recurrent_spec" : "recurrent_tokens", KernelImpl::kOptimized, DType::kBF16,
+                     p.N(), p.T(), steps);
+    r.us_per_token = s.median * 1e6 / static_cast<double>(p.T());
+    // Each step reads and writes the N states once (at T tokens per sequence, once per sequence).
+    const double state_bytes = static_cast<double>(p.N()) * kHeads * kHeadDim * kHeadDim * sizeof(float);
+    const double floor_us = state_bytes / (m.rmw_gbps * 1e3);
+    r.extra = {{"tokens_per_sequence", static_cast<double>(p.T() / p.N())},
+               {"step_us", s.median * 1e6},
+               {"rmw_floor_us", floor_us},
+               {"ratio_to_rmw_floor", s.median * 1e6 / floor_us}};
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 }  // namespace
 
 CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
@@ -490,6 +551,7 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   for (int64_t n : {1, 8}) {
     for (const BenchRow& r : LayerDecodeRows(m, n, opt.repeats)) PrintRow(r, opt.json);
   }
+  for (const BenchRow& r : FlaOptionRows(m, opt.repeats)) PrintRow(r, opt.json);
   return 0;
 }
 

@@ -25,12 +25,12 @@ Call LayerCall(TokenInputs& in, int64_t rows, int64_t t, int64_t heads, int64_t 
 }  // namespace
 
 TypedBuffer::TypedBuffer(const std::vector<float>& x, DType dtype) : dtype_(dtype) {
-  if (dtype == DType::kBF16) {
-    bf16_ = ScratchArray<BF16>(x.size());
-    for (size_t i = 0; i < x.size(); ++i) bf16_[i] = ToBF16(x[i]);
-  } else {
+  if (dtype == DType::kF32) {
     f32_ = ScratchArray<float>(x.size());
     std::copy(x.begin(), x.end(), f32_.data());
+  } else {
+    half_ = ScratchArray<uint16_t>(x.size());
+    for (size_t i = 0; i < x.size(); ++i) StoreFromFloat(half_.data(), dtype, i, x[i]);
   }
 }
 
@@ -101,6 +101,49 @@ DecodeProblem::DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType 
 int DecodeProblem::LayersFor(int64_t n, int heads, int k_dim, int64_t bytes) {
   const int64_t per_layer = n * heads * k_dim * k_dim * static_cast<int64_t>(sizeof(float));
   return static_cast<int>(std::max<int64_t>(1, (bytes + per_layer - 1) / per_layer));
+}
+
+FlaProblem::FlaProblem(const std::vector<int64_t>& lengths, int heads, int value_heads, int k_dim, int v_dim,
+                       DType dtype, uint32_t seed)
+    : cu(ChunkProblem::CuSeqlens(lengths)),
+      q(TokenInputs::Random(cu.back() * heads * k_dim, seed, 1.0F), dtype),
+      k(TokenInputs::Random(cu.back() * heads * k_dim, seed + 1, 1.0F), dtype),
+      v(TokenInputs::Random(cu.back() * value_heads * v_dim, seed + 2, 1.0F), dtype),
+      g(TokenInputs::Gates(cu.back() * value_heads * k_dim, seed + 3), DType::kF32),
+      beta(TokenInputs::Betas(cu.back() * value_heads, seed + 4), DType::kF32),
+      o(std::vector<float>(static_cast<size_t>(cu.back() * value_heads * v_dim), 0.0F), dtype),
+      initial(TokenInputs::Random(N() * value_heads * k_dim * v_dim, seed + 5, 0.1F)),
+      final_state(initial.size(), 0.0F) {
+  const int64_t n = N();
+  const int64_t t = T();
+  auto tokens = [&](KdaCallCommon& c) {
+    c.o = o.MutView({1, t, value_heads, v_dim});
+    c.q = q.View({1, t, heads, k_dim});
+    c.k = k.View({1, t, heads, k_dim});
+    c.v = v.View({1, t, value_heads, v_dim});
+    c.g = g.View({1, t, value_heads, k_dim});
+    c.beta = beta.View({1, t, value_heads});
+    c.use_qk_l2norm_in_kernel = true;
+    c.cu_seqlens = ContiguousView<const void*>(cu.data(), DType::kI64, {n + 1});
+  };
+  tokens(chunk);
+  chunk.initial_state = ContiguousView<const void*>(initial.data(), DType::kF32, {n, value_heads, k_dim, v_dim});
+  chunk.output_final_state = true;
+  chunk.final_state = ContiguousView<void*>(final_state.data(), DType::kF32, {n, value_heads, k_dim, v_dim});
+  tokens(recurrent);
+  recurrent.initial_state = ContiguousView<void*>(final_state.data(), DType::kF32, {n, value_heads, k_dim, v_dim});
+  // Speculative verification: sequence n's tokens each get a slot of the pool (C = the longest sequence),
+  // every draft accepted: the step starts from slot [n, 0].
+  int64_t cols = 1;
+  for (int64_t len : lengths) cols = std::max(cols, len);
+  pool = TokenInputs::Random(n * cols * value_heads * k_dim * v_dim, seed + 6, 0.1F);
+  slots.resize(static_cast<size_t>(n * cols));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(i);
+  accepted.assign(static_cast<size_t>(n), 1);
+  tokens(speculative);
+  speculative.initial_state = ContiguousView<void*>(pool.data(), DType::kF32, {n * cols, value_heads, k_dim, v_dim});
+  speculative.ssm_state_indices = ContiguousView<const void*>(slots.data(), DType::kI32, {n, cols});
+  speculative.num_accepted_tokens = ContiguousView<const void*>(accepted.data(), DType::kI32, {n});
 }
 
 }  // namespace kda::bench

@@ -10,21 +10,10 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/error.h"
+#include "kda/base/f16.h"
 
 namespace kda {
 namespace {
-
-uint32_t FloatBits(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, sizeof(u));
-  return u;
-}
-
-float BitsFloat(uint32_t u) {
-  float f = 0.0F;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
 
 std::string BlockString(const std::string& name, int64_t cols, int64_t flat) {
   return name + " element [" + std::to_string(flat / cols) + ", " + std::to_string(flat % cols) + "]";
@@ -32,34 +21,9 @@ std::string BlockString(const std::string& name, int64_t cols, int64_t flat) {
 
 }  // namespace
 
-uint16_t FloatToHalfBits(float f) {
-  uint32_t x = FloatBits(f);
-  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000U);
-  x &= 0x7fffffffU;
-  if (x > 0x7f800000U) return static_cast<uint16_t>(sign | 0x7e00U);   // NaN
-  if (x >= 0x477ff000U) return static_cast<uint16_t>(sign | 0x7c00U);  // >= 65520 rounds to infinity
-  if (x < 0x38800000U) {
-    // Below 2^-14: a subnormal half, m * 2^-24. The scaling by 2^24 is exact;
-    // nearbyint rounds to nearest even (m = 1024 is the smallest normal's bits).
-    const float m = std::nearbyint(BitsFloat(x) * 16777216.0F);
-    return static_cast<uint16_t>(sign | static_cast<uint16_t>(m));
-  }
-  // Normal: drop 13 mantissa bits, nearest even, rebias the exponent (127 -> 15).
-  const uint32_t rounded = x + 0xfffU + ((x >> 13) & 1U);
-  return static_cast<uint16_t>(sign | ((rounded - (112U << 23)) >> 13));
-}
+uint16_t FloatToHalfBits(float f) { return ToF16(f).bits; }
 
-float HalfBitsToFloat(uint16_t h) {
-  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000U) << 16;
-  const uint32_t e = (static_cast<uint32_t>(h) >> 10) & 0x1fU;
-  const uint32_t m = static_cast<uint32_t>(h) & 0x3ffU;
-  if (e == 0) {
-    const float v = std::ldexp(static_cast<float>(m), -24);
-    return sign != 0 ? -v : v;
-  }
-  if (e == 31) return BitsFloat(sign | 0x7f800000U | (m << 13));
-  return BitsFloat(sign | ((e + 112U) << 23) | (m << 13));
-}
+float HalfBitsToFloat(uint16_t h) { return ToFloat(F16::FromBits(h)); }
 
 Q8Weight QuantizeQ8(const std::vector<float>& w, int64_t rows, int64_t cols, const std::string& name) {
   Check(rows > 0 && cols > 0 && static_cast<int64_t>(w.size()) == rows * cols,

@@ -23,17 +23,7 @@ constexpr int kRegisters = kVecRegisters;
 static_assert(kBlock % kLanes == 0, "a Q8 block is a whole number of registers");
 
 // fp16 bits -> fp32 (exact; the scales are checked finite where they enter).
-KDA_INLINE float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000U) << 16;
-  const uint32_t e = (static_cast<uint32_t>(h) >> 10) & 0x1fU;
-  const uint32_t m = static_cast<uint32_t>(h) & 0x3ffU;
-  if (e == 0) {  // zero or subnormal: m * 2^-24
-    const float v = static_cast<float>(m) * 5.9604644775390625e-8F;
-    return sign != 0 ? -v : v;
-  }
-  if (e == 31) return Scalar::FromBits(sign | 0x7f800000U | (m << 13));
-  return Scalar::FromBits(sign | ((e + 112U) << 23) | (m << 13));
-}
+KDA_INLINE float HalfToFloat(uint16_t h) { return Scalar::FromBits(F16ToF32Bits(h)); }
 
 // Blocks of scales converted at once (fp16 -> fp32).
 constexpr int kScaleChunk = 16;

@@ -26,6 +26,7 @@ struct KernelTable {
   void (*chunk_task)(const ChunkGroupTask& task) = nullptr;
   void (*recurrent_task)(const RecurrentTask& task) = nullptr;
   int column_block = 16;  // value columns per register block of the prefill sweep
+  int lanes = 1;          // floats per vector register
 
   // Short conv + SiLU (kernels/conv/short_conv_simd.cc): channels [c0, c0 + nc) of
   // sequence n, wt the [W, C] weight at channel c0 (taps C apart); x and y of

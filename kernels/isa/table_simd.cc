@@ -73,6 +73,7 @@ const internal::KernelTable& Table() {
     t.chunk_task = &ChunkKdaTask;
     t.recurrent_task = &FusedRecurrentKdaTask;
     t.column_block = ChunkColumnBlock();
+    t.lanes = Vec::kLanes;
     t.conv_chunk_f32 = &ConvChunkF32;
     t.conv_chunk_bf16 = &ConvChunkBF16;
     t.gate_beta_f32 = &GateBetaF32;

@@ -8,7 +8,9 @@
 //
 // Per-ISA sources call no inline code from outside their namespace (no std::
 // templates, no kda:: inline helpers of other headers) except the
-// always-inline kda::BF16RoundedBits / BF16RoundedFiniteBits; host code
+// always-inline kda::BF16RoundedBits / BF16RoundedFiniteBits, the fp16
+// conversions of kda/base/f16.h and the state routing of
+// kernels/kda/kda_states.h; host code
 // (validation, allocation, threads) stays in the baseline sources and reaches the kernels through the
 // dispatch table (kernels/isa/dispatch.h).
 #pragma once

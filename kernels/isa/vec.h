@@ -1,7 +1,7 @@
 // The vector layer of the per-ISA kernels: the traits of the target's vector
 // (Vec) and of one lane (Scalar, for loops that GCC vectorises under
 // `#pragma omp simd`), and the primitives written once over them: e^x,
-// sigmoid, SiLU, bf16 loads and round-to-nearest-even stores, and (one lane)
+// sigmoid, SiLU, bf16 and fp16 loads and round-to-nearest-even stores, and (one lane)
 // log and softplus. Include only from per-ISA sources (kernels/isa/target.h).
 //
 // Traits provide: Reg, Mask, U32 / I32 (the register's bits as unsigned /
@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "kda/base/bf16.h"
+#include "kda/base/f16.h"
 #include "kernels/isa/constants.h"
 #include "kernels/isa/target.h"
 
@@ -334,6 +335,57 @@ KDA_INLINE void StoreBF16(BF16* p, typename Vt::Reg x) {
   } else {
     const typename Vt::U16 h = BF16Bits<Vt>(x);
     __builtin_memcpy(static_cast<void*>(p), &h, sizeof(h));
+  }
+}
+
+// ---------------------------------------------------------------- fp16
+
+// kLanes fp16 values as fp32 (exact): vcvtph2ps where the target has F16C
+// (every AVX2 CPU the dispatcher accepts), the bit conversion of f16.h per lane
+// elsewhere.
+template <class Vt>
+KDA_INLINE typename Vt::Reg LoadF16(const F16* p) {
+  if constexpr (Vt::kLanes == 1) {
+    return Vt::FromBits(F16ToF32Bits(p->bits));
+  } else {
+#if KDA_TARGET == KDA_TARGET_AVX512
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif KDA_TARGET == KDA_TARGET_AVX2
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+    __m256 h[2];
+    for (int i = 0; i < 2; ++i) h[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * i)));
+    typename Vt::Reg r;
+    __builtin_memcpy(&r, h, sizeof(r));
+    return r;
+#else
+    typename Vt::U32 u;
+    for (int i = 0; i < Vt::kLanes; ++i) u[i] = F16ToF32Bits(p[i].bits);
+    return Vt::FromBits(u);
+#endif
+  }
+}
+
+// Stores x as fp16, rounded to nearest even.
+template <class Vt>
+KDA_INLINE void StoreF16(F16* p, typename Vt::Reg x) {
+  if constexpr (Vt::kLanes == 1) {
+    p->bits = F32ToF16Bits(Vt::Bits(x));
+  } else {
+#if KDA_TARGET == KDA_TARGET_AVX512
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+#elif KDA_TARGET == KDA_TARGET_AVX2
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+#elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+    __m256 h[2];
+    __builtin_memcpy(h, &x, sizeof(x));
+    for (int i = 0; i < 2; ++i) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * i), _mm256_cvtps_ph(h[i], _MM_FROUND_TO_NEAREST_INT));
+    }
+#else
+    const typename Vt::U32 u = Vt::Bits(x);
+    for (int i = 0; i < Vt::kLanes; ++i) p[i].bits = F32ToF16Bits(u[i]);
+#endif
   }
 }
 

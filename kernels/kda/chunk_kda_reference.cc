@@ -1,5 +1,5 @@
 // Reference chunk_kda: the chunked (WY) algorithm of design §3, plain loops,
-// fp32 arithmetic, one (sequence, head) pair per task.
+// fp32 arithmetic, one (sequence, value head) pair per task.
 //
 // Per chunk of C = 64 rows (restarting at each sequence start; the last may be
 // partial), with S0 the state at the chunk start and Gamma_r = sum_{i<=r} g_i:
@@ -70,13 +70,15 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
   const KdaOptions& opt = a.options;
   float* s = ws.state.data();
 
+  const int kh = internal::KeyHeadOf(h, a.H, a.HV);
   for (int r = 0; r < rows; ++r) {
-    const int64_t tok_head = (t0 + r) * a.H + h;
-    internal::LoadQ(a.q, tok_head, k_dim, opt, scale, &ws.q[static_cast<size_t>(r) * k_dim]);
-    internal::LoadK(a.k, tok_head, k_dim, opt, &ws.k[static_cast<size_t>(r) * k_dim]);
-    internal::LoadRow(a.v, tok_head, v_dim, &ws.v[static_cast<size_t>(r) * v_dim]);
-    internal::LoadGate(a.g, tok_head, h, k_dim, opt, &ws.g[static_cast<size_t>(r) * k_dim]);
-    ws.beta[r] = internal::LoadBeta(a.beta, tok_head);
+    const int64_t t = t0 + r;
+    const auto value_row = static_cast<size_t>(t * a.HV + h);
+    internal::LoadQ(a.q, t, kh, a.H, k_dim, opt, scale, &ws.q[static_cast<size_t>(r) * k_dim]);
+    internal::LoadK(a.k, t, kh, a.H, k_dim, opt, &ws.k[static_cast<size_t>(r) * k_dim]);
+    internal::LoadRow(a.v, value_row * v_dim, v_dim, &ws.v[static_cast<size_t>(r) * v_dim]);
+    internal::LoadGate(a.g, t, h, a.HV, k_dim, opt, &ws.g[static_cast<size_t>(r) * k_dim]);
+    ws.beta[r] = internal::LoadBeta(a.beta, value_row, opt);
   }
 
   // Gamma: inclusive prefix sums from the chunk start (gates of one sign: no cancellation).
@@ -161,7 +163,7 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
       const float* vn_c = &ws.v_new[static_cast<size_t>(c) * v_dim];
       for (int j = 0; j < v_dim; ++j) o_row[j] += a_rc * vn_c[j];
     }
-    const size_t out_base = static_cast<size_t>((t0 + r) * a.H + h) * static_cast<size_t>(v_dim);
+    const size_t out_base = static_cast<size_t>((t0 + r) * a.HV + h) * static_cast<size_t>(v_dim);
     for (int j = 0; j < v_dim; ++j) StoreFromFloat(a.o.data, a.o.dtype, out_base + j, o_row[j]);
   }
 
@@ -197,7 +199,7 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
 
   if (internal::IsPaddingSequence(a, n)) {  // zero outputs, no state read or written
     for (int64_t t = bos; t < eos; ++t) {
-      const size_t out_base = static_cast<size_t>(t * a.H + h) * static_cast<size_t>(a.V);
+      const size_t out_base = static_cast<size_t>(t * a.HV + h) * static_cast<size_t>(a.V);
       for (int j = 0; j < a.V; ++j) StoreFromFloat(a.o.data, a.o.dtype, out_base + j, 0.0F);
     }
     return;
@@ -207,7 +209,7 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
 
   // The whole state is read here, before anything is written: the initial state may alias the final one.
   if (initial != nullptr) {
-    std::copy(initial + head_off, initial + head_off + state_size, ws.state.begin());
+    internal::LoadHeadState(initial + head_off, a.K, a.V, a.state_v_first, ws.state.data());
   } else {
     std::fill(ws.state.begin(), ws.state.end(), 0.0F);
   }
@@ -227,7 +229,7 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
   if (final_state == nullptr) return;
   // A zero-length sequence's final state is its initial state: with aliasing there is nothing to write.
   if (bos == eos && initial == final_state) return;
-  std::copy(ws.state.begin(), ws.state.end(), final_state + head_off);
+  internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, final_state + head_off);
 }
 
 }  // namespace
@@ -236,7 +238,7 @@ namespace internal {
 
 void ChunkKdaReferenceUnchecked(const ChunkKdaArgs& a) {
   const float scale = EffectiveScale(a.options, a.K);
-  const int64_t num_tasks = a.N * a.H;
+  const int64_t num_tasks = a.N * a.HV;
   const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(NumThreads(), num_tasks));
   std::vector<ChunkWorkspace> workspaces;
   workspaces.reserve(static_cast<size_t>(num_workers));
@@ -247,7 +249,7 @@ void ChunkKdaReferenceUnchecked(const ChunkKdaArgs& a) {
   ParallelFor(num_workers, [&](int64_t worker) {
     ChunkWorkspace& ws = workspaces[static_cast<size_t>(worker)];
     for (int64_t task = next_task.fetch_add(1); task < num_tasks; task = next_task.fetch_add(1)) {
-      RunSequenceHead(a, task / a.H, static_cast<int>(task % a.H), scale, ws);
+      RunSequenceHead(a, task / a.HV, static_cast<int>(task % a.HV), scale, ws);
     }
   });
 }

@@ -49,6 +49,7 @@
 #include "kernels/isa/constants.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
+#include "kernels/kda/kda_states.h"
 #include "kernels/kda/kda_tasks.h"
 #include "kernels/kda/kda_vec.h"
 
@@ -82,16 +83,18 @@ KDA_INLINE int AppendLines(const void* p, size_t bytes, const void** out) {
 // The input lines of token t of the task (q, k, g, v over the task's columns, beta) into out; returns the count.
 KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const void** out) {
   const ChunkKdaArgs& a = *task.args;
-  const size_t row = static_cast<size_t>(t * a.H + task.h);
+  const size_t key_row = static_cast<size_t>(t * a.H + internal::KeyHeadOf(task.h, a.H, a.HV));
+  const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
   const size_t kd = static_cast<size_t>(a.K);
-  const size_t width = static_cast<size_t>(task.v_end - task.v_begin);
+  const int v_end = task.v_end < a.V ? task.v_end : a.V;
+  const size_t width = static_cast<size_t>(v_end - task.v_begin);
   const size_t qkv = ElementBytes(a.q.dtype);
   const size_t gate = ElementBytes(a.g.dtype);
-  int n = AppendLines(static_cast<const char*>(a.q.data) + row * kd * qkv, kd * qkv, out);
-  n += AppendLines(static_cast<const char*>(a.k.data) + row * kd * qkv, kd * qkv, out + n);
-  n += AppendLines(static_cast<const char*>(a.g.data) + row * kd * gate, kd * gate, out + n);
-  n += AppendLines(static_cast<const char*>(a.v.data) + (row * a.V + task.v_begin) * qkv, width * qkv, out + n);
-  n += AppendLines(static_cast<const char*>(a.beta.data) + row * ElementBytes(a.beta.dtype), 1, out + n);
+  int n = AppendLines(static_cast<const char*>(a.q.data) + key_row * kd * qkv, kd * qkv, out);
+  n += AppendLines(static_cast<const char*>(a.k.data) + key_row * kd * qkv, kd * qkv, out + n);
+  n += AppendLines(static_cast<const char*>(a.g.data) + value_row * kd * gate, kd * gate, out + n);
+  n += AppendLines(static_cast<const char*>(a.v.data) + (value_row * a.V + task.v_begin) * qkv, width * qkv, out + n);
+  n += AppendLines(static_cast<const char*>(a.beta.data) + value_row * ElementBytes(a.beta.dtype), 1, out + n);
   return n;
 }
 
@@ -115,10 +118,11 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const ChunkKdaArgs& a = *task.args;
   const KdaOptions& opt = a.options;
   float* c_row = task.scratch.c;
-  const int kd = a.K;
+  const int kin = a.K;
+  const int kd = internal::PaddedKeyDim(kin, kL);
   const int width = task.v_end - task.v_begin;
-  const size_t row = static_cast<size_t>(t * a.H + task.h);
-  const size_t base = row * static_cast<size_t>(kd);
+  const size_t key_row = static_cast<size_t>(t * a.H + internal::KeyHeadOf(task.h, a.H, a.HV));
+  const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
   const size_t at = static_cast<size_t>(i) * static_cast<size_t>(kd);
   float* qh = b.qhat + at;
   float* kh = b.khat + at;
@@ -128,15 +132,20 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   // Row i - 1 (in this block): the token updated just before this one in a two-token pass.
   const float* kh_prev = i > 0 ? kh - kd : nullptr;
   const float* mf_prev = i > 0 ? mf - kd : nullptr;
+  // q, k and the log decay, zero-padded to kd, staged where their results go (each element is read before
+  // its result is written).
+  LoadRowPadded<Vt>(a.q, key_row * kin, kin, kd, qh);
+  LoadRowPadded<Vt>(a.k, key_row * kin, kin, kd, kh);
+  LoadRowPadded<Vt>(a.g, value_row * kin, kin, kd, mf);
+  if (opt.use_gate_in_kernel) {
+    ActivateGate(opt, task.h, kin, mf);
+    for (int d = kin; d < kd; ++d) mf[d] = 0.0F;
+  }
   float q_mul = task.scale;
   float k_mul = 1.0F;
   if (opt.use_qk_l2norm_in_kernel) {
-    q_mul *= InverseNorm<Vt>(a.q, base, kd);
-    k_mul = InverseNorm<Vt>(a.k, base, kd);
-  }
-  if (opt.use_gate_in_kernel) {  // the activated gate, staged in mfac
-    LoadRow<Vt>(a.g, base, kd, mf);
-    ActivateGate(opt, task.h, kd, mf);
+    q_mul *= InverseNorm<Vt>(qh, kd);
+    k_mul = InverseNorm<Vt>(kh, kd);
   }
   const Reg q_scale = Vt::Set1(q_mul);
   const Reg k_scale = Vt::Set1(k_mul);
@@ -148,9 +157,9 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   // multiple of it).
   constexpr uint32_t kVecGroups = (1U << ((kL + kPassRowGroup - 1) / kPassRowGroup)) - 1U;
   for (int d = 0; d < kd; d += kL) {
-    const Reg q = Vt::Mul(LoadAt<Vt>(a.q, base + d), q_scale);
-    const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(LoadAt<Vt>(a.k, base + d), k_scale) : LoadAt<Vt>(a.k, base + d);
-    const Reg g = opt.use_gate_in_kernel ? Vt::Load(mf + d) : LoadAt<Vt>(a.g, base + d);
+    const Reg q = Vt::Mul(Vt::Load(qh + d), q_scale);
+    const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
+    const Reg g = Vt::Load(mf + d);
     Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(g));
     const Reg pre = Vt::Mul(k, c);
     Vt::Store(kp + d, pre);
@@ -168,9 +177,11 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   }
   b.mat[i] = mat;
   b.gamma[i] = Vt::ReduceAdd(gamma);
-  b.beta[i] = LoadScalar(a.beta, row);
-  LoadRow<Vt>(a.v, row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), width,
-              b.vrow + static_cast<size_t>(i) * width);
+  b.beta[i] = ActivateBeta(opt, LoadScalar(a.beta, value_row));
+  // v over the task's columns, zero past V.
+  const int real = (task.v_end < a.V ? task.v_end : a.V) - task.v_begin;
+  LoadRowPadded<Vt>(a.v, value_row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), real, width,
+                    b.vrow + static_cast<size_t>(i) * width);
 }
 
 // The work done alongside the sweeps of one token block: preparing the next
@@ -371,6 +382,20 @@ KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int kd, const
   }
 }
 
+// The first n (< NV * lanes) columns of a block's output registers (a V tail).
+template <class Vt, int NV>
+KDA_INLINE void StoreColumnsPart(const MutBuf& buf, size_t offset, const typename Vt::Reg* o, int n) {
+  constexpr int kL = Vt::kLanes;
+  for (int j = 0; j < NV && j * kL < n; ++j) {
+    const size_t at = offset + static_cast<size_t>(j) * kL;
+    if (n - j * kL >= kL) {
+      StoreOut<Vt>(buf, at, o[j]);
+    } else {
+      StoreOutPart<Vt>(buf, at, o[j], n - j * kL);
+    }
+  }
+}
+
 // One token block's sweep of a head: the prepared block `cur` (nt tokens from t0); the next block is the
 // pipeline's. The last pass over a column block projects the state for the next block's first pass, and the
 // projections wait in the head's scratch (proj) until then; only a sequence's first block starts each column
@@ -394,8 +419,10 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   const ChunkKdaArgs& a = *task.args;
   const internal::PrepBuffers& b = *bs.cur;
   const int nt = bs.nt;
-  const int kd = a.K;
+  const int kd = internal::PaddedKeyDim(a.K, kL);
   const int width = task.v_end - task.v_begin;
+  // Output lanes of this column block that are real columns (< V): all of them except past a V tail.
+  const int real_cols = a.V - (task.v_begin + col);
   const auto kdz = static_cast<size_t>(kd);
   float* w = task.scratch.state + kdz * col;
   auto row = [kdz](const float* base, int i) { return base + static_cast<size_t>(i) * kdz; };
@@ -470,12 +497,19 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
     } else {
       UpdatePassAny<Vt, NV, 1>(project, mat, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     }
-    const size_t out = static_cast<size_t>((bs.t0 + i) * a.H + task.h) * static_cast<size_t>(a.V) +
+    const size_t out = static_cast<size_t>((bs.t0 + i) * a.HV + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
-    for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
-    if (tokens == 2) {
-      const size_t out_b = out + static_cast<size_t>(a.H) * static_cast<size_t>(a.V);
-      for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
+    if (real_cols >= NV * kL) {
+      for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
+      if (tokens == 2) {
+        const size_t out_b = out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V);
+        for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
+      }
+    } else {
+      StoreColumnsPart<Vt, NV>(a.o, out, o_a, real_cols);
+      if (tokens == 2) {
+        StoreColumnsPart<Vt, NV>(a.o, out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V), o_b, real_cols);
+      }
     }
     for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
     i = next;
@@ -512,29 +546,39 @@ KDA_INLINE size_t HeadStateOffset(const internal::ChunkTask& task) {
   return static_cast<size_t>(task.h) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
 }
 
-// The working state of one head is [blocks][K][block width] in its scratch,
-// each block contiguous (a [K][V] slice with a 512-byte row stride would alias
-// in L1). Loads the head's columns of the initial state (read entirely before
-// any write: it may alias the final state) and resets the row scales.
+// The working state of one head is [blocks][K'][block width] in its scratch
+// (K' = K zero-padded, kda_tasks.h), each block contiguous (a [K][V] slice
+// with a 512-byte row stride would alias in L1). Loads the head's columns of
+// the initial state (read entirely before any write: it may alias the final
+// state; zeros past K and V) and resets the row scales.
 template <class Vt, int NV>
 void LoadState(const internal::ChunkTask& task) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
   const internal::ChunkScratch& s = task.scratch;
-  const int kd = a.K;
+  const int kin = a.K;
+  const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
-  const size_t state_off = HeadStateOffset(task);
+  const float* src = task.initial != nullptr ? task.initial + HeadStateOffset(task) : nullptr;
   for (int col = 0; col < width; col += kB) {
     const int bw = width - col < kB ? width - col : kB;
+    const int c0 = task.v_begin + col;  // the block's first column
+    const bool fast = src != nullptr && !a.state_v_first && c0 + bw <= vd;
     float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kd; ++d) {
-      const float* src = task.initial != nullptr
-                             ? task.initial + state_off + static_cast<size_t>(d) * vd + task.v_begin + col
-                             : nullptr;
-      for (int j = 0; j < bw; j += kL) {
-        Vt::Store(w + static_cast<size_t>(d) * bw + j, src != nullptr ? Vt::Load(src + j) : Vt::Zero());
+      float* wd = w + static_cast<size_t>(d) * bw;
+      if (fast && d < kin) {
+        const float* row = src + static_cast<size_t>(d) * vd + c0;
+        for (int j = 0; j < bw; j += kL) Vt::Store(wd + j, Vt::Load(row + j));
+        continue;
+      }
+      for (int j = 0; j < bw; ++j) {
+        const int c = c0 + j;
+        wd[j] = src != nullptr && d < kin && c < vd
+                    ? src[a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c]
+                    : 0.0F;
       }
     }
   }
@@ -542,7 +586,8 @@ void LoadState(const internal::ChunkTask& task) {
 }
 
 // Writes the head's state S = c * Shat, row by row, into the sequence's states
-// `dst` [H, K, V] (its head and columns), with the row scales `c` [K].
+// `dst` [HV, K, V] ([HV, V, K] with state_v_first; its head and real columns),
+// with the row scales `c` [K'].
 template <class Vt, int NV>
 void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst) {
   using Reg = typename Vt::Reg;
@@ -550,17 +595,28 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst
   constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
   const internal::ChunkScratch& s = task.scratch;
-  const int kd = a.K;
+  const int kin = a.K;
+  const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
-  const size_t state_off = HeadStateOffset(task);
+  float* head = dst + HeadStateOffset(task);
   for (int col = 0; col < width; col += kB) {
     const int bw = width - col < kB ? width - col : kB;
+    const int c0 = task.v_begin + col;
+    const bool fast = !a.state_v_first && c0 + bw <= vd;
     const float* w = s.state + static_cast<size_t>(kd) * col;
-    for (int d = 0; d < kd; ++d) {
-      const Reg c = Vt::Set1(c_rows[d]);
-      float* row = dst + state_off + static_cast<size_t>(d) * vd + task.v_begin + col;
-      for (int j = 0; j < bw; j += kL) Vt::Store(row + j, Vt::Mul(c, Vt::Load(w + static_cast<size_t>(d) * bw + j)));
+    for (int d = 0; d < kin; ++d) {
+      const float* wd = w + static_cast<size_t>(d) * bw;
+      if (fast) {
+        const Reg c = Vt::Set1(c_rows[d]);
+        float* row = head + static_cast<size_t>(d) * vd + c0;
+        for (int j = 0; j < bw; j += kL) Vt::Store(row + j, Vt::Mul(c, Vt::Load(wd + j)));
+        continue;
+      }
+      for (int j = 0; j < bw && c0 + j < vd; ++j) {
+        const int c = c0 + j;
+        head[a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c] = c_rows[d] * wd[j];
+      }
     }
   }
 }
@@ -638,7 +694,9 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
     const bool snapshot = snap < snap_end && a.snapshot_offsets[snap] == next - bos;
     if (snapshot) {
       for (int g = 0; g < group.heads; ++g) {
-        for (int d = 0; d < a.K; ++d) heads[g].scratch.c_end[d] = heads[g].scratch.c[d];
+        for (int d = 0; d < internal::PaddedKeyDim(a.K, Vt::kLanes); ++d) {
+          heads[g].scratch.c_end[d] = heads[g].scratch.c[d];
+        }
       }
     }
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n, t0 != bos);

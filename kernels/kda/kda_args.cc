@@ -12,32 +12,43 @@
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
 #include "kda/kernels/kda_args.h"
+#include "kernels/isa/constants.h"
 
 namespace kda {
 namespace {
 
-bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+using kc::kMaxHeadDim;
+
+bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 // Checks shared by both kernels: dtypes, head shape, options.
-void ValidateCommon(const std::string& who, const ConstBuf& q, const ConstBuf& k, const ConstBuf& v, const ConstBuf& g,
-                    const ConstBuf& beta, const MutBuf& o, int heads, int k_dim, int v_dim, const KdaOptions& opt) {
-  Check(IsFloatType(q.dtype), [&] { return who + ": q dtype must be F32 or BF16, got " + DTypeName(q.dtype); });
-  Check(k.dtype == q.dtype,
-        [&] { return who + ": k dtype " + DTypeName(k.dtype) + " differs from q dtype " + DTypeName(q.dtype); });
-  Check(v.dtype == q.dtype,
-        [&] { return who + ": v dtype " + DTypeName(v.dtype) + " differs from q dtype " + DTypeName(q.dtype); });
-  Check(IsFloatType(g.dtype), [&] { return who + ": g dtype must be F32 or BF16, got " + DTypeName(g.dtype); });
-  Check(IsFloatType(beta.dtype),
-        [&] { return who + ": beta dtype must be F32 or BF16, got " + DTypeName(beta.dtype); });
-  Check(o.dtype == q.dtype,
-        [&] { return who + ": o dtype " + DTypeName(o.dtype) + " differs from q dtype " + DTypeName(q.dtype); });
-  Check(heads >= 1, [&] { return who + ": H must be >= 1, got " + std::to_string(heads); });
-  Check(k_dim == v_dim,
-        [&] { return who + ": K (" + std::to_string(k_dim) + ") must equal V (" + std::to_string(v_dim) + ")"; });
-  Check(k_dim >= 16 && k_dim <= 256 && k_dim % 16 == 0,
-        [&] { return who + ": K must be a multiple of 16 in [16, 256], got " + std::to_string(k_dim); });
+template <class Args>
+void ValidateCommon(const std::string& who, const Args& a) {
+  Check(IsFloatType(a.q.dtype),
+        [&] { return who + ": q dtype must be F32, BF16 or F16, got " + DTypeName(a.q.dtype); });
+  Check(a.k.dtype == a.q.dtype,
+        [&] { return who + ": k dtype " + DTypeName(a.k.dtype) + " differs from q dtype " + DTypeName(a.q.dtype); });
+  Check(a.v.dtype == a.q.dtype,
+        [&] { return who + ": v dtype " + DTypeName(a.v.dtype) + " differs from q dtype " + DTypeName(a.q.dtype); });
+  Check(IsFloatType(a.g.dtype),
+        [&] { return who + ": g dtype must be F32, BF16 or F16, got " + DTypeName(a.g.dtype); });
+  Check(IsFloatType(a.beta.dtype),
+        [&] { return who + ": beta dtype must be F32, BF16 or F16, got " + DTypeName(a.beta.dtype); });
+  Check(a.o.dtype == a.q.dtype,
+        [&] { return who + ": o dtype " + DTypeName(a.o.dtype) + " differs from q dtype " + DTypeName(a.q.dtype); });
+  Check(a.H >= 1, [&] { return who + ": H must be >= 1, got " + std::to_string(a.H); });
+  Check(a.HV >= a.H && a.HV % a.H == 0, [&] {
+    return who + ": HV (" + std::to_string(a.HV) + ") must be a multiple of H (" + std::to_string(a.H) + ")";
+  });
+  Check(a.K >= 1 && a.K <= kMaxHeadDim, [&] { return who + ": K must be in [1, 256], got " + std::to_string(a.K); });
+  Check(a.V >= 1 && a.V <= kMaxHeadDim, [&] { return who + ": V must be in [1, 256], got " + std::to_string(a.V); });
+  const KdaOptions& opt = a.options;
   Check(std::isfinite(opt.scale), [&] { return who + ": scale must be finite"; });
-  Check(!opt.use_gate_in_kernel || opt.A_log != nullptr, [&] { return who + ": use_gate_in_kernel requires A_log"; });
+  Check(!opt.use_gate_in_kernel || opt.A_log != nullptr || opt.use_lower_bound,
+        [&] { return who + ": use_gate_in_kernel requires A_log (or lower_bound)"; });
+  Check(!opt.use_lower_bound || (std::isfinite(opt.lower_bound) && opt.lower_bound <= 0.0F),
+        [&] { return who + ": lower_bound must be finite and <= 0"; });
+  Check(std::isfinite(opt.beta_scale), [&] { return who + ": beta_scale must be finite"; });
 }
 
 // Token buffers are required as soon as there is a token.
@@ -154,8 +165,69 @@ void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a) {
   }
 }
 
+// The slots of fused_recurrent_kda's pool form (see RecurrentKdaArgs): each in
+// range, num_accepted_tokens in [1, C], with slots per token (C > 1) no
+// sequence longer than C, and no slot touched by two sequences.
+void CheckRecurrentSlots(const std::string& who, const RecurrentKdaArgs& a) {
+  if (a.index_cols == 1 && a.num_accepted_tokens == nullptr) {
+    CheckStateIndices(who, a.state_indices, a.N, a.num_states, "ssm_state_indices");
+    return;
+  }
+  thread_local std::vector<std::pair<int32_t, int64_t>> used;  // (slot, sequence)
+  used.clear();
+  const int64_t cols = a.index_cols;
+  auto slot_name = [&](int64_t n, int64_t c) {
+    return "ssm_state_indices[" + std::to_string(n) + ", " + std::to_string(c) + "]";
+  };
+  for (int64_t n = 0; n < a.N; ++n) {
+    int64_t read_col = 0;
+    if (a.num_accepted_tokens != nullptr) {
+      const int32_t accepted = a.num_accepted_tokens[n];
+      Check(accepted >= 1 && accepted <= cols, [&] {
+        return who + ": num_accepted_tokens[" + std::to_string(n) + "] = " + std::to_string(accepted) +
+               " must be in [1, " + std::to_string(cols) + "] (the columns of ssm_state_indices)";
+      });
+      read_col = accepted - 1;
+    }
+    const int32_t read = a.state_indices[n * cols + read_col];
+    if (read < 0) continue;  // padding
+    const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];
+    const bool writes = a.write_slots;
+    Check(!writes || cols == 1 || len <= cols, [&] {
+      return who + ": sequence " + std::to_string(n) + " has " + std::to_string(len) +
+             " tokens but ssm_state_indices has " + std::to_string(cols) + " slots per sequence";
+    });
+    const size_t first = used.size();
+    auto use = [&](int32_t slot, int64_t c) {
+      if (slot < 0) return;
+      Check(slot < a.num_states, [&] {
+        return who + ": " + slot_name(n, c) + " = " + std::to_string(slot) +
+               " is out of range for num_states = " + std::to_string(a.num_states) +
+               " (use a negative index for padding)";
+      });
+      used.emplace_back(slot, n);
+    };
+    use(read, read_col);
+    if (writes && cols > 1) {
+      for (int64_t t = 0; t < len; ++t) use(a.state_indices[n * cols + t], t);
+    }
+    // A sequence may read and write one slot; only other sequences' slots must differ.
+    std::sort(used.begin() + static_cast<std::ptrdiff_t>(first), used.end());
+    used.erase(std::unique(used.begin() + static_cast<std::ptrdiff_t>(first), used.end()), used.end());
+  }
+  std::sort(used.begin(), used.end());
+  for (size_t i = 1; i < used.size(); ++i) {
+    Check(used[i].first != used[i - 1].first, [&] {
+      return who + ": state slot " + std::to_string(used[i].first) + " is used by sequences " +
+             std::to_string(used[i - 1].second) + " and " + std::to_string(used[i].second) +
+             " of ssm_state_indices (each sequence needs its own slots)";
+    });
+  }
+}
+
 void CheckRecurrentValues(const std::string& who, const RecurrentKdaArgs& a) {
-  if (a.N > 0) CheckStateIndices(who, a.state_indices, a.N, a.num_states, "ssm_state_indices");  // the call's name
+  CheckCuSeqlens(who, a.cu_seqlens, a.N, a.T);
+  if (a.state_indices != nullptr) CheckRecurrentSlots(who, a);
 }
 
 const std::string& ChunkWho() {
@@ -172,11 +244,13 @@ const std::string& RecurrentWho() {
 
 void ValidateChunkKda(const ChunkKdaArgs& a) {
   const std::string& who = ChunkWho();
-  ValidateCommon(who, a.q, a.k, a.v, a.g, a.beta, a.o, a.H, a.K, a.V, a.options);
+  ValidateCommon(who, a);
   Check(a.T >= 0, [&] { return who + ": T must be >= 0, got " + std::to_string(a.T); });
   Check(a.N >= 1, [&] { return who + ": N must be >= 1, got " + std::to_string(a.N); });
   if (a.T > 0) CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
   Check(a.cu_seqlens != nullptr, [&] { return who + ": cu_seqlens is null"; });
+  Check(!a.state_v_first || a.snapshot_cu == nullptr,
+        [&] { return who + ": snapshots take [K, V] states; they exclude state_v_first"; });
   if (a.state_indices != nullptr) {
     Check(a.initial_state == nullptr && a.final_state == nullptr,
           [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
@@ -192,13 +266,25 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
 
 void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
   const std::string& who = RecurrentWho();
-  ValidateCommon(who, a.q, a.k, a.v, a.g, a.beta, a.o, a.H, a.K, a.V, a.options);
+  ValidateCommon(who, a);
+  Check(a.T >= 0, [&] { return who + ": T must be >= 0, got " + std::to_string(a.T); });
   Check(a.N >= 0, [&] { return who + ": N must be >= 0, got " + std::to_string(a.N); });
-  Check(a.num_states >= 0, [&] { return who + ": num_states must be >= 0, got " + std::to_string(a.num_states); });
-  if (a.N == 0) return;
-  CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
-  Check(a.state != nullptr, [&] { return who + ": state is null"; });
-  Check(a.state_indices != nullptr, [&] { return who + ": state_indices is null"; });
+  Check(a.cu_seqlens != nullptr, [&] { return who + ": cu_seqlens is null"; });
+  if (a.T > 0) CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
+  if (a.state_indices != nullptr) {
+    Check(a.initial_state == nullptr && a.final_state == nullptr,
+          [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
+    Check(a.state != nullptr, [&] { return who + ": state_indices given but state is null"; });
+    Check(a.num_states >= 0, [&] { return who + ": num_states must be >= 0, got " + std::to_string(a.num_states); });
+    Check(!a.write_slots || a.token_states == nullptr,
+          [&] { return who + ": token_states (a state per token) excludes write_slots"; });
+    Check(a.index_cols >= 1, [&] { return who + ": index_cols must be >= 1"; });
+    Check(a.num_accepted_tokens == nullptr || a.index_cols > 1 || a.N == 0,
+          [&] { return who + ": num_accepted_tokens needs 2-D ssm_state_indices [N, C] (a slot per token)"; });
+  } else {
+    Check(a.state == nullptr && a.token_states == nullptr && a.num_accepted_tokens == nullptr,
+          [&] { return who + ": state, token_states and num_accepted_tokens (pool form) require state_indices"; });
+  }
   CheckRecurrentValues(who, a);
 }
 
@@ -272,8 +358,9 @@ class ViewChecker {
   }
   template <class V>
   DType Float(const V& v, const char* name) const {
-    CheckDType(v.foreign_dtype == nullptr && (v.dtype == DType::kF32 || v.dtype == DType::kBF16),
-               [&] { return who_ + ": " + name + ": dtype must be float32 or bfloat16, got " + ViewDTypeName(v); });
+    CheckDType(v.foreign_dtype == nullptr && IsFloatType(v.dtype), [&] {
+      return who_ + ": " + name + ": dtype must be float32, bfloat16 or float16, got " + ViewDTypeName(v);
+    });
     return v.dtype;
   }
   template <class V>
@@ -323,21 +410,52 @@ int64_t IndexAt(const TensorView& v, int64_t i) {
   return v.dtype == DType::kI64 ? static_cast<const int64_t*>(v.data)[i] : static_cast<const int32_t*>(v.data)[i];
 }
 
-// q, k, v, g, beta (and o when present): shapes, dtypes, layouts, the head shape.
-template <class Call>
-KdaCallShapes CheckTokens(const ViewChecker& c, const Call& call) {
+// [N + 1] boundaries: dtype, shape, B = 1; their values when given in a shape check. Returns N.
+int64_t CheckCuSeqlensView(const ViewChecker& c, const TensorView& cu, const KdaCallShapes& s, const TensorView& q,
+                           int64_t min_sequences) {
+  const std::string& who = c.who();
+  c.Int(cu, "cu_seqlens");
+  Check(cu.ndim == 1 && cu.shape[0] >= min_sequences + 1, [&] {
+    return who + ": cu_seqlens: expected shape [N + 1]" + (min_sequences > 0 ? " with N >= 1" : "") + ", got " +
+           ShapeString(ShapeOf(cu));
+  });
+  c.Layout(cu, "cu_seqlens");
+  Check(s.B == 1, [&] {
+    return who + ": q: with cu_seqlens the batch must be packed as B = 1, got shape " + ShapeString(ShapeOf(q));
+  });
+  const int64_t n = cu.shape[0] - 1;
+  if (!c.full() && cu.data != nullptr) {
+    if (cu.dtype == DType::kI64) {
+      CheckCuSeqlens(who, static_cast<const int64_t*>(cu.data), n, s.T);
+    } else {
+      CheckCuSeqlens(who, static_cast<const int32_t*>(cu.data), n, s.T);
+    }
+  }
+  return n;
+}
+
+// q, k, v, g, beta (and o when present): shapes, dtypes, layouts, the head
+// shape, the options, the sequences (chunk_kda needs one; fused_recurrent_kda
+// none). beta may be [B, T, HV, V] where `beta_per_value_allowed`.
+KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool beta_per_value_allowed,
+                          int64_t min_sequences) {
   KdaCallShapes s;
   c.Ndim(call.q, "q", 4, "[B, T, H, K]");
-  c.Ndim(call.v, "v", 4, "[B, T, H, V]");
+  c.Ndim(call.v, "v", 4, "[B, T, HV, V]");
   s.B = call.q.shape[0];
   s.T = call.q.shape[1];
   const int64_t h = call.q.shape[2];
   const int64_t kd = call.q.shape[3];
+  const int64_t hv = call.v.shape[2];
   const int64_t vd = call.v.shape[3];
   c.Shape(call.k, {s.B, s.T, h, kd}, "k", "[B, T, H, K] (q's shape)");
-  c.Shape(call.v, {s.B, s.T, h, vd}, "v", "[B, T, H, V] (B, T, H of q)");
-  c.Shape(call.g, {s.B, s.T, h, kd}, "g", "[B, T, H, K] (q's shape)");
-  c.Shape(call.beta, {s.B, s.T, h}, "beta", "[B, T, H]");
+  c.Shape(call.v, {s.B, s.T, hv, vd}, "v", "[B, T, HV, V] (B, T of q)");
+  c.Shape(call.g, {s.B, s.T, hv, kd}, "g", "[B, T, HV, K] (HV of v, K of q)");
+  if (beta_per_value_allowed && call.beta.ndim == 4) {
+    c.Shape(call.beta, {s.B, s.T, hv, vd}, "beta", "[B, T, HV] or [B, T, HV, V]");
+  } else {
+    c.Shape(call.beta, {s.B, s.T, hv}, "beta", beta_per_value_allowed ? "[B, T, HV] or [B, T, HV, V]" : "[B, T, HV]");
+  }
   const std::string& who = c.who();
   const DType qt = c.Float(call.q, "q");
   const DType kt = c.Float(call.k, "k");
@@ -354,42 +472,66 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const Call& call) {
   c.Layout(call.g, "g");
   c.Layout(call.beta, "beta");
   Check(h >= 1, [&] { return who + ": H must be >= 1, got " + std::to_string(h); });
-  Check(kd == vd, [&] {
-    return who + ": the kernels need K == V, got K = " + std::to_string(kd) + ", V = " + std::to_string(vd);
+  Check(hv >= 1 && hv % h == 0, [&] {
+    return who + ": v: the value heads HV = " + std::to_string(hv) +
+           " must be a multiple of the query/key heads H = " + std::to_string(h) + " (grouped value heads)";
   });
-  Check(kd >= 16 && kd <= 256 && kd % 16 == 0,
-        [&] { return who + ": K must be a multiple of 16 in [16, 256], got " + std::to_string(kd); });
+  Check(kd >= 1 && kd <= kMaxHeadDim,
+        [&] { return who + ": q: the key head dim K must be in [1, 256], got " + std::to_string(kd); });
+  Check(vd >= 1 && vd <= kMaxHeadDim,
+        [&] { return who + ": v: the value head dim V must be in [1, 256], got " + std::to_string(vd); });
   s.H = static_cast<int>(h);
+  s.HV = static_cast<int>(hv);
   s.K = static_cast<int>(kd);
   s.V = static_cast<int>(vd);
-  if (c.full()) c.Present(call.o, "o", "required (the output [B, T, H, V])");
+  if (c.full()) c.Present(call.o, "o", "required (the output [B, T, HV, V])");
   if (call.o.present()) {
     CheckDType(call.o.foreign_dtype == nullptr && call.o.dtype == qt, [&] {
       return who + ": o: dtype must be q's (" + TorchDTypeName(qt) + "), got " + ViewDTypeName(call.o);
     });
-    c.Shape(call.o, {s.B, s.T, h, vd}, "o", "[B, T, H, V]");
+    c.Shape(call.o, {s.B, s.T, hv, vd}, "o", "[B, T, HV, V]");
     c.Layout(call.o, "o");
   }
   Check(!call.scale || (std::isfinite(*call.scale) && *call.scale > 0.0F), [&] {
     return who + ": scale: must be a finite number > 0 (absent: K^-0.5), got " + std::to_string(*call.scale);
   });
+  Check(!call.allow_neg_eigval || call.use_beta_sigmoid_in_kernel,
+        [&] { return who + ": allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"; });
+  Check(!call.lower_bound || (std::isfinite(*call.lower_bound) && *call.lower_bound <= 0.0F), [&] {
+    return who + ": lower_bound: must be a finite number <= 0 (a log decay bound), got " +
+           std::to_string(*call.lower_bound);
+  });
   if (call.use_gate_in_kernel) {
-    c.Present(call.A_log, "A_log", "required with use_gate_in_kernel=True (shape [H])");
-    c.Param(call.A_log, s.H, "H", "A_log", "[H]");
-    if (call.dt_bias.present())
-      c.Param(call.dt_bias, static_cast<int64_t>(s.H) * s.K, "H*K", "dt_bias", "[H*K] or [H, K]");
+    if (!call.lower_bound) {
+      c.Present(call.A_log, "A_log", "required with use_gate_in_kernel=True when lower_bound is not set (shape [HV])");
+    }
+    if (call.A_log.present()) c.Param(call.A_log, s.HV, "HV", "A_log", "[HV]");
+    if (call.dt_bias.present()) {
+      c.Param(call.dt_bias, static_cast<int64_t>(s.HV) * s.K, "HV*K", "dt_bias", "[HV*K] or [HV, K]");
+    }
+  }
+  if (call.cu_seqlens.present()) {
+    s.N = CheckCuSeqlensView(c, call.cu_seqlens, s, call.q, min_sequences);
+  } else {
+    Check(s.B >= min_sequences, [&] {
+      return who + ": q: chunk_kda needs at least one sequence (B >= 1), got shape " + ShapeString(ShapeOf(call.q));
+    });
+    s.N = s.B;
   }
   return s;
 }
 
-// A state buffer [S, H, K, V] f32 (S = `rows` unless negative); returns S.
+// A state buffer [rows, HV, K, V] f32 ([rows, HV, V, K] with state_v_first; rows = S, any, when negative);
+// returns its rows.
 template <class V>
-int64_t CheckStates(const ViewChecker& c, const V& v, const KdaCallShapes& s, int64_t rows, const char* name,
-                    const char* layout) {
+int64_t CheckStates(const ViewChecker& c, const V& v, const KdaCallShapes& s, bool v_first, int64_t rows,
+                    const char* name, const char* rows_name) {
+  const std::string layout = std::string("[") + rows_name + (v_first ? ", HV, V, K] (state_v_first)" : ", HV, K, V]");
   c.Exact(v, DType::kF32, name);
-  c.Ndim(v, name, 4, layout);
+  c.Ndim(v, name, 4, layout.c_str());
   const int64_t S = v.shape[0];
-  c.Shape(v, {rows < 0 ? S : rows, s.H, s.K, s.V}, name, layout);
+  const int64_t r = rows < 0 ? S : rows;
+  c.Shape(v, v_first ? Dims{r, s.HV, s.V, s.K} : Dims{r, s.HV, s.K, s.V}, name, layout.c_str());
   c.Layout(v, name);
   return S;
 }
@@ -408,47 +550,34 @@ void CheckIndexView(const ViewChecker& c, const TensorView& v, int64_t n, int64_
 KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
   const std::string& who = ChunkWho();
   const ViewChecker c(who, full);
-  KdaCallShapes s = CheckTokens(c, call);
-  if (call.cu_seqlens.present()) {
-    c.Int(call.cu_seqlens, "cu_seqlens");
-    Check(call.cu_seqlens.ndim == 1 && call.cu_seqlens.shape[0] >= 2, [&] {
-      return who + ": cu_seqlens: expected shape [N + 1] with N >= 1, got " + ShapeString(ShapeOf(call.cu_seqlens));
+  KdaCallShapes s = CheckTokens(c, call, false, 1);
+  Check(call.chunk_size == 32 || call.chunk_size == 64,
+        [&] { return who + ": chunk_size must be either 32 or 64 for KDA, got " + std::to_string(call.chunk_size); });
+  if (call.safe_gate && call.use_gate_in_kernel) {
+    Check(call.lower_bound.has_value(),
+          [&] { return who + ": lower_bound must be specified when safe_gate=True and use_gate_in_kernel=True"; });
+    Check(*call.lower_bound >= -5.0F && *call.lower_bound < 0.0F, [&] {
+      return who + ": lower_bound must be in the safe range [-5, 0), got " + std::to_string(*call.lower_bound);
     });
-    c.Layout(call.cu_seqlens, "cu_seqlens");
-    Check(s.B == 1, [&] {
-      return who + ": q: with cu_seqlens the batch must be packed as B = 1, got shape " + ShapeString(ShapeOf(call.q));
-    });
-    s.N = call.cu_seqlens.shape[0] - 1;
-    if (!full && call.cu_seqlens.data != nullptr) {
-      if (call.cu_seqlens.dtype == DType::kI64) {
-        CheckCuSeqlens(who, static_cast<const int64_t*>(call.cu_seqlens.data), s.N, s.T);
-      } else {
-        CheckCuSeqlens(who, static_cast<const int32_t*>(call.cu_seqlens.data), s.N, s.T);
-      }
-    }
-  } else {
-    Check(s.B >= 1, [&] {
-      return who + ": q: chunk_kda needs at least one sequence (B >= 1), got shape " + ShapeString(ShapeOf(call.q));
-    });
-    s.N = s.B;
   }
+  Check(!call.state_v_first || call.snapshot_cu == nullptr,
+        [&] { return who + ": snapshots take [K, V] states; they exclude state_v_first"; });
+  const bool vf = call.state_v_first;
   if (call.state_indices.present()) {
     Check(!call.initial_state.present() && !call.final_state.present(),
           [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
-    c.Present(call.state, "state_indices", "needs the state pool (state [S, H, K, V])");
-    s.num_states = CheckStates(c, call.state, s, -1, "state", "[S, H, K, V]");
+    c.Present(call.state, "state_indices", "needs the state pool (state [S, HV, K, V])");
+    s.num_states = CheckStates(c, call.state, s, vf, -1, "state", "S");
     CheckIndexView(c, call.state_indices, s.N, s.num_states, "state_indices");
   } else {
     Check(!call.state.present(), [&] { return who + ": state (pool form) requires state_indices"; });
-    if (call.initial_state.present()) {
-      CheckStates(c, call.initial_state, s, s.N, "initial_state", "[N, H, K, V]");
-    }
+    if (call.initial_state.present()) CheckStates(c, call.initial_state, s, vf, s.N, "initial_state", "N");
     if (call.output_final_state && full) {
-      c.Present(call.final_state, "final_state", "required with output_final_state (shape [N, H, K, V])");
+      c.Present(call.final_state, "final_state", "required with output_final_state (shape [N, HV, K, V])");
     }
     if (call.final_state.present()) {
       Check(call.output_final_state, [&] { return who + ": final_state given without output_final_state"; });
-      CheckStates(c, call.final_state, s, s.N, "final_state", "[N, H, K, V]");
+      CheckStates(c, call.final_state, s, vf, s.N, "final_state", "N");
     }
   }
   if (call.has_initial_state.present()) {
@@ -462,64 +591,80 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
 KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
   const std::string& who = RecurrentWho();
   const ViewChecker c(who, full);
-  KdaCallShapes s = CheckTokens(c, call);
-  s.N = s.B * s.T;
-  if (call.cu_seqlens.present()) {
-    c.Int(call.cu_seqlens, "cu_seqlens");
-    c.Shape(call.cu_seqlens, {s.N + 1}, "cu_seqlens", "[N + 1] (decode: one token per sequence)");
-    c.Layout(call.cu_seqlens, "cu_seqlens");
-    Check(s.B == 1, [&] {
-      return who + ": q: with cu_seqlens the batch must be packed as B = 1, got shape " + ShapeString(ShapeOf(call.q));
+  KdaCallShapes s = CheckTokens(c, call, true, 0);
+  const bool vf = call.state_v_first;
+  const bool pool = call.ssm_state_indices.present();
+  if (pool) {
+    const TensorView& idx = call.ssm_state_indices;
+    c.Exact(idx, DType::kI32, "ssm_state_indices");
+    Check(idx.ndim == 1 || idx.ndim == 2, [&] {
+      return who + ": ssm_state_indices: expected shape [N] or [N, C] (a slot per token), got " +
+             ShapeString(ShapeOf(idx));
     });
-    if (call.cu_seqlens.data != nullptr) {
-      for (int64_t i = 0; i <= s.N; ++i) {
-        Check(IndexAt(call.cu_seqlens, i) == i, [&] {
-          return who + ": decodes one token per sequence, but cu_seqlens[" + std::to_string(i) +
-                 "] = " + std::to_string(IndexAt(call.cu_seqlens, i)) + " (want " + std::to_string(i) + ")";
-        });
-      }
+    c.Shape(idx, idx.ndim == 1 ? Dims{s.N} : Dims{s.N, std::max<int64_t>(idx.shape[1], 1)}, "ssm_state_indices",
+            idx.ndim == 1 ? "[N]" : "[N, C] with C >= 1");
+    c.Layout(idx, "ssm_state_indices");
+    c.Present(call.initial_state, "ssm_state_indices", "needs the state pool initial_state [S, HV, K, V]");
+  }
+  if (call.num_accepted_tokens.present()) {
+    Check(pool && call.ssm_state_indices.ndim == 2,
+          [&] { return who + ": num_accepted_tokens needs 2-D ssm_state_indices [N, C] (a slot per token)"; });
+    c.Exact(call.num_accepted_tokens, DType::kI32, "num_accepted_tokens");
+    c.Shape(call.num_accepted_tokens, {s.N}, "num_accepted_tokens", "[N]");
+    c.Layout(call.num_accepted_tokens, "num_accepted_tokens");
+  }
+  if (call.inplace_final_state) {
+    // The final states go back into initial_state (absent only in a shape check, a caller learning N).
+    if (full) {
+      c.Present(call.initial_state, "initial_state",
+                "required with inplace_final_state=True (the state pool, or [N, HV, K, V])");
     }
+    Check(!call.final_state.present(),
+          [&] { return who + ": final_state given with inplace_final_state=True (the states go to initial_state)"; });
   } else {
-    Check(s.T == 1, [&] {
-      return who +
-             ": q: decodes one token per sequence: expected [N, 1, H, K] (or [1, N, H, K] with cu_seqlens "
-             "[0, 1, ..., N]), got shape " +
-             ShapeString(ShapeOf(call.q));
-    });
+    if (call.output_final_state && full) {
+      c.Present(call.final_state, "final_state",
+                pool ? "required with output_final_state (shape [B * T, HV, K, V]: a state per token)"
+                     : "required with output_final_state (shape [N, HV, K, V])");
+    }
+    if (call.final_state.present()) {
+      Check(call.output_final_state, [&] { return who + ": final_state given without output_final_state"; });
+      CheckStates(c, call.final_state, s, vf, pool ? s.B * s.T : s.N, "final_state", pool ? "B * T" : "N");
+    }
   }
-  // The pool and its indices may be absent in a shape check only (a caller asking for N first).
-  if (call.ssm_state_indices.present()) {
-    c.Present(call.initial_state, "ssm_state_indices", "needs the state pool initial_state [S, H, K, V]");
-  }
-  if (full) c.Present(call.initial_state, "initial_state", "required (the state pool [S, H, K, V])");
   if (call.initial_state.present()) {
-    s.num_states = CheckStates(c, call.initial_state, s, -1, "initial_state", "[S, H, K, V] (the state pool)");
+    s.num_states = CheckStates(c, call.initial_state, s, vf, pool ? -1 : s.N, "initial_state", pool ? "S" : "N");
   }
-  if (full) c.Present(call.ssm_state_indices, "ssm_state_indices", "required ([N] int32)");
-  if (call.ssm_state_indices.present()) {
-    CheckIndexView(c, call.ssm_state_indices, s.N, s.num_states, "ssm_state_indices");
+  if (!pool) s.num_states = 0;
+  if (pool && !full && call.ssm_state_indices.data != nullptr && call.ssm_state_indices.ndim == 1 &&
+      call.initial_state.present()) {
+    CheckStateIndices(who, static_cast<const int32_t*>(call.ssm_state_indices.data), s.N, s.num_states,
+                      "ssm_state_indices");
   }
   return s;
 }
 
-KdaOptions OptionsOf(bool l2norm, bool gate, const std::optional<float>& scale, const TensorView& a_log,
-                     const TensorView& dt_bias) {
+KdaOptions OptionsOf(const KdaCallCommon& call) {
   KdaOptions o;
-  o.scale = scale.value_or(0.0F);
-  o.use_qk_l2norm_in_kernel = l2norm;
-  o.use_gate_in_kernel = gate;
-  if (gate) {
-    o.A_log = static_cast<const float*>(a_log.data);
-    o.dt_bias = dt_bias.present() ? static_cast<const float*>(dt_bias.data) : nullptr;
+  o.scale = call.scale.value_or(0.0F);
+  o.use_qk_l2norm_in_kernel = call.use_qk_l2norm_in_kernel;
+  o.use_gate_in_kernel = call.use_gate_in_kernel;
+  if (call.use_gate_in_kernel) {
+    o.A_log = call.A_log.present() ? static_cast<const float*>(call.A_log.data) : nullptr;
+    o.dt_bias = call.dt_bias.present() ? static_cast<const float*>(call.dt_bias.data) : nullptr;
+    o.use_lower_bound = call.lower_bound.has_value();
+    o.lower_bound = call.lower_bound.value_or(0.0F);
   }
+  o.use_beta_sigmoid_in_kernel = call.use_beta_sigmoid_in_kernel;
+  o.beta_scale = call.use_beta_sigmoid_in_kernel && call.allow_neg_eigval ? 2.0F : 1.0F;
   return o;
 }
 
 ConstBuf Buf(const TensorView& v) { return {v.data, v.dtype}; }
 
 // The fields both kernels' arguments share.
-template <class Args, class Call>
-void BindCommon(Args& a, const Call& call, const KdaCallShapes& s) {
+template <class Args>
+void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.o = {call.o.data, call.o.dtype};
   a.q = Buf(call.q);
   a.k = Buf(call.k);
@@ -527,9 +672,24 @@ void BindCommon(Args& a, const Call& call, const KdaCallShapes& s) {
   a.g = Buf(call.g);
   a.beta = Buf(call.beta);
   a.H = s.H;
+  a.HV = s.HV;
   a.K = s.K;
   a.V = s.V;
-  a.options = OptionsOf(call.use_qk_l2norm_in_kernel, call.use_gate_in_kernel, call.scale, call.A_log, call.dt_bias);
+  a.T = s.B * s.T;
+  a.N = s.N;
+  a.state_v_first = call.state_v_first;
+  a.options = OptionsOf(call);
+}
+
+// The sequence boundaries as int64: the call's own, or int32 ones widened, or
+// the B rows' [0, T, 2T, ...], in `buffer` (which grows once per thread).
+const int64_t* BoundariesOf(const KdaCallCommon& call, const KdaCallShapes& s, std::vector<int64_t>& buffer) {
+  if (call.cu_seqlens.present() && call.cu_seqlens.dtype == DType::kI64) {
+    return static_cast<const int64_t*>(call.cu_seqlens.data);
+  }
+  buffer.resize(static_cast<size_t>(s.N) + 1);
+  for (int64_t n = 0; n <= s.N; ++n) buffer[n] = call.cu_seqlens.present() ? IndexAt(call.cu_seqlens, n) : n * s.T;
+  return buffer.data();
 }
 
 }  // namespace
@@ -541,16 +701,9 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   const KdaCallShapes s = CheckChunkCall(call, true);
   ChunkKdaArgs a;
   BindCommon(a, call, s);
+  thread_local std::vector<int64_t> cu;
+  a.cu_seqlens = BoundariesOf(call, s, cu);
   a.final_state = static_cast<float*>(call.final_state.data);
-  if (call.cu_seqlens.present() && call.cu_seqlens.dtype == DType::kI64) {
-    a.cu_seqlens = static_cast<const int64_t*>(call.cu_seqlens.data);
-  } else {
-    // int32 boundaries widened, or the B rows' [0, T, 2T, ...]; the buffer grows once per thread.
-    thread_local std::vector<int64_t> cu;
-    cu.resize(static_cast<size_t>(s.N) + 1);
-    for (int64_t n = 0; n <= s.N; ++n) cu[n] = call.cu_seqlens.present() ? IndexAt(call.cu_seqlens, n) : n * s.T;
-    a.cu_seqlens = cu.data();
-  }
   a.initial_state = static_cast<const float*>(call.initial_state.data);
   a.state = static_cast<float*>(call.state.data);
   a.state_indices = static_cast<const int32_t*>(call.state_indices.data);
@@ -560,8 +713,6 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.snapshot_cu = call.snapshot_cu;
   a.snapshot_offsets = call.snapshot_offsets;
   a.snapshot_states = call.snapshot_states;
-  a.T = s.B * s.T;
-  a.N = s.N;
   CheckChunkValues(ChunkWho(), a);  // the structure was checked on the views
   return a;
 }
@@ -570,10 +721,23 @@ RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
   const KdaCallShapes s = CheckRecurrentCall(call, true);
   RecurrentKdaArgs a;
   BindCommon(a, call, s);
-  a.state = static_cast<float*>(call.initial_state.data);
-  a.state_indices = static_cast<const int32_t*>(call.ssm_state_indices.data);
-  a.num_states = s.num_states;
-  a.N = s.N;
+  thread_local std::vector<int64_t> cu;
+  a.cu_seqlens = BoundariesOf(call, s, cu);
+  a.beta_per_value = call.beta.ndim == 4;
+  auto* initial = static_cast<float*>(call.initial_state.data);
+  if (call.ssm_state_indices.present()) {
+    a.state = initial;
+    a.state_indices = static_cast<const int32_t*>(call.ssm_state_indices.data);
+    a.index_cols = call.ssm_state_indices.ndim == 2 ? call.ssm_state_indices.shape[1] : 1;
+    a.num_states = s.num_states;
+    a.num_accepted_tokens = static_cast<const int32_t*>(call.num_accepted_tokens.data);
+    a.write_slots = call.inplace_final_state;
+    if (!call.inplace_final_state && call.output_final_state)
+      a.token_states = static_cast<float*>(call.final_state.data);
+  } else {
+    a.initial_state = initial;
+    a.final_state = call.inplace_final_state ? initial : static_cast<float*>(call.final_state.data);
+  }
   CheckRecurrentValues(RecurrentWho(), a);
   return a;
 }

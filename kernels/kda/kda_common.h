@@ -14,6 +14,7 @@
 #include "kda/kernels/kda_args.h"
 #include "kda/kernels/kda_gate.h"
 #include "kernels/isa/constants.h"
+#include "kernels/kda/kda_states.h"
 
 namespace kda::internal {
 
@@ -25,10 +26,9 @@ inline float EffectiveScale(const KdaOptions& opt, int k_dim) {
   return opt.scale > 0.0F ? opt.scale : 1.0F / std::sqrt(static_cast<float>(k_dim));
 }
 
-// Copies row `row` (a token-head pair, t * H + h) of a [rows, len] buffer into out[0, len).
-inline void LoadRow(const ConstBuf& buf, int64_t row, int len, float* out) {
-  const size_t base = static_cast<size_t>(row) * static_cast<size_t>(len);
-  for (int d = 0; d < len; ++d) out[d] = LoadAsFloat(buf.data, buf.dtype, base + static_cast<size_t>(d));
+// Copies elements [offset, offset + len) of a buffer into out[0, len) as fp32.
+inline void LoadRow(const ConstBuf& buf, size_t offset, int len, float* out) {
+  for (int d = 0; d < len; ++d) out[d] = LoadAsFloat(buf.data, buf.dtype, offset + static_cast<size_t>(d));
 }
 
 inline void L2NormalizeInPlace(float* x, int len) {
@@ -38,35 +38,69 @@ inline void L2NormalizeInPlace(float* x, int len) {
   for (int d = 0; d < len; ++d) x[d] /= norm;
 }
 
-// q row of token-head `row`: optionally L2-normalised, then multiplied by scale.
-inline void LoadQ(const ConstBuf& q, int64_t row, int k_dim, const KdaOptions& opt, float scale, float* out) {
-  LoadRow(q, row, k_dim, out);
+// q row of key head `kh` of token t ([T, H, K]): optionally L2-normalised, then multiplied by scale.
+inline void LoadQ(const ConstBuf& q, int64_t t, int kh, int heads, int k_dim, const KdaOptions& opt, float scale,
+                  float* out) {
+  LoadRow(q, (static_cast<size_t>(t) * heads + kh) * k_dim, k_dim, out);
   if (opt.use_qk_l2norm_in_kernel) L2NormalizeInPlace(out, k_dim);
   for (int d = 0; d < k_dim; ++d) out[d] *= scale;
 }
 
-// k row of token-head `row`: optionally L2-normalised.
-inline void LoadK(const ConstBuf& k, int64_t row, int k_dim, const KdaOptions& opt, float* out) {
-  LoadRow(k, row, k_dim, out);
+// k row of key head `kh` of token t: optionally L2-normalised.
+inline void LoadK(const ConstBuf& k, int64_t t, int kh, int heads, int k_dim, const KdaOptions& opt, float* out) {
+  LoadRow(k, (static_cast<size_t>(t) * heads + kh) * k_dim, k_dim, out);
   if (opt.use_qk_l2norm_in_kernel) L2NormalizeInPlace(out, k_dim);
 }
 
-// Log-decay row of token-head `row` (head h): as given, or activated in the
-// kernel from the raw gate with A_log[h] and dt_bias[h * K + d].
-inline void LoadGate(const ConstBuf& g, int64_t row, int h, int k_dim, const KdaOptions& opt, float* out) {
-  LoadRow(g, row, k_dim, out);
+// The in-kernel gate of one element of value head h (see KdaOptions).
+inline float ActivatedGate(float raw_plus_bias, int h, const KdaOptions& opt) {
+  if (opt.use_lower_bound) {
+    return KdaLowerBoundGate(raw_plus_bias, opt.A_log != nullptr ? std::exp(opt.A_log[h]) : 1.0F, opt.lower_bound);
+  }
+  return KdaGate(raw_plus_bias, opt.A_log[h]);
+}
+
+// Log-decay row of value head h of token t ([T, HV, K]): as given, or
+// activated in the kernel from the raw gate with A_log[h] and dt_bias[h * K + d].
+inline void LoadGate(const ConstBuf& g, int64_t t, int h, int value_heads, int k_dim, const KdaOptions& opt,
+                     float* out) {
+  LoadRow(g, (static_cast<size_t>(t) * value_heads + h) * k_dim, k_dim, out);
   if (!opt.use_gate_in_kernel) return;
-  const float a_log = opt.A_log[h];
   const float* bias =
       opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(k_dim) : nullptr;
-  for (int d = 0; d < k_dim; ++d) out[d] = KdaGate(bias != nullptr ? out[d] + bias[d] : out[d], a_log);
+  for (int d = 0; d < k_dim; ++d) out[d] = ActivatedGate(bias != nullptr ? out[d] + bias[d] : out[d], h, opt);
 }
 
-inline float LoadBeta(const ConstBuf& beta, int64_t row) {
-  return LoadAsFloat(beta.data, beta.dtype, static_cast<size_t>(row));
+// beta as the kernel uses it: the stored value, or beta_scale * sigmoid(logit).
+inline float ActivatedBeta(float x, const KdaOptions& opt) {
+  return opt.use_beta_sigmoid_in_kernel ? opt.beta_scale / (1.0F + std::exp(-x)) : x;
 }
 
-// The states of chunk_kda's sequence n ([H, K, V] each, see ChunkKdaArgs):
+// beta of element i ([T, HV] or, per value, [T, HV, V]).
+inline float LoadBeta(const ConstBuf& beta, size_t i, const KdaOptions& opt) {
+  return ActivatedBeta(LoadAsFloat(beta.data, beta.dtype, i), opt);
+}
+
+// Element (d, j) of one head's state stored K-major ([K][V]) or V-first ([V][K]).
+inline size_t StateIndex(int d, int j, int k_dim, int v_dim, bool v_first) {
+  return v_first ? static_cast<size_t>(j) * k_dim + d : static_cast<size_t>(d) * v_dim + j;
+}
+
+// Copies one head's state between a working [K][V] copy and its stored layout.
+inline void LoadHeadState(const float* src, int k_dim, int v_dim, bool v_first, float* work) {
+  for (int d = 0; d < k_dim; ++d) {
+    for (int j = 0; j < v_dim; ++j)
+      work[static_cast<size_t>(d) * v_dim + j] = src[StateIndex(d, j, k_dim, v_dim, v_first)];
+  }
+}
+inline void StoreHeadState(const float* work, int k_dim, int v_dim, bool v_first, float* dst) {
+  for (int d = 0; d < k_dim; ++d) {
+    for (int j = 0; j < v_dim; ++j)
+      dst[StateIndex(d, j, k_dim, v_dim, v_first)] = work[static_cast<size_t>(d) * v_dim + j];
+  }
+}
+
+// The states of chunk_kda's sequence n ([HV, K, V] each, see ChunkKdaArgs):
 // where its initial state is read from (null: zeros) and where its final state
 // goes (null: nowhere). A padding sequence (pool form, index < 0) has neither.
 inline bool IsPaddingSequence(const ChunkKdaArgs& a, int64_t n) {
@@ -74,7 +108,7 @@ inline bool IsPaddingSequence(const ChunkKdaArgs& a, int64_t n) {
 }
 inline size_t SequenceStateOffset(const ChunkKdaArgs& a, int64_t n) {
   const int64_t slot = a.state_indices != nullptr ? a.state_indices[n] : n;
-  return static_cast<size_t>(slot) * static_cast<size_t>(a.H) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
+  return static_cast<size_t>(slot) * static_cast<size_t>(a.HV) * static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
 }
 inline const float* SequenceInitialState(const ChunkKdaArgs& a, int64_t n) {
   if (IsPaddingSequence(a, n) || (a.has_initial_state != nullptr && a.has_initial_state[n] == 0)) return nullptr;

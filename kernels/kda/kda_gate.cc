@@ -11,4 +11,8 @@ float KdaGate(float raw_plus_bias, float a_log) {
   return -std::exp(a_log) * softplus;
 }
 
+float KdaLowerBoundGate(float raw_plus_bias, float a, float lower_bound) {
+  return lower_bound / (1.0F + std::exp(-(a * raw_plus_bias)));
+}
+
 }  // namespace kda

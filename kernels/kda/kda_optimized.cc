@@ -8,7 +8,8 @@
 // (sequence, head) pairs for about four tasks per worker; with fewer pairs
 // (N = 1 with few heads) a task is one head's group of value columns (the
 // columns of the recurrence are independent). Longer sequences are scheduled
-// first. Results do not depend on the split. Decode tasks are (entry, head).
+// first. Results do not depend on the split. Recurrent tasks are (sequence,
+// value head), a contiguous range per worker.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -96,7 +97,10 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   const KernelTable& kernels = KernelsFor(isa);
   const float scale = EffectiveScale(a.options, a.K);
   const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);
-  const size_t head_states = static_cast<size_t>(a.H) * state_size;
+  const size_t head_states = static_cast<size_t>(a.HV) * state_size;
+  // The kernels work on head dims zero-padded to whole registers (kda_tasks.h).
+  const int kp = PaddedKeyDim(a.K, kernels.lanes);
+  const int vp = PaddedValueDim(a.V, kernels.lanes);
 
   // Padding sequences: zero outputs, no state touched. Empty sequences: the final state is the initial state
   // (zeros for none); nothing to write when aliased.
@@ -105,8 +109,8 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
     const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];
     if (IsPaddingSequence(a, n)) {
       if (len == 0) continue;
-      const size_t row_bytes = static_cast<size_t>(a.H) * static_cast<size_t>(a.V) * DTypeSize(a.o.dtype);
-      // All-zero bits are 0.0 in F32 and BF16 alike.
+      const size_t row_bytes = static_cast<size_t>(a.HV) * static_cast<size_t>(a.V) * DTypeSize(a.o.dtype);
+      // All-zero bits are 0.0 in F32, BF16 and F16 alike.
       std::memset(static_cast<char*>(a.o.data) + static_cast<size_t>(a.cu_seqlens[n]) * row_bytes, 0,
                   static_cast<size_t>(len) * row_bytes);
       continue;
@@ -133,22 +137,22 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   // Heads in lockstep groups when there are enough tasks for about four per worker; with fewer (sequence, head)
   // pairs, single heads split into value-column groups instead.
   const int threads = std::max(1, NumThreads());
-  const int blocks = (a.V + kernels.column_block - 1) / kernels.column_block;
-  const auto pairs = static_cast<int64_t>(busy.size()) * a.H;
+  const int blocks = (vp + kernels.column_block - 1) / kernels.column_block;
+  const auto pairs = static_cast<int64_t>(busy.size()) * a.HV;
   const int want = 4 * threads;
   const int head_group = static_cast<int>(std::clamp<int64_t>(pairs / std::max<int64_t>(want, 1), 1, kc::kHeadGroup));
   const int col_groups =
       head_group > 1 ? 1 : static_cast<int>(std::clamp<int64_t>((want + pairs - 1) / pairs, 1, blocks));
   std::vector<TaskRef> tasks;
   for (int64_t n : busy) {
-    for (int h = 0; h < a.H; h += head_group) {
+    for (int h = 0; h < a.HV; h += head_group) {
       for (int g = 0; g < col_groups; ++g) {
         TaskRef t;
         t.n = n;
         t.h = h;
-        t.heads = std::min(head_group, a.H - h);
-        t.v_begin = std::min(a.V, blocks * g / col_groups * kernels.column_block);
-        t.v_end = std::min(a.V, blocks * (g + 1) / col_groups * kernels.column_block);
+        t.heads = std::min(head_group, a.HV - h);
+        t.v_begin = std::min(vp, blocks * g / col_groups * kernels.column_block);
+        t.v_end = std::min(vp, blocks * (g + 1) / col_groups * kernels.column_block);
         tasks.push_back(t);
       }
     }
@@ -158,7 +162,7 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   const int64_t num_workers = std::min<int64_t>(threads, num_tasks);
   std::vector<ChunkWorker> workers;
   workers.reserve(static_cast<size_t>(num_workers * head_group));
-  for (int64_t i = 0; i < num_workers * head_group; ++i) workers.emplace_back(a.K, a.V);
+  for (int64_t i = 0; i < num_workers * head_group; ++i) workers.emplace_back(kp, vp);
 
   std::atomic<int64_t> next_task{0};
   ParallelFor(num_workers, [&](int64_t worker) {
@@ -183,16 +187,33 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
 }
 
 void FusedRecurrentKdaOptimizedUnchecked(const RecurrentKdaArgs& a, KernelIsa isa) {
-  if (a.N == 0) return;
+  const int64_t num_tasks = a.N * a.HV;
+  if (num_tasks == 0) return;
   const KernelTable& kernels = KernelsFor(isa);
   const float scale = EffectiveScale(a.options, a.K);
-  ParallelFor(a.N * a.H, [&](int64_t i) {
+  const int64_t num_workers = std::min<int64_t>(std::max(1, NumThreads()), num_tasks);
+  // One scratch state per worker (see RecurrentTask), written before it is read; kept per calling thread, so
+  // that a steady stream of decode steps allocates nothing.
+  const size_t state_size = Padded(static_cast<size_t>(a.K) * static_cast<size_t>(a.V));
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(num_workers) * state_size) {
+    scratch.resize(static_cast<size_t>(num_workers) * state_size);
+  }
+  float* const scratch_base = scratch.data();  // the workers' threads see their own (empty) thread_local
+  // Each worker takes a contiguous range of tasks: consecutive heads' states are adjacent in memory, one
+  // stream for the hardware prefetchers (interleaving workers task by task measured ~25% slower at N = 1).
+  ParallelFor(num_workers, [&](int64_t worker) {
     RecurrentTask task;
     task.args = &a;
-    task.n = i / a.H;
-    task.h = static_cast<int>(i % a.H);
     task.scale = scale;
-    kernels.recurrent_task(task);
+    task.scratch = scratch_base + static_cast<size_t>(worker) * state_size;
+    const int64_t first = num_tasks * worker / num_workers;
+    const int64_t last = num_tasks * (worker + 1) / num_workers;
+    for (int64_t i = first; i < last; ++i) {
+      task.n = i / a.HV;
+      task.h = static_cast<int>(i % a.HV);
+      kernels.recurrent_task(task);
+    }
   });
 }
 

@@ -13,6 +13,16 @@
 
 namespace kda::internal {
 
+// The head dims the optimized kernels work in, zero-padded: K to whole
+// registers and row groups of the prefill passes, V to whole registers
+// (padded keys and values are zeros, so the padded state rows and columns stay
+// zero and add nothing).
+[[gnu::always_inline]] constexpr int RoundUpTo(int x, int m) { return (x + m - 1) / m * m; }
+[[gnu::always_inline]] constexpr int PaddedKeyDim(int k_dim, int lanes) {
+  return RoundUpTo(k_dim, lanes > kc::kPassRowGroup ? lanes : kc::kPassRowGroup);
+}
+[[gnu::always_inline]] constexpr int PaddedValueDim(int v_dim, int lanes) { return RoundUpTo(v_dim, lanes); }
+
 // The prepared vectors of one token block (kernels/kda/chunk_kda_simd.cc, PrepareToken). Shapes: khat, qhat,
 // kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, mat [kc::kTokenBlock]
 // (mat: bit j set when rows [j, j + 1) * kc::kPassRowGroup hold one materialised at the token).
@@ -73,12 +83,15 @@ struct ChunkGroupTask {
   ChunkScratch scratch[kc::kHeadGroup];
 };
 
-// One decode task: entry n (padding or not), head h.
+// One fused_recurrent_kda task: sequence n (padding or not), value head h;
+// scratch [K * V] floats of its worker (a working state where no destination
+// holds it: state_v_first, or tokens whose state is not written).
 struct RecurrentTask {
   const RecurrentKdaArgs* args = nullptr;
   int64_t n = 0;
   int h = 0;
   float scale = 1.0F;
+  float* scratch = nullptr;
 };
 
 // The optimized kernels without validation (callers validate first), running

@@ -1,4 +1,4 @@
-// Loads and stores of the optimized KDA kernels' F32 or BF16 buffers, shared
+// Loads and stores of the optimized KDA kernels' F32, BF16 or F16 buffers, shared
 // by chunk_kda_simd.cc and fused_recurrent_kda_simd.cc (per-ISA sources; see
 // kernels/isa/target.h).
 #pragma once
@@ -15,17 +15,19 @@
 namespace kda::KDA_TARGET_NS {
 namespace {
 
-// Element i of an F32 or BF16 buffer.
+// Element i of an F32, BF16 or F16 buffer.
 KDA_INLINE float LoadScalar(const ConstBuf& buf, size_t i) {
-  return buf.dtype == DType::kBF16 ? LoadBF16<Scalar>(static_cast<const BF16*>(buf.data) + i)
-                                   : static_cast<const float*>(buf.data)[i];
+  if (buf.dtype == DType::kBF16) return LoadBF16<Scalar>(static_cast<const BF16*>(buf.data) + i);
+  if (buf.dtype == DType::kF16) return LoadF16<Scalar>(static_cast<const F16*>(buf.data) + i);
+  return static_cast<const float*>(buf.data)[i];
 }
 
-// Lanes [i, i + lanes) of an F32 or BF16 buffer as fp32.
+// Lanes [i, i + lanes) of an F32, BF16 or F16 buffer as fp32.
 template <class Vt>
 KDA_INLINE typename Vt::Reg LoadAt(const ConstBuf& buf, size_t i) {
-  return buf.dtype == DType::kBF16 ? LoadBF16<Vt>(static_cast<const BF16*>(buf.data) + i)
-                                   : Vt::Load(static_cast<const float*>(buf.data) + i);
+  if (buf.dtype == DType::kBF16) return LoadBF16<Vt>(static_cast<const BF16*>(buf.data) + i);
+  if (buf.dtype == DType::kF16) return LoadF16<Vt>(static_cast<const F16*>(buf.data) + i);
+  return Vt::Load(static_cast<const float*>(buf.data) + i);
 }
 
 // out[0, len) = buf[offset, offset + len) as fp32; len is a multiple of the lanes.
@@ -34,18 +36,48 @@ KDA_INLINE void LoadRow(const ConstBuf& buf, size_t offset, int len, float* out)
   for (int d = 0; d < len; d += Vt::kLanes) Vt::Store(out + d, LoadAt<Vt>(buf, offset + d));
 }
 
-// buf[offset + j] = x[j] for the lanes of one register (F32 or BF16 output).
+// out[0, padded) = buf[offset, offset + len) as fp32, then zeros (len <= padded, padded a multiple of the lanes).
+template <class Vt>
+KDA_INLINE void LoadRowPadded(const ConstBuf& buf, size_t offset, int len, int padded, float* out) {
+  int d = 0;
+  for (; d + Vt::kLanes <= len; d += Vt::kLanes) Vt::Store(out + d, LoadAt<Vt>(buf, offset + d));
+  for (; d < len; ++d) out[d] = LoadScalar(buf, offset + d);
+  for (; d < padded; ++d) out[d] = 0.0F;
+}
+
+// Element i of an F32, BF16 or F16 output, rounded once.
+KDA_INLINE void StoreScalar(const MutBuf& buf, size_t i, float x) {
+  if (buf.dtype == DType::kBF16) {
+    StoreBF16<Scalar>(static_cast<BF16*>(buf.data) + i, x);
+  } else if (buf.dtype == DType::kF16) {
+    StoreF16<Scalar>(static_cast<F16*>(buf.data) + i, x);
+  } else {
+    static_cast<float*>(buf.data)[i] = x;
+  }
+}
+
+// buf[offset + j] = x[j] for the lanes of one register (F32, BF16 or F16 output).
 template <class Vt>
 KDA_INLINE void StoreOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
   if (buf.dtype == DType::kBF16) {
     StoreBF16<Vt>(static_cast<BF16*>(buf.data) + offset, x);
+  } else if (buf.dtype == DType::kF16) {
+    StoreF16<Vt>(static_cast<F16*>(buf.data) + offset, x);
   } else {
     Vt::Store(static_cast<float*>(buf.data) + offset, x);
   }
 }
 
+// The first n lanes of x (n < lanes) to buf[offset, offset + n).
+template <class Vt>
+KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg x, int n) {
+  alignas(64) float lanes[Vt::kLanes];
+  Vt::Store(lanes, x);
+  for (int j = 0; j < n; ++j) StoreScalar(buf, offset + j, lanes[j]);
+}
+
 // StoreOut with a non-temporal store where the target has them and the
-// destination is aligned for it.
+// destination is aligned for it (F32 and BF16 outputs).
 template <class Vt>
 KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
 #if KDA_HAS_STREAM_STORES
@@ -55,7 +87,7 @@ KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) 
       VecStream::Store(p, x);
       return;
     }
-  } else {
+  } else if (buf.dtype == DType::kBF16) {
     BF16* p = static_cast<BF16*>(buf.data) + offset;
     if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
       VecStream::StoreBF16(p, x);
@@ -66,32 +98,45 @@ KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) 
   StoreOut<Vt>(buf, offset, x);
 }
 
-// sum_d x[offset + d]^2 over d < len of an F32 or BF16 buffer.
+// The factor of the in-kernel L2 norm of x[0, len), x / sqrt(sum x^2 + eps),
+// applied as one multiplication (within an ulp of the reference's division);
+// len is a multiple of the lanes.
 template <class Vt>
-KDA_INLINE float SumSquares(const ConstBuf& buf, size_t offset, int len) {
+KDA_INLINE float InverseNorm(const float* x, int len) {
   typename Vt::Reg acc = Vt::Zero();
   for (int d = 0; d < len; d += Vt::kLanes) {
-    const typename Vt::Reg v = LoadAt<Vt>(buf, offset + d);
+    const typename Vt::Reg v = Vt::Load(x + d);
     acc = Vt::Fma(v, v, acc);
   }
-  return Vt::ReduceAdd(acc);
+  return 1.0F / __builtin_sqrtf(Vt::ReduceAdd(acc) + kc::kL2NormEps);
 }
 
-// The factor of the in-kernel L2 norm, x / sqrt(sum x^2 + eps), applied as one
-// multiplication (within an ulp of the reference's division).
-template <class Vt>
-KDA_INLINE float InverseNorm(const ConstBuf& buf, size_t offset, int len) {
-  return 1.0F / __builtin_sqrtf(SumSquares<Vt>(buf, offset, len) + kc::kL2NormEps);
-}
-
-// The in-kernel gate of one row (this target's gate kernel).
+// The in-kernel gate of one row of value head h (see KdaOptions): this
+// target's gate kernel, or fla's sigmoid gate with a lower bound.
 KDA_INLINE void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
   const float* bias =
       opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(len) : nullptr;
-  GateRow(g, bias, -__builtin_expf(opt.A_log[h]), len);
+  if (!opt.use_lower_bound) {
+    GateRow(g, bias, -__builtin_expf(opt.A_log[h]), len);
+    return;
+  }
+  const float a = opt.A_log != nullptr ? __builtin_expf(opt.A_log[h]) : 1.0F;
+  const float lb = opt.lower_bound;
+  if (bias != nullptr) {
+#pragma omp simd
+    for (int d = 0; d < len; ++d) g[d] = lb * Sigmoid<Scalar>(a * (g[d] + bias[d]));
+  } else {
+#pragma omp simd
+    for (int d = 0; d < len; ++d) g[d] = lb * Sigmoid<Scalar>(a * g[d]);
+  }
 }
 
-KDA_INLINE size_t ElementBytes(DType t) { return t == DType::kBF16 ? 2 : 4; }
+// beta as the kernels use it: as stored, or beta_scale * sigmoid(logit).
+KDA_INLINE float ActivateBeta(const KdaOptions& opt, float x) {
+  return opt.use_beta_sigmoid_in_kernel ? opt.beta_scale * Sigmoid<Scalar>(x) : x;
+}
+
+KDA_INLINE size_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace kda::KDA_TARGET_NS

@@ -1,8 +1,10 @@
 """kda: Kimi Delta Attention inference on the CPU.
 
-- Kernels with fla's signatures: :func:`chunk_kda` (prefill) and :func:`fused_recurrent_kda`
-  (decode), over numpy arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks
-  DLPack (torch tensors, JAX arrays), read in place.
+- Kernels with fla's signatures (fla-core 0.6.0; docs/fla-api.md): :func:`chunk_kda` (prefill),
+  :func:`fused_recurrent_kda` (the recurrence token by token), :func:`fused_recurrent_kda_fwd` (the
+  pool and speculative-decoding entry) and :func:`fused_kda_gate`, over numpy arrays (bfloat16 as
+  ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors, JAX arrays), read in
+  place.
 - :class:`KimiDeltaAttention`: one KDA layer of a Kimi-Linear checkpoint.
 - :class:`Engine`: the state pool and scheduler serving requests through all KDA layers.
 
@@ -11,7 +13,7 @@ kernels. Neither is imported here (both frameworks are optional).
 """
 
 from . import _core
-from ._kernels import chunk_kda, fused_recurrent_kda
+from ._kernels import chunk_kda, fused_kda_gate, fused_recurrent_kda, fused_recurrent_kda_fwd
 from ._model import Engine, KimiDeltaAttention, RequestResult
 
 __version__ = "0.1.0"
@@ -39,6 +41,8 @@ def set_kernel_isa(isa: str) -> None:
 __all__ = [
     "chunk_kda",
     "fused_recurrent_kda",
+    "fused_recurrent_kda_fwd",
+    "fused_kda_gate",
     "KimiDeltaAttention",
     "Engine",
     "RequestResult",

@@ -34,17 +34,17 @@ def for_core(x, name: str):
     """The object the core reads for ``x``: the array itself, or a view of it (no copy)."""
     if isinstance(x, np.ndarray):
         if x.dtype == np.uint16:  # the core reads uint16 as bf16 bits: only our own views may be
-            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got uint16")
+            raise TypeError(f"{name}: dtype must be float32, bfloat16 or float16, got uint16")
         return x.view(np.uint16) if x.dtype == BF16 else x
     if is_torch(x):
         import torch
 
         if x.dtype == torch.uint16:
-            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got torch.uint16")
+            raise TypeError(f"{name}: dtype must be float32, bfloat16 or float16, got torch.uint16")
         return x.detach()  # a tensor that requires grad cannot be exported through DLPack
     if is_jax(x) or hasattr(x, "__dlpack__"):
         if np_dtype(x) == np.uint16:
-            raise TypeError(f"{name}: dtype must be float32 or bfloat16, got uint16")
+            raise TypeError(f"{name}: dtype must be float32, bfloat16 or float16, got uint16")
         return x
     raise TypeError(f"{name}: expected an array (numpy, torch or JAX), got {type(x).__name__}")
 
@@ -72,7 +72,8 @@ def np_dtype(x) -> np.dtype | None:
     if is_torch(x):
         import torch
 
-        return {torch.float32: np.dtype(np.float32), torch.bfloat16: BF16}.get(x.dtype)
+        return {torch.float32: np.dtype(np.float32), torch.bfloat16: BF16, torch.float16: np.dtype(np.float16)}.get(
+            x.dtype)
     try:
         return np.dtype(x.dtype)
     except TypeError:
@@ -80,13 +81,13 @@ def np_dtype(x) -> np.dtype | None:
 
 
 def empty_like_framework(like, shape, dtype: np.dtype, zero: bool = False):
-    """An array of ``shape`` and ``dtype`` (float32 or bfloat16): torch if ``like`` is, else numpy."""
+    """An array of ``shape`` and ``dtype`` (float32, bfloat16 or float16): torch if ``like`` is, else numpy."""
     if is_torch(like):
         import torch
 
-        tdt = torch.bfloat16 if dtype == BF16 else torch.float32
+        tdt = {BF16: torch.bfloat16, np.dtype(np.float16): torch.float16}.get(dtype, torch.float32)
         return (torch.zeros if zero else torch.empty)(shape, dtype=tdt, device="cpu")
-    if dtype not in (np.dtype(np.float32), BF16):
+    if dtype not in (np.dtype(np.float32), BF16, np.dtype(np.float16)):
         dtype = np.dtype(np.float32)  # the core refuses the input's dtype before writing
     return (np.zeros if zero else np.empty)(shape, dtype=dtype)
 

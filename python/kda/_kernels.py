@@ -1,13 +1,19 @@
 """The KDA kernels with fla's signatures over numpy, torch CPU and JAX CPU arrays.
 
-Every check of the arguments is the C++ call description's (kda/kernels/kda_args.h), reached through
-``_core.chunk_kda`` / ``_core.fused_recurrent_kda``, whose messages surface unchanged. What stays here
-is Python's: converting arrays for the core (bf16 bit views, index lists, small float parameters),
-fla's defaults, and allocating the outputs in the caller's framework. A call first asks the core for
-the sizes it implies (``check_only``), allocates, then runs.
+The entries are fla-core 0.6.0's: ``chunk_kda``, ``fused_recurrent_kda`` and the pool and
+speculative-decoding entry ``fused_recurrent_kda_fwd`` (vLLM's), with fla's names, argument order
+and defaults; docs/fla-api.md lists every option and where kda differs. Every check of the arguments
+is the C++ call description's (kda/kernels/kda_args.h), reached through ``_core.chunk_kda`` /
+``_core.fused_recurrent_kda``, whose messages surface unchanged. What stays here is Python's: the
+keywords fla passes through ``**kwargs`` (each one accepted, honoured or refused by name), converting
+arrays for the core (bf16 bit views, index lists, small float parameters), and allocating the
+outputs in the caller's framework. A call first asks the core for the sizes it implies
+(``check_only``), allocates, then runs.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 
@@ -23,8 +29,49 @@ from ._arrays import (
     spec_of,
 )
 
+# Keywords fla's entries take that only steer how its GPU kernels are launched or recomputed: accepted
+# (kda has one way to run them) and otherwise ignored.
+_HINTS = ("disable_recompute", "cu_seqlens_cpu", "use_graph", "max_num_seqs")
 
-def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+
+def _state_v_first(who: str, state_v_first: bool, kwargs: dict) -> bool:
+    """fla's deprecated ``transpose_state_layout`` (popped from kwargs), with fla's warning."""
+    if "transpose_state_layout" not in kwargs:
+        return bool(state_v_first)
+    if state_v_first:
+        raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+    warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.", DeprecationWarning,
+                  stacklevel=3)
+    return bool(kwargs.pop("transpose_state_layout"))
+
+
+def _refuse_unknown(who: str, kwargs: dict, known) -> None:
+    """Any keyword kda does not implement is a TypeError naming it (never silently dropped)."""
+    for name in kwargs:
+        if name not in known:
+            raise TypeError(f"{who}() got an unexpected keyword argument '{name}' (kda does not implement it; "
+                            f"see docs/fla-api.md)")
+
+
+def _forward_only(who: str, tensors: dict) -> None:
+    """kda has no backward pass: a tensor that requires grad under grad mode is refused."""
+    import torch
+
+    if not torch.is_grad_enabled():
+        return
+    for name, x in tensors.items():
+        if x is not None and is_torch(x) and x.requires_grad:
+            raise RuntimeError(f"{who}: {name} requires grad, but kda is forward-only (no backward pass); "
+                               f"call it under torch.no_grad() or torch.inference_mode()")
+
+
+def _check_grad(who: str, **tensors) -> None:
+    if any(x is not None and is_torch(x) for x in tensors.values()):
+        _forward_only(who, tensors)
+
+
+def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
             kernel) -> dict:
     """The arguments both kernels share, converted for the core."""
     args = {n: for_core(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
@@ -33,6 +80,8 @@ def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_ga
         scale=None if scale is None else float(scale),
         cu_seqlens=None if cu_seqlens is None else int_array(cu_seqlens, "cu_seqlens", np.int64),
         use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
+        use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel), allow_neg_eigval=bool(allow_neg_eigval),
+        lower_bound=None if lower_bound is None else float(lower_bound), state_v_first=bool(state_v_first),
         # As fla: A_log and dt_bias only matter with the gate in the kernel.
         A_log=param_f32(A_log, "A_log") if gate and A_log is not None else None,
         dt_bias=param_f32(dt_bias, "dt_bias") if gate and dt_bias is not None else None,
@@ -41,30 +90,54 @@ def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_ga
 
 
 def _output(q, s: dict):
-    """o [B, T, H, V] in q's dtype (checked by the core), in q's framework."""
-    return empty_like_framework(q, (s["B"], s["T"], s["H"], s["V"]), np_dtype(q))
+    """o [B, T, HV, V] in q's dtype (checked by the core), in q's framework."""
+    return empty_like_framework(q, (s["B"], s["T"], s["HV"], s["V"]), np_dtype(q))
+
+
+def _states(q, rows: int, s: dict, state_v_first: bool, zero: bool = False):
+    """A new float32 state buffer [rows, HV, K, V] ([rows, HV, V, K] V-first) in q's framework."""
+    inner = (s["V"], s["K"]) if state_v_first else (s["K"], s["V"])
+    return empty_like_framework(q, (rows, s["HV"], *inner), np.dtype(np.float32), zero=zero)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=None, A_log=None,
-              dt_bias=None, state_indices=None, *, kernel="auto"):
-    """Chunked KDA prefill (fla's ``chunk_kda``).
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    """Chunked KDA prefill: fla's ``chunk_kda`` (fla-core 0.6.0's signature and defaults).
 
-    q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta ``[B, T, H]``: float32 or bfloat16 (q, k, v one
-    dtype). With ``cu_seqlens`` (``[N + 1]``, integers) B must be 1 and the T tokens are N packed
-    sequences; without it the B rows are N = B sequences of T tokens. ``g`` is the log decay, or the
-    raw gate with ``use_gate_in_kernel`` (then ``A_log`` [H] and optionally ``dt_bias`` [H*K]).
+    q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (HV a multiple
+    of H: grouped value heads; K, V <= 256): float32, bfloat16 or float16 (q, k, v one dtype). With
+    ``cu_seqlens`` (``[N + 1]``) B must be 1 and the T tokens are N packed sequences; without it the B
+    rows are N = B sequences of T tokens. ``g`` is the log decay, or the raw gate with
+    ``use_gate_in_kernel`` (``A_log`` [HV], ``dt_bias`` [HV*K] as keywords; with ``lower_bound`` fla's
+    sigmoid gate). States are float32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``).
 
-    States are float32 ``[N, H, K, V]``: ``initial_state`` (None: zeros) is read, and the final state is
-    returned when ``output_final_state``. With ``state_indices`` ([N] integers, negative: padding)
-    ``initial_state`` is a pool ``[S, H, K, V]`` (the core's ``state``): sequence n reads and writes
-    ``initial_state[state_indices[n]]`` in place, and the pool itself is returned as the final state.
+    Keywords beyond the signature, as fla takes them: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or
+    64), ``transpose_state_layout`` (deprecated); kda's own: ``state_indices`` ([N] int, negative:
+    padding) makes ``initial_state`` a pool ``[S, HV, K, V]`` that sequence n reads and writes at
+    ``state_indices[n]`` in place (returned as the final state), and ``kernel`` ("auto" |
+    "reference" | "optimized"). Any other keyword is a TypeError; ``cp_context`` (context
+    parallelism) is refused.
 
-    Returns ``(o, final_state or None)``; o ``[B, T, H, V]`` has q's dtype. Outputs are torch tensors
-    when q is one, else numpy arrays. ``kernel``: "auto" | "reference" | "optimized".
+    Returns ``(o, final_state or None)``; o ``[B, T, HV, V]`` has q's dtype, in q's framework (torch
+    in, torch out; else numpy).
     """
-    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                   kernel)
+    who = "chunk_kda"
+    state_v_first = _state_v_first(who, state_v_first, kwargs)
+    _refuse_unknown(who, kwargs, ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel"))
+    if cp_context is not None:
+        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
+    if return_intermediate_states:
+        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+    state_indices = kwargs.get("state_indices")
+    _check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
+                   kwargs.get("kernel", "auto"))
+    args.update(safe_gate=bool(safe_gate), chunk_size=int(kwargs.get("chunk_size", 64)))
     pool = state_indices is not None
     if pool:
         args.update(initial_state=None, output_final_state=True,
@@ -75,9 +148,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                     output_final_state=bool(output_final_state), state=None, state_indices=None)
     s = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
     o = _output(q, s)
-    final = None
-    if output_final_state and not pool:
-        final = empty_like_framework(q, (s["N"], s["H"], s["K"], s["V"]), np.dtype(np.float32))
+    final = _states(q, s["N"], s, state_v_first) if output_final_state and not pool else None
     _core.chunk_kda(o=for_core(o, "o"), final_state=None if final is None else for_core(final, "final_state"),
                     **args)
     if pool:
@@ -85,52 +156,134 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     return o, final
 
 
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True,
-                        cu_seqlens=None, ssm_state_indices=None, use_qk_l2norm_in_kernel=False,
-                        use_gate_in_kernel=False, A_log=None, dt_bias=None, *, kernel="auto"):
-    """One decode step (fla's / vLLM's ``fused_recurrent_kda``): one token per sequence.
+# The pool and speculative-decoding keywords of fused_recurrent_kda_fwd, which fla's public
+# fused_recurrent_kda drops into **kwargs: kda honours them there with the _fwd entry's meaning.
+_POOL_KEYWORDS = ("ssm_state_indices", "num_accepted_tokens", "inplace_final_state", "out")
 
-    q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta ``[B, T, H]``. The N tokens are either
-    ``[N, 1, ...]`` (no cu_seqlens) or packed ``[1, N, ...]`` with ``cu_seqlens = [0, 1, ..., N]``.
-    Sequence n uses state ``initial_state[ssm_state_indices[n]]`` of the float32 pool
-    ``[S, H, K, V]`` (indices default to 0..N-1; a negative index is padding: output zero, no state
-    touched). With ``inplace_final_state`` the pool is updated in place and returned as the final
-    state; otherwise it is left alone and a new ``[N, H, K, V]`` holding each sequence's updated state
-    (zeros for padding) is returned. ``initial_state`` None starts every sequence from zeros.
 
-    Returns ``(o, final_state)``; o ``[B, T, H, V]`` has q's dtype (torch if q is, else numpy).
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
+    """The KDA recurrence token by token: fla's public ``fused_recurrent_kda``.
+
+    Shapes as :func:`chunk_kda` (beta may also be ``[B, T, HV, V]``, a beta per value); any number of
+    tokens per sequence. States are contiguous: ``initial_state`` ``[N, HV, K, V]`` (None: zeros) is
+    read, and with ``output_final_state`` a new ``[N, HV, K, V]`` with each sequence's final state is
+    returned. The pool keywords of :func:`fused_recurrent_kda_fwd` (``ssm_state_indices``,
+    ``num_accepted_tokens``, ``inplace_final_state``, ``out``), which fla's public function would
+    ignore, are honoured with that entry's meaning and defaults. ``transpose_state_layout``
+    (deprecated) and ``kernel`` are accepted; any other keyword is a TypeError.
+
+    Returns ``(o, final_state or None)``.
     """
-    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                   kernel)
-    idx = None if ssm_state_indices is None else int_array(ssm_state_indices, "ssm_state_indices", np.int32)
-    # The pool as the core will see it for the check: the array itself, or its shape when it is only read.
-    pool = None
-    if initial_state is not None:
-        pool = for_core_writable(initial_state, "initial_state") if inplace_final_state else spec_of(initial_state,
-                                                                                                     "initial_state")
-    s = _core.fused_recurrent_kda(o=None, initial_state=pool, ssm_state_indices=idx, check_only=True, **args)
-    N, H, K, V = s["N"], s["H"], s["K"], s["V"]
-    if idx is None:
-        idx = np.arange(N, dtype=np.int32)
-        if pool is not None:  # sequence n uses state n: the pool must hold them
-            _core.fused_recurrent_kda(o=None, initial_state=pool, ssm_state_indices=idx, check_only=True, **args)
-    if initial_state is None:
-        state = empty_like_framework(q, (N, H, K, V), np.dtype(np.float32), zero=True)
-    elif inplace_final_state:
-        state = initial_state
-    else:
-        # A new [N, H, K, V]: sequence n's state gathered from the pool, updated there.
-        valid = np.nonzero(idx >= 0)[0]
-        state = empty_like_framework(q, (N, H, K, V), np.dtype(np.float32), zero=True)
-        if is_torch(state):
-            import torch
+    who = "fused_recurrent_kda"
+    state_v_first = _state_v_first(who, state_v_first, kwargs)
+    _refuse_unknown(who, kwargs, (*_POOL_KEYWORDS, "kernel"))
+    if any(name in kwargs for name in _POOL_KEYWORDS):
+        return fused_recurrent_kda_fwd(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
+            output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            lower_bound=lower_bound, **kwargs)
+    return fused_recurrent_kda_fwd(
+        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
+        output_final_state=output_final_state, inplace_final_state=False, state_v_first=state_v_first,
+        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, kernel=kwargs.get("kernel", "auto"))
 
-            src = initial_state if is_torch(initial_state) else torch.from_numpy(np.asarray(initial_state))
-            state[torch.from_numpy(valid)] = src.detach()[torch.from_numpy(idx[valid].astype(np.int64))].float()
+
+def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                            output_final_state=False, inplace_final_state=True, state_v_first=False,
+                            cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None,
+                            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, out=None,
+                            **kwargs):
+    """fla's / vLLM's pool and speculative-decoding entry ``fused_recurrent_kda_fwd``.
+
+    With ``ssm_state_indices`` ([N] or [N, C] int32; negative: padding, zero outputs and no state
+    touched) the states live in the float32 pool ``initial_state`` ``[S, HV, K, V]``; sequence n starts
+    from slot ``[n, num_accepted_tokens[n] - 1]`` (2-D indices; else ``[n]``). With
+    ``inplace_final_state`` (the default) the states go back into ``initial_state``: 2-D indices write
+    the state after token t to slot ``[n, t]`` (negative: not written), 1-D indices the final state
+    to slot ``[n]``, and without indices state n of an ``[N, HV, K, V]`` buffer. Otherwise, with
+    ``output_final_state``, a new buffer receives them: ``[N, HV, K, V]`` without indices, and with
+    indices the state after every token (row ``bos + t`` of ``[B * T, HV, K, V]``; zeros for padding
+    sequences). ``out``: o's
+    buffer (v's shape, q's dtype), written in place.
+
+    Returns ``(o, final_state)`` (final_state: initial_state itself with inplace_final_state, else
+    the new buffer or None).
+    """
+    who = "fused_recurrent_kda_fwd"
+    state_v_first = _state_v_first(who, state_v_first, kwargs)
+    _refuse_unknown(who, kwargs, ("kernel",))
+    _check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                   use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
+                   kwargs.get("kernel", "auto"))
+    pool = ssm_state_indices is not None
+    args.update(
+        output_final_state=bool(output_final_state), inplace_final_state=bool(inplace_final_state),
+        ssm_state_indices=None if not pool else int_array(ssm_state_indices, "ssm_state_indices", np.int32),
+        num_accepted_tokens=None if num_accepted_tokens is None else int_array(num_accepted_tokens,
+                                                                               "num_accepted_tokens", np.int32))
+    if initial_state is None:
+        state = None
+    elif inplace_final_state:
+        state = for_core_writable(initial_state, "initial_state")
+    else:
+        state = for_core(initial_state, "initial_state")
+    s = _core.fused_recurrent_kda(o=None, final_state=None, initial_state=state, check_only=True, **args)
+    o = _output(q, s) if out is None else out
+    final = None
+    if not inplace_final_state and output_final_state:
+        # A state per token with indices: zeros where nothing is written (padding sequences).
+        final = _states(q, s["B"] * s["T"] if pool else s["N"], s, state_v_first, zero=pool)
+    _core.fused_recurrent_kda(o=for_core_writable(o, "out"),
+                              final_state=None if final is None else for_core(final, "final_state"),
+                              initial_state=state, **args)
+    return o, (initial_state if inplace_final_state else final)
+
+
+def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=None):
+    """fla's ``fused_kda_gate``: the activated forget gate alone (the in-kernel gate's formula).
+
+    g ``[..., HV, K]``; x = g + dt_bias (``[HV * K]``, optional). ``-exp(A_log) * softplus(x)``
+    (softplus(x) = x above 20), or with ``lower_bound`` ``lower_bound * sigmoid(exp(A_log) * x)``
+    (``A_log`` None, with ``lower_bound`` only: ``lower_bound * sigmoid(x)``). Computed in float32,
+    returned as ``output_dtype`` (default float32), in g's framework.
+    """
+    if A_log is None and lower_bound is None:
+        raise ValueError("fused_kda_gate: A_log is required when lower_bound is not set")
+    torch_in = is_torch(g)
+    if torch_in:
+        _check_grad("fused_kda_gate", g=g, A_log=A_log, dt_bias=dt_bias)
+    x = np.asarray(g.detach().float().numpy() if torch_in else g, dtype=np.float32)
+    if x.ndim < 2:
+        raise ValueError(f"fused_kda_gate: g: expected shape [..., HV, K], got {list(x.shape)}")
+    hv, kd = x.shape[-2:]
+    if dt_bias is not None:
+        bias = param_f32(dt_bias, "dt_bias")
+        if bias.size != hv * kd:
+            raise ValueError(f"fused_kda_gate: dt_bias: expected HV*K = {hv * kd} elements, got {list(bias.shape)}")
+        x = x + bias.reshape(hv, kd)
+    a = None if A_log is None else param_f32(A_log, "A_log")
+    if a is not None and a.size != hv:
+        raise ValueError(f"fused_kda_gate: A_log: expected HV = {hv} elements, got {list(a.shape)}")
+    with np.errstate(over="ignore"):
+        if lower_bound is not None:
+            scale = np.float32(1.0) if a is None else np.exp(a).reshape(hv, 1)
+            y = np.float32(lower_bound) / (np.float32(1.0) + np.exp(-(scale * x)))
         else:
-            state[valid] = np.asarray(initial_state)[idx[valid]]
-        idx = np.where(idx >= 0, np.arange(N, dtype=np.int32), -1).astype(np.int32)
-    o = _output(q, s)
-    _core.fused_recurrent_kda(o=for_core(o, "o"), initial_state=for_core_writable(state, "initial_state"),
-                              ssm_state_indices=idx, **args)
-    return o, state
+            softplus = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+            y = -np.exp(a).reshape(hv, 1) * softplus
+    y = y.astype(np.float32)
+    if torch_in:
+        import torch
+
+        t = torch.from_numpy(y)
+        return t if output_dtype is None else t.to(output_dtype)
+    return y if output_dtype is None else y.astype(output_dtype)

@@ -1,18 +1,22 @@
 """The KDA kernels as PyTorch custom operators: ``import kda.torch`` registers
 
 - ``torch.ops.kda.chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-  use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, A_log, dt_bias, state_indices, kernel)
-  -> (o, final_state)``: with ``state_indices`` the pool ``initial_state`` [S, H, K, V] is updated in
+  use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+  lower_bound, state_v_first, cu_seqlens, A_log, dt_bias, chunk_size, state_indices, kernel)
+  -> (o, final_state)``: with ``state_indices`` the pool ``initial_state`` [S, HV, K, V] is updated in
   place (declared mutated) and ``final_state`` is empty ([0]); otherwise ``final_state`` is a new
-  [N, H, K, V] when ``output_final_state`` (else empty).
-- ``torch.ops.kda.fused_recurrent_kda(q, k, v, g, beta, scale, initial_state, cu_seqlens,
-  ssm_state_indices, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, kernel) -> o``: the
-  state pool ``initial_state`` updated in place (declared mutated).
+  [N, HV, K, V] when ``output_final_state`` (else empty).
+- ``torch.ops.kda.fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_state, scale,
+  output_final_state, inplace_final_state, state_v_first, cu_seqlens, ssm_state_indices,
+  num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+  allow_neg_eigval, lower_bound, kernel) -> (o, final_state)``: ``initial_state`` (declared mutated)
+  receives the states with ``inplace_final_state``; otherwise ``final_state`` is a new buffer when
+  ``output_final_state`` (else empty).
 
 They are ``torch.library.custom_op``s over kda's C++ kernels (CPU tensors, read and written in place
 through DLPack; no build against torch's headers), with fake implementations so ``torch.compile``
-traces them. :func:`chunk_kda` and :func:`fused_recurrent_kda` here wrap them with fla's signatures
-and return values (the pool itself as the final state, ``inplace_final_state``).
+traces them. :func:`chunk_kda`, :func:`fused_recurrent_kda` and :func:`fused_recurrent_kda_fwd` here
+wrap them with fla's signatures and return values (see kda.chunk_kda; docs/fla-api.md).
 """
 
 from __future__ import annotations
@@ -23,100 +27,157 @@ import torch
 
 from . import _kernels
 
-__all__ = ["chunk_kda", "fused_recurrent_kda"]
+__all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
+
+fused_kda_gate = _kernels.fused_kda_gate
+
+
+def _empty_state(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,), dtype=torch.float32)  # outputs may not alias an input
 
 
 @torch.library.custom_op("kda::chunk_kda", mutates_args=("initial_state",), device_types="cpu")
 def _chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                scale: Optional[float], initial_state: Optional[torch.Tensor], output_final_state: bool,
-               use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, cu_seqlens: Optional[torch.Tensor],
-               A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-               state_indices: Optional[torch.Tensor], kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
-    o, final = _kernels.chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                  output_final_state=output_final_state,
-                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                  use_gate_in_kernel=use_gate_in_kernel, cu_seqlens=cu_seqlens, A_log=A_log,
-                                  dt_bias=dt_bias, state_indices=state_indices, kernel=kernel)
+               use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+               allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], state_v_first: bool,
+               cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+               chunk_size: int, state_indices: Optional[torch.Tensor],
+               kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+    extra = {} if state_indices is None else {"state_indices": state_indices}
+    o, final = _kernels.chunk_kda(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        safe_gate=safe_gate, lower_bound=lower_bound, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+        A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size, kernel=kernel, **extra)
     if state_indices is not None or final is None:
-        final = q.new_empty((0,), dtype=torch.float32)  # outputs may not alias the pool
+        final = _empty_state(q)
     return o, final
 
 
 @_chunk_kda.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-      cu_seqlens, A_log, dt_bias, state_indices, kernel):
-    B, T, H, K = q.shape
-    V = v.shape[3]
-    o = q.new_empty((B, T, H, V))
+      use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, cu_seqlens, A_log,
+      dt_bias, chunk_size, state_indices, kernel):
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = q.new_empty((B, T, HV, V))
     if state_indices is None and output_final_state:
         N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-        return o, q.new_empty((N, H, K, V), dtype=torch.float32)
-    return o, q.new_empty((0,), dtype=torch.float32)
+        return o, q.new_empty((N, HV, V, K) if state_v_first else (N, HV, K, V), dtype=torch.float32)
+    return o, _empty_state(q)
 
 
-@torch.library.custom_op("kda::fused_recurrent_kda", mutates_args=("initial_state",), device_types="cpu")
-def _fused_recurrent_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                         scale: Optional[float], initial_state: torch.Tensor, cu_seqlens: Optional[torch.Tensor],
-                         ssm_state_indices: Optional[torch.Tensor], use_qk_l2norm_in_kernel: bool,
-                         use_gate_in_kernel: bool, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-                         kernel: str) -> torch.Tensor:
-    o, _ = _kernels.fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                        inplace_final_state=True, cu_seqlens=cu_seqlens,
-                                        ssm_state_indices=ssm_state_indices,
-                                        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                                        kernel=kernel)
-    return o
+@torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=("initial_state",), device_types="cpu")
+def _fused_recurrent_kda_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                             A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                             initial_state: Optional[torch.Tensor], scale: Optional[float], output_final_state: bool,
+                             inplace_final_state: bool, state_v_first: bool, cu_seqlens: Optional[torch.Tensor],
+                             ssm_state_indices: Optional[torch.Tensor], num_accepted_tokens: Optional[torch.Tensor],
+                             use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                             use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, lower_bound: Optional[float],
+                             kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+    o, final = _kernels.fused_recurrent_kda_fwd(
+        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
+        output_final_state=output_final_state, inplace_final_state=inplace_final_state, state_v_first=state_v_first,
+        cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        lower_bound=lower_bound, kernel=kernel)
+    if inplace_final_state or final is None:
+        final = _empty_state(q)
+    return o, final
 
 
-@_fused_recurrent_kda.register_fake
-def _(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel,
-      use_gate_in_kernel, A_log, dt_bias, kernel):
-    B, T, H, _ = q.shape
-    return q.new_empty((B, T, H, v.shape[3]))
+@_fused_recurrent_kda_fwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state, inplace_final_state, state_v_first,
+      cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+      use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, kernel):
+    B, T, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = q.new_empty((B, T, HV, V))
+    if inplace_final_state or not output_final_state:
+        return o, _empty_state(q)
+    rows = B * T if ssm_state_indices is not None else (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B)
+    return o, q.new_empty((rows, HV, V, K) if state_v_first else (rows, HV, K, V), dtype=torch.float32)
+
+
+def _float(x):
+    return None if x is None else float(x)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=None, A_log=None, dt_bias=None,
-              state_indices=None, *, kernel="auto"):
-    """fla's ``chunk_kda`` through ``torch.ops.kda.chunk_kda`` (see kda.chunk_kda): returns
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    """fla's ``chunk_kda`` through ``torch.ops.kda.chunk_kda`` (keywords as kda.chunk_kda): returns
     ``(o, final_state or None)``, the pool itself as the final state with ``state_indices``."""
-    o, final = torch.ops.kda.chunk_kda(q, k, v, g, beta, None if scale is None else float(scale), initial_state,
-                                       bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                                       bool(use_gate_in_kernel), cu_seqlens, A_log, dt_bias, state_indices, kernel)
+    who = "chunk_kda"
+    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
+    _kernels._refuse_unknown(who, kwargs, ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel"))
+    if cp_context is not None:
+        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
+    if return_intermediate_states:
+        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    state_indices = kwargs.get("state_indices")
+    _kernels._check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=kwargs.get("A_log"),
+                         dt_bias=kwargs.get("dt_bias"))
+    o, final = torch.ops.kda.chunk_kda(
+        q, k, v, g, beta, _float(scale), initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
+        bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
+        _float(lower_bound), bool(state_v_first), cu_seqlens, kwargs.get("A_log"), kwargs.get("dt_bias"),
+        int(kwargs.get("chunk_size", 64)), state_indices, kwargs.get("kernel", "auto"))
     if not output_final_state:
         return o, None
     return o, (initial_state if state_indices is not None else final)
 
 
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True, cu_seqlens=None,
-                        ssm_state_indices=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
-                        dt_bias=None, *, kernel="auto"):
-    """vLLM's ``fused_recurrent_kda`` through ``torch.ops.kda.fused_recurrent_kda`` (see
-    kda.fused_recurrent_kda): returns ``(o, final_state)``."""
-    B, T, H, K = q.shape
-    V = v.shape[3]
-    N = B * T
-    if initial_state is None:
-        if ssm_state_indices is not None:
-            raise ValueError("initial_state: ssm_state_indices needs the state pool initial_state [S, H, K, V]")
-        state = q.new_zeros((N, H, K, V), dtype=torch.float32)
-    elif inplace_final_state:
-        state = initial_state
-    else:
-        # A new [N, H, K, V]: each sequence's state gathered from the pool (zeros for padding).
-        idx = (torch.arange(N) if ssm_state_indices is None else torch.as_tensor(ssm_state_indices)).reshape(-1)
-        idx = idx.to(torch.int64)
-        if idx.shape[0] != N:
-            raise ValueError(f"ssm_state_indices: expected shape [N] = [{N}], got {list(idx.shape)}")
-        S = initial_state.shape[0]
-        if bool((idx >= S).any()):
-            raise ValueError(f"ssm_state_indices: an index is out of range for num_states = {S}")
-        valid = idx >= 0
-        state = q.new_zeros((N, H, K, V), dtype=torch.float32)
-        state[valid] = initial_state[idx[valid]].to(torch.float32)
-        ssm_state_indices = torch.where(valid, torch.arange(N), -1).to(torch.int32)
-    o = torch.ops.kda.fused_recurrent_kda(q, k, v, g, beta, None if scale is None else float(scale), state,
-                                          cu_seqlens, ssm_state_indices, bool(use_qk_l2norm_in_kernel),
-                                          bool(use_gate_in_kernel), A_log, dt_bias, kernel)
-    return o, state
+def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                            output_final_state=False, inplace_final_state=True, state_v_first=False,
+                            cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None,
+                            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, out=None,
+                            **kwargs):
+    """vLLM's ``fused_recurrent_kda_fwd`` through ``torch.ops.kda.fused_recurrent_kda_fwd`` (see
+    kda.fused_recurrent_kda_fwd): returns ``(o, final_state)``; ``out`` receives o."""
+    who = "fused_recurrent_kda_fwd"
+    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
+    _kernels._refuse_unknown(who, kwargs, ("kernel",))
+    _kernels._check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
+                         dt_bias=dt_bias)
+    o, final = torch.ops.kda.fused_recurrent_kda_fwd(
+        q, k, v, g, beta, A_log, dt_bias, initial_state, _float(scale), bool(output_final_state),
+        bool(inplace_final_state), bool(state_v_first), cu_seqlens, ssm_state_indices, num_accepted_tokens,
+        bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel),
+        bool(allow_neg_eigval), _float(lower_bound), kwargs.get("kernel", "auto"))
+    if out is not None:
+        if tuple(out.shape) != tuple(o.shape) or out.dtype != o.dtype:
+            raise ValueError(f"{who}: out: expected shape {list(o.shape)} and dtype {o.dtype} (v's shape, q's dtype), "
+                             f"got {list(out.shape)} {out.dtype}")
+        out.copy_(o)
+        o = out
+    if inplace_final_state:
+        return o, initial_state
+    return o, (final if output_final_state else None)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla's public ``fused_recurrent_kda`` (see kda.fused_recurrent_kda): contiguous states, the pool
+    keywords of :func:`fused_recurrent_kda_fwd` honoured. Returns ``(o, final_state or None)``."""
+    who = "fused_recurrent_kda"
+    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
+    _kernels._refuse_unknown(who, kwargs, (*_kernels._POOL_KEYWORDS, "kernel"))
+    pool = any(name in kwargs for name in _kernels._POOL_KEYWORDS)
+    if not pool:
+        kwargs["inplace_final_state"] = False
+    return fused_recurrent_kda_fwd(
+        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
+        output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        lower_bound=lower_bound, **kwargs)

@@ -48,6 +48,10 @@ void SetDTypeByName(View& v, const char* name) {
 using InArg = std::optional<std::variant<nb::tuple, nb::ndarray<nb::ro>>>;
 using OutArg = std::optional<std::variant<nb::tuple, nb::ndarray<>>>;
 
+// fused_recurrent_kda's initial_state: written only with inplace_final_state, so a read-only array is
+// taken as well (and refused where it would be written).
+using StateArg = std::optional<std::variant<nb::tuple, nb::ndarray<>, nb::ndarray<nb::ro>>>;
+
 template <class View>
 View SpecView(const nb::tuple& spec, const char* name) {
   View v;
@@ -92,32 +96,72 @@ View ViewOf(const Arg& arg, const char* name) {
   return ArrayView<View>(std::get<1>(*arg), name);
 }
 
+// A StateArg as a view; `written`: refused when the array is read-only.
+MutTensorView StateView(const StateArg& arg, const char* name, bool written) {
+  if (!arg) return MutTensorView{};
+  if (const auto* spec = std::get_if<nb::tuple>(&*arg)) return SpecView<MutTensorView>(*spec, name);
+  if (const auto* rw = std::get_if<1>(&*arg)) return ArrayView<MutTensorView>(*rw, name);
+  if (written) {
+    throw nb::value_error((std::string("fused_recurrent_kda: ") + name +
+                           ": is read-only, but inplace_final_state=True writes the states into it")
+                              .c_str());
+  }
+  // Read only: the kernel writes nothing through it (checked above).
+  const TensorView ro = ArrayView<TensorView>(std::get<2>(*arg), name);
+  MutTensorView v;
+  v.data = const_cast<void*>(ro.data);
+  v.dtype = ro.dtype;
+  v.foreign_dtype = ro.foreign_dtype;
+  v.ndim = ro.ndim;
+  v.strided = ro.strided;
+  for (int i = 0; i < kMaxViewDims; ++i) {
+    v.shape[i] = ro.shape[i];
+    v.strides[i] = ro.strides[i];
+  }
+  return v;
+}
+
 nb::dict ShapesDict(const KdaCallShapes& s) {
   nb::dict d;
   d["B"] = s.B;
   d["T"] = s.T;
   d["N"] = s.N;
   d["H"] = s.H;
+  d["HV"] = s.HV;
   d["K"] = s.K;
   d["V"] = s.V;
   d["num_states"] = s.num_states;
   return d;
 }
 
+// The options both kernels share (fla's names), as the bindings take them.
+struct CommonOptions {
+  std::optional<float> scale;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;
+  std::optional<float> lower_bound;
+  bool state_v_first = false;
+};
+
 // The arguments both kernels share: o, the token tensors and the options.
-template <class Call>
-void SetCommon(Call& c, const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
-               const InArg& beta, std::optional<float> scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
-               const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias) {
+void SetCommon(KdaCallCommon& c, const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
+               const InArg& beta, const CommonOptions& opt, const InArg& cu_seqlens, const InArg& a_log,
+               const InArg& dt_bias) {
   c.o = ViewOf<MutTensorView>(o, "o");
   c.q = ViewOf<TensorView>(q, "q");
   c.k = ViewOf<TensorView>(k, "k");
   c.v = ViewOf<TensorView>(v, "v");
   c.g = ViewOf<TensorView>(g, "g");
   c.beta = ViewOf<TensorView>(beta, "beta");
-  c.scale = scale;
-  c.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
-  c.use_gate_in_kernel = use_gate_in_kernel;
+  c.scale = opt.scale;
+  c.use_qk_l2norm_in_kernel = opt.use_qk_l2norm_in_kernel;
+  c.use_gate_in_kernel = opt.use_gate_in_kernel;
+  c.use_beta_sigmoid_in_kernel = opt.use_beta_sigmoid_in_kernel;
+  c.allow_neg_eigval = opt.allow_neg_eigval;
+  c.lower_bound = opt.lower_bound;
+  c.state_v_first = opt.state_v_first;
   c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, "cu_seqlens");
   c.A_log = ViewOf<TensorView>(a_log, "A_log");
   c.dt_bias = ViewOf<TensorView>(dt_bias, "dt_bias");
@@ -140,32 +184,49 @@ std::optional<nb::dict> CheckOrRun(const Call& c, KernelImpl impl, bool check_on
 std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, const InArg& q, const InArg& k,
                                  const InArg& v, const InArg& g, const InArg& beta, std::optional<float> scale,
                                  const InArg& initial_state, bool output_final_state, bool use_qk_l2norm_in_kernel,
-                                 bool use_gate_in_kernel, const InArg& cu_seqlens, const InArg& a_log,
-                                 const InArg& dt_bias, const OutArg& state, const InArg& state_indices,
-                                 const std::string& kernel, bool check_only) {
+                                 bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval,
+                                 bool safe_gate, std::optional<float> lower_bound, bool state_v_first,
+                                 const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, int chunk_size,
+                                 const OutArg& state, const InArg& state_indices, const std::string& kernel,
+                                 bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   ChunkKdaCall c;
-  SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
+  SetCommon(c, o, q, k, v, g, beta,
+            {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+             lower_bound, state_v_first},
+            cu_seqlens, a_log, dt_bias);
   c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
   c.initial_state = ViewOf<TensorView>(initial_state, "initial_state");
   c.output_final_state = output_final_state;
+  c.safe_gate = safe_gate;
+  c.chunk_size = chunk_size;
   c.state = ViewOf<MutTensorView>(state, "state");
   c.state_indices = ViewOf<TensorView>(state_indices, "state_indices");
   return CheckOrRun(c, impl, check_only, CheckChunkKdaShapes,
                     [](const ChunkKdaCall& call, KernelImpl i) { chunk_kda(call, i); });
 }
 
-std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const InArg& q, const InArg& k, const InArg& v,
-                                          const InArg& g, const InArg& beta, std::optional<float> scale,
-                                          const OutArg& initial_state, const InArg& cu_seqlens,
-                                          const InArg& ssm_state_indices, bool use_qk_l2norm_in_kernel,
-                                          bool use_gate_in_kernel, const InArg& a_log, const InArg& dt_bias,
+std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const OutArg& final_state, const InArg& q, const InArg& k,
+                                          const InArg& v, const InArg& g, const InArg& beta, const InArg& a_log,
+                                          const InArg& dt_bias, const StateArg& initial_state,
+                                          std::optional<float> scale, bool output_final_state, bool inplace_final_state,
+                                          bool state_v_first, const InArg& cu_seqlens, const InArg& ssm_state_indices,
+                                          const InArg& num_accepted_tokens, bool use_qk_l2norm_in_kernel,
+                                          bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
+                                          bool allow_neg_eigval, std::optional<float> lower_bound,
                                           const std::string& kernel, bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   RecurrentKdaCall c;
-  SetCommon(c, o, q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, a_log, dt_bias);
-  c.initial_state = ViewOf<MutTensorView>(initial_state, "initial_state");
+  SetCommon(c, o, q, k, v, g, beta,
+            {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+             lower_bound, state_v_first},
+            cu_seqlens, a_log, dt_bias);
+  c.initial_state = StateView(initial_state, "initial_state", inplace_final_state);
+  c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
+  c.output_final_state = output_final_state;
+  c.inplace_final_state = inplace_final_state;
   c.ssm_state_indices = ViewOf<TensorView>(ssm_state_indices, "ssm_state_indices");
+  c.num_accepted_tokens = ViewOf<TensorView>(num_accepted_tokens, "num_accepted_tokens");
   return CheckOrRun(c, impl, check_only, CheckRecurrentKdaShapes,
                     [](const RecurrentKdaCall& call, KernelImpl i) { fused_recurrent_kda(call, i); });
 }
@@ -176,21 +237,30 @@ void BindKernels(nb::module_& m) {
   // The two kernels, one entry each (python/kda/_kernels.py and kda.jax call them): every tensor is None, an array
   // or a (dtype, shape) spec; check_only=True checks the shapes and returns the implied sizes without running.
   m.def("chunk_kda", &ChunkKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("scale").none(), nb::arg("initial_state").none(),
-        nb::arg("output_final_state"), nb::arg("use_qk_l2norm_in_kernel"), nb::arg("use_gate_in_kernel"),
-        nb::arg("cu_seqlens").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none(),
-        nb::arg("state_indices").none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
-        "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, H, V] and final_state [N, H, K, V], or "
-        "the pool `state` [S, H, K, V] through state_indices [N] int32. With check_only, returns {B, T, N, H, K, V, "
-        "num_states} (else None). bf16 "
-        "arrays may come as DLPack bfloat16 or as uint16 bit views.");
-  m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("g"), nb::arg("beta"), nb::arg("scale").none(), nb::arg("initial_state").none(),
-        nb::arg("cu_seqlens").none(), nb::arg("ssm_state_indices").none(), nb::arg("use_qk_l2norm_in_kernel"),
-        nb::arg("use_gate_in_kernel"), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("kernel") = "auto",
+        nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("scale").none() = nb::none(),
+        nb::arg("initial_state").none() = nb::none(), nb::arg("output_final_state") = false,
+        nb::arg("use_qk_l2norm_in_kernel") = false, nb::arg("use_gate_in_kernel") = false,
+        nb::arg("use_beta_sigmoid_in_kernel") = false, nb::arg("allow_neg_eigval") = false,
+        nb::arg("safe_gate") = false, nb::arg("lower_bound").none() = nb::none(), nb::arg("state_v_first") = false,
+        nb::arg("cu_seqlens").none() = nb::none(), nb::arg("A_log").none() = nb::none(),
+        nb::arg("dt_bias").none() = nb::none(), nb::arg("chunk_size") = 64, nb::arg("state").none() = nb::none(),
+        nb::arg("state_indices").none() = nb::none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
+        "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, HV, V] and final_state [N, HV, K, V], or "
+        "the pool `state` [S, HV, K, V] through state_indices [N] int32. With check_only, returns {B, T, N, H, HV, "
+        "K, V, num_states} (else None). bf16 arrays may come as DLPack bfloat16 or as uint16 bit views.");
+  m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"),
+        nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none() = nb::none(),
+        nb::arg("dt_bias").none() = nb::none(), nb::arg("initial_state").none() = nb::none(),
+        nb::arg("scale").none() = nb::none(), nb::arg("output_final_state") = false,
+        nb::arg("inplace_final_state") = true, nb::arg("state_v_first") = false,
+        nb::arg("cu_seqlens").none() = nb::none(), nb::arg("ssm_state_indices").none() = nb::none(),
+        nb::arg("num_accepted_tokens").none() = nb::none(), nb::arg("use_qk_l2norm_in_kernel") = false,
+        nb::arg("use_gate_in_kernel") = false, nb::arg("use_beta_sigmoid_in_kernel") = false,
+        nb::arg("allow_neg_eigval") = false, nb::arg("lower_bound").none() = nb::none(), nb::arg("kernel") = "auto",
         nb::arg("check_only") = false,
-        "fused_recurrent_kda (RecurrentKdaCall): one token per sequence, sequence n updating "
-        "initial_state[ssm_state_indices[n]] in place (negative: padding, output zero).");
+        "fused_recurrent_kda_fwd (RecurrentKdaCall): the recurrence token by token; with ssm_state_indices ([N] or "
+        "[N, C] int32, negative: padding) the states live in the pool initial_state, otherwise [N, HV, K, V]; "
+        "inplace_final_state writes them back there, else final_state receives them (with output_final_state).");
   m.def(
       "set_num_threads",
       [](int n) {

@@ -34,16 +34,17 @@ def run_refused(exc, match, fn, *args, **kwargs):
 @pytest.mark.parametrize("mutate,exc,match", [
     (lambda a: a.update(q=a["q"][0]), ValueError, r"q: expected a 4-D array \[B, T, H, K\]"),
     (lambda a: a.update(k=a["k"][:, :, :1]), ValueError, r"k: expected shape \[B, T, H, K\].*= \[1, 5, 2, 16\]"),
-    (lambda a: a.update(v=a["v"][:, :4]), ValueError, r"v: expected shape \[B, T, H, V\]"),
+    (lambda a: a.update(v=a["v"][:, :4]), ValueError, r"v: expected shape \[B, T, HV, V\]"),
     (lambda a: a.update(g=a["g"][..., :8]), ValueError, r"g: expected shape"),
-    (lambda a: a.update(beta=a["beta"][..., None]), ValueError, r"beta: expected shape \[B, T, H\]"),
-    (lambda a: a.update(q=a["q"].astype(np.float64)), TypeError, r"q: dtype must be float32 or bfloat16, got float64"),
-    (lambda a: a.update(g=a["g"].astype(np.float16)), TypeError, r"g: dtype must be float32 or bfloat16"),
+    (lambda a: a.update(beta=a["beta"][..., None]), ValueError, r"beta: expected shape \[B, T, HV\]"),
+    (lambda a: a.update(q=a["q"].astype(np.float64)), TypeError, r"q: dtype must be float32, bfloat16 or float16, got float64"),
+    (lambda a: a.update(g=a["g"].astype(np.float64)), TypeError, r"g: dtype must be float32, bfloat16 or float16"),
+    (lambda a: a.update(v=a["v"].astype(np.float16)), TypeError, r"q, k and v must have one dtype"),
     (lambda a: a.update(k=a["k"].astype(ml_dtypes.bfloat16)), TypeError, r"q, k and v must have one dtype"),
     (lambda a: a.update(q=np.asfortranarray(a["q"])), ValueError, r"q: must be C-contiguous"),
     (lambda a: a.update(v=a["v"][:, :, :, ::-1]), ValueError, r"v: must be C-contiguous"),
     (lambda a: a.update(q=[1.0, 2.0]), TypeError, r"q: expected an array"),
-    (lambda a: a.update(beta=a["beta"].astype(np.uint16)), TypeError, r"beta: dtype must be float32 or bfloat16, got uint16"),
+    (lambda a: a.update(beta=a["beta"].astype(np.uint16)), TypeError, r"beta: dtype must be float32, bfloat16 or float16, got uint16"),
     (lambda a: a.update(scale=-1.0), ValueError, r"scale: must be a finite number > 0"),
     (lambda a: a.update(kernel="fast"), ValueError, r"kernel"),
     (lambda a: a.update(cu_seqlens=np.array([0, 3, 2, 5])), ValueError, r"cu_seqlens must be non-decreasing"),
@@ -52,13 +53,20 @@ def run_refused(exc, match, fn, *args, **kwargs):
     (lambda a: a.update(cu_seqlens=np.array([0.0, 5.0])), TypeError, r"cu_seqlens: dtype must be an integer"),
     (lambda a: a.update(cu_seqlens=np.array([0])), ValueError, r"cu_seqlens: expected shape \[N \+ 1\]"),
     (lambda a: a.update(initial_state=np.zeros((2, H, K, K), np.float32)), ValueError,
-     r"initial_state: expected shape \[N, H, K, V\] = \[1, 2, 16, 16\]"),
+     r"initial_state: expected shape \[N, HV, K, V\] = \[1, 2, 16, 16\]"),
     (lambda a: a.update(initial_state=np.zeros((1, H, K, K), np.float64)), TypeError,
      r"initial_state: dtype must be float32"),
     (lambda a: a.update(use_gate_in_kernel=True), ValueError, r"A_log: required with use_gate_in_kernel"),
-    (lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(3)), ValueError, r"A_log: expected H = 2"),
+    (lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(3)), ValueError, r"A_log: expected HV = 2"),
     (lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(H), dt_bias=np.zeros(5)), ValueError,
-     r"dt_bias: expected H\*K = 32"),
+     r"dt_bias: expected HV\*K = 32"),
+    (lambda a: a.update(allow_neg_eigval=True), ValueError, r"allow_neg_eigval=True requires use_beta_sigmoid_in_kernel"),
+    (lambda a: a.update(chunk_size=16), ValueError, r"chunk_size must be either 32 or 64 for KDA, got 16"),
+    (lambda a: a.update(use_gate_in_kernel=True, safe_gate=True, A_log=np.zeros(H)), ValueError,
+     r"lower_bound must be specified when safe_gate=True"),
+    (lambda a: a.update(use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0), ValueError,
+     r"lower_bound must be in the safe range \[-5, 0\), got -6"),
+    (lambda a: a.update(lower_bound=1.0), ValueError, r"lower_bound: must be a finite number <= 0"),
 ])
 def test_chunk_kda_refuses(mutate, exc, match):
     q, k, v, g, beta = problem()
@@ -69,8 +77,13 @@ def test_chunk_kda_refuses(mutate, exc, match):
 
 def test_head_dim_and_heads_refused_by_the_kernel_check():
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 3, 2, 20)).astype(np.float32)
-    run_refused(ValueError, r"K must be a multiple of 16", kda.chunk_kda, x, x, x, -np.abs(x), np.ones((1, 3, 2), np.float32))
+    x = rng.standard_normal((1, 3, 2, 300)).astype(np.float32)
+    run_refused(ValueError, r"the key head dim K must be in \[1, 256\], got 300", kda.chunk_kda, x, x, x, -np.abs(x),
+                np.ones((1, 3, 2), np.float32))
+    y = rng.standard_normal((1, 3, 3, 16)).astype(np.float32)
+    qk = rng.standard_normal((1, 3, 2, 16)).astype(np.float32)
+    run_refused(ValueError, r"the value heads HV = 3 must be a multiple of the query/key heads H = 2", kda.chunk_kda,
+                qk, qk, y, -np.abs(y), np.ones((1, 3, 3), np.float32))
 
 
 def pool_problem(S=4, N=3):
@@ -102,22 +115,30 @@ def test_pool_must_be_writable_float32():
     (q, k, v, g, beta), pool = pool_problem()
     ro = pool.copy()
     ro.flags.writeable = False
-    run_refused(ValueError, r"initial_state: is read-only", kda.fused_recurrent_kda, q, k, v, g, beta, initial_state=ro)
-    run_refused(TypeError, r"initial_state: dtype must be float32", kda.fused_recurrent_kda, q, k, v, g, beta,
-                initial_state=pool.astype(np.float64))
-    run_refused(ValueError, r"initial_state: expected shape \[S, H, K, V\]", kda.fused_recurrent_kda, q, k, v, g, beta,
-                initial_state=pool[:, :1].copy())
+    idx = np.arange(3)
+    run_refused(ValueError, r"initial_state: is read-only", kda.fused_recurrent_kda_fwd, q, k, v, g, beta,
+                initial_state=ro, ssm_state_indices=idx)
+    run_refused(TypeError, r"initial_state: dtype must be float32", kda.fused_recurrent_kda_fwd, q, k, v, g, beta,
+                initial_state=pool.astype(np.float64), ssm_state_indices=idx)
+    run_refused(ValueError, r"initial_state: expected shape \[S, HV, K, V\]", kda.fused_recurrent_kda_fwd, q, k, v, g,
+                beta, initial_state=pool[:, :1].copy(), ssm_state_indices=idx)
+    # fla's public entry reads a contiguous initial state (read-only is fine) and returns a new final state.
+    o, s = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=ro[:3], output_final_state=True)
+    assert s.shape == (3, H, K, K) and not np.shares_memory(s, ro)
 
 
-def test_fused_recurrent_one_token_per_sequence():
-    q, k, v, g, beta = problem(B=1, T=3)
-    run_refused(ValueError, r"one token per sequence: expected \[N, 1, H, K\]", kda.fused_recurrent_kda, q, k, v, g, beta)
-    run_refused(ValueError, r"cu_seqlens: expected shape \[N \+ 1\] \(decode: one token per sequence\) = \[4\]",
-                kda.fused_recurrent_kda, q, k, v, g, beta, cu_seqlens=np.array([0, 2, 3]))
-    run_refused(ValueError, r"decodes one token per sequence, but cu_seqlens\[1\] = 2 \(want 1\)",
-                kda.fused_recurrent_kda, q, k, v, g, beta, cu_seqlens=np.array([0, 2, 3, 3]))
+def test_fused_recurrent_several_tokens_per_sequence():
+    # Any number of tokens per sequence, rows or packed: the chunked prefill's result.
+    q, k, v, g, beta = problem(B=1, T=5)
+    for cu in (None, np.array([0, 2, 5]), np.array([0, 0, 5])):
+        want_o, want_s = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+        o, s = kda.fused_recurrent_kda(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+        np.testing.assert_allclose(o, want_o, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(s, want_s, rtol=1e-5, atol=1e-5)
+    run_refused(ValueError, r"cu_seqlens\[N\] must equal T, got 3 with T = 5", kda.fused_recurrent_kda, q, k, v, g,
+                beta, cu_seqlens=np.array([0, 2, 3]))
     run_refused(ValueError, r"ssm_state_indices: needs the state pool", kda.fused_recurrent_kda, q, k, v, g, beta,
-                cu_seqlens=np.arange(4), ssm_state_indices=np.arange(3))
+                cu_seqlens=np.array([0, 2, 5]), ssm_state_indices=np.arange(2))
 
 
 def test_layer_and_engine_refuse_bad_input():
@@ -153,12 +174,12 @@ def test_empty_batches():
     run_refused(ValueError, r"q: chunk_kda needs at least one sequence", kda.chunk_kda, z(0, 5, H, K), z(0, 5, H, K),
                 z(0, 5, H, K), z(0, 5, H, K), z(0, 5, H))
     pool = np.ones((3, H, K, K), np.float32)
-    o, s = kda.fused_recurrent_kda(z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H),
-                                   initial_state=pool)
+    o, s = kda.fused_recurrent_kda_fwd(z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H, K), z(0, 1, H),
+                                       initial_state=pool, ssm_state_indices=np.zeros(0, np.int32))
     assert o.shape == (0, 1, H, K) and s is pool and (pool == 1).all()
-    run_refused(ValueError, r"ssm_state_indices: expected shape \[N\] = \[2\], got \[2, 1\]", kda.fused_recurrent_kda,
-                z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H), initial_state=pool,
-                ssm_state_indices=np.array([[0], [1]]))
+    run_refused(ValueError, r"ssm_state_indices: expected shape \[N\] or \[N, C\] \(a slot per token\), got \[2, 1, 1\]",
+                kda.fused_recurrent_kda_fwd, z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H, K), z(2, 1, H),
+                initial_state=pool, ssm_state_indices=np.array([[[0]], [[1]]]))
     run_refused(ValueError, r"state_indices: values out of the range of int32", kda.chunk_kda, z(1, 3, H, K),
                 z(1, 3, H, K), z(1, 3, H, K), z(1, 3, H, K), z(1, 3, H), initial_state=pool, state_indices=[2**40])
 
@@ -213,7 +234,7 @@ def test_core_writes_into_the_given_output():
                 use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]), A_log=None,
                 dt_bias=None, state=None, state_indices=None)
     sizes = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
-    assert sizes == dict(B=1, T=4, N=1, H=H, K=K, V=K, num_states=0)
+    assert sizes == dict(B=1, T=4, N=1, H=H, HV=H, K=K, V=K, num_states=0)
     assert np.isnan(o).all()  # a check writes nothing
     assert _core.chunk_kda(o=o, final_state=fs, **args) is None
     assert o.ctypes.data == o_ptr and fs.ctypes.data == fs_ptr
@@ -246,7 +267,7 @@ def test_jax_arrays_are_read():
     np.testing.assert_array_equal(o_b.view(np.uint16), o_n.view(np.uint16))
     (qs, ks, vs, gs, bs), pool = pool_problem()
     with pytest.raises(TypeError, match="JAX arrays are immutable"):
-        kda.fused_recurrent_kda(qs, ks, vs, gs, bs, initial_state=jnp.asarray(pool))
+        kda.fused_recurrent_kda_fwd(qs, ks, vs, gs, bs, initial_state=jnp.asarray(pool), ssm_state_indices=[0, 1, 2])
 
 
 def test_torch_tensors_in_torch_out_in_place():
@@ -261,12 +282,23 @@ def test_torch_tensors_in_torch_out_in_place():
     assert isinstance(o, torch.Tensor) and s is tp and tp.data_ptr() == ptr
     np.testing.assert_array_equal(o.numpy(), want_o)
     np.testing.assert_array_equal(tp.numpy(), want_pool)
-    # bf16 tensors; a tensor that requires grad is read (detached).
-    qb = torch.from_numpy(q).to(torch.bfloat16).requires_grad_()
+    # bf16 tensors, the pool only read: the state after each token comes back in a new buffer [B * T, ...]
+    # (padding rows unwritten).
+    qb = torch.from_numpy(q).to(torch.bfloat16)
+    before = pool.copy()
     ob, sb = kda.fused_recurrent_kda(qb, torch.from_numpy(k).bfloat16(), torch.from_numpy(v).bfloat16(),
                                      torch.from_numpy(g), torch.from_numpy(beta), inplace_final_state=False,
-                                     initial_state=torch.from_numpy(pool), ssm_state_indices=[4, -1, 0])
-    assert ob.dtype == torch.bfloat16 and sb.shape == (3, H, K, K) and not sb[1].any()
+                                     output_final_state=True, initial_state=torch.from_numpy(pool),
+                                     ssm_state_indices=[4, -1, 0])
+    assert ob.dtype == torch.bfloat16 and sb.shape == (3, H, K, K) and not ob[1].float().any()
+    np.testing.assert_array_equal(pool, before)
+    # kda is forward-only: a tensor that requires grad is refused under grad mode, read under no_grad.
+    qg = torch.from_numpy(q).requires_grad_()
+    ins = [torch.from_numpy(x) for x in (k, v, g, beta)]
+    with pytest.raises(RuntimeError, match="q requires grad, but kda is forward-only"):
+        kda.chunk_kda(qg, *ins)
+    with torch.no_grad():
+        kda.chunk_kda(qg, *ins)
 
 
 def test_threads_and_kernel_switches():

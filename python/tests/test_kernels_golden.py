@@ -142,7 +142,8 @@ def test_fused_recurrent_token_by_token(case, kernel):
 
 def test_fused_recurrent_packed_and_not_in_place(case):
     # The first token of every sequence, packed [1, N, ...] with cu_seqlens [0..N], gate in the kernel,
-    # inplace_final_state=False: a new [N, H, K, V]; the pool untouched.
+    # inplace_final_state=False, output_final_state=True: the state after every token in a new [N, H, K, V]
+    # (one token each; zeros for padding); the pool untouched.
     N, H, K = case.N, case.H, case.K
     d = case.d
     lens = np.diff(case.cu)
@@ -153,7 +154,7 @@ def test_fused_recurrent_packed_and_not_in_place(case):
     idx = np.where(live, np.arange(N), -1).astype(np.int32)
     step = [d[n][rows][None] for n in ("q_conv", "k_conv", "v_conv", "g_raw", "beta")]
     a_log, dt_bias = case.gate_params()
-    o, s = kda.fused_recurrent_kda(*step, initial_state=pool, inplace_final_state=False,
+    o, s = kda.fused_recurrent_kda(*step, initial_state=pool, inplace_final_state=False, output_final_state=True,
                                    cu_seqlens=np.arange(N + 1), ssm_state_indices=idx, use_qk_l2norm_in_kernel=True,
                                    use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias)
     np.testing.assert_array_equal(pool, before)

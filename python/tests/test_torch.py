@@ -21,12 +21,12 @@ def tensors(B=1, T=6, seed=0, dtype=torch.float32):
 
 
 def test_ops_registered():
-    assert hasattr(torch.ops.kda, "chunk_kda") and hasattr(torch.ops.kda, "fused_recurrent_kda")
+    assert hasattr(torch.ops.kda, "chunk_kda") and hasattr(torch.ops.kda, "fused_recurrent_kda_fwd")
     schema = str(torch.ops.kda.chunk_kda.default._schema)
     # The state pool is declared mutated; nothing else is.
     assert "Tensor(a6!)? initial_state" in schema and schema.count("!") == 1
-    schema = str(torch.ops.kda.fused_recurrent_kda.default._schema)
-    assert "Tensor(a6!) initial_state" in schema and schema.count("!") == 1
+    schema = str(torch.ops.kda.fused_recurrent_kda_fwd.default._schema)
+    assert "Tensor(a7!)? initial_state" in schema and schema.count("!") == 1
 
 
 def test_golden_case_through_the_ops():
@@ -59,7 +59,7 @@ def test_fused_recurrent_matches_numpy_api():
                                         initial_state=want_pool, ssm_state_indices=idx.numpy())
     before = pool.clone()
     o, s = kt.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, inplace_final_state=False,
-                                  ssm_state_indices=idx)
+                                  output_final_state=True, ssm_state_indices=idx)
     torch.testing.assert_close(pool, before, rtol=0, atol=0)
     np.testing.assert_array_equal(s[0].numpy(), want_pool[4])
     np.testing.assert_array_equal(s[2].numpy(), want_pool[1])
@@ -70,14 +70,19 @@ def test_fused_recurrent_matches_numpy_api():
     np.testing.assert_array_equal(pool.numpy(), want_pool)
 
 
-def _chunk_args(pool_form):
+def _chunk_args(pool_form, **options):
+    """torch.ops.kda.chunk_kda's arguments (its schema's order)."""
     q, k, v, g, beta = tensors(T=7, seed=2)
+    a = dict(q=q, k=k, v=v, g=g, beta=beta, scale=0.3, initial_state=torch.randn(2, H, K, K),
+             output_final_state=True, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+             state_v_first=False, cu_seqlens=torch.tensor([0, 3, 7]), A_log=None, dt_bias=None, chunk_size=64,
+             state_indices=None, kernel="reference")
     if pool_form:
-        pool = torch.randn(3, H, K, K)
-        return (q, k, v, g, beta, None, pool, True, True, False, torch.tensor([0, 3, 7]), None, None,
-                torch.tensor([2, 0], dtype=torch.int32), "auto")
-    return (q, k, v, g, beta, 0.3, torch.randn(2, H, K, K), True, False, False, torch.tensor([0, 3, 7]), None, None,
-            None, "reference")
+        a.update(scale=None, initial_state=torch.randn(3, H, K, K), use_qk_l2norm_in_kernel=True,
+                 state_indices=torch.tensor([2, 0], dtype=torch.int32), kernel="auto")
+    a.update(options)
+    return tuple(a.values())
 
 
 @pytest.mark.parametrize("pool_form", [False, True], ids=["contiguous", "pool"])
@@ -85,16 +90,48 @@ def test_opcheck_chunk_kda(pool_form):
     torch.library.opcheck(torch.ops.kda.chunk_kda.default, _chunk_args(pool_form))
 
 
-def test_opcheck_fused_recurrent_kda():
+def test_opcheck_chunk_kda_fla_options():
+    # fla's options through the op: beta logits (2 sigmoid), V-first states, chunk_size 32.
+    torch.library.opcheck(torch.ops.kda.chunk_kda.default,
+                          _chunk_args(False, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                      state_v_first=True, chunk_size=32))
+
+
+def _recurrent_args(**options):
+    """torch.ops.kda.fused_recurrent_kda_fwd's arguments (its schema's order)."""
     q, k, v, g, beta = tensors(B=1, T=3, seed=3)
-    args = (q, k, v, g, beta, None, torch.randn(4, H, K, K), torch.arange(4), torch.tensor([3, -1, 0], dtype=torch.int32),
-            True, False, None, None, "auto")
-    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda.default, args)
+    a = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=None, dt_bias=None, initial_state=torch.randn(4, H, K, K),
+             scale=None, output_final_state=False, inplace_final_state=True, state_v_first=False,
+             cu_seqlens=torch.arange(4), ssm_state_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
+             num_accepted_tokens=None, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
+             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, kernel="auto")
+    a.update(options)
+    return tuple(a.values())
+
+
+def test_opcheck_fused_recurrent_kda_fwd():
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default, _recurrent_args())
+    # Contiguous states, several tokens per sequence, a new final state.
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
+                          _recurrent_args(initial_state=torch.randn(2, H, K, K), inplace_final_state=False,
+                                          output_final_state=True, cu_seqlens=torch.tensor([0, 1, 3]),
+                                          ssm_state_indices=None))
+    # 2-D slots and accepted counts (speculative decoding), a state per token out.
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
+                          _recurrent_args(cu_seqlens=torch.tensor([0, 2, 3]), inplace_final_state=False,
+                                          output_final_state=True,
+                                          ssm_state_indices=torch.tensor([[0, 1], [2, -1]], dtype=torch.int32),
+                                          num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32)))
 
 
 def test_opcheck_gate_in_kernel_bf16():
     q, k, v, g, beta = tensors(T=5, seed=4, dtype=torch.bfloat16)
-    args = (q, k, v, g, beta, None, None, True, True, True, None, -torch.rand(H), torch.randn(H * K), None, "auto")
+    args = (q, k, v, g, beta, None, None, True, True, True, False, False, False, None, False, None, -torch.rand(H),
+            torch.randn(H * K), 64, None, "auto")
+    torch.library.opcheck(torch.ops.kda.chunk_kda.default, args)
+    # fla's sigmoid gate with a lower bound, without A_log.
+    args = (q, k, v, g, beta, None, None, True, True, True, False, False, True, -5.0, False, None, None,
+            torch.randn(H * K), 64, None, "auto")
     torch.library.opcheck(torch.ops.kda.chunk_kda.default, args)
 
 
@@ -124,8 +161,14 @@ def test_bad_arguments_through_the_op():
     q, k, v, g, beta = tensors()
     with pytest.raises(ValueError, match=r"k: expected shape"):
         kt.chunk_kda(q, k[:, :, :1], v, g, beta)
-    with pytest.raises(TypeError, match=r"q: dtype must be float32 or bfloat16, got float64"):
+    with pytest.raises(TypeError, match=r"q: dtype must be float32, bfloat16 or float16, got float64"):
         kt.chunk_kda(q.double(), k, v, g, beta)
+    with pytest.raises(TypeError, match=r"chunk_kda\(\) got an unexpected keyword argument 'output_final_states'"):
+        kt.chunk_kda(q, k, v, g, beta, output_final_states=True)
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        kt.chunk_kda(q, k, v, g, beta, cp_context=object())
+    with pytest.raises(RuntimeError, match="kda is forward-only"):
+        kt.chunk_kda(q.requires_grad_(), k, v, g, beta)
 
 
 def test_layer_and_engine_take_torch_tensors():

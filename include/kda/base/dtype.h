@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "kda/base/bf16.h"
+#include "kda/base/f16.h"
 
 namespace kda {
 
-// I8 and F16 hold int8 projection weights and their fp16 scales
-// (kda/kernels/q8.h) in checkpoints; U8 holds masks (kda run's `computed`);
-// no activation has them.
+// I8 holds int8 projection weights and F16 their fp16 scales (kda/kernels/q8.h)
+// in checkpoints; the KDA core kernels also take F16 tensors (fla's float16
+// inputs); U8 holds masks (kda run's `computed`). The layers' activations are
+// F32 or BF16.
 enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8, kI8, kF16 };
 
 // Safetensors spelling: "F32", "BF16", "I32", "I64", "U8", "I8", "F16".
@@ -49,16 +51,20 @@ void CheckAllFinite(const float* values, int64_t n, const std::vector<int64_t>& 
 // Every element of a float-valued buffer (F32 or BF16) held as raw bytes.
 std::vector<float> BytesToFloat(const std::vector<uint8_t>& bytes, DType t);
 
-// Reads element i of a float-valued buffer (F32 or BF16) as float.
+// Reads element i of a float-valued buffer (F32, BF16 or F16) as float.
 inline float LoadAsFloat(const void* data, DType t, size_t i) {
-  return t == DType::kBF16 ? ToFloat(static_cast<const BF16*>(data)[i]) : static_cast<const float*>(data)[i];
+  if (t == DType::kBF16) return ToFloat(static_cast<const BF16*>(data)[i]);
+  if (t == DType::kF16) return ToFloat(static_cast<const F16*>(data)[i]);
+  return static_cast<const float*>(data)[i];
 }
 
-// Writes element i of a float-valued buffer (F32 or BF16), rounding to
-// nearest even for BF16.
+// Writes element i of a float-valued buffer (F32, BF16 or F16), rounding to
+// nearest even for BF16 and F16.
 inline void StoreFromFloat(void* data, DType t, size_t i, float v) {
   if (t == DType::kBF16) {
     static_cast<BF16*>(data)[i] = ToBF16(v);
+  } else if (t == DType::kF16) {
+    static_cast<F16*>(data)[i] = ToF16(v);
   } else {
     static_cast<float*>(data)[i] = v;
   }

@@ -9,14 +9,18 @@
 //   (chunk_kda_reference.h, fused_recurrent_kda_reference.h) and the optimized
 //   kernels (kda_optimized.h). The dispatcher (kda_dispatch.h) takes calls.
 //
-// Notation: T tokens (packed), N sequences, H heads, K key dim, V value dim.
-// Per head, the state S is K x V, stored K-major ([k][v]); a batch of states
-// is [N, H, K, V] fp32. For each token t of a sequence (design §2.5):
+// Notation: T tokens (packed), N sequences, H query/key heads, HV = m * H
+// value heads (m >= 1, fla's grouped value attention; value head i uses key
+// head i / m), K key dim, V value dim (each in [1, 256]). Per value head, the
+// state S is K x V, stored K-major ([k][v]); a batch of states is
+// [N, HV, K, V] fp32. For each token t of a sequence (design §2.5):
 //   S <- diag(exp(g_t)) S
-//   S <- S + beta_t k_t (v_t - S^T k_t)^T
+//   S <- S + k_t (beta_t * (v_t - S^T k_t))^T
 //   o_t = S^T (scale * q_t)
-// with g_t <= 0 the per-key-dim log decay. All arithmetic is fp32; q/k/v/g/
-// beta may be fp32 or bf16, the output o has the dtype of q.
+// with g_t <= 0 the per-key-dim log decay and beta_t a scalar per value head
+// (or, in fused_recurrent_kda, a [V] vector). All arithmetic is fp32; q/k/v
+// are fp32, bf16 or fp16 (one dtype), g and beta any of the three, and the
+// output o has the dtype of q (rounded once).
 #pragma once
 
 #include <cstdint>
@@ -31,11 +35,18 @@ struct KdaOptions {
   float scale = 0.0F;  // multiplies q; <= 0 means K^-0.5
   // L2-normalise q and k over K inside the kernel: x / sqrt(sum x^2 + 1e-6).
   bool use_qk_l2norm_in_kernel = false;
-  // g holds the raw gate; the kernel applies
-  //   g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h*K + d])  (softplus(x) = x for x > 20)
+  // g holds the raw gate; the kernel applies, with x = g_raw + dt_bias[h*K + d],
+  //   g = -exp(A_log[h]) * softplus(x)  (softplus(x) = x for x > 20), or, with use_lower_bound,
+  //   g = lower_bound * sigmoid(exp(A_log[h]) * x)  (A_log null: lower_bound * sigmoid(x)).
   bool use_gate_in_kernel = false;
-  const float* A_log = nullptr;    // [H], required with use_gate_in_kernel
-  const float* dt_bias = nullptr;  // [H*K], optional with use_gate_in_kernel
+  const float* A_log = nullptr;    // [HV]; required with use_gate_in_kernel unless use_lower_bound
+  const float* dt_bias = nullptr;  // [HV*K], optional with use_gate_in_kernel
+  bool use_lower_bound = false;
+  float lower_bound = 0.0F;  // < 0
+  // beta holds logits: the kernel uses beta_scale * sigmoid(beta), beta_scale
+  // 2 with allow_neg_eigval (eigenvalues of the transition in (-1, 1]), else 1.
+  bool use_beta_sigmoid_in_kernel = false;
+  float beta_scale = 1.0F;
 };
 
 // Arguments of chunk_kda (prefill over a packed variable-length batch).
@@ -52,16 +63,16 @@ struct KdaOptions {
 // cleared first).
 struct ChunkKdaArgs {
   // Outputs.
-  MutBuf o;                      // [T, H, V], dtype of q
-  float* final_state = nullptr;  // [N, H, K, V]; written when output_final_state
+  MutBuf o;                      // [T, HV, V], dtype of q
+  float* final_state = nullptr;  // [N, HV, K, V]; written when output_final_state
   // Inputs.
   ConstBuf q, k;                         // [T, H, K]
-  ConstBuf v;                            // [T, H, V]
-  ConstBuf g;                            // [T, H, K] log decay (or raw gate, see options)
-  ConstBuf beta;                         // [T, H]
+  ConstBuf v;                            // [T, HV, V]
+  ConstBuf g;                            // [T, HV, K] log decay (or raw gate, see options)
+  ConstBuf beta;                         // [T, HV]
   const int64_t* cu_seqlens = nullptr;   // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
-  const float* initial_state = nullptr;  // [N, H, K, V] or null (zeros); may alias final_state
-  // Pool form (see above): state [S, H, K, V], read and written in place
+  const float* initial_state = nullptr;  // [N, HV, K, V] or null (zeros); may alias final_state
+  // Pool form (see above): state [S, HV, K, V], read and written in place
   // (the final state only when output_final_state).
   float* state = nullptr;
   const int32_t* state_indices = nullptr;      // [N] or null (contiguous form)
@@ -71,7 +82,7 @@ struct ChunkKdaArgs {
   // Optional mid-sequence state snapshots, emitted during the one pass over the
   // tokens (prefix caching): sequence n writes its state after
   // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
-  // to snapshot_states[j] (an [H, K, V] fp32 destination each, distinct from
+  // to snapshot_states[j] (an [HV, K, V] fp32 destination each, distinct from
   // every other state). Offsets count from the sequence start (its initial
   // state included), strictly increase, and are multiples of kSnapshotAlign
   // in (0, length] or the length itself. Padding sequences have none. Null
@@ -81,7 +92,8 @@ struct ChunkKdaArgs {
   float* const* snapshot_states = nullptr;    // [snapshot_cu[N]] destinations
   int64_t T = 0;
   int64_t N = 0;
-  int H = 0, K = 0, V = 0;
+  int H = 0, HV = 0, K = 0, V = 0;
+  bool state_v_first = false;  // every state above is [.., HV, V, K] (snapshots excluded)
   KdaOptions options;
 };
 
@@ -89,24 +101,49 @@ struct ChunkKdaArgs {
 // sequence's length.
 inline constexpr int64_t kSnapshotAlign = 64;
 
-// Arguments of fused_recurrent_kda (decode: one token for each of N sequences,
-// the state updated in place in a state buffer through an index array).
+// Arguments of fused_recurrent_kda: the recurrence token by token over N
+// packed sequences (decode: one token each; speculative verification: a few).
+//
+// States come in one of two forms:
+// - contiguous (state_indices null): sequence n starts from initial_state[n]
+//   (null: zeros) and, when final_state is set, writes its state after its
+//   last token to final_state[n] (which may be initial_state's buffer);
+// - pool (state_indices set): states live in state [S, HV, K, V], read and
+//   written in place. state_indices is [N, C] (C = index_cols; 1-D indices
+//   are C = 1). Sequence n starts from slot idx[n][a - 1], a =
+//   num_accepted_tokens[n] (absent: 1); an index < 0 there marks a padding
+//   sequence: zero outputs, no state read or written. With C = 1 its state
+//   after its last token goes to slot idx[n][0]; with C > 1 its state after
+//   token t goes to slot idx[n][t] (negative: not written), t < C. With
+//   token_states set instead (fla's inplace_final_state=False) the pool is
+//   only read, and the state after every token t of sequence n goes to
+//   token_states[cu_seqlens[n] + t] ([T, HV, K, V]).
+// Different sequences touch disjoint slots.
 struct RecurrentKdaArgs {
   // Outputs.
-  MutBuf o;  // [N, H, V], dtype of q
-  // State buffer [S, H, K, V] fp32, read and written in place: sequence n uses
-  // state[state_indices[n]]. An index < 0 marks a padding entry: its output is
-  // zero and no state is read or written.
-  float* state = nullptr;
-  const int32_t* state_indices = nullptr;  // [N]
-  int64_t num_states = 0;                  // S, the number of states in the buffer
+  MutBuf o;  // [T, HV, V], dtype of q
   // Inputs.
-  ConstBuf q, k;  // [N, H, K]
-  ConstBuf v;     // [N, H, V]
-  ConstBuf g;     // [N, H, K]
-  ConstBuf beta;  // [N, H]
+  ConstBuf q, k;  // [T, H, K]
+  ConstBuf v;     // [T, HV, V]
+  ConstBuf g;     // [T, HV, K]
+  ConstBuf beta;  // [T, HV], or [T, HV, V] with beta_per_value
+  bool beta_per_value = false;
+  const int64_t* cu_seqlens = nullptr;  // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
+  // Contiguous form.
+  const float* initial_state = nullptr;  // [N, HV, K, V] or null (zeros)
+  float* final_state = nullptr;          // [N, HV, K, V] or null (not written)
+  // Pool form.
+  float* state = nullptr;                  // [S, HV, K, V]
+  const int32_t* state_indices = nullptr;  // [N, index_cols]
+  int64_t index_cols = 1;
+  int64_t num_states = 0;                        // S
+  const int32_t* num_accepted_tokens = nullptr;  // [N] in [1, index_cols], or null
+  bool write_slots = true;                       // the states go to the pool's slots
+  float* token_states = nullptr;                 // [T, HV, K, V] or null, without write_slots
+  int64_t T = 0;
   int64_t N = 0;
-  int H = 0, K = 0, V = 0;
+  int H = 0, HV = 0, K = 0, V = 0;
+  bool state_v_first = false;  // every state above is [.., HV, V, K]
   KdaOptions options;
 };
 
@@ -117,28 +154,38 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a);
 
 // ------------------------------------------------------------------ calls
 
-// chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.
-// B batch rows of T tokens; with cu_seqlens B = 1 and the T tokens are N
-// packed sequences, without it the rows are N = B sequences of T tokens.
-struct ChunkKdaCall {
-  // Outputs (absent in a shape check).
-  MutTensorView o;            // [B, T, H, V], q's dtype
-  MutTensorView final_state;  // [N, H, K, V] f32; required with output_final_state (contiguous form)
-  // Inputs, in fla's order.
-  TensorView q, k;             // [B, T, H, K], f32 or bf16 (one dtype with v)
-  TensorView v;                // [B, T, H, V]
-  TensorView g;                // [B, T, H, K] f32 or bf16: log decay, or the raw gate with use_gate_in_kernel
-  TensorView beta;             // [B, T, H] f32 or bf16
+// What both calls share: the tokens, the output, the sequences and the
+// options, in fla's names. B batch rows of T tokens; with cu_seqlens B = 1 and
+// the T tokens are N packed sequences, without it the rows are N = B
+// sequences of T tokens.
+struct KdaCallCommon {
+  MutTensorView o;  // [B, T, HV, V], q's dtype (absent in a shape check)
+  // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, one dtype.
+  TensorView q, k, v;
+  TensorView g;                // [B, T, HV, K]: log decay, or the raw gate with use_gate_in_kernel
+  TensorView beta;             // [B, T, HV] (fused_recurrent_kda also [B, T, HV, V])
   std::optional<float> scale;  // none: K^-0.5; else finite and > 0
-  TensorView initial_state;    // [N, H, K, V] f32, optional (zeros); may be final_state's buffer
-  bool output_final_state = false;
   bool use_qk_l2norm_in_kernel = false;
   bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;     // requires use_beta_sigmoid_in_kernel
+  std::optional<float> lower_bound;  // < 0; with use_gate_in_kernel, fla's sigmoid gate
+  // States (every state argument of the call) as [.., HV, V, K] instead of [.., HV, K, V].
+  bool state_v_first = false;
   TensorView cu_seqlens;  // [N + 1] i64 or i32, optional
-  TensorView A_log;       // [H] f32, required with use_gate_in_kernel (else ignored, as fla)
-  TensorView dt_bias;     // [H * K] or [H, K] f32, optional with use_gate_in_kernel
+  TensorView A_log;       // [HV] f32: required with use_gate_in_kernel unless lower_bound is set (else ignored, as fla)
+  TensorView dt_bias;     // [HV * K] or [HV, K] f32, optional with use_gate_in_kernel
+};
+
+// chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.
+struct ChunkKdaCall : KdaCallCommon {
+  MutTensorView final_state;  // [N, HV, K, V] f32; required with output_final_state (contiguous form)
+  TensorView initial_state;   // [N, HV, K, V] f32, optional (zeros); may be final_state's buffer
+  bool output_final_state = false;
+  bool safe_gate = false;  // validated as fla does (lower_bound in [-5, 0) with use_gate_in_kernel)
+  int chunk_size = 64;     // 32 or 64, as fla
   // kda's pool form: with state_indices [N] i32, sequence n reads and writes
-  // state[state_indices[n]] of the pool [S, H, K, V] f32 in place (negative:
+  // state[state_indices[n]] of the pool [S, HV, K, V] f32 in place (negative:
   // padding), whatever output_final_state says; initial_state and final_state
   // stay absent.
   MutTensorView state;
@@ -150,26 +197,32 @@ struct ChunkKdaCall {
   float* const* snapshot_states = nullptr;
 };
 
-// fused_recurrent_kda as vLLM calls it: one token for each of N sequences,
-// each updating its state in the pool in place.
-struct RecurrentKdaCall {
-  MutTensorView o;  // [B, T, H, V], q's dtype (absent in a shape check)
-  // q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H]: N = B * T tokens,
-  // either [N, 1, ...], or [1, N, ...] with cu_seqlens = [0, 1, ..., N].
-  TensorView q, k, v, g, beta;
-  std::optional<float> scale;
-  MutTensorView initial_state;   // the pool [S, H, K, V] f32, updated in place
-  TensorView cu_seqlens;         // [N + 1] i64 or i32, optional
-  TensorView ssm_state_indices;  // [N] i32: sequence n uses initial_state[ssm_state_indices[n]]; < 0 padding
-  bool use_qk_l2norm_in_kernel = false;
-  bool use_gate_in_kernel = false;
-  TensorView A_log, dt_bias;  // as ChunkKdaCall
+// fused_recurrent_kda_fwd as vLLM calls it (fla's pool and speculative
+// entry): the recurrence token by token (see RecurrentKdaArgs).
+// - inplace_final_state (the default): the final states go back into
+//   initial_state (required): with ssm_state_indices it is the pool
+//   [S, HV, K, V] (1-D indices [N], or 2-D [N, C] with a slot per token),
+//   without it [N, HV, K, V] (state n).
+// - otherwise, with output_final_state, final_state receives them:
+//   [N, HV, K, V] (state after each sequence's last token) without indices,
+//   [T_total, HV, K, V] (state after every token, row bos + t) with them.
+// num_accepted_tokens [N] (2-D indices only): sequence n starts from slot
+// idx[n][num_accepted_tokens[n] - 1].
+struct RecurrentKdaCall : KdaCallCommon {
+  MutTensorView initial_state;  // f32: the pool, or [N, HV, K, V]; optional without inplace_final_state
+  MutTensorView final_state;    // f32, see above
+  bool output_final_state = false;
+  bool inplace_final_state = true;
+  TensorView ssm_state_indices;    // [N] or [N, C] i32; < 0 padding
+  TensorView num_accepted_tokens;  // [N] i32 or i64, optional
 };
 
-// The sizes a call implies: o is [B, T, H, V], a final state [N, H, K, V].
+// The sizes a call implies: o is [B, T, HV, V], a final state [N, HV, K, V]
+// (fused_recurrent_kda with indices and without inplace_final_state:
+// [B * T, HV, K, V]).
 struct KdaCallShapes {
   int64_t B = 0, T = 0, N = 0;
-  int H = 0, K = 0, V = 0;
+  int H = 0, HV = 0, K = 0, V = 0;
   int64_t num_states = 0;  // S of the pool form (0 otherwise)
 };
 

@@ -148,17 +148,19 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 
 def check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel,
                     use_gate_in_kernel, A_log, dt_bias) -> dict:
-    """As check_chunk, for fused_recurrent_kda (None indices: sequence n uses initial_state[n])."""
+    """As check_chunk, for fused_recurrent_kda (None indices: sequence n uses initial_state[n], as the
+    handler is called)."""
     gate = bool(use_gate_in_kernel)
-    args = dict(o=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta), scale=scale,
-                initial_state=_spec(initial_state), cu_seqlens=_index_spec(cu_seqlens),
+    args = dict(o=None, final_state=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta),
+                scale=scale, initial_state=_spec(initial_state), cu_seqlens=_index_spec(cu_seqlens),
                 use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
                 A_log=_spec(A_log, jnp.float32) if gate else None,
                 dt_bias=_spec(dt_bias, jnp.float32) if gate else None, check_only=True)
-    s = _core().fused_recurrent_kda(ssm_state_indices=_index_spec(ssm_state_indices), **args)
-    if ssm_state_indices is None and initial_state is not None:
-        _core().fused_recurrent_kda(ssm_state_indices=np.arange(s["N"], dtype=np.int32), **args)
-    return s
+    idx = ssm_state_indices
+    if idx is None and initial_state is not None:
+        n = (len(cu_seqlens) - 1) if cu_seqlens is not None else int(np.shape(q)[0])
+        idx = np.arange(max(n, 0), dtype=np.int32)
+    return _core().fused_recurrent_kda(ssm_state_indices=_index_spec(idx), **args)
 
 
 def check_cpu(who: str, spec: _args.Spec) -> None:

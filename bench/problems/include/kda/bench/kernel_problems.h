@@ -17,16 +17,16 @@
 
 namespace kda::bench {
 
-// A float buffer stored as F32 or BF16.
+// A float buffer stored as F32, BF16 or F16.
 // Stored in scratch blocks, as the layer's activations are (large ones on
 // huge pages).
 class TypedBuffer {
  public:
   TypedBuffer(const std::vector<float>& x, DType dtype);
   ConstBuf Const() const {
-    return {dtype_ == DType::kBF16 ? static_cast<const void*>(bf16_.data()) : f32_.data(), dtype_};
+    return {dtype_ == DType::kF32 ? static_cast<const void*>(f32_.data()) : half_.data(), dtype_};
   }
-  MutBuf Mut() { return {dtype_ == DType::kBF16 ? static_cast<void*>(bf16_.data()) : f32_.data(), dtype_}; }
+  MutBuf Mut() { return {dtype_ == DType::kF32 ? static_cast<void*>(f32_.data()) : half_.data(), dtype_}; }
   // A C-contiguous view of the buffer as `shape`.
   TensorView View(std::initializer_list<int64_t> shape) const { return ContiguousView(Const().data, dtype_, shape); }
   MutTensorView MutView(std::initializer_list<int64_t> shape) { return ContiguousView(Mut().data, dtype_, shape); }
@@ -34,7 +34,7 @@ class TypedBuffer {
  private:
   DType dtype_;
   ScratchArray<float> f32_;
-  ScratchArray<BF16> bf16_;
+  ScratchArray<uint16_t> half_;  // BF16 or F16 bits
 };
 
 // Token inputs of `rows` (token, head) rows: q, k, v, g [rows, K], beta [rows].
@@ -99,6 +99,29 @@ struct DecodeProblem {
   std::vector<float> states;
   std::vector<int32_t> indices;
   RecurrentKdaCall call;  // [N, 1, H, K] tokens; initial_state: layer 0's [N, H, K, V] states
+};
+
+// fla's options at the layer's scale: a packed batch of sequences of the
+// given lengths with H query/key heads, HV value heads and head dims K, V, in
+// `dtype` (g and beta fp32), with contiguous states; the same tokens as a
+// chunk_kda call, a fused_recurrent_kda call (several tokens per sequence,
+// the final states back into the initial ones), and a speculative
+// verification step (a pool slot per token through 2-D indices, every draft
+// accepted).
+struct FlaProblem {
+  FlaProblem(const std::vector<int64_t>& lengths, int heads, int value_heads, int k_dim, int v_dim, DType dtype,
+             uint32_t seed = 1);
+  FlaProblem(const FlaProblem&) = delete;
+  FlaProblem& operator=(const FlaProblem&) = delete;
+  int64_t T() const { return cu.back(); }
+  int64_t N() const { return static_cast<int64_t>(cu.size()) - 1; }
+  std::vector<int64_t> cu;
+  TypedBuffer q, k, v, g, beta, o;
+  std::vector<float> initial, final_state, pool;
+  std::vector<int32_t> slots, accepted;  // [N, C] slots per token, [N] accepted counts
+  ChunkKdaCall chunk;
+  RecurrentKdaCall recurrent;
+  RecurrentKdaCall speculative;
 };
 
 }  // namespace kda::bench

@@ -1,0 +1,348 @@
+"""fla's KDA API (fla-core 0.6.0) through kda's entries: signatures, keywords passed through **kwargs,
+every option against a float64 recurrence written here (independent of the kernels), numpy and torch."""
+
+import warnings
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kda
+
+
+def recurrence_f64(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
+                   use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
+                   use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False, cu_seqlens=None):
+    """The KDA recurrence in float64 with fla's options; (o [B, T, HV, V], final states [N, HV, K, V])."""
+    q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    if cu_seqlens is None:
+        seqs = [(b, 0, T) for b in range(B)]
+    else:
+        seqs = [(0, int(cu_seqlens[n]), int(cu_seqlens[n + 1])) for n in range(len(cu_seqlens) - 1)]
+    o = np.zeros((B, T, HV, V))
+    finals = np.zeros((len(seqs), HV, V, K) if state_v_first else (len(seqs), HV, K, V))
+    for n, (b, bos, eos) in enumerate(seqs):
+        for h in range(HV):
+            kh = h // (HV // H)
+            S = np.zeros((K, V))
+            if initial_state is not None:
+                s0 = np.asarray(initial_state[n, h], np.float64)
+                S = s0.T.copy() if state_v_first else s0.copy()
+            for t in range(bos, eos):
+                qt, kt = q[b, t, kh].copy(), k[b, t, kh].copy()
+                if use_qk_l2norm_in_kernel:
+                    qt /= np.sqrt((qt * qt).sum() + 1e-6)
+                    kt /= np.sqrt((kt * kt).sum() + 1e-6)
+                gt = g[b, t, h].copy()
+                if use_gate_in_kernel:
+                    x = gt + (0 if dt_bias is None else np.asarray(dt_bias, np.float64).reshape(HV, K)[h])
+                    if lower_bound is not None:
+                        a = 1.0 if A_log is None else np.exp(float(A_log[h]))
+                        gt = lower_bound / (1 + np.exp(-a * x))
+                    else:
+                        gt = -np.exp(float(A_log[h])) * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+                bt = beta[b, t, h]
+                if use_beta_sigmoid_in_kernel:
+                    bt = (2.0 if allow_neg_eigval else 1.0) / (1 + np.exp(-bt))
+                S = S * np.exp(gt)[:, None]
+                S = S + np.outer(kt, bt * (v[b, t, h] - kt @ S))
+                o[b, t, h] = (scale * qt) @ S
+            finals[n, h] = S.T if state_v_first else S
+    return o, finals
+
+
+def problem(B=1, T=9, H=2, HV=4, K=12, V=20, seed=0, beta_per_value=False, logits=False):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, H, K)).astype(np.float32)
+    k = rng.standard_normal((B, T, H, K)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((B, T, HV, V)).astype(np.float32)
+    g = (-np.exp(rng.standard_normal((B, T, HV, K)) - 2)).astype(np.float32)
+    shape = (B, T, HV, V) if beta_per_value else (B, T, HV)
+    beta = (rng.standard_normal(shape) if logits else rng.uniform(0, 1, shape)).astype(np.float32)
+    return q, k, v, g, beta
+
+
+def close(got, want, what):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-4, atol=1e-5, err_msg=what)
+
+
+# --- options against the float64 recurrence --------------------------------------------------------
+
+OPTIONS = [
+    dict(),
+    dict(use_qk_l2norm_in_kernel=True, scale=0.4),
+    dict(use_beta_sigmoid_in_kernel=True),
+    dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+    dict(use_gate_in_kernel=True, gate="softplus"),
+    dict(use_gate_in_kernel=True, gate="lower_bound"),
+    dict(use_gate_in_kernel=True, gate="lower_bound_no_A"),
+    dict(state_v_first=True),
+]
+
+
+def _prepare(opts, rng, HV, K, g):
+    opts = dict(opts)
+    gate = opts.pop("gate", None)
+    if gate is not None:
+        g = rng.standard_normal(g.shape).astype(np.float32)
+        opts["dt_bias"] = (0.3 * rng.standard_normal(HV * K)).astype(np.float32)
+        if gate != "lower_bound_no_A":
+            opts["A_log"] = np.log(rng.uniform(1, 5, HV)).astype(np.float32)
+        if gate.startswith("lower_bound"):
+            opts["lower_bound"] = -4.0
+    return opts, g
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("kernel", ["reference", "optimized"])
+def test_chunk_and_recurrent_options_match_float64(opts, kernel):
+    rng = np.random.default_rng(1)
+    H, HV, K, V = 2, 4, 12, 20
+    q, k, v, g, beta = problem(T=11, H=H, HV=HV, K=K, V=V, logits=opts.get("use_beta_sigmoid_in_kernel", False))
+    opts, g = _prepare(opts, rng, HV, K, g)
+    cu = np.array([0, 4, 4, 11])
+    h0 = (0.5 * rng.standard_normal((3, HV, V, K) if opts.get("state_v_first") else (3, HV, K, V))).astype(np.float32)
+    want_o, want_s = recurrence_f64(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **opts)
+    for entry in (kda.chunk_kda, kda.fused_recurrent_kda):
+        o, s = entry(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, kernel=kernel, **opts)
+        close(o, want_o, f"{entry.__name__} o")
+        close(s, want_s, f"{entry.__name__} final state")
+
+
+@pytest.mark.parametrize("dims", [(1, 1, 60, 100), (2, 2, 100, 60), (1, 3, 5, 3), (2, 2, 256, 7)])
+def test_head_dims_and_grouped_heads(dims):
+    H, HV, K, V = dims
+    q, k, v, g, beta = problem(B=2, T=6, H=H, HV=HV, K=K, V=V, seed=2)
+    want_o, want_s = recurrence_f64(q, k, v, g, beta)
+    for entry in (kda.chunk_kda, kda.fused_recurrent_kda):
+        o, s = entry(q, k, v, g, beta, output_final_state=True)
+        assert o.shape == (2, 6, HV, V) and s.shape == (2, HV, K, V)
+        close(o, want_o, f"{entry.__name__} o")
+        close(s, want_s, f"{entry.__name__} state")
+
+
+def test_beta_per_value_in_the_recurrent_entries():
+    q, k, v, g, beta = problem(T=7, seed=3, beta_per_value=True)
+    want_o, want_s = [], []
+    # A beta per value equals running each value column with its own scalar beta.
+    o, s = kda.fused_recurrent_kda(q, k, v, g, beta, output_final_state=True)
+    for j in range(v.shape[3]):
+        oj, sj = recurrence_f64(q, k, v[..., j:j + 1], g, beta[..., j])
+        want_o.append(oj)
+        want_s.append(sj)
+    close(o, np.concatenate(want_o, axis=-1), "o")
+    close(s, np.concatenate(want_s, axis=-1), "state")
+    with pytest.raises(ValueError, match=r"beta: expected shape \[B, T, HV\] ="):
+        kda.chunk_kda(q, k, v, g, beta)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_precision_inputs(dtype):
+    q, k, v, g, beta = problem(T=8, seed=4)
+    half = [x.astype(dtype) for x in (q, k, v)]
+    o, s = kda.chunk_kda(*half, g.astype(dtype), beta.astype(dtype), output_final_state=True)
+    assert o.dtype == np.dtype(dtype)
+    # The same arithmetic on the half-precision values, the output rounded once.
+    o32, s32 = kda.chunk_kda(*(x.astype(np.float32) for x in half), g.astype(dtype).astype(np.float32),
+                             beta.astype(dtype).astype(np.float32), output_final_state=True)
+    np.testing.assert_array_equal(o.astype(np.float32), o32.astype(dtype).astype(np.float32))
+    np.testing.assert_array_equal(s, s32)
+
+
+# --- the pool and speculative-decoding entry -------------------------------------------------------
+
+def test_fwd_slots_per_token_and_accepted_counts():
+    rng = np.random.default_rng(5)
+    H, HV, K, V = 1, 2, 8, 12
+    q, k, v, g, beta = problem(T=7, H=H, HV=HV, K=K, V=V, seed=5)
+    cu = np.array([0, 3, 5, 7])
+    idx = np.array([[0, 1, 2], [3, 4, -1], [-1, 5, 6]], np.int32)
+    accepted = np.array([2, 1, 1], np.int32)  # sequence 2 reads idx[2, 0] = -1: padding
+    pool0 = rng.standard_normal((8, HV, K, V)).astype(np.float32)
+    pool = pool0.copy()
+    o, s = kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx,
+                                       num_accepted_tokens=accepted)
+    assert s is pool
+    for n, read in ((0, 1), (1, 3)):
+        for t in range(cu[n + 1] - cu[n]):
+            sl = slice(cu[n], cu[n] + t + 1)
+            wo, ws = recurrence_f64(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=pool0[read][None])
+            close(o[0, cu[n] + t], wo[0, -1], f"o of sequence {n} token {t}")
+            if idx[n, t] >= 0:
+                close(pool[idx[n, t]], ws[0], f"slot {idx[n, t]}")
+    assert not o[0, 5:].any()  # padding
+    np.testing.assert_array_equal(pool[[5, 6, 7]], pool0[[5, 6, 7]])
+    # The same through fla's public entry, whose **kwargs would drop the pool keywords: honoured.
+    pool2 = pool0.copy()
+    o2, s2 = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool2, cu_seqlens=cu, ssm_state_indices=idx,
+                                     num_accepted_tokens=accepted)
+    assert s2 is pool2
+    np.testing.assert_array_equal(o2, o)
+    np.testing.assert_array_equal(pool2, pool)
+    # inplace_final_state=False: the pool only read, the state after every token in a new [T, HV, K, V].
+    pool3 = pool0.copy()
+    o3, s3 = kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool3, cu_seqlens=cu, ssm_state_indices=idx,
+                                         num_accepted_tokens=accepted, inplace_final_state=False,
+                                         output_final_state=True)
+    np.testing.assert_array_equal(pool3, pool0)
+    np.testing.assert_array_equal(o3, o)
+    assert s3.shape == (7, HV, K, V)
+    np.testing.assert_array_equal(s3[2], pool[2])
+    assert not s3[5:].any()
+    # out= receives o.
+    out = np.full_like(o, np.nan)
+    o4, _ = kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool0.copy(), cu_seqlens=cu,
+                                        ssm_state_indices=idx, num_accepted_tokens=accepted, out=out)
+    assert o4 is out
+    np.testing.assert_array_equal(out, o)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(num_accepted_tokens=np.array([0, 1], np.int32)), r"num_accepted_tokens\[0\] = 0 must be in \[1, 2\]"),
+    (dict(ssm_state_indices=np.array([[0, 1], [1, 2]], np.int32)), r"state slot 1 is used by sequences 0 and 1"),
+    (dict(ssm_state_indices=np.array([0, 1], np.int32), num_accepted_tokens=np.array([1, 1], np.int32)),
+     r"num_accepted_tokens needs 2-D ssm_state_indices"),
+    (dict(cu_seqlens=np.array([0, 3, 4])), r"sequence 0 has 3 tokens but ssm_state_indices has 2 slots"),
+    (dict(ssm_state_indices=np.array([[0, 4], [2, 3]], np.int32)),
+     r"ssm_state_indices\[0, 1\] = 4 is out of range for num_states = 4"),
+])
+def test_fwd_refuses_bad_slots_without_writing(bad, match):
+    q, k, v, g, beta = problem(T=4, H=1, HV=1, K=8, V=8, seed=6)
+    pool = np.ones((4, 1, 8, 8), np.float32)
+    a = dict(initial_state=pool, cu_seqlens=np.array([0, 2, 4]), ssm_state_indices=np.array([[0, 1], [2, 3]], np.int32))
+    a.update(bad)
+    with pytest.raises(ValueError, match=match):
+        kda.fused_recurrent_kda_fwd(q, k, v, g, beta, **a)
+    assert (pool == 1).all()
+
+
+# --- keywords --------------------------------------------------------------------------------------
+
+def test_unknown_keywords_are_refused_by_name():
+    q, k, v, g, beta = problem(T=3)
+    with pytest.raises(TypeError, match=r"chunk_kda\(\) got an unexpected keyword argument 'use_l2norm'"):
+        kda.chunk_kda(q, k, v, g, beta, use_l2norm=True)
+    with pytest.raises(TypeError, match=r"fused_recurrent_kda\(\) got an unexpected keyword argument 'head_first'"):
+        kda.fused_recurrent_kda(q, k, v, g, beta, head_first=False)
+    with pytest.raises(TypeError, match=r"fused_recurrent_kda_fwd\(\) got an unexpected keyword argument 'foo'"):
+        kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=np.zeros((1, 4, 12, 20), np.float32), foo=1)
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        kda.chunk_kda(q, k, v, g, beta, cp_context=object())
+    with pytest.raises(NotImplementedError, match="return_intermediate_states"):
+        kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True)
+
+
+def test_hints_and_deprecated_keywords_are_accepted():
+    q, k, v, g, beta = problem(T=5)
+    want, want_s = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, state_v_first=True)
+    o, s = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, state_v_first=True, disable_recompute=True,
+                         cu_seqlens_cpu=np.array([0, 5]), use_graph=False, max_num_seqs=4, chunk_size=32)
+    np.testing.assert_array_equal(o, want)
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout"):
+        o2, s2 = kda.chunk_kda(q, k, v, g, beta, output_final_state=True, transpose_state_layout=True)
+    np.testing.assert_array_equal(s2, want_s)
+    assert s2.shape == (1, 4, 20, 12)
+    with pytest.raises(ValueError, match="Cannot pass both"):
+        kda.chunk_kda(q, k, v, g, beta, state_v_first=True, transpose_state_layout=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kda.fused_recurrent_kda(q, k, v, g, beta)  # nothing deprecated: no warning
+
+
+def test_fla_argument_order_of_fused_recurrent_kda():
+    # fla's public order: q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state.
+    rng = np.random.default_rng(7)
+    q, k, v, g, beta = problem(T=4, seed=7)
+    g = rng.standard_normal(g.shape).astype(np.float32)
+    a_log = np.zeros(4, np.float32)
+    bias = np.zeros(4 * 12, np.float32)
+    h0 = rng.standard_normal((1, 4, 12, 20)).astype(np.float32)
+    o, s = kda.fused_recurrent_kda(q, k, v, g, beta, a_log, bias, 0.5, h0, True, use_gate_in_kernel=True)
+    want_o, want_s = recurrence_f64(q, k, v, g, beta, scale=0.5, initial_state=h0, use_gate_in_kernel=True,
+                                    A_log=a_log, dt_bias=bias)
+    close(o, want_o, "o")
+    close(s, want_s, "state")
+
+
+def test_fused_kda_gate_both_forms():
+    rng = np.random.default_rng(8)
+    g = rng.standard_normal((3, 2, 4, 6)).astype(np.float32) * 8
+    a_log = rng.standard_normal(4).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    x = g.astype(np.float64) + bias.reshape(4, 6)
+    soft = np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+    np.testing.assert_allclose(kda.fused_kda_gate(g, a_log, bias), -np.exp(a_log.astype(np.float64))[:, None] * soft,
+                               rtol=1e-5, atol=1e-6)
+    lb = kda.fused_kda_gate(g, a_log, bias, lower_bound=-5.0)
+    np.testing.assert_allclose(lb, -5.0 / (1 + np.exp(-np.exp(a_log.astype(np.float64))[:, None] * x)), rtol=1e-5,
+                               atol=1e-6)
+    assert (lb < 0).all() and (lb >= -5).all()
+    np.testing.assert_allclose(kda.fused_kda_gate(g, None, bias, lower_bound=-2.0), -2.0 / (1 + np.exp(-x)),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="A_log is required"):
+        kda.fused_kda_gate(g)
+
+
+def test_torch_entries_match_numpy():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    import kda.torch as kt
+
+    q, k, v, g, beta = problem(T=6, seed=9, logits=True)
+    t = [torch.from_numpy(x) for x in (q, k, v, g, beta)]
+    opts = dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, state_v_first=True, output_final_state=True)
+    for np_entry, t_entry in ((kda.chunk_kda, kt.chunk_kda), (kda.fused_recurrent_kda, kt.fused_recurrent_kda)):
+        want_o, want_s = np_entry(q, k, v, g, beta, **opts)
+        o, s = t_entry(*t, **opts)
+        np.testing.assert_array_equal(o.numpy(), want_o)
+        np.testing.assert_array_equal(s.numpy(), want_s)
+    h = [x.half() for x in t[:3]]
+    o16, _ = kt.chunk_kda(*h, t[3], t[4])
+    assert o16.dtype == torch.float16
+
+
+# --- kda as fla's CPU backend ----------------------------------------------------------------------
+
+def _fla():
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("fla", reason="fla-core is not installed (pip install '.[fla]')")
+    import kda.fla  # noqa: F401  (registers kda with fla.backends)
+    import fla.ops.kda as fk
+
+    return fk
+
+
+def test_fla_entries_run_kda_on_cpu():
+    import torch
+
+    fk = _fla()
+    from fla.ops.kda.gate import fused_kda_gate
+    from fla.ops.kda.naive import naive_recurrent_kda
+
+    q, k, v, g, beta = (torch.from_numpy(x) for x in problem(B=2, T=7, H=2, HV=4, K=12, V=20, seed=10))
+    h0 = torch.randn(2, 4, 12, 20)
+    with torch.no_grad():
+        want_o, want_s = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        o, s = fk.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(s, want_s, rtol=1e-4, atol=1e-5)
+        o2, s2 = fk.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        torch.testing.assert_close(o2, want_o, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(s2, want_s, rtol=1e-4, atol=1e-5)
+        # fla's gate entry, both forms.
+        a_log, bias = torch.randn(4), torch.randn(4 * 12)
+        torch.testing.assert_close(fused_kda_gate(g, a_log, bias), torch.from_numpy(kda.fused_kda_gate(g.numpy(), a_log.numpy(), bias.numpy())))
+        lb = fused_kda_gate(g, None, bias, lower_bound=-5.0)
+        assert (lb < 0).all() and (lb >= -5).all()
+
+
+def test_fla_refusals_surface_from_kda():
+    import torch
+
+    fk = _fla()
+    q, k, v, g, beta = (torch.from_numpy(x) for x in problem(T=4, seed=11))
+    with torch.no_grad(), pytest.raises(ValueError, match=r"chunk_kda: k: expected shape"):
+        fk.chunk_kda(q, k[:, :, :1], v, g, beta)
