@@ -34,7 +34,7 @@ from ._arrays import (
 _HINTS = ("disable_recompute", "cu_seqlens_cpu", "use_graph", "max_num_seqs")
 
 
-def _state_v_first(who: str, state_v_first: bool, kwargs: dict) -> bool:
+def _state_v_first(state_v_first: bool, kwargs: dict) -> bool:
     """fla's deprecated ``transpose_state_layout`` (popped from kwargs), with fla's warning."""
     if "transpose_state_layout" not in kwargs:
         return bool(state_v_first)
@@ -53,8 +53,10 @@ def _refuse_unknown(who: str, kwargs: dict, known) -> None:
                             f"see docs/fla-api.md)")
 
 
-def _forward_only(who: str, tensors: dict) -> None:
-    """kda has no backward pass: a tensor that requires grad under grad mode is refused."""
+def _check_grad(who: str, **tensors) -> None:
+    """kda has no backward pass: a torch tensor that requires grad under grad mode is refused."""
+    if not any(x is not None and is_torch(x) for x in tensors.values()):
+        return
     import torch
 
     if not torch.is_grad_enabled():
@@ -65,9 +67,43 @@ def _forward_only(who: str, tensors: dict) -> None:
                                f"call it under torch.no_grad() or torch.inference_mode()")
 
 
-def _check_grad(who: str, **tensors) -> None:
-    if any(x is not None and is_torch(x) for x in tensors.values()):
-        _forward_only(who, tensors)
+_CHUNK_KEYWORDS = ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel")
+
+
+def _chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, **tensors) -> bool:
+    """chunk_kda's keyword handling, shared by the numpy and torch entries; returns state_v_first."""
+    state_v_first = _state_v_first(state_v_first, kwargs)
+    _refuse_unknown("chunk_kda", kwargs, _CHUNK_KEYWORDS)
+    if cp_context is not None:
+        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
+    if return_intermediate_states:
+        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    _check_grad("chunk_kda", A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"), **tensors)
+    return state_v_first
+
+
+def _fwd_keywords(state_v_first, kwargs, **tensors) -> bool:
+    """fused_recurrent_kda_fwd's keyword handling (numpy and torch entries); returns state_v_first."""
+    state_v_first = _state_v_first(state_v_first, kwargs)
+    _refuse_unknown("fused_recurrent_kda_fwd", kwargs, ("kernel",))
+    _check_grad("fused_recurrent_kda_fwd", **tensors)
+    return state_v_first
+
+
+def public_recurrent(fwd, q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                     use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                     lower_bound, state_v_first, cu_seqlens, kwargs):
+    """fla's public fused_recurrent_kda as a call of a front end's ``fwd`` entry: contiguous states
+    (inplace_final_state=False) unless the pool keywords, honoured with _fwd's meaning, are given."""
+    state_v_first = _state_v_first(state_v_first, kwargs)
+    _refuse_unknown("fused_recurrent_kda", kwargs, (*_POOL_KEYWORDS, "kernel"))
+    if not any(name in kwargs for name in _POOL_KEYWORDS):
+        kwargs["inplace_final_state"] = False
+    return fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
+               output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+               use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+               lower_bound=lower_bound, **kwargs)
 
 
 def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
@@ -124,16 +160,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     Returns ``(o, final_state or None)``; o ``[B, T, HV, V]`` has q's dtype, in q's framework (torch
     in, torch out; else numpy).
     """
-    who = "chunk_kda"
-    state_v_first = _state_v_first(who, state_v_first, kwargs)
-    _refuse_unknown(who, kwargs, ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel"))
-    if cp_context is not None:
-        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
-    if return_intermediate_states:
-        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    state_v_first = _chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, q=q, k=k, v=v,
+                                    g=g, beta=beta, initial_state=initial_state)
     A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
     state_indices = kwargs.get("state_indices")
-    _check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
                    kwargs.get("kernel", "auto"))
@@ -177,22 +207,10 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
 
     Returns ``(o, final_state or None)``.
     """
-    who = "fused_recurrent_kda"
-    state_v_first = _state_v_first(who, state_v_first, kwargs)
-    _refuse_unknown(who, kwargs, (*_POOL_KEYWORDS, "kernel"))
-    if any(name in kwargs for name in _POOL_KEYWORDS):
-        return fused_recurrent_kda_fwd(
-            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
-            output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-            lower_bound=lower_bound, **kwargs)
-    return fused_recurrent_kda_fwd(
-        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
-        output_final_state=output_final_state, inplace_final_state=False, state_v_first=state_v_first,
-        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, kernel=kwargs.get("kernel", "auto"))
+    return public_recurrent(fused_recurrent_kda_fwd, q, k, v, g, beta, A_log, dt_bias, scale, initial_state,
+                            output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                            use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, cu_seqlens,
+                            kwargs)
 
 
 def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
@@ -217,10 +235,8 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     Returns ``(o, final_state)`` (final_state: initial_state itself with inplace_final_state, else
     the new buffer or None).
     """
-    who = "fused_recurrent_kda_fwd"
-    state_v_first = _state_v_first(who, state_v_first, kwargs)
-    _refuse_unknown(who, kwargs, ("kernel",))
-    _check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    state_v_first = _fwd_keywords(state_v_first, kwargs, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                                  A_log=A_log, dt_bias=dt_bias)
     args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
                    kwargs.get("kernel", "auto"))

@@ -114,16 +114,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
     """fla's ``chunk_kda`` through ``torch.ops.kda.chunk_kda`` (keywords as kda.chunk_kda): returns
     ``(o, final_state or None)``, the pool itself as the final state with ``state_indices``."""
-    who = "chunk_kda"
-    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
-    _kernels._refuse_unknown(who, kwargs, ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel"))
-    if cp_context is not None:
-        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
-    if return_intermediate_states:
-        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    state_v_first = _kernels._chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, q=q, k=k,
+                                             v=v, g=g, beta=beta, initial_state=initial_state)
     state_indices = kwargs.get("state_indices")
-    _kernels._check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=kwargs.get("A_log"),
-                         dt_bias=kwargs.get("dt_bias"))
     o, final = torch.ops.kda.chunk_kda(
         q, k, v, g, beta, _float(scale), initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
         bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
@@ -143,10 +136,8 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     """vLLM's ``fused_recurrent_kda_fwd`` through ``torch.ops.kda.fused_recurrent_kda_fwd`` (see
     kda.fused_recurrent_kda_fwd): returns ``(o, final_state)``; ``out`` receives o."""
     who = "fused_recurrent_kda_fwd"
-    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
-    _kernels._refuse_unknown(who, kwargs, ("kernel",))
-    _kernels._check_grad(who, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log,
-                         dt_bias=dt_bias)
+    state_v_first = _kernels._fwd_keywords(state_v_first, kwargs, q=q, k=k, v=v, g=g, beta=beta,
+                                           initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     o, final = torch.ops.kda.fused_recurrent_kda_fwd(
         q, k, v, g, beta, A_log, dt_bias, initial_state, _float(scale), bool(output_final_state),
         bool(inplace_final_state), bool(state_v_first), cu_seqlens, ssm_state_indices, num_accepted_tokens,
@@ -169,15 +160,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                         state_v_first=False, cu_seqlens=None, **kwargs):
     """fla's public ``fused_recurrent_kda`` (see kda.fused_recurrent_kda): contiguous states, the pool
     keywords of :func:`fused_recurrent_kda_fwd` honoured. Returns ``(o, final_state or None)``."""
-    who = "fused_recurrent_kda"
-    state_v_first = _kernels._state_v_first(who, state_v_first, kwargs)
-    _kernels._refuse_unknown(who, kwargs, (*_kernels._POOL_KEYWORDS, "kernel"))
-    pool = any(name in kwargs for name in _kernels._POOL_KEYWORDS)
-    if not pool:
-        kwargs["inplace_final_state"] = False
-    return fused_recurrent_kda_fwd(
-        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
-        output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        lower_bound=lower_bound, **kwargs)
+    return _kernels.public_recurrent(fused_recurrent_kda_fwd, q, k, v, g, beta, A_log, dt_bias, scale, initial_state,
+                                     output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                                     use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first,
+                                     cu_seqlens, kwargs)
