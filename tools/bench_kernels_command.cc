@@ -497,7 +497,7 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
     // Each step reads and writes the N states once (at T tokens per sequence, once per sequence).
     const double state_bytes = static_cast<double>(p.N()) * kHeads * kHeadDim * kHeadDim * sizeof(float);
     const double floor_us = state_bytes / (m.rmw_gbps * 1e3);
-    r.extra = {{"tokens_per_sequence", static_cast<double>(p.T() / p.N())},
+    r.extra = {{"tokens_per_sequence", static_cast<double>(p.T()) / static_cast<double>(p.N())},
                {"step_us", s.median * 1e6},
                {"rmw_floor_us", floor_us},
                {"ratio_to_rmw_floor", s.median * 1e6 / floor_us}};
