@@ -7,8 +7,7 @@
 // random index values, over fla's options (grouped value heads, any head dims,
 // float16, several tokens per sequence, slots per token and accepted counts,
 // V-first states). The call is shape-checked (data null), then bound and run
-// on the reference or the optimized kernels: a kda::Error, or a call that
-// stays in bounds.
+// on the reference kernels: a kda::Error, or a call that stays in bounds.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +21,6 @@
 #include "kda/kernels/chunk_kda_reference.h"
 #include "kda/kernels/fused_recurrent_kda_reference.h"
 #include "kda/kernels/kda_args.h"
-#include "kda/kernels/kda_optimized.h"
 
 namespace {
 
@@ -60,7 +58,6 @@ enum class Fill : uint8_t { kFloat, kCuSeqlens, kIndices, kFlags };
 struct Sizes {
   int64_t B, T, N, H, HV, K, V, S;
   int64_t C;  // slots per sequence of 2-D ssm_state_indices
-  bool optimized;
 };
 
 class CaseBuilder {
@@ -190,13 +187,15 @@ using kda::MutTensorView;
 using kda::TensorView;
 
 template <class Call>
-void SetTokens(Call& call, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
-  call.o = b.Make<MutTensorView>({s.B, s.T, s.H, s.V}, act, Fill::kFloat);
+void SetTokens(Call& call, Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  call.o = b.Make<MutTensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat);
   call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
   call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
-  call.v = b.Make<TensorView>({s.B, s.T, s.H, s.V}, act, Fill::kFloat);
-  call.g = b.Make<TensorView>({s.B, s.T, s.H, s.K}, gb, Fill::kFloat);
-  call.beta = b.Make<TensorView>({s.B, s.T, s.H}, gb, Fill::kFloat);
+  call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat);
+  call.g = b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat);
+  // A beta per value: fused_recurrent_kda's option (chunk_kda refuses it).
+  call.beta = c.OneIn(6) ? b.Make<TensorView>({s.B, s.T, s.HV, s.V}, gb, Fill::kFloat)
+                         : b.Make<TensorView>({s.B, s.T, s.HV}, gb, Fill::kFloat);
 }
 
 template <class Call>
@@ -204,10 +203,21 @@ void SetOptions(Call& call, Choices& c, CaseBuilder& b, const Sizes& s) {
   if (c.OneIn(3)) call.scale = c.OneIn(8) ? -1.0F : 0.125F * static_cast<float>(1 + c.Below(8));
   call.use_qk_l2norm_in_kernel = c.OneIn(2);
   call.use_gate_in_kernel = c.OneIn(3);
+  call.use_beta_sigmoid_in_kernel = c.OneIn(4);
+  call.allow_neg_eigval = c.OneIn(6);
+  call.state_v_first = c.OneIn(6);
+  if (c.OneIn(4)) call.lower_bound = c.OneIn(8) ? 0.5F : -0.5F * static_cast<float>(1 + c.Below(10));
   if (call.use_gate_in_kernel) {
-    call.A_log = b.Make<TensorView>({s.H}, DType::kF32, Fill::kFloat);
-    call.dt_bias = b.Make<TensorView>({s.H * s.K}, DType::kF32, Fill::kFloat, true);
+    call.A_log = b.Make<TensorView>({s.HV}, DType::kF32, Fill::kFloat, call.lower_bound.has_value());
+    call.dt_bias = b.Make<TensorView>({s.HV * s.K}, DType::kF32, Fill::kFloat, true);
   }
+}
+
+// [rows, HV, K, V] f32 states, [rows, HV, V, K] with state_v_first.
+template <class View, class Call>
+View States(CaseBuilder& b, const Call& call, const Sizes& s, int64_t rows, bool optional_absent = false) {
+  return call.state_v_first ? b.Make<View>({rows, s.HV, s.V, s.K}, DType::kF32, Fill::kFloat, optional_absent)
+                            : b.Make<View>({rows, s.HV, s.K, s.V}, DType::kF32, Fill::kFloat, optional_absent);
 }
 
 // The call with its token and output data null, for the shape check (which must not read them).
@@ -263,13 +273,8 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   shapes.initial_state.data = nullptr;
   shapes.final_state.data = nullptr;
   shapes.state.data = nullptr;
-  Exercise(call, shapes, kda::CheckChunkKdaShapes, [&s](const kda::ChunkKdaCall& c) {
-    if (s.optimized) {
-      kda::chunk_kda_optimized(kda::BindChunkKda(c));
-    } else {
-      kda::chunk_kda_reference(kda::BindChunkKda(c));
-    }
-  });
+  Exercise(call, shapes, kda::CheckChunkKdaShapes,
+           [](const kda::ChunkKdaCall& c) { kda::chunk_kda_reference(kda::BindChunkKda(c)); });
 }
 
 void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
@@ -307,13 +312,8 @@ void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType g
   kda::RecurrentKdaCall shapes = WithoutTokenData(call);
   shapes.initial_state.data = nullptr;
   shapes.final_state.data = nullptr;
-  Exercise(call, shapes, kda::CheckRecurrentKdaShapes, [&s](const kda::RecurrentKdaCall& c) {
-    if (s.optimized) {
-      kda::fused_recurrent_kda_optimized(kda::BindRecurrentKda(c));
-    } else {
-      kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c));
-    }
-  });
+  Exercise(call, shapes, kda::CheckRecurrentKdaShapes,
+           [](const kda::RecurrentKdaCall& c) { kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c)); });
 }
 
 }  // namespace
@@ -332,7 +332,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   s.N = 1 + c.Below(4);
   s.S = c.Below(8);
   s.C = 1 + c.Below(4);
-  s.optimized = c.OneIn(2);
   static constexpr DType kActs[] = {DType::kF32, DType::kBF16, DType::kF16};
   const DType act = kActs[c.Below(3)];
   const DType gb = kActs[c.Below(3)];
