@@ -515,6 +515,9 @@ CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
   cmd->add_flag("--json", opt.json, "One JSON object per line per measurement");
   cmd->add_option("--threads", opt.threads, "Worker threads (0: OpenMP default)");
   cmd->add_option("--repeats", opt.repeats, "Timed runs per measurement (median; the reference chunk kernel: R/3)");
+  cmd->add_option("--only", opt.only, "Row groups to run (default: all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "options"}));
   return cmd;
 }
 
@@ -528,11 +531,15 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   m.copy_gbps = MeasureCopyGbps(m.threads, opt.repeats);
   m.rmw_gbps = MeasureReadWriteGbps(m.threads, opt.repeats, opt.repeats > 0 ? 1.0F : 0.5F);
   PrintHeader(m, opt.json);
+  const auto run = [&](const char* group) {
+    return opt.only.empty() || std::find(opt.only.begin(), opt.only.end(), group) != opt.only.end();
+  };
 
   // The reference chunk kernel takes ~1 ms per token at these shapes: fewer runs.
   const int reference_repeats = (opt.repeats + 2) / 3;
   const std::vector<std::vector<int64_t>> prefill = {{2048}, std::vector<int64_t>(8, 256)};
   for (DType dtype : {DType::kF32, DType::kBF16}) {
+    if (!run("chunk")) break;
     for (const std::vector<int64_t>& lengths : prefill) {
       for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
         PrintRow(ChunkRow(m, impl, dtype, lengths, impl == KernelImpl::kReference ? reference_repeats : opt.repeats),
@@ -541,17 +548,22 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
     }
   }
   for (int64_t n : {1, 8, 32}) {
+    if (!run("recurrent")) break;
     for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
       PrintRow(RecurrentRow(m, impl, n, opt.repeats), opt.json);
     }
   }
   for (DType dtype : {DType::kBF16, DType::kF32}) {
+    if (!run("layer")) break;
     PrintRow(LayerRow(m, KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
   }
   for (int64_t n : {1, 8}) {
+    if (!run("decode")) break;
     for (const BenchRow& r : LayerDecodeRows(m, n, opt.repeats)) PrintRow(r, opt.json);
   }
-  for (const BenchRow& r : FlaOptionRows(m, opt.repeats)) PrintRow(r, opt.json);
+  if (run("options")) {
+    for (const BenchRow& r : FlaOptionRows(m, opt.repeats)) PrintRow(r, opt.json);
+  }
   return 0;
 }
 

@@ -2,6 +2,9 @@
 // reference and optimized, against the machine's measured ceilings.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 namespace kda::cli {
@@ -10,6 +13,8 @@ struct BenchKernelsOptions {
   bool json = false;  // one JSON object per line per measurement (else a table)
   int threads = 0;    // worker threads (0: OpenMP default)
   int repeats = 9;    // timed runs per measurement (the slow reference chunk kernel runs ceil(repeats / 3))
+  // The row groups to run (chunk, recurrent, layer, decode, options); empty: all.
+  std::vector<std::string> only;
 };
 
 // Registers the subcommand and its options (bound to `opt`); returns it so

@@ -398,6 +398,9 @@ struct VecStream {
   KDA_INLINE static void StoreBF16(BF16* p, Vec::Reg x) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<__m256i>(BF16Bits<Vec>(x)));
   }
+  KDA_INLINE static void StoreF16(F16* p, Vec::Reg x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+  }
   KDA_INLINE static void Fence() { _mm_sfence(); }
 };
 #define KDA_HAS_STREAM_STORES 1
@@ -412,6 +415,10 @@ struct VecStream {
   KDA_INLINE static void StoreBF16(BF16* p, Vec::Reg x) {
     if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec::U16) != 0) __builtin_trap();
     KDA_TARGET_NS::StoreBF16<Vec>(p, x);
+  }
+  KDA_INLINE static void StoreF16(F16* p, Vec::Reg x) {
+    if (reinterpret_cast<uintptr_t>(p) % sizeof(Vec::U16) != 0) __builtin_trap();
+    KDA_TARGET_NS::StoreF16<Vec>(p, x);
   }
   KDA_INLINE static void Fence() {}
 };

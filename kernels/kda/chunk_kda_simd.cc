@@ -240,11 +240,11 @@ struct Pipeline {
 // The projections of a sequence's first pass (later blocks carry them from the pass before, SweepBlock):
 // p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:].
 template <class Vt, int NV, bool kTwo>
-KDA_INLINE void ProjectPass(const float* w, int kd, const float* kpre, const float* kq, typename Vt::Reg* p,
+KDA_INLINE void ProjectPass(const float* w, int rows, const float* kpre, const float* kq, typename Vt::Reg* p,
                             typename Vt::Reg* pn) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
-  for (int d = 0; d < kd; ++d) {
+  for (int d = 0; d < rows; ++d) {
     const typename Vt::Reg kp = Vt::Set1(kpre[d]);
     const float* wd = w + static_cast<size_t>(d) * kB;
 #pragma GCC unroll 8
@@ -330,11 +330,11 @@ KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename V
 //   p_b = sum_d kpre_b[d] (mfac_a[d] w[d,:] + khat_a[d] delta_a) = p_nn + gamma_b delta_a,
 // gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one per row group.
 template <class Vt, int NV, int kTokens, int kProject, Materialise kMode>
-KDA_INLINE void UpdatePass(float* w, int kd, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
+KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
                            const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                            typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
   int issued = 0;
-  for (int d0 = 0; d0 < kd; d0 += kPassRowGroup) {
+  for (int d0 = 0; d0 < rows; d0 += kPassRowGroup) {
     if (issued < npf) __builtin_prefetch(pf[issued++], 0, 3);
     const bool group =
         kMode == Materialise::kAll || (kMode == Materialise::kGroups && ((mat >> (d0 / kPassRowGroup)) & 1U) != 0);
@@ -350,35 +350,35 @@ KDA_INLINE void UpdatePass(float* w, int kd, uint32_t mat, const PassRows& r, co
 // UpdatePass with its projections (0, 1 or 2) chosen at run time, and its materialisation from the mask of
 // row groups `mat`.
 template <class Vt, int NV, int kTokens, int kProject>
-KDA_INLINE void UpdatePassMat(float* w, int kd, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
+KDA_INLINE void UpdatePassMat(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
                               const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                               typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
   // A group branch the predictor misses costs about what multiplying a group does: past half the groups set,
   // every group multiplies.
   if (mat == 0) {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kNone>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
-                                                              npf);
-  } else if (2 * __builtin_popcount(mat) * kPassRowGroup > kd) {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kAll>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kNone>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
+                                                              pf, npf);
+  } else if (2 * __builtin_popcount(mat) * kPassRowGroup > rows) {
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kAll>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
                                                              npf);
   } else {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kGroups>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
+    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kGroups>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
                                                                 pf, npf);
   }
 }
 
 // UpdatePassMat with its projections (0, 1 or 2) chosen at run time.
 template <class Vt, int NV, int kTokens>
-KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int kd, const PassRows& r,
+KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int rows, const PassRows& r,
                               const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
                               typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
                               const void* const* pf, int npf) {
   if (project == 2) {
-    UpdatePassMat<Vt, NV, kTokens, 2>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kTokens, 2>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   } else if (project == 1) {
-    UpdatePassMat<Vt, NV, kTokens, 1>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kTokens, 1>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   } else {
-    UpdatePassMat<Vt, NV, kTokens, 0>(w, kd, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kTokens, 0>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   }
 }
 
@@ -419,7 +419,8 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   const ChunkKdaArgs& a = *task.args;
   const internal::PrepBuffers& b = *bs.cur;
   const int nt = bs.nt;
-  const int kd = internal::PaddedKeyDim(a.K, kL);
+  const int kd = internal::PaddedKeyDim(a.K, kL);  // the stride of the prepared rows and the state block
+  const int rows = internal::SweepRows(a.K);       // the rows swept
   const int width = task.v_end - task.v_begin;
   // Output lanes of this column block that are real columns (< V): all of them except past a V tail.
   const int real_cols = a.V - (task.v_begin + col);
@@ -444,9 +445,9 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   }
   if (!bs.carried) {
     if (tokens_at(0, nt) == 2) {
-      ProjectPass<Vt, NV, true>(w, kd, b.kpre, row(b.kq, 1), p, pn);
+      ProjectPass<Vt, NV, true>(w, rows, b.kpre, row(b.kq, 1), p, pn);
     } else {
-      ProjectPass<Vt, NV, false>(w, kd, b.kpre, nullptr, p, pn);
+      ProjectPass<Vt, NV, false>(w, rows, b.kpre, nullptr, p, pn);
     }
   }
   for (int i = 0; i < nt;) {
@@ -493,9 +494,9 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       pn[j] = Vt::Zero();
     }
     if (tokens == 2) {
-      UpdatePassAny<Vt, NV, 2>(project, mat, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Vt, NV, 2>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     } else {
-      UpdatePassAny<Vt, NV, 1>(project, mat, w, kd, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Vt, NV, 1>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     }
     const size_t out = static_cast<size_t>((bs.t0 + i) * a.HV + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);

@@ -22,6 +22,10 @@ namespace kda::internal {
   return RoundUpTo(k_dim, lanes > kc::kPassRowGroup ? lanes : kc::kPassRowGroup);
 }
 [[gnu::always_inline]] constexpr int PaddedValueDim(int v_dim, int lanes) { return RoundUpTo(v_dim, lanes); }
+// The state rows the prefill sweep runs over: K rounded up to whole row groups only. The sweep broadcasts
+// one row's scalars at a time, so it needs no lane padding of K; rows past this bound (and past K) stay zero,
+// with zero khat and qhat (K = 100 with 16 lanes: 104 rows of the 112 stored).
+[[gnu::always_inline]] constexpr int SweepRows(int k_dim) { return RoundUpTo(k_dim, kc::kPassRowGroup); }
 
 // The prepared vectors of one token block (kernels/kda/chunk_kda_simd.cc, PrepareToken). Shapes: khat, qhat,
 // kpre, kq, mfac [kc::kTokenBlock][K]; vrow [kc::kTokenBlock][task width]; beta, gamma, mat [kc::kTokenBlock]

@@ -77,7 +77,7 @@ KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg 
 }
 
 // StoreOut with a non-temporal store where the target has them and the
-// destination is aligned for it (F32 and BF16 outputs).
+// destination is aligned for it.
 template <class Vt>
 KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
 #if KDA_HAS_STREAM_STORES
@@ -91,6 +91,12 @@ KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) 
     BF16* p = static_cast<BF16*>(buf.data) + offset;
     if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
       VecStream::StoreBF16(p, x);
+      return;
+    }
+  } else if (buf.dtype == DType::kF16) {
+    F16* p = static_cast<F16*>(buf.data) + offset;
+    if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
+      VecStream::StoreF16(p, x);
       return;
     }
   }
