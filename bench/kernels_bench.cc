@@ -9,9 +9,8 @@
 //   BM_ChunkKdaGateInKernel: the optimized chunk kernel, bf16, T = 2048, with
 //     the forget gate activated inside it (use_gate_in_kernel).
 //   BM_RecurrentKda/<impl>/<N>: one fused_recurrent_kda decode step of N
-//     sequences, states cycling over >= 256 MiB of buffers (as over a
-//     model's layers) so that they come from memory; counter time_per_token
-//     (step time / N).
+//     sequences, states cycling over bench::DecodeStreamBytes() of buffers (twice the last-level cache, at least 256
+//     MiB; as over a model's layers) so that they come from memory; counter time_per_token (step time / N).
 //   BM_ShortConv/<impl>: the layer's q, k and v short convs + SiLU (bf16, one
 //     sequence of 2048 tokens, 3 x 4096 channels read from the fused q/k/v
 //     projection rows, width 4), as the backend calls them; counter
@@ -24,11 +23,11 @@
 //     and 8, prefill chunks of 64 and 512 tokens; int8 runs its small-M kernel
 //     up to 16 rows, tiled dequantized panels above), fused q/k/v shape
 //     (12288 x 2304), bf16 activations, bf16 (weights 0) or
-//     int8 (weights 1) weights, cycling over copies spanning >= 256 MB so that
+//     int8 (weights 1) weights, cycling over copies spanning bench::DecodeStreamBytes() so that
 //     the weights come from memory; an iteration is one product.
 //   BM_DecodeLayer/<weights>/<N>: one DECODE step of the whole layer, bf16
 //     activations, at batch N, with bf16 (weights 0) or int8 (weights 1)
-//     projection weights, the layers cycling over >= 256 MB of weights so that
+//     projection weights, the layers cycling over bench::DecodeStreamBytes() of weights so that
 //     each step streams its layer's weights and states from memory; an
 //     iteration is one step.
 // impl: 0 = reference, 1 = optimized (the CPU's best ISA variant, or KDA_ISA);
@@ -42,6 +41,7 @@
 #include <vector>
 
 #include "kda/base/dtype.h"
+#include "kda/bench/cache.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/kernels/kda_dispatch.h"
@@ -73,7 +73,7 @@ void BM_ChunkKda(benchmark::State& state) {
 void BM_RecurrentKda(benchmark::State& state) {
   const KernelImpl impl = ImplArg(state.range(0));
   const int64_t n = state.range(1);
-  const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, int64_t{256} << 20);
+  const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, bench::DecodeStreamBytes());
   bench::DecodeProblem p(n, kHeads, kHeadDim, layers, DType::kF32);
   state.SetLabel(ActiveKernelDescription(impl));
   int64_t step = 0;
@@ -172,7 +172,7 @@ void BM_Linear(benchmark::State& state) {
   for (float& v : w) v = normal(rng);
   const int64_t bytes = int8 ? kOut * in * 17 / 16 : kOut * in * 2;
   std::vector<Linear> copies;
-  for (int64_t i = 0; i < std::max<int64_t>(2, ((int64_t{256} << 20) + bytes - 1) / bytes); ++i) {
+  for (int64_t i = 0; i < std::max<int64_t>(2, (bench::DecodeStreamBytes() + bytes - 1) / bytes); ++i) {
     copies.push_back(int8 ? Linear(QuantizeQ8(w, kOut, in), DType::kBF16) : Linear(w, kOut, in, DType::kBF16));
   }
   std::vector<BF16> x(static_cast<size_t>(m * in));
@@ -194,7 +194,7 @@ void BM_DecodeLayer(benchmark::State& state) {
   const int64_t layer_bytes =
       bench::LayerDecodeProblem(DType::kBF16, weights, kShape, 1, 1).model.layers.front().projection_weight_bytes();
   bench::LayerDecodeProblem p(DType::kBF16, weights, kShape, n,
-                              bench::LayerDecodeProblem::LayersFor(layer_bytes, int64_t{256} << 20));
+                              bench::LayerDecodeProblem::LayersFor(layer_bytes, bench::DecodeStreamBytes()));
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
   for (int i = 0; i < p.model.num_layers(); ++i) p.Step(i);  // warm-up: one pass over the layers
   int64_t step = 0;

@@ -24,6 +24,7 @@
 #include "kda/base/dtype.h"
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kda/bench/cache.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/bench/timing.h"
@@ -215,11 +216,38 @@ double MeasureReadWriteGbps(int threads, int repeats, float scale) {
   return static_cast<double>(kFloats * sizeof(float)) / MedianSeconds(std::max(1, repeats), pass) / 1e9;
 }
 
+// Read-only bandwidth over a buffer of `bytes` (a decode step's access to its
+// weights: each byte read once), split over `threads` threads: bytes read per
+// second, the median of `repeats` runs after one warm-up pass, in GB/s. The
+// words are XOR-reduced, which the compiler vectorises (no FP reassociation).
+double MeasureReadGbps(int threads, int repeats, int64_t bytes) {
+  const size_t words = static_cast<size_t>(bytes) / sizeof(uint64_t);
+  const auto buf = std::make_unique<uint64_t[]>(words);
+  for (size_t i = 0; i < words; ++i) buf[i] = i * 0x9E3779B97F4A7C15ULL;
+  const size_t part = words / static_cast<size_t>(threads);
+  std::vector<uint64_t> sink(static_cast<size_t>(threads), 0);
+  auto pass = [&] {
+    ParallelFor(threads, [&](int64_t i) {
+      const uint64_t* x = buf.get() + static_cast<size_t>(i) * part;
+      uint64_t acc = 0;
+      for (size_t j = 0; j < part; ++j) acc ^= x[j];
+      sink[static_cast<size_t>(i)] ^= acc;
+    });
+  };
+  pass();  // warm-up
+  const double s = MedianSeconds(std::max(1, repeats), pass);
+  if (sink[0] == 42) std::fputs("", stdout);  // keeps the reads observable
+  return static_cast<double>(part * static_cast<size_t>(threads) * sizeof(uint64_t)) / s / 1e9;
+}
+
 struct Machine {
   int threads = 1;
   double fma_peak_gflops = 0.0;
   double copy_gbps = 0.0;
   double rmw_gbps = 0.0;
+  int64_t llc_bytes = 0;     // the last-level cache (sysfs; 0: unknown)
+  int64_t stream_bytes = 0;  // what the decode rows cycle through (bench::DecodeStreamBytes)
+  double read_gbps = 0.0;    // read-only rate over a buffer of stream_bytes
 };
 
 // ------------------------------------------------------------------- rows
@@ -270,8 +298,11 @@ void PrintRow(const BenchRow& r, bool json) {
 
 void PrintHeader(const Machine& m, bool json) {
   if (json) return;
-  std::printf("machine: %d threads, fp32 FMA peak %.1f GFLOP/s, memcpy %.2f GB/s copied, in-place r+w %.2f GB/s\n",
-              m.threads, m.fma_peak_gflops, m.copy_gbps, m.rmw_gbps);
+  std::printf(
+      "machine: %d threads, fp32 FMA peak %.1f GFLOP/s, memcpy %.2f GB/s copied, in-place r+w %.2f GB/s, "
+      "read %.2f GB/s over %.0f MiB (last-level cache %.0f MiB)\n",
+      m.threads, m.fma_peak_gflops, m.copy_gbps, m.rmw_gbps, m.read_gbps,
+      static_cast<double>(m.stream_bytes) / 1048576.0, static_cast<double>(m.llc_bytes) / 1048576.0);
   std::printf("%-9s %-9s %-7s %-8s %3s %4s %3s %5s %3s %11s\n", "kernel", "impl", "isa", "dtype", "H", "K", "N", "T",
               "thr", "us/token");
 }
@@ -334,7 +365,7 @@ BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vec
 // read-modify-write bandwidth (the tighter one here: glibc's memcpy of large
 // buffers is slower than a plain in-place stream on this machine kind).
 BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats) {
-  const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, int64_t{256} << 20);
+  const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, m.stream_bytes);
   bench::DecodeProblem p(n, kHeads, kHeadDim, layers, DType::kF32);
   for (int i = 0; i < layers; ++i) fused_recurrent_kda(p.Step(i), impl);  // warm-up: one pass over the buffers
   std::vector<double> t;
@@ -364,7 +395,8 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
              {"minflt_per_call", static_cast<double>(c1.minor_faults - c0.minor_faults) / static_cast<double>(steps)},
              {"vcsw_per_call",
               static_cast<double>(c1.voluntary_switches - c0.voluntary_switches) / static_cast<double>(steps)},
-             {"state_huge_page_fraction", HugePageFraction(p.states.data(), p.states.size() * sizeof(float))}};
+             {"state_huge_page_fraction", HugePageFraction(p.states.data(), p.states.size() * sizeof(float))},
+             {"streamed_bytes", static_cast<double>(p.states.size() * sizeof(float))}};
   return r;
 }
 
@@ -399,17 +431,19 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
 // One decode step of the whole layer at real shapes, batch N, bf16
 // activations, with bf16 and with int8 projection weights, timed alternately
 // (a slow spell of the machine hits both), each step a different layer of
-// enough (>= 256 MB of weights) that its weights come from memory. Two rows:
-// us_per_token is the median step time / N; the floor is the time to move the
-// step's bytes (weights and scales read once, states and conv tails read and
-// written) at the memcpy rate; the int8 row has its speedup over bf16.
+// enough (m.stream_bytes of weights: twice the last-level cache, at least
+// 256 MiB) that its weights come from memory. Two rows: us_per_token is the
+// median step time / N; the floors are the time to move the step's bytes
+// (weights and scales read once, states and conv tails read and written) at
+// the memcpy rate and at the read-only rate of a buffer of the streamed size;
+// the int8 row has its speedup over bf16.
 std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) {
   const WeightFormat formats[2] = {WeightFormat::kDense, WeightFormat::kInt8};
   std::vector<std::unique_ptr<bench::LayerDecodeProblem>> problems;
   for (WeightFormat f : formats) {
     const int64_t layer_bytes =
         bench::LayerDecodeProblem(DType::kBF16, f, kShape, 1, 1).model.layers.front().projection_weight_bytes();
-    const int layers = bench::LayerDecodeProblem::LayersFor(layer_bytes, int64_t{256} << 20);
+    const int layers = bench::LayerDecodeProblem::LayersFor(layer_bytes, m.stream_bytes);
     problems.push_back(std::make_unique<bench::LayerDecodeProblem>(DType::kBF16, f, kShape, n, layers));
     for (int i = 0; i < layers; ++i) problems.back()->Step(i);  // warm-up: one pass over the layers
   }
@@ -430,6 +464,7 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
     const double step_us = Median(t[f]) * 1e6;
     const auto bytes = static_cast<double>(p.StepBytes());
     const double floor_us = bytes / (m.copy_gbps * 1e3);
+    const double read_floor_us = bytes / (m.read_gbps * 1e3);
     BenchRow r = Row(m, "decode_layer", KernelImpl::kOptimized, DType::kBF16, n, 1, static_cast<int>(steps));
     r.weights = WeightFormatName(formats[f]);
     r.us_per_token = step_us / static_cast<double>(n);
@@ -439,6 +474,11 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
                {"copy_gbps", m.copy_gbps},
                {"copy_floor_us", floor_us},
                {"ratio_to_copy_floor", step_us / floor_us},
+               {"streamed_bytes", static_cast<double>(p.model.num_layers()) *
+                                      static_cast<double>(p.model.layers.front().projection_weight_bytes())},
+               {"read_gbps", m.read_gbps},
+               {"read_floor_us", read_floor_us},
+               {"ratio_to_read_floor", step_us / read_floor_us},
                {"speedup_vs_bf16", bf16_step_us / step_us}};
     rows.push_back(std::move(r));
   }
@@ -530,6 +570,9 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   m.fma_peak_gflops = MeasureFmaPeakGflops(m.threads, opt.repeats);
   m.copy_gbps = MeasureCopyGbps(m.threads, opt.repeats);
   m.rmw_gbps = MeasureReadWriteGbps(m.threads, opt.repeats, opt.repeats > 0 ? 1.0F : 0.5F);
+  m.llc_bytes = bench::LastLevelCacheBytes();
+  m.stream_bytes = bench::DecodeStreamBytes();
+  m.read_gbps = MeasureReadGbps(m.threads, opt.repeats, m.stream_bytes);
   PrintHeader(m, opt.json);
   const auto run = [&](const char* group) {
     return opt.only.empty() || std::find(opt.only.begin(), opt.only.end(), group) != opt.only.end();
