@@ -137,6 +137,26 @@ KDA_FMA_LOOP(FmaLoopAvx2, "avx2,fma", __m256, _mm256)
 #undef KDA_FMA_LOOP
 #endif
 
+#if defined(__x86_64__)
+// The bf16 dot product (vdpbf16ps: per fp32 lane, two bf16 products added to
+// the accumulator, 4 flops), 12 independent chains as the FMA loop, so that the
+// two rates compare instruction for instruction: which of them is the faster
+// route for bf16 GEMMs differs between CPUs (design §6).
+__attribute__((target("avx512bf16,avx512f"))) float Bf16DotLoopAvx512(int64_t iters) {
+  __m512 acc[kFmaChains];
+  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_set1_ps(1.0F + 0.001F * static_cast<float>(i));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.999F), _mm512_set1_ps(1e-3F));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4F), _mm512_set1_ps(-1e-4F));
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kFmaChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  return _mm512_reduce_add_ps(sum);
+}
+#endif
+
 // Multiply-adds of the portable build (the compiler may vectorise them).
 float FmaLoopScalar(int64_t iters) {
   float acc[kFmaChains];
@@ -176,6 +196,32 @@ double MeasureFmaPeakGflops(int threads, int repeats) {
   }
   if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
   return best / 1e9;
+}
+
+// The bf16 dot-product peak of `threads` threads in GFLOP/s (4 flops per fp32
+// lane per vdpbf16ps), the best of max(3, repeats) runs; 0 where the CPU has no
+// AVX512-BF16.
+double MeasureBf16DotPeakGflops(int threads, int repeats) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+  constexpr int kLanes = 16;
+  const int64_t iters = 240'000'000 / kLanes / 2;
+  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
+  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters / 8); });
+  double best = 0.0;
+  for (int r = 0; r < std::max(3, repeats); ++r) {
+    const Clock::time_point t0 = Clock::now();
+    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters); });
+    const double s = Seconds(t0);
+    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * kLanes * 4.0 / s);
+  }
+  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
+  return best / 1e9;
+#else
+  static_cast<void>(threads);
+  static_cast<void>(repeats);
+  return 0.0;
+#endif
 }
 
 // memcpy bandwidth on buffers far larger than the last-level cache, split over
@@ -243,6 +289,7 @@ double MeasureReadGbps(int threads, int repeats, int64_t bytes) {
 struct Machine {
   int threads = 1;
   double fma_peak_gflops = 0.0;
+  double bf16_dot_gflops = 0.0;  // vdpbf16ps peak; 0: no AVX512-BF16
   double copy_gbps = 0.0;
   double rmw_gbps = 0.0;
   int64_t llc_bytes = 0;     // the last-level cache (sysfs; 0: unknown)
@@ -299,9 +346,9 @@ void PrintRow(const BenchRow& r, bool json) {
 void PrintHeader(const Machine& m, bool json) {
   if (json) return;
   std::printf(
-      "machine: %d threads, fp32 FMA peak %.1f GFLOP/s, memcpy %.2f GB/s copied, in-place r+w %.2f GB/s, "
-      "read %.2f GB/s over %.0f MiB (last-level cache %.0f MiB)\n",
-      m.threads, m.fma_peak_gflops, m.copy_gbps, m.rmw_gbps, m.read_gbps,
+      "machine: %d threads, fp32 FMA peak %.1f GFLOP/s, bf16 dot peak %.1f GFLOP/s, memcpy %.2f GB/s copied, "
+      "in-place r+w %.2f GB/s, read %.2f GB/s over %.0f MiB (last-level cache %.0f MiB)\n",
+      m.threads, m.fma_peak_gflops, m.bf16_dot_gflops, m.copy_gbps, m.rmw_gbps, m.read_gbps,
       static_cast<double>(m.stream_bytes) / 1048576.0, static_cast<double>(m.llc_bytes) / 1048576.0);
   std::printf("%-9s %-9s %-7s %-8s %3s %4s %3s %5s %3s %11s\n", "kernel", "impl", "isa", "dtype", "H", "K", "N", "T",
               "thr", "us/token");
@@ -317,6 +364,12 @@ std::string IsaField(KernelImpl impl) {
 constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
 constexpr int kHeads = kShape.H;
 constexpr int kHeadDim = kShape.K;
+
+// The weights of one layer's nine projections (q, k, v, f_a, f_b, b, g_a, g_b, o; design §1).
+int64_t ProjectionWeightCount(const KdaLayerShape& s) {
+  const int64_t p = s.P();
+  return 4 * p * s.hidden + 2 * (s.K * s.hidden + p * s.K) + s.H * s.hidden;
+}
 
 // A row's fixed fields (H and K the real shapes').
 BenchRow Row(const Machine& m, const char* kernel, KernelImpl impl, DType dtype, int64_t n, int64_t t, int repeats) {
@@ -422,9 +475,14 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   const double gemm_us_per_token = Median(gemm_s) * 1e6 / static_cast<double>(t);
   BenchRow r = Row(m, "layer", impl, dtype, n, t, repeats);
   r.us_per_token = us_per_token;
+  // The projections' flops per token (2 per weight), against both routes' peaks of the same run.
+  const double gemm_gflops = 2.0 * static_cast<double>(ProjectionWeightCount(kShape)) / (gemm_us_per_token * 1e3);
   r.extra = {{"hidden", static_cast<double>(kShape.hidden)},
              {"gemm_us_per_token", gemm_us_per_token},
-             {"ratio_to_gemm", us_per_token / gemm_us_per_token}};
+             {"ratio_to_gemm", us_per_token / gemm_us_per_token},
+             {"gemm_gflops", gemm_gflops},
+             {"fma_peak_gflops", m.fma_peak_gflops},
+             {"bf16_dot_gflops", m.bf16_dot_gflops}};
   return r;
 }
 
@@ -568,6 +626,7 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   Machine m;
   m.threads = NumThreads();
   m.fma_peak_gflops = MeasureFmaPeakGflops(m.threads, opt.repeats);
+  m.bf16_dot_gflops = MeasureBf16DotPeakGflops(m.threads, opt.repeats);
   m.copy_gbps = MeasureCopyGbps(m.threads, opt.repeats);
   m.rmw_gbps = MeasureReadWriteGbps(m.threads, opt.repeats, opt.repeats > 0 ? 1.0F : 0.5F);
   m.llc_bytes = bench::LastLevelCacheBytes();
