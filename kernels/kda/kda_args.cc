@@ -6,7 +6,6 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -45,12 +44,15 @@ void ValidateCommon(const std::string& who, const Args& a) {
   Check(a.V >= 1 && a.V <= kMaxHeadDim, [&] { return who + ": V must be in [1, 256], got " + std::to_string(a.V); });
   const auto key_row = static_cast<int64_t>(a.H) * a.K;
   const auto value_row = static_cast<int64_t>(a.HV) * a.V;
-  for (const auto& [stride, row, name] :
-       {std::tuple{a.token_strides.q, key_row, "q"}, std::tuple{a.token_strides.k, key_row, "k"},
-        std::tuple{a.token_strides.v, value_row, "v"}}) {
-    Check(stride == 0 || stride >= row, [&] {
-      return who + ": " + name + " token stride " + std::to_string(stride) + " is shorter than its row (" +
-             std::to_string(row) + " elements); 0 means the contiguous row";
+  const struct {
+    int64_t stride, row;
+    const char* name;
+  } token_strides[] = {
+      {a.token_strides.q, key_row, "q"}, {a.token_strides.k, key_row, "k"}, {a.token_strides.v, value_row, "v"}};
+  for (const auto& t : token_strides) {
+    Check(t.stride == 0 || t.stride >= t.row, [&] {
+      return who + ": " + t.name + " token stride " + std::to_string(t.stride) + " is shorter than its row (" +
+             std::to_string(t.row) + " elements); 0 means the contiguous row";
     });
   }
   const KdaOptions& opt = a.options;
