@@ -6,8 +6,11 @@
 // view absent, of the wrong rank, shape or dtype, strided, or null, and with
 // random index values, over fla's options (grouped value heads, any head dims,
 // float16, several tokens per sequence, slots per token and accepted counts,
-// V-first states). The call is shape-checked (data null), then bound and run
-// on the reference kernels: a kda::Error, or a call that stays in bounds.
+// V-first states). Token views are often token-strided as a fused
+// projection's slices (accepted for q, k, v; now and then with a token stride
+// short of the row or a batch stride out of step). The call is shape-checked
+// (data null), then bound and run on the reference kernels: a kda::Error, or
+// a call that stays in bounds.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -64,15 +67,19 @@ class CaseBuilder {
  public:
   CaseBuilder(Choices& c, Arena& arena, const Sizes& s) : c_(c), arena_(arena), s_(s) {}
 
-  // A view of the intended shape and dtype, or (one time in ~6) one thing wrong with it.
+  // A view of the intended shape and dtype, or (one time in ~6) one thing wrong with it. A token view
+  // ([B, T, heads, dim]: q, k, v, g, beta per value, o) is token-strided one time in 3.
   template <class View>
-  View Make(std::initializer_list<int64_t> shape, DType dtype, Fill fill, bool optional_absent = false) {
+  View Make(std::initializer_list<int64_t> shape, DType dtype, Fill fill, bool optional_absent = false,
+            bool token_view = false) {
     View v;
     if (optional_absent && !c_.OneIn(8)) return v;
     v.dtype = dtype;
     v.ndim = static_cast<int>(shape.size());
     int i = 0;
     for (int64_t d : shape) v.shape[i++] = d;
+    const bool token_strided = token_view && c_.OneIn(3);
+    v.strided = token_strided;
     switch (c_.Below(24)) {
       case 0:
         return View{};  // absent
@@ -99,7 +106,15 @@ class CaseBuilder {
       if (v.shape[d] < 0) v.shape[d] = 0;
     }
     int64_t extent = 1;
-    if (v.strided) {
+    if (token_strided && v.ndim == 4) {
+      // A fused projection's columns: strides [T * s, s, dim, 1], s mostly past the row (now and then short of
+      // it), the batch stride now and then out of step.
+      const int64_t s = v.shape[2] * v.shape[3] + c_.Below(6) - 1;
+      v.strides[0] = v.shape[1] * s + (c_.OneIn(8) ? 1 : 0);
+      v.strides[1] = s;
+      v.strides[2] = v.shape[3];
+      v.strides[3] = 1;
+    } else if (v.strided) {
       // Row-major strides with one of them stretched (a gap) or shrunk.
       int64_t stride = 1;
       for (int d = v.ndim; d-- > 0;) {
@@ -107,6 +122,8 @@ class CaseBuilder {
         stride *= v.shape[d];
       }
       if (v.ndim > 0) v.strides[c_.Below(v.ndim)] += c_.OneIn(2) ? 1 : -1;
+    }
+    if (v.strided) {
       for (int d = 0; d < v.ndim; ++d) {
         if (v.strides[d] < 0) v.strides[d] = 0;
         if (v.shape[d] == 0) extent = 0;
@@ -188,13 +205,13 @@ using kda::TensorView;
 
 template <class Call>
 void SetTokens(Call& call, Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
-  call.o = b.Make<MutTensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat);
-  call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
-  call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat);
-  call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat);
-  call.g = b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat);
+  call.o = b.Make<MutTensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat, false, c.OneIn(8));
+  call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
+  call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
+  call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat, false, true);
+  call.g = b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat, false, c.OneIn(8));
   // A beta per value: fused_recurrent_kda's option (chunk_kda refuses it).
-  call.beta = c.OneIn(6) ? b.Make<TensorView>({s.B, s.T, s.HV, s.V}, gb, Fill::kFloat)
+  call.beta = c.OneIn(6) ? b.Make<TensorView>({s.B, s.T, s.HV, s.V}, gb, Fill::kFloat, false, c.OneIn(8))
                          : b.Make<TensorView>({s.B, s.T, s.HV}, gb, Fill::kFloat);
 }
 

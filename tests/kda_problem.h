@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -275,6 +277,44 @@ inline RecurrentKdaCall DecodeCallFor(const Problem& p, const TypedInputs& in, M
   return c;
 }
 
+// q, k and v of a call as an engine passes them: the column slices of one
+// fused projection [rows * t, s] (q's H * K columns, k's, v's HV * V, then
+// `pad` more), read in place through token strides [t * s, s, dim, 1]. The
+// call's q, k, v views (contiguous, one dtype) are copied in, then point into
+// the buffer, which holds exactly what the views reach.
+class FusedQkv {
+ public:
+  FusedQkv(KdaCallCommon& c, int64_t pad) {
+    TensorView* views[] = {&c.q, &c.k, &c.v};
+    const int64_t rows = c.q.shape[0];
+    const int64_t t = c.q.shape[1];
+    const int64_t tokens = rows * t;
+    int64_t s = pad;
+    for (const TensorView* v : views) s += v->shape[2] * v->shape[3];
+    const size_t es = DTypeSize(c.q.dtype);
+    bytes_.assign(tokens == 0 ? 0 : static_cast<size_t>((tokens - 1) * s + (s - pad)) * es, 0);
+    int64_t column = 0;
+    for (TensorView* v : views) {
+      const int64_t row = v->shape[2] * v->shape[3];
+      for (int64_t i = 0; i < tokens; ++i) {
+        std::memcpy(bytes_.data() + static_cast<size_t>(i * s + column) * es,
+                    static_cast<const uint8_t*>(v->data) + static_cast<size_t>(i * row) * es,
+                    static_cast<size_t>(row) * es);
+      }
+      v->data = bytes_.data() + static_cast<size_t>(column) * es;
+      v->strided = true;
+      const int64_t strides[] = {t * s, s, v->shape[3], 1};
+      std::copy(std::begin(strides), std::end(strides), v->strides);
+      column += row;
+    }
+  }
+  FusedQkv(const FusedQkv&) = delete;
+  FusedQkv& operator=(const FusedQkv&) = delete;
+
+ private:
+  std::vector<uint8_t> bytes_;
+};
+
 // A call whose f32 token views (q, k, v, g [rows, t, H, K], beta [rows, t, H])
 // have no data: a shape-only call, or an empty batch's. o stays absent.
 template <class Call>
@@ -288,8 +328,9 @@ Call NullTokenCall(int64_t rows, int64_t t, int64_t h, int64_t k) {
 // The packed batch through a one-token decode kernel, token by token: step t
 // takes token t of every sequence still running (state slot n + 1; shorter
 // sequences are padding entries, slot 0 holds a sentinel state).
+// fused_pad >= 0: q, k, v as slices of a fused projection (FusedQkv) with that pad.
 inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKdaArgs&), DType qkv = DType::kF32,
-                              DType gb = DType::kF32) {
+                              DType gb = DType::kF32, int64_t fused_pad = -1) {
   const size_t per_state = static_cast<size_t>(p.HV) * p.HeadState();
   const size_t key = p.KeyRow(), gate = p.GateRow(), value = p.ValueRow(), br = p.BetaRow();
   std::vector<float> states((p.N + 1) * per_state, 0.0F);
@@ -316,7 +357,10 @@ inline Result RunTokenByToken(const Problem& p, void (*decode)(const RecurrentKd
     }
     const TypedInputs in(q, k, v, g, beta, qkv, gb);
     Typed o(v.size(), qkv, kSentinel);
-    decode(BindRecurrentKda(DecodeCallFor(p, in, o.Mut(), states.data(), p.N + 1, idx)));
+    RecurrentKdaCall c = DecodeCallFor(p, in, o.Mut(), states.data(), p.N + 1, idx);
+    std::optional<FusedQkv> fused;
+    if (fused_pad >= 0) fused.emplace(c, fused_pad);
+    decode(BindRecurrentKda(c));
     const std::vector<float> of = o.ToF32();
     for (int64_t n = 0; n < p.N; ++n) {
       if (idx[n] < 0) {
@@ -343,6 +387,7 @@ struct ChunkRun {
   // optimized kernel streams its output rows (non-temporal stores); off
   // alignment it stores them plainly.
   int out_shift = 0;
+  int64_t fused_pad = -1;  // >= 0: q, k, v as slices of a fused projection (FusedQkv) with this pad
 };
 
 // A [n] output of dtype t filled with kSentinel, starting `shift` elements
@@ -395,6 +440,8 @@ inline Result RunChunkWith(const Problem& p, void (*chunk)(const ChunkKdaArgs&),
   ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
   const float* initial = p.h0.empty() ? nullptr : (run.alias ? state.data() : p.h0.data());
   SetStates(p, c, initial, run.output_final_state ? state.data() : nullptr);
+  std::optional<FusedQkv> fused;
+  if (run.fused_pad >= 0) fused.emplace(c, run.fused_pad);
   chunk(BindChunkKda(c));
   return {o.ToF32(), state};
 }

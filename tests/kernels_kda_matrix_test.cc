@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
@@ -93,9 +94,10 @@ Result RunChunk(const Variant& v, const Problem& p, const ChunkRun& run = {}) {
 // oversubscribe the cores (ctest -j), each OpenMP region can cost a scheduler
 // time slice, so this runs on one thread unless `threads` says otherwise (the
 // parallel path is covered by the thread-count and padding cases).
-Result RunDecode(const Variant& v, const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, int threads = 1) {
+Result RunDecode(const Variant& v, const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, int threads = 1,
+                 int64_t fused_pad = -1) {
   const ThreadScope scope(threads);
-  return testing::RunTokenByToken(p, RecurrentFn(v), qkv, gb);
+  return testing::RunTokenByToken(p, RecurrentFn(v), qkv, gb, fused_pad);
 }
 
 const Variant kReference{KernelImpl::kReference, KernelIsa::kAuto};
@@ -129,10 +131,12 @@ class KdaKernelTest : public ::testing::TestWithParam<KdaParam> {
   const Variant& variant() const { return GetParam().variant; }
 
   // The kernel under test over the packed batch (q/k/v/o in qkv, g/beta in gb).
-  Result Run(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, int threads = 1) const {
-    if (!chunk()) return RunDecode(variant(), p, qkv, gb, threads);
+  // fused_pad >= 0: q, k, v as slices of a fused projection (testing::FusedQkv).
+  Result Run(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32, int threads = 1,
+             int64_t fused_pad = -1) const {
+    if (!chunk()) return RunDecode(variant(), p, qkv, gb, threads, fused_pad);
     const ThreadScope scope(threads);
-    return RunChunk(variant(), p, {.qkv = qkv, .gb = gb});
+    return RunChunk(variant(), p, {.qkv = qkv, .gb = gb, .fused_pad = fused_pad});
   }
   // The independent reference: the recurrent one for chunk kernels, the chunk one for recurrent kernels.
   Result Oracle(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32) const {
@@ -455,6 +459,38 @@ TEST_P(KdaKernelTest, F16Inputs) {
   }
 }
 
+// q, k, v read in place as token-strided slices of one fused projection
+// (engines' qkv = x W^T): the same bits as contiguous q, k, v, in every dtype,
+// with grouped value heads, head dim tails, unaligned rows (odd pads) and
+// several threads (the prefill's task splits and prefetch lists).
+TEST_P(KdaKernelTest, TokenStridedQkvGiveTheSameBits) {
+  const std::vector<Spec> specs = {
+      {.lengths = {0, 1, 33, 65}, .H = 2, .K = 64, .gate = kStress, .l2norm_in_kernel = true, .seed = 651},
+      {.lengths = {3, 40}, .H = 1, .K = 100, .gate = kStress, .gate_in_kernel = true, .seed = 652, .HV = 2, .V = 60},
+      {.lengths = {5, 0, 70},
+       .H = 2,
+       .K = 24,
+       .gate = kStress,
+       .seed = 653,
+       .HV = 4,
+       .V = 40,
+       .beta_sigmoid = true,
+       .state_v_first = true},
+  };
+  for (const Spec& s : specs) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      SCOPED_TRACE(Describe(s) + " " + DTypeName(dt));
+      Problem p = MakeProblem(s);
+      if (dt == DType::kBF16) RoundInputsToBF16(p);
+      if (dt == DType::kF16) RoundInputsToF16(p);
+      for (int threads : {1, 3}) {
+        const Result want = Run(p, dt, dt, threads);
+        for (int64_t pad : {0, 7}) ExpectBitEqual(Run(p, dt, dt, threads, pad), want);
+      }
+    }
+  }
+}
+
 // One token, K = V = 16, H = 1, with a non-symmetric initial state
 // S0[i][j] = 100 i + j (K-major, index i * V + j).
 Problem OneTokenProblem() {
@@ -700,7 +736,7 @@ struct PoolResult {
 // must never be read.
 PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<int32_t>& idx,
                         const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32,
-                        const Snapshots* snapshots = nullptr) {
+                        const Snapshots* snapshots = nullptr, int64_t fused_pad = -1) {
   const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
   PoolResult r;
   r.pool.assign(static_cast<size_t>(num_states) * per, kSentinel);
@@ -716,6 +752,8 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
   c.state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
   if (!has_init.empty()) c.has_initial_state = ContiguousView<const void*>(has_init.data(), DType::kU8, {p.N});
   if (snapshots != nullptr) snapshots->SetOn(c);
+  std::optional<testing::FusedQkv> fused;  // q, k, v as slices of a fused projection
+  if (fused_pad >= 0) fused.emplace(c, fused_pad);
   RunChunkCall(v, c);
   r.o = o.ToF32();
   return r;
@@ -776,6 +814,21 @@ TEST_P(KdaChunkTest, PoolPaddingWritesZerosAndTouchesNoState) {
   // live ones; slot 0, the dummy slot, is never used.
   const Problem p = MakeProblem({.lengths = {4, 0, 7, 3, 40}, .H = 2, .K = 16, .seed = 411});
   ExpectPoolMatchesContiguous(variant(), p, {2, -1, 5, -3, 1}, {1, 1, 0, 1, 1}, 6);
+}
+
+TEST_P(KdaChunkTest, PoolFormReadsTokenStridedQkv) {
+  // The pool form with padding and fresh sequences, q, k, v slices of a fused
+  // projection: the same bits as contiguous ones (bf16).
+  Problem p = MakeProblem({.lengths = {70, 0, 5, 33}, .H = 2, .K = 32, .gate = kStress, .seed = 671});
+  RoundInputsToBF16(p);
+  const std::vector<int32_t> idx = {3, 0, -1, 1};
+  const std::vector<uint8_t> has_init = {1, 0, 1, 0};
+  const PoolResult want = RunChunkPool(variant(), p, idx, has_init, 5, DType::kBF16);
+  for (int64_t pad : {0, 3}) {
+    const PoolResult got = RunChunkPool(variant(), p, idx, has_init, 5, DType::kBF16, nullptr, pad);
+    EXPECT_TRUE(BitEqual(got.o.data(), want.o.data(), want.o.size())) << "outputs, pad " << pad;
+    EXPECT_TRUE(BitEqual(got.pool.data(), want.pool.data(), want.pool.size())) << "pool, pad " << pad;
+  }
 }
 
 TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
@@ -1323,6 +1376,57 @@ TEST_P(KdaRecurrentTest, SlotsPerTokenForSpeculativeDecoding) {
       const size_t pad_rows = static_cast<size_t>(p.cu[3]) * per_slot;  // sequence 3's rows stay unwritten
       for (size_t i = pad_rows; i < token_states.size(); ++i) ASSERT_EQ(token_states[i], kSentinel) << i;
     }
+  }
+}
+
+// Several tokens per sequence with q, k, v slices of a fused projection: the
+// same bits as contiguous ones, packed (2-D slots per token, a padding
+// sequence) and as B rows of T tokens (1-D slots), bf16.
+TEST_P(KdaRecurrentTest, TokenStridedQkvWithSeveralTokensPerSequence) {
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed" : "B rows");
+    const Spec s{.lengths = packed ? std::vector<int64_t>{4, 2, 3, 2} : std::vector<int64_t>{3, 3, 3},
+                 .H = 1,
+                 .K = 20,
+                 .gate = kStress,
+                 .seed = 661,
+                 .HV = 2,
+                 .V = 28};
+    Problem p = MakeProblem(s);
+    RoundInputsToBF16(p);
+    constexpr int64_t kSlots = 12;
+    const std::vector<int32_t> idx = packed
+                                         ? std::vector<int32_t>{1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, -1, 11, -1, -1}
+                                         : std::vector<int32_t>{4, 9, 2};
+    const std::vector<int32_t> accepted = {2, 1, 3, 1};
+    const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
+    std::vector<float> pool0(kSlots * per_slot);
+    std::mt19937 rng(8);
+    std::normal_distribution<float> normal(0.0F, 0.5F);
+    for (float& x : pool0) x = normal(rng);
+    auto run = [&](int64_t pad) {
+      const TypedInputs in(p, DType::kBF16, DType::kF32);
+      Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kBF16, kSentinel);
+      const int64_t rows = packed ? 1 : p.N;
+      RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), rows, p.T / rows);
+      Result r{{}, pool0};
+      c.initial_state = testing::MutStatesView(p, r.state.data(), kSlots);
+      if (packed) {
+        c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+        c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N, 4});
+        c.num_accepted_tokens = ContiguousView<const void*>(accepted.data(), DType::kI32, {p.N});
+      } else {
+        c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
+      }
+      std::optional<testing::FusedQkv> fused;
+      if (pad >= 0) fused.emplace(c, pad);
+      RecurrentFn(variant())(BindRecurrentKda(c));
+      r.o = o.ToF32();
+      return r;
+    };
+    const Result want = run(-1);
+    EXPECT_FALSE(BitEqual(want.state.data(), pool0.data(), pool0.size()));
+    for (int64_t pad : {0, 5}) ExpectBitEqual(run(pad), want);
   }
 }
 

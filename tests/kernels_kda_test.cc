@@ -135,6 +135,13 @@ void AddGap(V& v, int dim) {
   }
 }
 
+// Gives a [B, T, heads, dim] token view the strides of a fused projection's
+// slice: [T * s, s, dim, 1] (s elements from one token to the next).
+template <class V>
+void SetTokenStride(V& v, int64_t s) {
+  SetStrides(v, {v.shape[1] * s, s, v.shape[3], 1});
+}
+
 // A valid chunk_kda call (T = 4 packed tokens of N = 2 sequences, H = 2,
 // K = V = 16, contiguous states) with sentinel outputs.
 struct ChunkFixture {
@@ -301,7 +308,22 @@ std::vector<BadCase<C>> TokenCases() {
       {"V = 300", [](C& c) { SetHeadDims(c, 16, 300); }, "v: the value head dim V must be in [1, 256], got 300"},
       {"V = 0", [](C& c) { SetHeadDims(c, 16, 0); }, "v: the value head dim V must be in [1, 256], got 0"},
       // Layouts.
-      {"q with a gap", [](C& c) { AddGap(c.q, 2); }, "q: must be C-contiguous (row-major, no gaps); shape"},
+      {"q with a gap", [](C& c) { AddGap(c.q, 2); }, "q: must be C-contiguous or a token-strided slice"},
+      {"k heads transposed",
+       [](C& c) {
+         SetStrides(c.k, {c.k.shape[1] * 32, 32, 1, 2});
+       },
+       "k: must be C-contiguous or a token-strided slice [B, T, heads, dim] with strides [T * s, s, dim, 1]"},
+      {"v tokens overlapping", [](C& c) { SetTokenStride(c.v, 16); },
+       "v: must be C-contiguous or a token-strided slice"},
+      {"q tokens backwards", [](C& c) { SetTokenStride(c.q, -32); }, "q: must be C-contiguous or a token-strided"},
+      // g and beta are read as contiguous rows only.
+      {"g token-strided", [](C& c) { SetTokenStride(c.g, 40); }, "g: must be C-contiguous (row-major, no gaps)"},
+      {"beta token-strided",
+       [](C& c) {
+         SetStrides(c.beta, {c.beta.shape[1] * 3, 3, 1});
+       },
+       "beta: must be C-contiguous (row-major, no gaps)"},
       {"g with a gap", [](C& c) { AddGap(c.g, 3); }, "g: must be C-contiguous (row-major, no gaps); shape"},
       {"beta with a gap", [](C& c) { AddGap(c.beta, 2); }, "beta: must be C-contiguous"},
       {"o with a gap", [](C& c) { AddGap(c.o, 3); }, "o: must be C-contiguous"},
@@ -377,9 +399,13 @@ TEST(KdaValidation, ChunkRejectsBadCallsWithoutWriting) {
       {"v shape", [](C& c) { c.v.shape[1] = 3; },
        "v: expected shape [B, T, HV, V] (B, T of q) = [1, 4, 2, 16], got [1, 3, 2, 16]"},
       {"beta shape", [](C& c) { c.beta.ndim = 4; }, "beta: expected shape [B, T, HV] = [1, 4, 2], got [1, 4, 2, 0]"},
-      {"q with a gap", [](C& c) { AddGap(c.q, 1); },
-       "chunk_kda: q: must be C-contiguous (row-major, no gaps); shape [1, 4, 2, 16] has stride 64 in dimension 1 "
-       "(make a contiguous copy first)"},
+      {"q heads transposed",
+       [](C& c) {
+         SetStrides(c.q, {128, 32, 1, 2});
+       },
+       "chunk_kda: q: must be C-contiguous or a token-strided slice [B, T, heads, dim] with strides [T * s, s, dim, "
+       "1], s >= heads * dim (a fused projection's columns); shape [1, 4, 2, 16] has strides [128, 32, 1, 2] (make "
+       "a contiguous copy first)"},
       // The data of the states and sequence boundaries.
       {"null cu_seqlens", [](C& c) { c.cu_seqlens.data = nullptr; }, "cu_seqlens is null", kBind},
       {"null initial_state", [](C& c) { c.initial_state.data = nullptr; }, "initial_state is null", kBind},
@@ -535,6 +561,15 @@ TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
       {"indices shape", [](C& c) { c.ssm_state_indices.shape[0] = 2; },
        "ssm_state_indices: expected shape [N] = [3], got [2]"},
       {"pool with a gap", [](C& c) { AddGap(c.initial_state, 2); }, "initial_state: must be C-contiguous"},
+      // Token-strided q, k, v: the B * T tokens one stride apart (B's stride T times the token stride).
+      {"q batch stride not T token strides",
+       [](C& c) {
+         SetTokenDim(c, 1, 2);  // B = 3 rows of T = 2 tokens
+         SetTokenStride(c.q, 48);
+         c.q.strides[0] += 16;
+       },
+       "q: must be C-contiguous or a token-strided slice [B, T, heads, dim] with strides [T * s, s, dim, 1], s >= "
+       "heads * dim (a fused projection's columns); shape [3, 2, 2, 16] has strides [112, 48, 16, 1]"},
       {"pool bfloat16", [](C& c) { c.initial_state.dtype = DType::kBF16; },
        "initial_state: dtype must be float32, got bfloat16", kDType},
       {"indices int64", [](C& c) { c.ssm_state_indices.dtype = DType::kI64; },

@@ -77,9 +77,9 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
   for (int r = 0; r < rows; ++r) {
     const int64_t t = t0 + r;
     const auto value_row = static_cast<size_t>(t * a.HV + h);
-    internal::LoadQ(a.q, t, kh, a.H, k_dim, opt, scale, &ws.q[static_cast<size_t>(r) * k_dim]);
-    internal::LoadK(a.k, t, kh, a.H, k_dim, opt, &ws.k[static_cast<size_t>(r) * k_dim]);
-    internal::LoadRow(a.v, value_row * v_dim, v_dim, &ws.v[static_cast<size_t>(r) * v_dim]);
+    internal::LoadQ(a.q, internal::QOffset(a, t, kh), k_dim, opt, scale, &ws.q[static_cast<size_t>(r) * k_dim]);
+    internal::LoadK(a.k, internal::KOffset(a, t, kh), k_dim, opt, &ws.k[static_cast<size_t>(r) * k_dim]);
+    internal::LoadRow(a.v, internal::VOffset(a, t, h), v_dim, &ws.v[static_cast<size_t>(r) * v_dim]);
     internal::LoadGate(a.g, t, h, a.HV, k_dim, opt, &ws.g[static_cast<size_t>(r) * k_dim]);
     ws.beta[r] = internal::LoadBeta(a.beta, value_row, opt);
   }

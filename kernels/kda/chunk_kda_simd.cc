@@ -59,7 +59,7 @@ namespace {
 // ------------------------------------------------------------------ prefill
 
 // Software prefetch of input rows. One head's rows of consecutive tokens are
-// H * K elements apart (a new page each at real shapes), so the hardware
+// a token stride apart (H * K elements or more: a new page each at real shapes), so the hardware
 // prefetchers do not find them, and a preparation that waits for each row
 // from DRAM costs as much as a third of the sweep. Measured on Zen 4: one
 // row's worth of prefetches (8 lines) every ~100 ns arrives; bursts of 16 or
@@ -83,17 +83,18 @@ KDA_INLINE int AppendLines(const void* p, size_t bytes, const void** out) {
 // The input lines of token t of the task (q, k, g, v over the task's columns, beta) into out; returns the count.
 KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const void** out) {
   const ChunkKdaArgs& a = *task.args;
-  const size_t key_row = static_cast<size_t>(t * a.H + internal::KeyHeadOf(task.h, a.H, a.HV));
+  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
   const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
   const size_t kd = static_cast<size_t>(a.K);
   const int v_end = task.v_end < a.V ? task.v_end : a.V;
   const size_t width = static_cast<size_t>(v_end - task.v_begin);
   const size_t qkv = ElementBytes(a.q.dtype);
   const size_t gate = ElementBytes(a.g.dtype);
-  int n = AppendLines(static_cast<const char*>(a.q.data) + key_row * kd * qkv, kd * qkv, out);
-  n += AppendLines(static_cast<const char*>(a.k.data) + key_row * kd * qkv, kd * qkv, out + n);
+  const size_t v_at = internal::VOffset(a, t, task.h) + static_cast<size_t>(task.v_begin);
+  int n = AppendLines(static_cast<const char*>(a.q.data) + internal::QOffset(a, t, kh) * qkv, kd * qkv, out);
+  n += AppendLines(static_cast<const char*>(a.k.data) + internal::KOffset(a, t, kh) * qkv, kd * qkv, out + n);
   n += AppendLines(static_cast<const char*>(a.g.data) + value_row * kd * gate, kd * gate, out + n);
-  n += AppendLines(static_cast<const char*>(a.v.data) + (value_row * a.V + task.v_begin) * qkv, width * qkv, out + n);
+  n += AppendLines(static_cast<const char*>(a.v.data) + v_at * qkv, width * qkv, out + n);
   n += AppendLines(static_cast<const char*>(a.beta.data) + value_row * ElementBytes(a.beta.dtype), 1, out + n);
   return n;
 }
@@ -121,7 +122,7 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const int kin = a.K;
   const int kd = internal::PaddedKeyDim(kin, kL);
   const int width = task.v_end - task.v_begin;
-  const size_t key_row = static_cast<size_t>(t * a.H + internal::KeyHeadOf(task.h, a.H, a.HV));
+  const int key_head = internal::KeyHeadOf(task.h, a.H, a.HV);
   const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
   const size_t at = static_cast<size_t>(i) * static_cast<size_t>(kd);
   float* qh = b.qhat + at;
@@ -134,8 +135,8 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const float* mf_prev = i > 0 ? mf - kd : nullptr;
   // q, k and the log decay, zero-padded to kd, staged where their results go (each element is read before
   // its result is written).
-  LoadRowPadded<Vt>(a.q, key_row * kin, kin, kd, qh);
-  LoadRowPadded<Vt>(a.k, key_row * kin, kin, kd, kh);
+  LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, key_head), kin, kd, qh);
+  LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, key_head), kin, kd, kh);
   LoadRowPadded<Vt>(a.g, value_row * kin, kin, kd, mf);
   if (opt.use_gate_in_kernel) {
     ActivateGate(opt, task.h, kin, mf);
@@ -180,7 +181,7 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   b.beta[i] = ActivateBeta(opt, LoadScalar(a.beta, value_row));
   // v over the task's columns, zero past V.
   const int real = (task.v_end < a.V ? task.v_end : a.V) - task.v_begin;
-  LoadRowPadded<Vt>(a.v, value_row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin), real, width,
+  LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h) + static_cast<size_t>(task.v_begin), real, width,
                     b.vrow + static_cast<size_t>(i) * width);
 }
 

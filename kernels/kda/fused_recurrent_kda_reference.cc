@@ -67,9 +67,9 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
       float o[kMaxHeadDim];
       for (int64_t t = bos; t < eos; ++t) {
         const auto value_row = static_cast<size_t>(t * a.HV + h);
-        LoadQ(a.q, t, kh, a.H, k_dim, a.options, scale, q);
-        LoadK(a.k, t, kh, a.H, k_dim, a.options, k);
-        LoadRow(a.v, value_row * v_dim, v_dim, v);
+        LoadQ(a.q, QOffset(a, t, kh), k_dim, a.options, scale, q);
+        LoadK(a.k, KOffset(a, t, kh), k_dim, a.options, k);
+        LoadRow(a.v, VOffset(a, t, h), v_dim, v);
         LoadGate(a.g, t, h, a.HV, k_dim, a.options, g);
         const float head_beta = a.beta_per_value ? 0.0F : LoadBeta(a.beta, value_row, a.options);
         for (int j = 0; j < v_dim; ++j) {

@@ -156,12 +156,11 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
   alignas(64) float beta[kc::kMaxHeadDim];
   const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
   for (int64_t t = bos; t < eos; ++t) {
-    const size_t key_row = static_cast<size_t>(t * a.H + kh) * static_cast<size_t>(kd);
     const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
-    LoadRowPadded<Vt>(a.q, key_row, kd, kp, q);
-    LoadRowPadded<Vt>(a.k, key_row, kd, kp, k);
+    LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, kh), kd, kp, q);
+    LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, kh), kd, kp, k);
     LoadRowPadded<Vt>(a.g, value_row * kd, kd, kp, e);
-    LoadRowPadded<Vt>(a.v, value_row * vd, vd, vp, v);
+    LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h), vd, vp, v);
     if (a.beta_per_value) {
       LoadRowPadded<Vt>(a.beta, value_row * vd, vd, vp, beta);
       for (int j = 0; j < vd; ++j) beta[j] = ActivateBeta(a.options, beta[j]);

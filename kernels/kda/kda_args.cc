@@ -42,6 +42,19 @@ void ValidateCommon(const std::string& who, const Args& a) {
   });
   Check(a.K >= 1 && a.K <= kMaxHeadDim, [&] { return who + ": K must be in [1, 256], got " + std::to_string(a.K); });
   Check(a.V >= 1 && a.V <= kMaxHeadDim, [&] { return who + ": V must be in [1, 256], got " + std::to_string(a.V); });
+  const auto key_row = static_cast<int64_t>(a.H) * a.K;
+  const auto value_row = static_cast<int64_t>(a.HV) * a.V;
+  const struct {
+    int64_t stride, row;
+    const char* name;
+  } token_strides[] = {
+      {a.token_strides.q, key_row, "q"}, {a.token_strides.k, key_row, "k"}, {a.token_strides.v, value_row, "v"}};
+  for (const auto& t : token_strides) {
+    Check(t.stride == 0 || t.stride >= t.row, [&] {
+      return who + ": " + t.name + " token stride " + std::to_string(t.stride) + " is shorter than its row (" +
+             std::to_string(t.row) + " elements); 0 means the contiguous row";
+    });
+  }
   const KdaOptions& opt = a.options;
   Check(std::isfinite(opt.scale), [&] { return who + ": scale must be finite"; });
   Check(!opt.use_gate_in_kernel || opt.A_log != nullptr || opt.use_lower_bound,
@@ -324,6 +337,24 @@ void CheckDType(bool ok, MessageFn&& message) {
   if (!ok) throw DTypeError(message());
 }
 
+// The token stride of a 4-D view [B, T, heads, dim] (see ViewChecker::TokenLayout): 0 when its tokens are
+// contiguous rows, s when its rows are contiguous and its B * T tokens are s >= heads * dim elements apart
+// (strides [T * s, s, dim, 1]; a unit dimension's stride is never read), -1 otherwise.
+template <class V>
+int64_t TokenStrideOf(const V& v) {
+  if (!v.strided || v.numel() == 0) return 0;
+  const int64_t b = v.shape[0], t = v.shape[1], heads = v.shape[2], dim = v.shape[3];
+  int64_t row = 0;
+  if (__builtin_mul_overflow(heads, dim, &row)) return -1;
+  if ((dim != 1 && v.strides[3] != 1) || (heads != 1 && v.strides[2] != dim)) return -1;
+  // The stride from one token to the next among the B * T (B's stride when T = 1).
+  const int64_t s = t > 1 ? v.strides[1] : (b > 1 ? v.strides[0] : row);
+  if (s < row) return -1;
+  int64_t batch = 0;
+  if (b > 1 && t > 1 && (__builtin_mul_overflow(t, s, &batch) || v.strides[0] != batch)) return -1;
+  return s == row ? 0 : s;
+}
+
 // The checks of one view, each naming it as "WHO: NAME".
 class ViewChecker {
  public:
@@ -396,6 +427,21 @@ class ViewChecker {
       }
     }
     if (full_) Check(v.data != nullptr || v.numel() == 0, [&] { return who_ + ": " + name + " is null"; });
+  }
+  // A [B, T, heads, dim] token view (q, k, v) the kernels read in place: C-contiguous, or token-strided
+  // (see QkvTokenStrides). Returns the elements between consecutive tokens of the B * T, 0 for the
+  // contiguous row.
+  template <class V>
+  int64_t TokenLayout(const V& v, const char* name) const {
+    const int64_t stride = TokenStrideOf(v);
+    Check(stride >= 0, [&] {
+      return who_ + ": " + name + ": must be C-contiguous or a token-strided slice [B, T, heads, dim] with strides " +
+             "[T * s, s, dim, 1], s >= heads * dim (a fused projection's columns); shape " + ShapeString(ShapeOf(v)) +
+             " has strides " + ShapeString(std::vector<int64_t>(v.strides, v.strides + v.ndim)) +
+             " (make a contiguous copy first)";
+    });
+    if (full_) Check(v.data != nullptr || v.numel() == 0, [&] { return who_ + ": " + name + " is null"; });
+    return stride;
   }
   // Elements of a [n] f32 parameter (A_log, dt_bias).
   void Param(const TensorView& v, int64_t n, const char* count, const char* name, const char* layout) const {
@@ -473,9 +519,7 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
   });
   c.Float(call.g, "g");
   c.Float(call.beta, "beta");
-  c.Layout(call.q, "q");
-  c.Layout(call.k, "k");
-  c.Layout(call.v, "v");
+  s.token_strides = {c.TokenLayout(call.q, "q"), c.TokenLayout(call.k, "k"), c.TokenLayout(call.v, "v")};
   c.Layout(call.g, "g");
   c.Layout(call.beta, "beta");
   Check(h >= 1, [&] { return who + ": H must be >= 1, got " + std::to_string(h); });
@@ -727,6 +771,7 @@ void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.v = Buf(call.v);
   a.g = Buf(call.g);
   a.beta = Buf(call.beta);
+  a.token_strides = s.token_strides;
   a.H = s.H;
   a.HV = s.HV;
   a.K = s.K;
@@ -749,6 +794,8 @@ const int64_t* BoundariesOf(const KdaCallCommon& call, const KdaCallShapes& s, s
 }
 
 }  // namespace
+
+bool ReadsTokensInPlace(const TensorView& v) { return v.ndim != 4 || TokenStrideOf(v) >= 0; }
 
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call) { return CheckChunkCall(call, false); }
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call) { return CheckRecurrentCall(call, false); }

@@ -40,17 +40,16 @@ inline void L2NormalizeInPlace(float* x, int len) {
   for (int d = 0; d < len; ++d) x[d] /= norm;
 }
 
-// q row of key head `kh` of token t ([T, H, K]): optionally L2-normalised, then multiplied by scale.
-inline void LoadQ(const ConstBuf& q, int64_t t, int kh, int heads, int k_dim, const KdaOptions& opt, float scale,
-                  float* out) {
-  LoadRow(q, (static_cast<size_t>(t) * heads + kh) * k_dim, k_dim, out);
+// The q row at `offset` (QOffset): optionally L2-normalised, then multiplied by scale.
+inline void LoadQ(const ConstBuf& q, size_t offset, int k_dim, const KdaOptions& opt, float scale, float* out) {
+  LoadRow(q, offset, k_dim, out);
   if (opt.use_qk_l2norm_in_kernel) L2NormalizeInPlace(out, k_dim);
   for (int d = 0; d < k_dim; ++d) out[d] *= scale;
 }
 
-// k row of key head `kh` of token t: optionally L2-normalised.
-inline void LoadK(const ConstBuf& k, int64_t t, int kh, int heads, int k_dim, const KdaOptions& opt, float* out) {
-  LoadRow(k, (static_cast<size_t>(t) * heads + kh) * k_dim, k_dim, out);
+// The k row at `offset` (KOffset): optionally L2-normalised.
+inline void LoadK(const ConstBuf& k, size_t offset, int k_dim, const KdaOptions& opt, float* out) {
+  LoadRow(k, offset, k_dim, out);
   if (opt.use_qk_l2norm_in_kernel) L2NormalizeInPlace(out, k_dim);
 }
 

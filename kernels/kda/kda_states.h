@@ -1,4 +1,5 @@
-// Where fused_recurrent_kda's sequences read and write their states (see
+// Where the KDA kernels read token t's rows of q, k and v (QkvTokenStrides),
+// and where fused_recurrent_kda's sequences read and write their states (see
 // RecurrentKdaArgs), shared by the reference and the per-ISA optimized code.
 // Always inlined (like kda::BF16RoundedBits): per-ISA sources may call them,
 // and no out-of-line copy compiled for one instruction set can be shared with
@@ -16,6 +17,25 @@ namespace kda::internal {
 
 // The key head of value head hv (grouped value heads: HV / H value heads per key head).
 KDA_STATES_INLINE int KeyHeadOf(int hv, int heads, int value_heads) { return hv / (value_heads / heads); }
+
+// The element offsets of token t's row of key head kh in q and k ([T, H, K]
+// rows, token strides as given) and of value head h in v ([T, HV, V] rows);
+// Args is ChunkKdaArgs or RecurrentKdaArgs.
+template <class Args>
+KDA_STATES_INLINE size_t QOffset(const Args& a, int64_t t, int kh) {
+  const int64_t row = a.token_strides.q > 0 ? a.token_strides.q : static_cast<int64_t>(a.H) * a.K;
+  return static_cast<size_t>(t * row + static_cast<int64_t>(kh) * a.K);
+}
+template <class Args>
+KDA_STATES_INLINE size_t KOffset(const Args& a, int64_t t, int kh) {
+  const int64_t row = a.token_strides.k > 0 ? a.token_strides.k : static_cast<int64_t>(a.H) * a.K;
+  return static_cast<size_t>(t * row + static_cast<int64_t>(kh) * a.K);
+}
+template <class Args>
+KDA_STATES_INLINE size_t VOffset(const Args& a, int64_t t, int h) {
+  const int64_t row = a.token_strides.v > 0 ? a.token_strides.v : static_cast<int64_t>(a.HV) * a.V;
+  return static_cast<size_t>(t * row + static_cast<int64_t>(h) * a.V);
+}
 
 // The states of fused_recurrent_kda's sequence n (see RecurrentKdaArgs).
 struct RecurrentStates {

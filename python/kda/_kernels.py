@@ -108,11 +108,26 @@ def public_recurrent(fwd, q, k, v, g, beta, A_log, dt_bias, scale, initial_state
                lower_bound=lower_bound, **kwargs)
 
 
+def _tokens(x, name: str):
+    """q, k or v for the core: read in place when C-contiguous or token-strided (the columns of a fused
+    projection: strides [T * s, s, dim, 1]); a numpy array or torch tensor of any other layout (a transposed
+    view, say) is copied once, C-contiguous. Other arrays go as they are (the core names a layout it refuses)."""
+    if isinstance(x, np.ndarray):
+        if not x.flags.c_contiguous and not _core.reads_in_place(for_core(x, name)):
+            x = np.ascontiguousarray(x)
+    elif is_torch(x):
+        if not x.is_contiguous() and not _core.reads_in_place(for_core(x, name)):
+            x = x.contiguous()
+    return for_core(x, name)
+
+
 def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
             use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
             kernel) -> dict:
-    """The arguments both kernels share, converted for the core."""
-    args = {n: for_core(x, n) for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+    """The arguments both kernels share, converted for the core. g and beta are read as they are
+    (C-contiguous; the core refuses other layouts, naming them)."""
+    args = {n: _tokens(x, n) for n, x in (("q", q), ("k", k), ("v", v))}
+    args.update((n, for_core(x, n)) for n, x in (("g", g), ("beta", beta)))
     gate = bool(use_gate_in_kernel)
     args.update(
         scale=None if scale is None else float(scale),

@@ -268,6 +268,11 @@ void BindKernels(nb::module_& m) {
         "[N, C] int32, negative: padding) the states live in the pool initial_state, otherwise [N, HV, K, V]; "
         "inplace_final_state writes them back there, else final_state receives them (with output_final_state).");
   m.def(
+      "reads_in_place", [](const nb::ndarray<nb::ro>& a) { return ReadsTokensInPlace(ArrayView<TensorView>(a, "x")); },
+      nb::arg("x"),
+      "Whether the kernels read the token array x (q, k or v, [B, T, heads, dim]) in place: C-contiguous, or "
+      "token-strided (strides [T * s, s, dim, 1], s >= heads * dim: a fused projection's columns).");
+  m.def(
       "set_num_threads",
       [](int n) {
         if (n < 1) throw nb::value_error(("set_num_threads: n must be >= 1, got " + std::to_string(n)).c_str());

@@ -166,6 +166,98 @@ def test_half_precision_inputs(dtype):
     np.testing.assert_array_equal(s, s32)
 
 
+# --- inputs as engines pass them ------------------------------------------------------------------
+
+def fused_slices(q, k, v, pad=3):
+    """q, k, v as engines pass them: column slices of one fused projection qkv [B, T, 2*H*K + HV*V + pad]
+    (views: strides [T * s, s, dim, 1])."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2:]
+    qkv = np.zeros((B, T, 2 * H * K + HV * V + pad), q.dtype)
+    cols = np.cumsum([0, H * K, H * K, HV * V])
+    for x, c0, c1 in zip((q, k, v), cols[:-1], cols[1:]):
+        qkv[..., c0:c1] = x.reshape(B, T, -1)
+    views = tuple(qkv[..., c0:c1].reshape(x.shape) for x, c0, c1 in zip((q, k, v), cols[:-1], cols[1:]))
+    assert all(np.shares_memory(x, qkv) and not x.flags.c_contiguous for x in views)
+    return views
+
+
+def same_bits(got, want):
+    np.testing.assert_array_equal(np.ascontiguousarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+@pytest.mark.parametrize("kernel", ["reference", "optimized"])
+def test_token_strided_qkv_give_the_same_bits(dtype, kernel):
+    # q, k, v slices of a fused projection, read in place: the bits of contiguous q, k, v, both kernels, B rows
+    # and packed sequences, contiguous states and a pool.
+    from kda import _core
+
+    q, k, v, g, beta = problem(B=2, T=9, H=2, HV=4, K=12, V=20, seed=20)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    fused = fused_slices(q, k, v)
+    if dtype == np.float32:
+        assert all(_core.reads_in_place(x) for x in fused)
+    h0 = np.random.default_rng(21).standard_normal((2, 4, 12, 20)).astype(np.float32)
+    for entry in (kda.chunk_kda, kda.fused_recurrent_kda):
+        want = entry(q, k, v, g, beta, initial_state=h0, output_final_state=True, kernel=kernel)
+        got = entry(*fused, g, beta, initial_state=h0, output_final_state=True, kernel=kernel)
+        for x, y in zip(got, want):
+            same_bits(x, y)
+    # Packed: [1, 2 T, ...] with cu_seqlens.
+    packed = [x.reshape(1, 18, *x.shape[2:]) for x in (q, k, v, g, beta)]
+    cu = np.array([0, 4, 18])
+    want = kda.chunk_kda(*packed, initial_state=h0, output_final_state=True, cu_seqlens=cu, kernel=kernel)
+    got = kda.chunk_kda(*fused_slices(*packed[:3]), *packed[3:], initial_state=h0, output_final_state=True,
+                        cu_seqlens=cu, kernel=kernel)
+    for x, y in zip(got, want):
+        same_bits(x, y)
+    # Decode rows [N, 1, ...] into a pool (B's stride is the token stride), padding included.
+    rows = [x[:, :1].reshape(2, 1, *x.shape[2:]).copy() for x in (q, k, v, g, beta)]
+    rows = [np.concatenate([x, x]) for x in rows]
+    idx = np.array([3, -1, 0, 1], np.int32)
+    pools = [np.random.default_rng(22).standard_normal((5, 4, 12, 20)).astype(np.float32) for _ in range(2)]
+    o_want, _ = kda.fused_recurrent_kda_fwd(*rows, initial_state=pools[0], ssm_state_indices=idx, kernel=kernel)
+    o_got, _ = kda.fused_recurrent_kda_fwd(*fused_slices(*rows[:3]), *rows[3:], initial_state=pools[1],
+                                           ssm_state_indices=idx, kernel=kernel)
+    same_bits(o_got, o_want)
+    same_bits(pools[1], pools[0])
+
+
+def test_other_qkv_layouts_are_copied_once():
+    from kda import _core
+
+    q, k, v, g, beta = problem(B=2, T=5, seed=23)
+    want = kda.chunk_kda(q, k, v, g, beta, output_final_state=True)
+    # Heads transposed, tokens reversed, a Fortran-order copy: not readable in place, so copied.
+    qt = np.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    kr = np.ascontiguousarray(k[:, ::-1])[:, ::-1]
+    vf = np.asfortranarray(v)
+    assert not any(_core.reads_in_place(x) for x in (qt, kr, vf))
+    got = kda.chunk_kda(qt, kr, vf, g, beta, output_final_state=True)
+    for x, y in zip(got, want):
+        same_bits(x, y)
+
+
+def test_strided_g_beta_and_outputs_are_refused():
+    # g and beta are read C-contiguous only; outputs and states are never copied: refused, nothing written.
+    q, k, v, g, beta = problem(B=1, T=5, seed=24)
+    gb = np.concatenate([g.reshape(1, 5, -1), beta], axis=-1)
+    g_slice, beta_slice = gb[..., :g[0, 0].size].reshape(g.shape), gb[..., g[0, 0].size:]
+    with pytest.raises(ValueError, match=r"chunk_kda: g: must be C-contiguous \(row-major, no gaps\)"):
+        kda.chunk_kda(q, k, v, g_slice, beta)
+    with pytest.raises(ValueError, match=r"fused_recurrent_kda: beta: must be C-contiguous"):
+        kda.fused_recurrent_kda(q, k, v, g, beta_slice)
+    out = np.full((1, 5, 4, 40), 7.0, np.float32)[..., ::2]
+    with pytest.raises(ValueError, match=r"fused_recurrent_kda: o: must be C-contiguous"):
+        kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=np.zeros((1, 4, 12, 20), np.float32), out=out)
+    assert (out == 7.0).all()
+    pool = np.zeros((3, 4, 12, 40), np.float32)[..., ::2]
+    with pytest.raises(ValueError, match=r"fused_recurrent_kda: initial_state: must be C-contiguous"):
+        kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, ssm_state_indices=np.array([1]))
+    assert (pool == 0).all()
+
+
 # --- the pool and speculative-decoding entry -------------------------------------------------------
 
 def test_fwd_slots_per_token_and_accepted_counts():
@@ -417,6 +509,22 @@ def test_fla_entries_run_kda_on_cpu():
         torch.testing.assert_close(fused_kda_gate(g, a_log, bias), torch.from_numpy(kda.fused_kda_gate(g.numpy(), a_log.numpy(), bias.numpy())))
         lb = fused_kda_gate(g, None, bias, lower_bound=-5.0)
         assert (lb < 0).all() and (lb >= -5).all()
+
+
+def test_fla_dispatch_reads_token_strided_qkv():
+    # fla's chunk_kda with q, k, v slices of a fused projection (as engines call it): the backend takes
+    # the call and kda reads them in place, the bits of contiguous q, k, v.
+    import torch
+
+    fk = _fla()
+    q, k, v, g, beta = (torch.from_numpy(x) for x in problem(B=2, T=7, H=2, HV=4, K=12, V=20, seed=12))
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2), torch.zeros(2, 7, 5)], dim=-1)
+    fq, fk_, fv = qkv[..., :24].view(q.shape), qkv[..., 24:48].view(k.shape), qkv[..., 48:128].view(v.shape)
+    assert not fq.is_contiguous() and fq.data_ptr() == qkv.data_ptr()
+    with torch.no_grad():
+        want_o, want_s = fk.chunk_kda(q, k, v, g, beta, output_final_state=True)
+        o, s = fk.chunk_kda(fq, fk_, fv, g, beta, output_final_state=True)
+    assert torch.equal(o, want_o) and torch.equal(s, want_s)
 
 
 def test_fla_refusals_surface_from_kda():

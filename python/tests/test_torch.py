@@ -174,6 +174,50 @@ def test_opcheck_fused_recurrent_kda_fwd():
                                           num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32)))
 
 
+def fused(q, k, v, pad=3):
+    """q, k, v as column slices of one fused projection [B, T, 2*H*K + HV*V + pad] (views, read in place)."""
+    B, T = q.shape[:2]
+    qkv = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2), torch.zeros(B, T, pad, dtype=q.dtype)], dim=-1)
+    cols = [0, q[0, 0].numel(), 2 * q[0, 0].numel(), 2 * q[0, 0].numel() + v[0, 0].numel()]
+    views = tuple(qkv[..., c0:c1].view(x.shape) for x, c0, c1 in zip((q, k, v), cols[:-1], cols[1:]))
+    assert all(not x.is_contiguous() and x.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+               for x in views)
+    return views
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_token_strided_qkv_through_the_ops(dtype):
+    from kda import _core
+
+    q, k, v, g, beta = tensors(B=2, T=6, seed=8, dtype=dtype)
+    fq, fk, fv = fused(q, k, v)
+    assert all(_core.reads_in_place(x) for x in (fq, fk, fv))
+    h0 = torch.randn(2, H, K, K)
+    want = kt.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    got = kt.chunk_kda(fq, fk, fv, g, beta, initial_state=h0, output_final_state=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    pools = [torch.randn(3, H, K, K) for _ in range(2)]
+    pools[1].copy_(pools[0])
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    o_want, _ = kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pools[0], ssm_state_indices=idx)
+    o_got, _ = kt.fused_recurrent_kda_fwd(fq, fk, fv, g, beta, initial_state=pools[1], ssm_state_indices=idx)
+    assert torch.equal(o_got, o_want) and torch.equal(pools[1], pools[0])
+    # Another layout (heads transposed) is copied once: the same bits.
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not _core.reads_in_place(qt)
+    got = kt.chunk_kda(qt, fk, fv, g, beta, initial_state=h0, output_final_state=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_opcheck_token_strided_qkv():
+    a = list(_chunk_args(False))
+    a[:3] = fused(*a[:3])
+    torch.library.opcheck(torch.ops.kda.chunk_kda.default, tuple(a))
+    a = list(_recurrent_args())
+    a[:3] = fused(*a[:3], pad=5)
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default, tuple(a))
+
+
 def test_opcheck_gate_in_kernel_bf16():
     q, k, v, g, beta = tensors(T=5, seed=4, dtype=torch.bfloat16)
     args = (q, k, v, g, beta, None, None, True, True, True, False, False, False, None, False, None, -torch.rand(H),

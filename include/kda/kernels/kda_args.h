@@ -49,6 +49,14 @@ struct KdaOptions {
   float beta_scale = 1.0F;
 };
 
+// Elements between consecutive tokens of q, k and v, whose rows [H, K] (q, k)
+// and [HV, V] (v) are contiguous; 0 (the default) is the contiguous row: H * K
+// for q and k, HV * V for v. Otherwise >= the row: q, k and v may be slices
+// of one fused projection [T, s] (s = 2 * H * K + HV * V), read in place.
+struct QkvTokenStrides {
+  int64_t q = 0, k = 0, v = 0;
+};
+
 // Arguments of chunk_kda (prefill over a packed variable-length batch).
 //
 // States come in one of two forms:
@@ -70,6 +78,7 @@ struct ChunkKdaArgs {
   ConstBuf v;                            // [T, HV, V]
   ConstBuf g;                            // [T, HV, K] log decay (or raw gate, see options)
   ConstBuf beta;                         // [T, HV]
+  QkvTokenStrides token_strides;         // of q, k, v
   const int64_t* cu_seqlens = nullptr;   // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
   const float* initial_state = nullptr;  // [N, HV, K, V] or null (zeros); may alias final_state
   // Pool form (see above): state [S, HV, K, V], read and written in place
@@ -135,10 +144,11 @@ struct RecurrentKdaArgs {
   // Outputs.
   MutBuf o;  // [T, HV, V], dtype of q
   // Inputs.
-  ConstBuf q, k;  // [T, H, K]
-  ConstBuf v;     // [T, HV, V]
-  ConstBuf g;     // [T, HV, K]
-  ConstBuf beta;  // [T, HV], or [T, HV, V] with beta_per_value
+  ConstBuf q, k;                  // [T, H, K]
+  ConstBuf v;                     // [T, HV, V]
+  ConstBuf g;                     // [T, HV, K]
+  ConstBuf beta;                  // [T, HV], or [T, HV, V] with beta_per_value
+  QkvTokenStrides token_strides;  // of q, k, v
   bool beta_per_value = false;
   const int64_t* cu_seqlens = nullptr;  // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
   // Contiguous form.
@@ -172,7 +182,9 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a);
 // sequences of T tokens.
 struct KdaCallCommon {
   MutTensorView o;  // [B, T, HV, V], q's dtype (absent in a shape check)
-  // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, one dtype.
+  // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, one dtype. C-contiguous, or
+  // token-strided (read in place, see QkvTokenStrides): strides [T * s, s, K, 1] ([T * s, s, V, 1] for v)
+  // with s >= the row, any stride on a unit dimension. The other tensors are C-contiguous.
   TensorView q, k, v;
   TensorView g;                // [B, T, HV, K]: log decay, or the raw gate with use_gate_in_kernel
   TensorView beta;             // [B, T, HV] (fused_recurrent_kda also [B, T, HV, V])
@@ -245,7 +257,8 @@ struct RecurrentKdaCall : KdaCallCommon {
 struct KdaCallShapes {
   int64_t B = 0, T = 0, N = 0;
   int H = 0, HV = 0, K = 0, V = 0;
-  int64_t num_states = 0;  // S of the pool form (0 otherwise)
+  int64_t num_states = 0;         // S of the pool form (0 otherwise)
+  QkvTokenStrides token_strides;  // of q, k, v (0: contiguous)
   // chunk_kda: NT, the chunks of chunk_size tokens (intermediate_states is
   // [B, NT, ...]): ceil(T / chunk_size) without cu_seqlens, else the sum over
   // the sequences of ceil(length / chunk_size); -1 in a shape check whose
@@ -261,6 +274,11 @@ struct KdaCallShapes {
 // kda::Error naming the argument (kda::DTypeError for element types).
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call);
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call);
+
+// Whether the kernels read a [B, T, heads, dim] token view (q, k, v) in place:
+// C-contiguous, or token-strided (see KdaCallCommon::q). A view of another rank
+// answers true: a call refuses it by its shape.
+bool ReadsTokensInPlace(const TensorView& v);
 
 // Everything CheckChunkKdaShapes checks, every output present, and the
 // values (as ValidateChunkKda); returns the kernel arguments, pointing into the
