@@ -269,10 +269,20 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
     call.output_final_state = !c.OneIn(4);
     if (call.output_final_state || c.OneIn(8)) call.final_state = States<MutTensorView>(b, call, s, n);
   }
+  call.return_intermediate_states = c.OneIn(4);
+  if (call.return_intermediate_states || c.OneIn(16)) {
+    // fla's h [B, NT, HV, K, V]: with cu_seqlens the right NT depends on their values, hit only at times.
+    const int64_t cs = call.chunk_size;
+    const int64_t nt = (s.T + cs - 1) / cs + (packed ? c.Below(static_cast<int>(s.N) + 1) : 0);
+    const DType dt = c.OneIn(8) ? DType::kF32 : act;
+    call.intermediate_states = call.state_v_first ? b.Make<MutTensorView>({s.B, nt, s.HV, s.V, s.K}, dt, Fill::kFloat)
+                                                  : b.Make<MutTensorView>({s.B, nt, s.HV, s.K, s.V}, dt, Fill::kFloat);
+  }
   kda::ChunkKdaCall shapes = WithoutTokenData(call);
   shapes.initial_state.data = nullptr;
   shapes.final_state.data = nullptr;
   shapes.state.data = nullptr;
+  shapes.intermediate_states.data = nullptr;
   Exercise(call, shapes, kda::CheckChunkKdaShapes,
            [](const kda::ChunkKdaCall& c) { kda::chunk_kda_reference(kda::BindChunkKda(c)); });
 }

@@ -276,8 +276,10 @@ TEST_P(KdaKernelTest, Bf16Inputs) {
 
 // The recurrence of design §2 in double, written independently of all the
 // kernels, with every option of the problem (the in-kernel L2 norm and gates,
-// beta logits and per-value beta, grouped value heads, V-first states).
-Result NaiveRecurrenceF64(const Problem& p) {
+// beta logits and per-value beta, grouped value heads, V-first states). With
+// `chunk_states`: the state before every chunk_size-th token of each sequence,
+// its chunks one after the other ([NT, HV, K, V], V-first with state_v_first).
+Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 0, std::vector<float>* chunk_states = nullptr) {
   const int kd = p.K;
   const int vd = p.V;
   const int group = p.HV / p.H;
@@ -288,6 +290,13 @@ Result NaiveRecurrenceF64(const Problem& p) {
   Result r;
   r.o.assign(static_cast<size_t>(p.T) * p.ValueRow(), 0.0F);
   r.state.assign(p.StateSize(), 0.0F);
+  std::vector<int64_t> first_chunk(static_cast<size_t>(p.N) + 1, 0);
+  for (int64_t n = 0; chunk_states != nullptr && n < p.N; ++n) {
+    first_chunk[n + 1] = first_chunk[n] + (p.cu[n + 1] - p.cu[n] + chunk_size - 1) / chunk_size;
+  }
+  if (chunk_states != nullptr) {
+    chunk_states->assign(static_cast<size_t>(first_chunk[p.N]) * p.HV * p.HeadState(), 0.0F);
+  }
   for (int64_t n = 0; n < p.N; ++n) {
     for (int h = 0; h < p.HV; ++h) {
       const size_t soff = (static_cast<size_t>(n) * p.HV + h) * p.HeadState();
@@ -298,6 +307,13 @@ Result NaiveRecurrenceF64(const Problem& p) {
         }
       }
       for (int64_t t = p.cu[n]; t < p.cu[n + 1]; ++t) {
+        if (chunk_states != nullptr && (t - p.cu[n]) % chunk_size == 0) {
+          const int64_t chunk = first_chunk[n] + (t - p.cu[n]) / chunk_size;
+          float* dst = chunk_states->data() + (static_cast<size_t>(chunk) * p.HV + h) * p.HeadState();
+          for (int d = 0; d < kd; ++d) {
+            for (int j = 0; j < vd; ++j) dst[state_at(d, j)] = static_cast<float>(s[static_cast<size_t>(d) * vd + j]);
+          }
+        }
         const size_t key_row = (static_cast<size_t>(t) * p.H + h / group) * kd;
         const size_t gate_row = (static_cast<size_t>(t) * p.HV + h) * kd;
         const size_t value_row = (static_cast<size_t>(t) * p.HV + h) * vd;
@@ -863,10 +879,10 @@ TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
     std::bernoulli_distribution take(0.6);
     for (int64_t n = 0; n < p.N; ++n) {
       const int64_t len = p.cu[n + 1] - p.cu[n];
-      for (int64_t off = kSnapshotAlign; off < len; off += kSnapshotAlign) {
+      for (int64_t off = kSnapshotGrain; off < len; off += kSnapshotGrain) {
         if (take(rng)) offsets[n].push_back(off);
       }
-      if (len > 0 && (len % kSnapshotAlign != 0 || take(rng))) offsets[n].push_back(len);
+      if (len > 0 && (len % kSnapshotGrain != 0 || take(rng))) offsets[n].push_back(len);
     }
     const SnapshotRun got = RunContiguous(variant(), p, offsets);
     ExpectBitEqual(got.result, Run(p));
@@ -905,6 +921,190 @@ TEST_P(KdaChunkTest, SnapshotOffsetsAreValidated) {
     EXPECT_THROW(RunContiguous(variant(), p, bad), Error);
   }
   EXPECT_NO_THROW(RunContiguous(variant(), p, {{64, 128, 130}, {40}}));
+  EXPECT_NO_THROW(RunContiguous(variant(), p, {{32, 96, 130}, {32}}));
+}
+
+// ------------------------------------------------- intermediate states
+
+// NT: the chunks of chunk_size tokens of all of p's sequences.
+int64_t NumChunks(const Problem& p, int chunk_size) {
+  int64_t nt = 0;
+  for (int64_t n = 0; n < p.N; ++n) nt += (p.cu[n + 1] - p.cu[n] + chunk_size - 1) / chunk_size;
+  return nt;
+}
+
+// A chunk_kda run with return_intermediate_states: h [1, NT, HV, K, V] (V-first
+// with state_v_first) in q/k/v's dtype, read back as fp32. `rows` > 1 runs
+// p's equal-length sequences as that many rows without cu_seqlens.
+struct IntermediateRun {
+  Result result;
+  std::vector<float> h;
+};
+IntermediateRun RunIntermediate(const Variant& v, const Problem& p, int chunk_size, DType qkv = DType::kF32,
+                                int64_t rows = 1) {
+  const TypedInputs in(p, qkv, DType::kF32);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), qkv, kSentinel);
+  const int64_t nt = NumChunks(p, chunk_size);
+  Typed h(static_cast<size_t>(nt) * p.HV * p.HeadState(), qkv, kSentinel);
+  std::vector<float> state(p.StateSize(), kSentinel);
+  ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+  if (rows > 1) {
+    c = testing::TokenCall<ChunkKdaCall>(p, in, o.Mut(), rows, p.T / rows);
+  }
+  SetStates(p, c, p.h0.empty() ? nullptr : p.h0.data(), state.data());
+  c.chunk_size = chunk_size;
+  c.return_intermediate_states = true;
+  const int64_t nt_row = nt / rows;
+  c.intermediate_states = p.state_v_first ? ContiguousView<void*>(h.Mut().data, qkv, {rows, nt_row, p.HV, p.V, p.K})
+                                          : ContiguousView<void*>(h.Mut().data, qkv, {rows, nt_row, p.HV, p.K, p.V});
+  RunChunkCall(v, c);
+  return {{o.ToF32(), state}, h.ToF32()};
+}
+
+// The intermediate-state cases: lengths that are and are not multiples of the
+// chunk size, empty sequences, initial states or none, grouped value heads,
+// K != V, V-first states, the in-kernel options.
+std::vector<Spec> IntermediateSpecs() {
+  return {
+      {.lengths = {64, 0, 100, 31, 129}, .H = 2, .K = 32, .gate = kStress, .seed = 1301},
+      {.lengths = {33, 96}, .H = 1, .K = 40, .initial_state = false, .seed = 1302, .HV = 3, .V = 24},
+      {.lengths = {0, 65, 7},
+       .H = 2,
+       .K = 24,
+       .gate = kStress,
+       .l2norm_in_kernel = true,
+       .gate_in_kernel = true,
+       .seed = 1303,
+       .HV = 4,
+       .V = 40,
+       .state_v_first = true},
+  };
+}
+
+TEST_P(KdaChunkTest, IntermediateStatesMatchFloat64Recurrence) {
+  // h is the state before each chunk's first token (chunk 0: the initial
+  // state, or zeros), against the float64 recurrence at the fp32 tolerance and
+  // against the reference kernel; o and the final states are those of the run
+  // without h, bit for bit.
+  for (const Spec& s : IntermediateSpecs()) {
+    const Problem p = MakeProblem(s);
+    for (int cs : {32, 64}) {
+      SCOPED_TRACE(Describe(s) + " chunk_size " + std::to_string(cs));
+      const IntermediateRun got = RunIntermediate(variant(), p, cs);
+      std::vector<float> want_h;
+      const Result want = NaiveRecurrenceF64(p, cs, &want_h);
+      ASSERT_EQ(got.h.size(), want_h.size());
+      ASSERT_GT(got.h.size(), 0U);
+      EXPECT_TRUE(testing::AllFinite(got.h));
+      EXPECT_TRUE(testing::AllCloseStateF32(got.h.data(), want_h.data(), want_h.size())) << "h";
+      ExpectClose(got.result, want);
+      ExpectBitEqual(got.result, Run(p));
+      const IntermediateRun ref = RunIntermediate(kReference, p, cs);
+      EXPECT_TRUE(testing::AllCloseStateF32(got.h.data(), ref.h.data(), ref.h.size())) << "h against the reference";
+    }
+  }
+}
+
+TEST_P(KdaChunkTest, IntermediateStatesInHalfPrecisionAreTheFp32StatesRoundedOnce) {
+  // h in k's dtype: the fp32 run's states on the same input values, rounded once.
+  for (const Spec& s : IntermediateSpecs()) {
+    SCOPED_TRACE(Describe(s));
+    Problem pb = MakeProblem(s);
+    RoundInputsToBF16(pb);
+    const IntermediateRun bf16 = RunIntermediate(variant(), pb, 32, DType::kBF16);
+    const IntermediateRun want_b = RunIntermediate(variant(), pb, 32);
+    ASSERT_EQ(bf16.h.size(), want_b.h.size());
+    for (size_t i = 0; i < want_b.h.size(); ++i) ASSERT_EQ(bf16.h[i], RoundBF16(want_b.h[i])) << i;
+    Problem ph = MakeProblem(s);
+    RoundInputsToF16(ph);
+    const IntermediateRun f16 = RunIntermediate(variant(), ph, 64, DType::kF16);
+    const IntermediateRun want_h = RunIntermediate(variant(), ph, 64);
+    ASSERT_EQ(f16.h.size(), want_h.h.size());
+    for (size_t i = 0; i < want_h.h.size(); ++i) ASSERT_EQ(f16.h[i], RoundF16(want_h.h[i])) << i;
+  }
+}
+
+TEST_P(KdaChunkTest, IntermediateStatesOfEqualRowsWithoutCuSeqlens) {
+  // B rows of T tokens: h [B, ceil(T / chunk_size), ...], the same as the
+  // packed sequences with cu_seqlens.
+  const Problem p = MakeProblem({.lengths = {70, 70, 70}, .H = 2, .K = 16, .gate = kStress, .seed = 1311, .V = 24});
+  for (int cs : {32, 64}) {
+    const IntermediateRun rows = RunIntermediate(variant(), p, cs, DType::kF32, 3);
+    const IntermediateRun packed = RunIntermediate(variant(), p, cs);
+    EXPECT_TRUE(BitEqual(rows.h.data(), packed.h.data(), packed.h.size()));
+    ExpectBitEqual(rows.result, packed.result);
+  }
+}
+
+TEST_P(KdaChunkTest, IntermediateStatesInPoolFormWithPaddingAndAliasing) {
+  // The pool form: chunk 0 is the slot's state, read before the kernel writes
+  // the final state into that slot; fresh sequences start from zeros; padding
+  // sequences' chunks are zero. Against the contiguous form, bit for bit.
+  const Problem p = MakeProblem({.lengths = {100, 40, 0, 65}, .H = 2, .K = 32, .seed = 1321});
+  const std::vector<int32_t> idx = {2, -1, 0, 3};
+  const std::vector<uint8_t> has_init = {1, 1, 1, 0};
+  const IntermediateRun want = RunIntermediate(variant(), ZeroFreshStates(p, has_init), 64);
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
+  std::vector<float> pool(4 * per, kSentinel);
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (idx[n] >= 0) std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, pool.begin() + idx[n] * per);
+  }
+  const TypedInputs in(p, DType::kF32, DType::kF32);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+  const int64_t nt = NumChunks(p, 64);
+  std::vector<float> h(static_cast<size_t>(nt) * per, kSentinel);
+  ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+  c.state = testing::MutStatesView(p, pool.data(), 4);
+  c.state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
+  c.has_initial_state = ContiguousView<const void*>(has_init.data(), DType::kU8, {p.N});
+  c.return_intermediate_states = true;
+  c.intermediate_states = ContiguousView<void*>(h.data(), DType::kF32, {1, nt, p.HV, p.K, p.V});
+  RunChunkCall(variant(), c);
+  // Sequence 1 (padding) holds chunk 2 of the 5.
+  ASSERT_EQ(nt, 5);
+  for (size_t i = 0; i < h.size(); ++i) {
+    const bool padding = i >= 2 * per && i < 3 * per;
+    ASSERT_EQ(h[i], padding ? 0.0F : want.h[i]) << i;
+  }
+  EXPECT_TRUE(BitEqual(pool.data() + 2 * per, want.result.state.data(), per));
+  EXPECT_TRUE(BitEqual(pool.data() + 3 * per, want.result.state.data() + 3 * per, per));
+}
+
+TEST_P(KdaChunkTest, IntermediateStatesAreValidated) {
+  // A wrong shape, dtype or chunk size, h without the flag or the flag
+  // without h: an error naming the argument, nothing written.
+  const Problem p = MakeProblem({.lengths = {40, 30}, .H = 1, .K = 16, .seed = 1331});
+  const TypedInputs in(p, DType::kF32, DType::kF32);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+  std::vector<float> h(static_cast<size_t>(4) * p.HV * p.HeadState(), kSentinel);
+  const auto call = [&](int64_t nt, DType dt, int cs, bool flag, bool with_h) {
+    ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+    c.chunk_size = cs;
+    c.return_intermediate_states = flag;
+    if (with_h) c.intermediate_states = ContiguousView<void*>(h.data(), dt, {1, nt, p.HV, p.K, p.V});
+    return c;
+  };
+  const auto expect_error = [&](const ChunkKdaCall& c, const std::string& what) {
+    try {
+      RunChunkCall(variant(), c);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // NT is 2 + 1 with chunk_size 32, 1 + 1 with 64.
+  expect_error(call(2, DType::kF32, 32, true, true), "intermediate_states: expected shape");
+  expect_error(call(3, DType::kF32, 64, true, true), "intermediate_states: expected shape");
+  expect_error(call(2, DType::kBF16, 64, true, true), "intermediate_states: dtype must be k's");
+  EXPECT_THROW(RunChunkCall(variant(), call(2, DType::kBF16, 64, true, true)), DTypeError);
+  expect_error(call(2, DType::kF32, 64, false, true), "intermediate_states given without return_intermediate_states");
+  expect_error(call(2, DType::kF32, 64, true, false), "intermediate_states: required with return_intermediate_states");
+  expect_error(call(2, DType::kF32, 48, true, true), "chunk_size must be either 32 or 64");
+  for (float x : o.ToF32()) ASSERT_EQ(x, kSentinel);
+  for (float x : h) ASSERT_EQ(x, kSentinel);
+  EXPECT_NO_THROW(RunChunkCall(variant(), call(2, DType::kF32, 64, true, true)));
+  EXPECT_NO_THROW(RunChunkCall(variant(), call(3, DType::kF32, 32, true, true)));
+  EXPECT_EQ(CheckChunkKdaShapes(call(3, DType::kF32, 32, true, true)).num_chunks, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kda, KdaChunkTest, ::testing::ValuesIn(AllVariants()), VariantParamName());

@@ -52,7 +52,8 @@ struct ChunkWorkspace {
         l(static_cast<size_t>(kChunk) * kChunk),
         a(static_cast<size_t>(kChunk) * kChunk),
         span(k_dim),
-        row(std::max(k_dim, v_dim)) {}
+        row(std::max(k_dim, v_dim)),
+        snapshot(static_cast<size_t>(k_dim) * v_dim) {}
 
   std::vector<float> state;              // [K][V], the running state S
   std::vector<float> q, k, g, gamma, w;  // [C][K]
@@ -61,9 +62,11 @@ struct ChunkWorkspace {
   std::vector<float> l, a;               // [C][C], lower triangles used
   std::vector<float> span;               // [K], a running sum of gates over a span of rows
   std::vector<float> row;                // [max(K, V)], one output row
+  std::vector<float> snapshot;           // [K][V], the state within a chunk
 };
 
-// Processes rows [t0, t0 + rows) of head h, advancing ws.state from S0 to S1.
+// Processes rows [t0, t0 + rows) of head h: the outputs, and what AdvanceState
+// needs (ws.state, S0, is left as it is).
 void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int rows, ChunkWorkspace& ws) {
   const int k_dim = a.K;
   const int v_dim = a.V;
@@ -166,9 +169,15 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
     const size_t out_base = static_cast<size_t>((t0 + r) * a.HV + h) * static_cast<size_t>(v_dim);
     for (int j = 0; j < v_dim; ++j) StoreFromFloat(a.o.data, a.o.dtype, out_base + j, o_row[j]);
   }
+}
 
-  // S1 = diag(e^{Gamma_last}) S0 + sum_c (k_c e^{Gamma_last - Gamma_c}) v_new_c^T.
-  const int last = rows - 1;
+// The state after row `last` of the chunk ProcessChunk processed, in place on
+// s, which holds S0 (ws.state for the chunk's end; a copy for a snapshot
+// within it):
+//   S = diag(e^{Gamma_last}) S0 + sum_{c <= last} (k_c e^{Gamma_last - Gamma_c}) v_new_c^T.
+void AdvanceState(const ChunkKdaArgs& a, int last, ChunkWorkspace& ws, float* s) {
+  const int k_dim = a.K;
+  const int v_dim = a.V;
   const float* gamma_last = &ws.gamma[static_cast<size_t>(last) * k_dim];
   for (int d = 0; d < k_dim; ++d) {
     const float decay = std::exp(gamma_last[d]);
@@ -214,14 +223,20 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
     std::fill(ws.state.begin(), ws.state.end(), 0.0F);
   }
 
-  // Snapshot offsets are chunk ends (multiples of the chunk size, or the length).
+  // Snapshots within a chunk are formed from its S0 without changing the chunks (nor the results' bits).
   int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[n] : 0;
   const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[n + 1] : 0;
   for (int64_t t0 = bos; t0 < eos; t0 += kChunk) {
     const int rows = static_cast<int>(std::min<int64_t>(kChunk, eos - t0));
     ProcessChunk(a, h, scale, t0, rows, ws);
+    for (; snap < snap_end && a.snapshot_offsets[snap] < t0 + rows - bos; ++snap) {
+      std::copy(ws.state.begin(), ws.state.end(), ws.snapshot.begin());
+      AdvanceState(a, static_cast<int>(bos + a.snapshot_offsets[snap] - t0) - 1, ws, ws.snapshot.data());
+      internal::StoreHeadState(ws.snapshot.data(), a.K, a.V, a.state_v_first, a.snapshot_states[snap] + head_off);
+    }
+    AdvanceState(a, rows - 1, ws, ws.state.data());
     if (snap < snap_end && a.snapshot_offsets[snap] == t0 + rows - bos) {
-      std::copy(ws.state.begin(), ws.state.end(), a.snapshot_states[snap] + head_off);
+      internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, a.snapshot_states[snap] + head_off);
       ++snap;
     }
   }
@@ -237,6 +252,10 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
 namespace internal {
 
 void ChunkKdaReferenceUnchecked(const ChunkKdaArgs& a) {
+  if (a.intermediate_states.data != nullptr) {
+    RunWithIntermediateStates(a, [](const ChunkKdaArgs& b) { ChunkKdaReferenceUnchecked(b); });
+    return;
+  }
   const float scale = EffectiveScale(a.options, a.K);
   const int64_t num_tasks = a.N * a.HV;
   const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(NumThreads(), num_tasks));

@@ -681,9 +681,9 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
   // The first block is prepared up front; each later one during the sweeps of the block before it.
   const int first = eos - bos < kc::kTokenBlock ? static_cast<int>(eos - bos) : kc::kTokenBlock;
   for (int g = 0; g < group.heads; ++g) PrepareFirstBlock<Vt>(heads[g], bos, first);
-  // Snapshots (offsets are multiples of kSnapshotAlign, so block ends, or the length). The sweep of a block
+  // Snapshots (offsets are multiples of kSnapshotGrain, so block ends, or the length). The sweep of a block
   // prepares the next one, which advances the row scales past the block: the scales at its end are saved first.
-  static_assert(kSnapshotAlign % kc::kTokenBlock == 0, "snapshot offsets must be token block ends");
+  static_assert(kSnapshotGrain % kc::kTokenBlock == 0, "snapshot offsets must be token block ends");
   int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n] : 0;
   const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[group.n + 1] : 0;
   int cur = 0;

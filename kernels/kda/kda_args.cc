@@ -130,10 +130,10 @@ void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
     int64_t prev = 0;
     for (int64_t j = first; j < last; ++j) {
       const int64_t off = a.snapshot_offsets[j];
-      Check(off > prev && off <= len && (off % kSnapshotAlign == 0 || off == len), [&] {
+      Check(off > prev && off <= len && (off % kSnapshotGrain == 0 || off == len), [&] {
         return who + ": snapshot_offsets[" + std::to_string(j) + "] = " + std::to_string(off) + " of sequence " +
                std::to_string(n) + " (length " + std::to_string(len) + ") must increase and be a multiple of " +
-               std::to_string(kSnapshotAlign) + " in (0, length] or the length";
+               std::to_string(kSnapshotGrain) + " in (0, length] or the length";
       });
       prev = off;
     }
@@ -249,8 +249,15 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
   Check(a.N >= 1, [&] { return who + ": N must be >= 1, got " + std::to_string(a.N); });
   if (a.T > 0) CheckTokenBuffers(who, a.q, a.k, a.v, a.g, a.beta, a.o);
   Check(a.cu_seqlens != nullptr, [&] { return who + ": cu_seqlens is null"; });
-  Check(!a.state_v_first || a.snapshot_cu == nullptr,
-        [&] { return who + ": snapshots take [K, V] states; they exclude state_v_first"; });
+  if (a.intermediate_states.data != nullptr) {
+    Check(IsFloatType(a.intermediate_states.dtype), [&] {
+      return who + ": intermediate_states dtype must be F32, BF16 or F16, got " +
+             DTypeName(a.intermediate_states.dtype);
+    });
+    Check(a.chunk_size == 32 || a.chunk_size == 64,
+          [&] { return who + ": chunk_size must be 32 or 64, got " + std::to_string(a.chunk_size); });
+    Check(a.snapshot_cu == nullptr, [&] { return who + ": snapshots exclude intermediate_states"; });
+  }
   if (a.state_indices != nullptr) {
     Check(a.initial_state == nullptr && a.final_state == nullptr,
           [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
@@ -547,6 +554,54 @@ void CheckIndexView(const ViewChecker& c, const TensorView& v, int64_t n, int64_
   }
 }
 
+// NT of the call (KdaCallShapes::num_chunks). A bind checks cu_seqlens' values
+// later (CheckChunkValues); they are checked here first, as the count depends
+// on them.
+int64_t NumChunks(const ViewChecker& c, const ChunkKdaCall& call, const KdaCallShapes& s) {
+  const int64_t cs = call.chunk_size;
+  const TensorView& cu = call.cu_seqlens;
+  if (!cu.present()) return (s.T + cs - 1) / cs;
+  if (cu.data == nullptr) return -1;
+  if (c.full()) {
+    if (cu.dtype == DType::kI64) {
+      CheckCuSeqlens(c.who(), static_cast<const int64_t*>(cu.data), s.N, s.T);
+    } else {
+      CheckCuSeqlens(c.who(), static_cast<const int32_t*>(cu.data), s.N, s.T);
+    }
+  }
+  int64_t nt = 0;
+  for (int64_t n = 0; n < s.N; ++n) nt += (IndexAt(cu, n + 1) - IndexAt(cu, n) + cs - 1) / cs;
+  return nt;
+}
+
+// fla's h: [B, NT, HV, K, V] ([.., V, K] with state_v_first) in k's dtype, with return_intermediate_states.
+void CheckIntermediateStates(const ViewChecker& c, const ChunkKdaCall& call, const KdaCallShapes& s) {
+  const std::string& who = c.who();
+  const MutTensorView& h = call.intermediate_states;
+  const bool vf = call.state_v_first;
+  const char* layout = vf ? "[B, NT, HV, V, K] (state_v_first)" : "[B, NT, HV, K, V]";
+  if (call.return_intermediate_states) {
+    Check(call.snapshot_cu == nullptr,
+          [&] { return who + ": return_intermediate_states excludes the prefix cache's snapshots (snapshot_cu)"; });
+    if (c.full()) {
+      c.Present(h, "intermediate_states",
+                vf ? "required with return_intermediate_states (shape [B, NT, HV, V, K])"
+                   : "required with return_intermediate_states (shape [B, NT, HV, K, V])");
+    }
+  }
+  if (!h.present()) return;
+  Check(call.return_intermediate_states,
+        [&] { return who + ": intermediate_states given without return_intermediate_states"; });
+  CheckDType(h.foreign_dtype == nullptr && h.dtype == call.k.dtype, [&] {
+    return who + ": intermediate_states: dtype must be k's (" + TorchDTypeName(call.k.dtype) + "), got " +
+           ViewDTypeName(h);
+  });
+  c.Ndim(h, "intermediate_states", 5, layout);
+  const int64_t nt = s.num_chunks >= 0 ? s.num_chunks : h.shape[1];  // unknown in a shape check: any
+  c.Shape(h, vf ? Dims{s.B, nt, s.HV, s.V, s.K} : Dims{s.B, nt, s.HV, s.K, s.V}, "intermediate_states", layout);
+  c.Layout(h, "intermediate_states");
+}
+
 KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
   const std::string& who = ChunkWho();
   const ViewChecker c(who, full);
@@ -560,8 +615,6 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
       return who + ": lower_bound must be in the safe range [-5, 0), got " + std::to_string(*call.lower_bound);
     });
   }
-  Check(!call.state_v_first || call.snapshot_cu == nullptr,
-        [&] { return who + ": snapshots take [K, V] states; they exclude state_v_first"; });
   const bool vf = call.state_v_first;
   if (call.state_indices.present()) {
     Check(!call.initial_state.present() && !call.final_state.present(),
@@ -585,6 +638,9 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
     c.Shape(call.has_initial_state, {s.N}, "has_initial_state", "[N]");
     c.Layout(call.has_initial_state, "has_initial_state");
   }
+  // A bind needs the count only for intermediate_states.
+  if (!full || call.return_intermediate_states) s.num_chunks = NumChunks(c, call, s);
+  CheckIntermediateStates(c, call, s);
   return s;
 }
 
@@ -713,6 +769,8 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.snapshot_cu = call.snapshot_cu;
   a.snapshot_offsets = call.snapshot_offsets;
   a.snapshot_states = call.snapshot_states;
+  if (call.return_intermediate_states) a.intermediate_states = {call.intermediate_states.data, call.k.dtype};
+  a.chunk_size = call.chunk_size;
   CheckChunkValues(ChunkWho(), a);  // the structure was checked on the views
   return a;
 }

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda_args.h"
@@ -118,6 +120,36 @@ inline const float* SequenceInitialState(const ChunkKdaArgs& a, int64_t n) {
 inline float* SequenceFinalState(const ChunkKdaArgs& a, int64_t n) {
   if (!a.output_final_state || IsPaddingSequence(a, n)) return nullptr;
   return (a.state_indices != nullptr ? a.state : a.final_state) + SequenceStateOffset(a, n);
+}
+
+// The intermediate states of a chunk_kda run (ChunkKdaArgs::intermediate_states,
+// kernels/kda/chunk_kda_intermediate.cc): the constructor writes each
+// sequence's chunk 0 (before the kernel may overwrite its initial state) and
+// sets args() up to emit the later chunks as snapshots, straight into the
+// buffer when it is fp32, else into fp32 scratch that Finish() rounds into it.
+class IntermediateStates {
+ public:
+  explicit IntermediateStates(const ChunkKdaArgs& a);
+  // a without intermediate_states, with the snapshots.
+  const ChunkKdaArgs& args() const { return run_; }
+  void Finish() const;
+
+ private:
+  const ChunkKdaArgs& a_;
+  ChunkKdaArgs run_;
+  int64_t rows_ = 0;  // NT
+  std::unique_ptr<float[]> scratch_;
+  float* dst_ = nullptr;  // [NT, HV, K, V] fp32: the buffer or the scratch
+  std::vector<int64_t> snapshot_cu_, snapshot_offsets_;
+  std::vector<float*> snapshot_states_;
+};
+
+// Runs the unchecked chunk kernel `run` on a, with its intermediate states.
+template <class Run>
+void RunWithIntermediateStates(const ChunkKdaArgs& a, const Run& run) {
+  const IntermediateStates h(a);
+  run(h.args());
+  h.Finish();
 }
 
 // The reference kernels without validation (callers validate first).

@@ -94,6 +94,10 @@ struct TaskRef {
 namespace internal {
 
 void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
+  if (a.intermediate_states.data != nullptr) {
+    RunWithIntermediateStates(a, [isa](const ChunkKdaArgs& b) { ChunkKdaOptimizedUnchecked(b, isa); });
+    return;
+  }
   const KernelTable& kernels = KernelsFor(isa);
   const float scale = EffectiveScale(a.options, a.K);
   const size_t state_size = static_cast<size_t>(a.K) * static_cast<size_t>(a.V);

@@ -70,14 +70,16 @@ def _check_grad(who: str, **tensors) -> None:
 _CHUNK_KEYWORDS = ("A_log", "dt_bias", "chunk_size", "state_indices", "kernel")
 
 
-def _chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, **tensors) -> bool:
+def _chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute, kwargs,
+                    **tensors) -> bool:
     """chunk_kda's keyword handling, shared by the numpy and torch entries; returns state_v_first."""
     state_v_first = _state_v_first(state_v_first, kwargs)
     _refuse_unknown("chunk_kda", kwargs, _CHUNK_KEYWORDS)
     if cp_context is not None:
         raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
-    if return_intermediate_states:
-        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by kda yet")
+    if return_intermediate_states and disable_recompute:
+        # fla's rule (an assertion there): h is kept only on the recomputing path.
+        raise ValueError("chunk_kda: return_intermediate_states must be used with disable_recompute=False")
     _check_grad("chunk_kda", A_log=kwargs.get("A_log"), dt_bias=kwargs.get("dt_bias"), **tensors)
     return state_v_first
 
@@ -150,6 +152,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``use_gate_in_kernel`` (``A_log`` [HV], ``dt_bias`` [HV*K] as keywords; with ``lower_bound`` fla's
     sigmoid gate). States are float32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``).
 
+    ``return_intermediate_states``: also return h, the state at the start of every chunk of
+    ``chunk_size`` tokens (chunk 0: the initial state, or zeros) in k's dtype, ``[B, NT, HV, K, V]``
+    (``[B, NT, HV, V, K]`` with ``state_v_first``): NT = ceil(T / chunk_size) per row without
+    ``cu_seqlens``, else (B = 1) the chunks of all the sequences, sequence after sequence.
+
     Keywords beyond the signature, as fla takes them: ``A_log``, ``dt_bias``, ``chunk_size`` (32 or
     64), ``transpose_state_layout`` (deprecated); kda's own: ``state_indices`` ([N] int, negative:
     padding) makes ``initial_state`` a pool ``[S, HV, K, V]`` that sequence n reads and writes at
@@ -157,17 +164,20 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     "reference" | "optimized"). Any other keyword is a TypeError; ``cp_context`` (context
     parallelism) is refused.
 
-    Returns ``(o, final_state or None)``; o ``[B, T, HV, V]`` has q's dtype, in q's framework (torch
-    in, torch out; else numpy).
+    Returns ``(o, final_state or None)``, or ``(o, final_state or None, h)`` with
+    ``return_intermediate_states``; o ``[B, T, HV, V]`` has q's dtype, in q's framework (torch in,
+    torch out; else numpy).
     """
-    state_v_first = _chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, q=q, k=k, v=v,
-                                    g=g, beta=beta, initial_state=initial_state)
+    state_v_first = _chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute, kwargs,
+                                    q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
     state_indices = kwargs.get("state_indices")
     args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                    use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first, A_log, dt_bias,
                    kwargs.get("kernel", "auto"))
-    args.update(safe_gate=bool(safe_gate), chunk_size=int(kwargs.get("chunk_size", 64)))
+    inter = bool(return_intermediate_states)
+    args.update(safe_gate=bool(safe_gate), chunk_size=int(kwargs.get("chunk_size", 64)),
+                return_intermediate_states=inter)
     pool = state_indices is not None
     if pool:
         args.update(initial_state=None, output_final_state=True,
@@ -179,11 +189,15 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     s = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
     o = _output(q, s)
     final = _states(q, s["N"], s, state_v_first) if output_final_state and not pool else None
+    h = None
+    if inter:
+        inner = (s["V"], s["K"]) if state_v_first else (s["K"], s["V"])
+        h = empty_like_framework(q, (s["B"], s["num_chunks"], s["HV"], *inner), np_dtype(k))
     _core.chunk_kda(o=for_core(o, "o"), final_state=None if final is None else for_core(final, "final_state"),
-                    **args)
+                    intermediate_states=None if h is None else for_core(h, "intermediate_states"), **args)
     if pool:
-        return o, (initial_state if output_final_state else None)
-    return o, final
+        final = initial_state if output_final_state else None
+    return (o, final, h) if inter else (o, final)
 
 
 # The pool and speculative-decoding keywords of fused_recurrent_kda_fwd, which fla's public

@@ -5,8 +5,8 @@ After the import, fla's own entries run kda on CPU tensors: ``fla.ops.kda.chunk_
 ``fla.ops.kda.gate.fused_kda_gate`` (so HF transformers' Kimi-Linear and fla's layers run on the CPU
 with one import). The backend (``backend_type = "kda_cpu"``, disabled with ``FLA_KDA_CPU=0``) takes a
 call when its tensors are CPU tensors that do not require grad under grad mode (kda is
-forward-only) and the call asks for nothing kda refuses (``cp_context``,
-``return_intermediate_states``); every other check is kda's own, whose errors name the argument.
+forward-only) and the call asks for nothing kda refuses (``cp_context``); every other check is
+kda's own, whose errors name the argument.
 Other calls (CUDA tensors, training) go on to fla's other backends and its Triton kernels.
 """
 
@@ -39,8 +39,6 @@ def _cpu_inference(args, kwargs) -> tuple[bool, str | None]:
         return False, "kda_cpu: forward-only (a tensor requires grad)"
     if kwargs.get("cp_context") is not None:
         return False, "kda_cpu: no context parallelism (cp_context)"
-    if kwargs.get("return_intermediate_states"):
-        return False, "kda_cpu: no return_intermediate_states"
     return True, None
 
 

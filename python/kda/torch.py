@@ -2,10 +2,13 @@
 
 - ``torch.ops.kda.chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
   use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-  lower_bound, state_v_first, cu_seqlens, A_log, dt_bias, chunk_size, state_indices, kernel)
-  -> (o, final_state)``: with ``state_indices`` the pool ``initial_state`` [S, HV, K, V] is updated in
-  place (declared mutated) and ``final_state`` is empty ([0]); otherwise ``final_state`` is a new
-  [N, HV, K, V] when ``output_final_state`` (else empty).
+  lower_bound, state_v_first, cu_seqlens, A_log, dt_bias, chunk_size, state_indices,
+  return_intermediate_states, kernel) -> (o, final_state, h)``: with ``state_indices`` the pool
+  ``initial_state`` [S, HV, K, V] is updated in place (declared mutated) and ``final_state`` is empty
+  ([0]); otherwise ``final_state`` is a new [N, HV, K, V] when ``output_final_state`` (else empty).
+  ``h`` is the intermediate states [B, NT, HV, K, V] in k's dtype with ``return_intermediate_states``
+  (else empty); with ``cu_seqlens`` NT depends on its values, a data-dependent size under
+  ``torch.compile``.
 - ``torch.ops.kda.fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, initial_state, scale,
   output_final_state, inplace_final_state, state_v_first, cu_seqlens, ssm_state_indices,
   num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
@@ -42,31 +45,40 @@ def _chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
                use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                allow_neg_eigval: bool, safe_gate: bool, lower_bound: Optional[float], state_v_first: bool,
                cu_seqlens: Optional[torch.Tensor], A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
-               chunk_size: int, state_indices: Optional[torch.Tensor],
-               kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
+               chunk_size: int, state_indices: Optional[torch.Tensor], return_intermediate_states: bool,
+               kernel: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     extra = {} if state_indices is None else {"state_indices": state_indices}
-    o, final = _kernels.chunk_kda(
+    out = _kernels.chunk_kda(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         safe_gate=safe_gate, lower_bound=lower_bound, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-        A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size, kernel=kernel, **extra)
+        A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size, return_intermediate_states=return_intermediate_states,
+        kernel=kernel, **extra)
+    o, final = out[0], out[1]
+    h = out[2] if return_intermediate_states else k.new_empty((0,))
     if state_indices is not None or final is None:
         final = _empty_state(q)
-    return o, final
+    return o, final, h
 
 
 @_chunk_kda.register_fake
 def _(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
       use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, cu_seqlens, A_log,
-      dt_bias, chunk_size, state_indices, kernel):
+      dt_bias, chunk_size, state_indices, return_intermediate_states, kernel):
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = q.new_empty((B, T, HV, V))
+    inner = (V, K) if state_v_first else (K, V)
+    h = k.new_empty((0,))
+    if return_intermediate_states:
+        # Without cu_seqlens NT follows from T; with it, from cu_seqlens' values: a data-dependent size.
+        nt = (T + chunk_size - 1) // chunk_size if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+        h = k.new_empty((B, nt, HV, *inner))
     if state_indices is None and output_final_state:
         N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-        return o, q.new_empty((N, HV, V, K) if state_v_first else (N, HV, K, V), dtype=torch.float32)
-    return o, _empty_state(q)
+        return o, q.new_empty((N, HV, *inner), dtype=torch.float32), h
+    return o, _empty_state(q), h
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=("initial_state",), device_types="cpu")
@@ -113,18 +125,22 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
               cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
     """fla's ``chunk_kda`` through ``torch.ops.kda.chunk_kda`` (keywords as kda.chunk_kda): returns
-    ``(o, final_state or None)``, the pool itself as the final state with ``state_indices``."""
-    state_v_first = _kernels._chunk_keywords(state_v_first, cp_context, return_intermediate_states, kwargs, q=q, k=k,
-                                             v=v, g=g, beta=beta, initial_state=initial_state)
+    ``(o, final_state or None)``, the pool itself as the final state with ``state_indices``, and h
+    third with ``return_intermediate_states``."""
+    state_v_first = _kernels._chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute,
+                                             kwargs, q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     state_indices = kwargs.get("state_indices")
-    o, final = torch.ops.kda.chunk_kda(
+    inter = bool(return_intermediate_states)
+    o, final, h = torch.ops.kda.chunk_kda(
         q, k, v, g, beta, _float(scale), initial_state, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
         bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), bool(safe_gate),
         _float(lower_bound), bool(state_v_first), cu_seqlens, kwargs.get("A_log"), kwargs.get("dt_bias"),
-        int(kwargs.get("chunk_size", 64)), state_indices, kwargs.get("kernel", "auto"))
+        int(kwargs.get("chunk_size", 64)), state_indices, inter, kwargs.get("kernel", "auto"))
     if not output_final_state:
-        return o, None
-    return o, (initial_state if state_indices is not None else final)
+        final = None
+    elif state_indices is not None:
+        final = initial_state
+    return (o, final, h) if inter else (o, final)
 
 
 def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,

@@ -131,6 +131,7 @@ nb::dict ShapesDict(const KdaCallShapes& s) {
   d["K"] = s.K;
   d["V"] = s.V;
   d["num_states"] = s.num_states;
+  d["num_chunks"] = s.num_chunks;
   return d;
 }
 
@@ -187,8 +188,8 @@ std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, con
                                  bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval,
                                  bool safe_gate, std::optional<float> lower_bound, bool state_v_first,
                                  const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, int chunk_size,
-                                 const OutArg& state, const InArg& state_indices, const std::string& kernel,
-                                 bool check_only) {
+                                 const OutArg& state, const InArg& state_indices, bool return_intermediate_states,
+                                 const OutArg& intermediate_states, const std::string& kernel, bool check_only) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   ChunkKdaCall c;
   SetCommon(c, o, q, k, v, g, beta,
@@ -202,6 +203,8 @@ std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, con
   c.chunk_size = chunk_size;
   c.state = ViewOf<MutTensorView>(state, "state");
   c.state_indices = ViewOf<TensorView>(state_indices, "state_indices");
+  c.return_intermediate_states = return_intermediate_states;
+  c.intermediate_states = ViewOf<MutTensorView>(intermediate_states, "intermediate_states");
   return CheckOrRun(c, impl, check_only, CheckChunkKdaShapes,
                     [](const ChunkKdaCall& call, KernelImpl i) { chunk_kda(call, i); });
 }
@@ -244,10 +247,13 @@ void BindKernels(nb::module_& m) {
         nb::arg("safe_gate") = false, nb::arg("lower_bound").none() = nb::none(), nb::arg("state_v_first") = false,
         nb::arg("cu_seqlens").none() = nb::none(), nb::arg("A_log").none() = nb::none(),
         nb::arg("dt_bias").none() = nb::none(), nb::arg("chunk_size") = 64, nb::arg("state").none() = nb::none(),
-        nb::arg("state_indices").none() = nb::none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
+        nb::arg("state_indices").none() = nb::none(), nb::arg("return_intermediate_states") = false,
+        nb::arg("intermediate_states").none() = nb::none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
         "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, HV, V] and final_state [N, HV, K, V], or "
-        "the pool `state` [S, HV, K, V] through state_indices [N] int32. With check_only, returns {B, T, N, H, HV, "
-        "K, V, num_states} (else None). bf16 arrays may come as DLPack bfloat16 or as uint16 bit views.");
+        "the pool `state` [S, HV, K, V] through state_indices [N] int32, and with return_intermediate_states the "
+        "intermediate_states [B, NT, HV, K, V] in k's dtype. With check_only, returns {B, T, N, H, HV, K, V, "
+        "num_states, num_chunks} (else None; num_chunks -1 when cu_seqlens has no data). bf16 arrays may come as "
+        "DLPack bfloat16 or as uint16 bit views.");
   m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"),
         nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none() = nb::none(),
         nb::arg("dt_bias").none() = nb::none(), nb::arg("initial_state").none() = nb::none(),

@@ -234,7 +234,7 @@ def test_core_writes_into_the_given_output():
                 use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]), A_log=None,
                 dt_bias=None, state=None, state_indices=None)
     sizes = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
-    assert sizes == dict(B=1, T=4, N=1, H=H, HV=H, K=K, V=K, num_states=0)
+    assert sizes == dict(B=1, T=4, N=1, H=H, HV=H, K=K, V=K, num_states=0, num_chunks=1)
     assert np.isnan(o).all()  # a check writes nothing
     assert _core.chunk_kda(o=o, final_state=fs, **args) is None
     assert o.ctypes.data == o_ptr and fs.ctypes.data == fs_ptr

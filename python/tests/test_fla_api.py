@@ -12,8 +12,11 @@ import kda
 
 def recurrence_f64(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
                    use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
-                   use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False, cu_seqlens=None):
-    """The KDA recurrence in float64 with fla's options; (o [B, T, HV, V], final states [N, HV, K, V])."""
+                   use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False, cu_seqlens=None,
+                   chunk_size=None):
+    """The KDA recurrence in float64 with fla's options; (o [B, T, HV, V], final states [N, HV, K, V]),
+    and with chunk_size fla's h third: the state before every chunk_size-th token of each sequence,
+    [B, NT, HV, K, V] (the sequences' chunks one after the other with cu_seqlens, B = 1)."""
     q, k, v, g, beta = (np.asarray(x, np.float64) for x in (q, k, v, g, beta))
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -24,6 +27,14 @@ def recurrence_f64(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2no
         seqs = [(0, int(cu_seqlens[n]), int(cu_seqlens[n + 1])) for n in range(len(cu_seqlens) - 1)]
     o = np.zeros((B, T, HV, V))
     finals = np.zeros((len(seqs), HV, V, K) if state_v_first else (len(seqs), HV, K, V))
+    chunks = []  # (b, row) of each sequence's first chunk
+    if chunk_size is not None:
+        row = 0
+        for b, bos, eos in seqs:
+            chunks.append((b, 0 if cu_seqlens is None else row))
+            row += -(-(eos - bos) // chunk_size)
+        nt = -(-T // chunk_size) if cu_seqlens is None else row
+        inter = np.zeros((B, nt, *finals.shape[1:]))
     for n, (b, bos, eos) in enumerate(seqs):
         for h in range(HV):
             kh = h // (HV // H)
@@ -32,6 +43,8 @@ def recurrence_f64(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2no
                 s0 = np.asarray(initial_state[n, h], np.float64)
                 S = s0.T.copy() if state_v_first else s0.copy()
             for t in range(bos, eos):
+                if chunk_size is not None and (t - bos) % chunk_size == 0:
+                    inter[chunks[n][0], chunks[n][1] + (t - bos) // chunk_size, h] = S.T if state_v_first else S
                 qt, kt = q[b, t, kh].copy(), k[b, t, kh].copy()
                 if use_qk_l2norm_in_kernel:
                     qt /= np.sqrt((qt * qt).sum() + 1e-6)
@@ -51,7 +64,7 @@ def recurrence_f64(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2no
                 S = S + np.outer(kt, bt * (v[b, t, h] - kt @ S))
                 o[b, t, h] = (scale * qt) @ S
             finals[n, h] = S.T if state_v_first else S
-    return o, finals
+    return (o, finals) if chunk_size is None else (o, finals, inter)
 
 
 def problem(B=1, T=9, H=2, HV=4, K=12, V=20, seed=0, beta_per_value=False, logits=False):
@@ -220,6 +233,75 @@ def test_fwd_refuses_bad_slots_without_writing(bad, match):
     assert (pool == 1).all()
 
 
+# --- return_intermediate_states ------------------------------------------------------------------
+
+INTERMEDIATE = [
+    # (B, lengths or None for B rows of T, chunk_size, state_v_first)
+    (2, None, 32, False),
+    (1, [64, 0, 31, 70], 64, False),
+    (1, [33, 0, 96, 5], 32, True),
+]
+
+
+@pytest.mark.parametrize("B,lengths,chunk_size,v_first", INTERMEDIATE,
+                         ids=["rows-32", "varlen-64", "varlen-32-vfirst"])
+@pytest.mark.parametrize("kernel", ["reference", "optimized"])
+def test_intermediate_states_match_float64(B, lengths, chunk_size, v_first, kernel):
+    # h: the state before each chunk (chunk 0: the initial state), lengths that are and are not multiples of
+    # the chunk size, empty sequences, grouped value heads, K != V; o and the final state as without h.
+    T = 70 if lengths is None else sum(lengths)
+    q, k, v, g, beta = problem(B=B, T=T, H=2, HV=4, K=12, V=20, seed=21)
+    cu = None if lengths is None else np.cumsum([0, *lengths]).astype(np.int32)
+    N = B if cu is None else len(lengths)
+    h0 = np.random.default_rng(22).standard_normal((N, 4, 20, 12) if v_first else (N, 4, 12, 20)).astype(np.float32)
+    o, s, h = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, state_v_first=v_first,
+                            cu_seqlens=cu, return_intermediate_states=True, chunk_size=chunk_size, kernel=kernel)
+    want_o, want_s, want_h = recurrence_f64(q, k, v, g, beta, initial_state=h0, state_v_first=v_first,
+                                            cu_seqlens=cu, chunk_size=chunk_size)
+    assert h.dtype == np.float32 and h.shape == want_h.shape
+    assert h.shape[1] == (-(-T // chunk_size) if cu is None else sum(-(-n // chunk_size) for n in lengths))
+    close(h, want_h, "h")
+    close(o, want_o, "o")
+    close(s, want_s, "state")
+    o2, s2 = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, state_v_first=v_first,
+                           cu_seqlens=cu, chunk_size=chunk_size, kernel=kernel)
+    np.testing.assert_array_equal(o, o2)
+    np.testing.assert_array_equal(s, s2)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16], ids=["bf16", "fp16"])
+def test_intermediate_states_in_k_dtype_are_fp32_states_rounded_once(dtype):
+    q, k, v, g, beta = problem(T=40, seed=23)
+    q, k, v = (x.astype(dtype) for x in (q, k, v))
+    o, _, h = kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, chunk_size=32)
+    _, _, h32 = kda.chunk_kda(*(x.astype(np.float32) for x in (q, k, v)), g, beta, return_intermediate_states=True,
+                              chunk_size=32)
+    assert h.dtype == np.dtype(dtype) and h.shape == (1, 2, 4, 12, 20)
+    np.testing.assert_array_equal(h, h32.astype(dtype))
+    assert np.abs(h32[:, 1]).sum() > 0  # chunk 0 is the zero initial state, chunk 1 is not
+
+
+def test_intermediate_states_refusals_and_empty_batches():
+    q, k, v, g, beta = problem(T=5, seed=24)
+    with pytest.raises(ValueError, match="return_intermediate_states must be used with disable_recompute=False"):
+        kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True)
+    with pytest.raises(ValueError, match="chunk_size must be either 32 or 64"):
+        kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, chunk_size=16)
+    # Zero tokens: no chunks.
+    o, s, h = kda.chunk_kda(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0], return_intermediate_states=True)
+    assert s is None and h.shape == (1, 0, 4, 12, 20)
+    # The pool form: chunk 0 is the slot's state, a padding sequence's chunks are zero.
+    pool = np.random.default_rng(25).standard_normal((3, 4, 12, 20)).astype(np.float32)
+    cu = np.array([0, 2, 5])
+    want = kda.chunk_kda(q, k, v, g, beta, initial_state=pool[[2, 0]], cu_seqlens=cu,
+                         return_intermediate_states=True)[2]
+    o, _, h = kda.chunk_kda(q, k, v, g, beta, initial_state=pool.copy(), cu_seqlens=cu, state_indices=[2, -1],
+                            return_intermediate_states=True)
+    np.testing.assert_array_equal(h[:, 0], want[:, 0])
+    np.testing.assert_array_equal(h[:, 0], pool[None, 2])
+    assert not h[:, 1].any() and not o[:, 2:].any()
+
+
 # --- keywords --------------------------------------------------------------------------------------
 
 def test_unknown_keywords_are_refused_by_name():
@@ -232,8 +314,6 @@ def test_unknown_keywords_are_refused_by_name():
         kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=np.zeros((1, 4, 12, 20), np.float32), foo=1)
     with pytest.raises(NotImplementedError, match="cp_context"):
         kda.chunk_kda(q, k, v, g, beta, cp_context=object())
-    with pytest.raises(NotImplementedError, match="return_intermediate_states"):
-        kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True)
 
 
 def test_hints_and_deprecated_keywords_are_accepted():
@@ -346,3 +426,21 @@ def test_fla_refusals_surface_from_kda():
     q, k, v, g, beta = (torch.from_numpy(x) for x in problem(T=4, seed=11))
     with torch.no_grad(), pytest.raises(ValueError, match=r"chunk_kda: k: expected shape"):
         fk.chunk_kda(q, k[:, :, :1], v, g, beta)
+
+
+def test_fla_chunk_kda_returns_intermediate_states():
+    import torch
+
+    fk = _fla()
+    q, k, v, g, beta = (torch.from_numpy(x) for x in problem(T=70, seed=12))
+    cu = torch.tensor([0, 31, 70])
+    h0 = torch.randn(2, 4, 12, 20)
+    with torch.inference_mode():
+        o, s, h = fk.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                               return_intermediate_states=True, chunk_size=32)
+    want = kda.chunk_kda(q.numpy(), k.numpy(), v.numpy(), g.numpy(), beta.numpy(), initial_state=h0.numpy(),
+                         output_final_state=True, cu_seqlens=cu.numpy(), return_intermediate_states=True,
+                         chunk_size=32)
+    assert h.shape == (1, 1 + 2, 4, 12, 20)
+    for a, b in zip((o, s, h), want):
+        np.testing.assert_array_equal(a.numpy(), b)

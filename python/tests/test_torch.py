@@ -77,7 +77,7 @@ def _chunk_args(pool_form, **options):
              output_final_state=True, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
              use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
              state_v_first=False, cu_seqlens=torch.tensor([0, 3, 7]), A_log=None, dt_bias=None, chunk_size=64,
-             state_indices=None, kernel="reference")
+             state_indices=None, return_intermediate_states=False, kernel="reference")
     if pool_form:
         a.update(scale=None, initial_state=torch.randn(3, H, K, K), use_qk_l2norm_in_kernel=True,
                  state_indices=torch.tensor([2, 0], dtype=torch.int32), kernel="auto")
@@ -95,6 +95,56 @@ def test_opcheck_chunk_kda_fla_options():
     torch.library.opcheck(torch.ops.kda.chunk_kda.default,
                           _chunk_args(False, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
                                       state_v_first=True, chunk_size=32))
+
+
+@pytest.mark.parametrize("options", [
+    dict(),  # cu_seqlens: NT depends on its values (a data-dependent size in the fake)
+    dict(cu_seqlens=None, initial_state=torch.randn(1, H, K, K), state_v_first=True, chunk_size=32),  # static NT
+    dict(pool_form=True),
+], ids=["varlen", "rows", "pool"])
+def test_opcheck_chunk_kda_intermediate_states(options):
+    options = dict(options)
+    torch.library.opcheck(torch.ops.kda.chunk_kda.default,
+                          _chunk_args(options.pop("pool_form", False), return_intermediate_states=True, **options))
+
+
+def test_intermediate_states_through_the_op_match_numpy():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 80, H, K, generator=gen).to(torch.bfloat16) for _ in range(3))
+    g = -0.1 * torch.rand(1, 80, H, K, generator=gen)
+    beta = torch.rand(1, 80, H, generator=gen)
+    cu = torch.tensor([0, 33, 33, 80])
+    init = torch.randn(3, H, K, K, generator=gen)
+    o, s, h = kt.chunk_kda(q, k, v, g, beta, initial_state=init, output_final_state=True, cu_seqlens=cu,
+                           return_intermediate_states=True, chunk_size=32)
+    want = kda.chunk_kda(q, k, v, g, beta, initial_state=init, output_final_state=True, cu_seqlens=cu.numpy(),
+                         return_intermediate_states=True, chunk_size=32)
+    assert h.dtype == torch.bfloat16 and h.shape == (1, 2 + 0 + 2, H, K, K)
+    for a, b in zip((o, s, h), want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(h[0, 0], init[0].to(torch.bfloat16), rtol=0, atol=0)
+    torch.testing.assert_close(h[0, 2], init[2].to(torch.bfloat16), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="disable_recompute=False"):
+        kt.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["rows", "varlen"])
+def test_torch_compile_intermediate_states(varlen):
+    # With cu_seqlens the chunk count is a data-dependent size; the graph stays whole (fullgraph).
+    torch._dynamo.reset()
+
+    def step(q, k, v, g, beta, cu):
+        o, _, h = kt.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True, chunk_size=32)
+        return o + 1, h * 2, h.shape[1]
+
+    q, k, v, g, beta = tensors(B=1, T=70, seed=7)
+    cu = torch.tensor([0, 5, 40, 70]) if varlen else None
+    want = step(q, k, v, g, beta, cu)
+    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, cu)
+    assert want[2] == (1 + 2 + 1 if varlen else 3)
+    assert got[2] == want[2]
+    for a, b in zip(got[:2], want[:2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def _recurrent_args(**options):
@@ -127,11 +177,11 @@ def test_opcheck_fused_recurrent_kda_fwd():
 def test_opcheck_gate_in_kernel_bf16():
     q, k, v, g, beta = tensors(T=5, seed=4, dtype=torch.bfloat16)
     args = (q, k, v, g, beta, None, None, True, True, True, False, False, False, None, False, None, -torch.rand(H),
-            torch.randn(H * K), 64, None, "auto")
+            torch.randn(H * K), 64, None, False, "auto")
     torch.library.opcheck(torch.ops.kda.chunk_kda.default, args)
     # fla's sigmoid gate with a lower bound, without A_log.
     args = (q, k, v, g, beta, None, None, True, True, True, False, False, True, -5.0, False, None, None,
-            torch.randn(H * K), 64, None, "auto")
+            torch.randn(H * K), 64, None, False, "auto")
     torch.library.opcheck(torch.ops.kda.chunk_kda.default, args)
 
 

@@ -82,23 +82,35 @@ struct ChunkKdaArgs {
   // Optional mid-sequence state snapshots, emitted during the one pass over the
   // tokens (prefix caching): sequence n writes its state after
   // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
-  // to snapshot_states[j] (an [HV, K, V] fp32 destination each, distinct from
-  // every other state). Offsets count from the sequence start (its initial
-  // state included), strictly increase, and are multiples of kSnapshotAlign
+  // to snapshot_states[j] (an [HV, K, V] fp32 destination each, [HV, V, K]
+  // with state_v_first, distinct from every other state). Offsets count from the sequence start (its initial
+  // state included), strictly increase, and are multiples of kSnapshotGrain
   // in (0, length] or the length itself. Padding sequences have none. Null
   // snapshot_cu: no snapshots.
   const int64_t* snapshot_cu = nullptr;       // [N + 1], snapshot_cu[0] = 0
   const int64_t* snapshot_offsets = nullptr;  // [snapshot_cu[N]]
   float* const* snapshot_states = nullptr;    // [snapshot_cu[N]] destinations
+  // Optional intermediate states (fla's return_intermediate_states): the state
+  // at the start of every chunk of chunk_size tokens. Sequence n has
+  // ceil(len_n / chunk_size) chunks; its chunk i, the state before its token
+  // i * chunk_size (chunk 0: its initial state, or zeros), goes to row
+  // first_n + i, first_n = sum over m < n of ceil(len_m / chunk_size), rounded
+  // once to the buffer's dtype. A padding sequence's rows are zero. Excludes
+  // the snapshots above (the kernels emit these through them).
+  MutBuf intermediate_states;  // [NT, HV, K, V] (all the sequences' chunks), any float dtype; null data: none
+  int chunk_size = 64;         // 32 or 64; read only with intermediate_states
   int64_t T = 0;
   int64_t N = 0;
   int H = 0, HV = 0, K = 0, V = 0;
-  bool state_v_first = false;  // every state above is [.., HV, V, K] (snapshots excluded)
+  bool state_v_first = false;  // every state above is [.., HV, V, K]
   KdaOptions options;
 };
 
-// Snapshot offsets of chunk_kda are multiples of this (the chunk size), or a
-// sequence's length.
+// Snapshot offsets of chunk_kda are multiples of kSnapshotGrain (fla's smaller
+// chunk size, and the optimized kernel's token block), or a sequence's length.
+// Serving takes its snapshots at multiples of kSnapshotAlign (the default chunk
+// size).
+inline constexpr int64_t kSnapshotGrain = 32;
 inline constexpr int64_t kSnapshotAlign = 64;
 
 // Arguments of fused_recurrent_kda: the recurrence token by token over N
@@ -191,7 +203,17 @@ struct ChunkKdaCall : KdaCallCommon {
   MutTensorView state;
   TensorView state_indices;
   TensorView has_initial_state;  // [N] u8, optional: 0 starts sequence n from zeros
-  // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), passed through.
+  // fla's return_intermediate_states: intermediate_states (fla's h) receives
+  // the state at the start of every chunk of chunk_size tokens,
+  // [B, NT, HV, K, V] ([B, NT, HV, V, K] with state_v_first) in k's dtype:
+  // without cu_seqlens NT = ceil(T / chunk_size) per row; with cu_seqlens
+  // B = 1 and NT is the number of chunks of all the sequences (see
+  // ChunkKdaArgs::intermediate_states; KdaCallShapes::num_chunks). Also in
+  // the pool form (chunk 0: the slot's state; padding sequences: zeros).
+  bool return_intermediate_states = false;
+  MutTensorView intermediate_states;
+  // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), passed
+  // through; they exclude return_intermediate_states.
   const int64_t* snapshot_cu = nullptr;
   const int64_t* snapshot_offsets = nullptr;
   float* const* snapshot_states = nullptr;
@@ -224,6 +246,11 @@ struct KdaCallShapes {
   int64_t B = 0, T = 0, N = 0;
   int H = 0, HV = 0, K = 0, V = 0;
   int64_t num_states = 0;  // S of the pool form (0 otherwise)
+  // chunk_kda: NT, the chunks of chunk_size tokens (intermediate_states is
+  // [B, NT, ...]): ceil(T / chunk_size) without cu_seqlens, else the sum over
+  // the sequences of ceil(length / chunk_size); -1 in a shape check whose
+  // cu_seqlens has no data (the caller supplies the count).
+  int64_t num_chunks = 0;
 };
 
 // Checks the call's shapes, dtypes, layouts and options without reading any
