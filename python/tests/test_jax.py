@@ -714,12 +714,13 @@ def test_speculative_pool_in_place_under_jit_with_donation(backend):
     check_state(new, expect_pool, what="pool")
 
 
-# --- return_intermediate_states (the naive kernels; the FFI kernels refuse it for now) -------------------
+# --- return_intermediate_states --------------------------------------------------------------------------
 
 
-def test_intermediate_states_are_the_states_at_chunk_starts():
+def test_intermediate_states_are_the_states_at_chunk_starts(backend):
     """h[0, first chunk of n + j] is sequence n's state after j * chunk_size tokens: the final state of the
-    numpy chunk_kda over that prefix. Under jax.jit with a traced cu_seqlens, from the static num_chunks."""
+    numpy chunk_kda over that prefix, and the numpy entry's h. Under jax.jit with a traced cu_seqlens, from
+    the static num_chunks; in the pool form, padding rows are zeros."""
     import kda
 
     arrays, _, rng = _problem(70, B=1, T=80, K=8, V=12)
@@ -728,30 +729,41 @@ def test_intermediate_states_are_the_states_at_chunk_starts():
     init = rng.standard_normal((4, 4, 12, 8)).astype(np.float32)  # V-first
     kw = dict(chunk_size=32, state_v_first=True, use_qk_l2norm_in_kernel=True)
     run = jax.jit(lambda *a: kj.chunk_kda(*a[:5], initial_state=a[6], cu_seqlens=a[5], output_final_state=True,
-                                          return_intermediate_states=True, num_chunks=4, kernel="naive", **kw))
+                                          return_intermediate_states=True, num_chunks=4, kernel=backend, **kw))
     o, final, h = run(*(jnp.asarray(x) for x in (q, k, v, g, beta, cu, init)))
     assert h.shape == (1, 4, 4, 12, 8) and h.dtype == jnp.float32
-    want_o, want_final = kda.chunk_kda(q, k, v, g, beta, initial_state=init, cu_seqlens=cu, output_final_state=True,
-                                       **kw)
-    check_f32(o, want_o, what="o")
-    check_state(final, want_final, what="final state")
+    want = kda.chunk_kda(q, k, v, g, beta, initial_state=init, cu_seqlens=cu, output_final_state=True,
+                         return_intermediate_states=True, **kw)
+    for got, w, what in zip((o, final, h), want, ("o", "final state", "h")):
+        _compare(got, w, backend, what)
     chunk = 0
     for n in range(4):
         bos, eos = int(cu[n]), int(cu[n + 1])
         for j in range(-(-(eos - bos) // 32)):
             if j == 0:
-                want = init[n]
+                want_h = init[n]
             else:
                 sl = slice(bos, bos + 32 * j)
                 _, s = kda.chunk_kda(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=init[n:n + 1],
                                      output_final_state=True, **kw)
-                want = s[0]
-            check_state(h[0, chunk], want, what=f"sequence {n} chunk {j}")
+                want_h = s[0]
+            check_state(h[0, chunk], want_h, what=f"sequence {n} chunk {j}")
             chunk += 1
+    # The pool form (as the numpy entry's); a padding sequence's rows are zeros.
+    pool = rng.standard_normal((5, 4, 12, 8)).astype(np.float32)
+    idx = np.array([3, 1, -1, 0], np.int32)
+    _, _, hp = kj.chunk_kda(*(jnp.asarray(x) for x in arrays), initial_state=jnp.asarray(pool),
+                            cu_seqlens=jnp.asarray(cu), state_indices=jnp.asarray(idx),
+                            return_intermediate_states=True, kernel=backend, **kw)
+    _, _, want_hp = kda.chunk_kda(*arrays, initial_state=pool.copy(), cu_seqlens=cu, state_indices=idx,
+                                  return_intermediate_states=True, **kw)
+    _compare(hp, want_hp, backend, "pool h")
+    check_state(hp[0, 0], pool[3], what="pool chunk 0")
+    assert not np.asarray(hp[0, 2]).any()
     # Rows without cu_seqlens: [B, NT]; bf16 operands give bf16 states (k's dtype).
     qb, kb, vb = (jnp.asarray(x.reshape(2, 40, *x.shape[2:])).astype(jnp.bfloat16) for x in (q, k, v))
     o2, _, h2 = kj.chunk_kda(qb, kb, vb, jnp.asarray(g.reshape(2, 40, 4, 8)), jnp.asarray(beta.reshape(2, 40, 4)),
-                             return_intermediate_states=True, kernel="naive")
+                             return_intermediate_states=True, kernel=backend)
     assert h2.shape == (2, 1, 4, 8, 12) and h2.dtype == jnp.bfloat16
     assert not np.asarray(h2, np.float32).any()  # the state before the first token: zeros
 
@@ -760,15 +772,18 @@ def test_intermediate_states_refusals(backend):
     arrays, _, _ = _problem(71, B=1, T=10)
     q, k, v, g, beta = (jnp.asarray(x) for x in arrays)
     cu = jnp.asarray([0, 4, 10], jnp.int32)
-    if backend == "ffi":
-        with pytest.raises(NotImplementedError, match="return_intermediate_states is not implemented by the kda XLA"):
-            kj.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, kernel="ffi")
-        return
     with pytest.raises(ValueError, match="traced cu_seqlens needs num_chunks="):
         jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
                                         kernel=backend))(cu)
     with pytest.raises(ValueError, match="num_chunks must be the number of chunks, 2, got 3"):
         kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True, num_chunks=3, kernel=backend)
+    with pytest.raises(ValueError, match="return_intermediate_states must be used with disable_recompute=False"):
+        kj.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True, kernel=backend)
+    if backend == "ffi":  # a wrong static count under jit: the kernel's run-time check
+        run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
+                                              num_chunks=3, kernel=backend))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="intermediate_states"):
+            jax.block_until_ready(run(cu))
 
 
 # --- fused_kda_gate ---------------------------------------------------------------------------------

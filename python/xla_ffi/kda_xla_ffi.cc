@@ -14,12 +14,14 @@
 //   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32 or [0] (B rows), state,
 //               state_indices [N] s32 or [0], A_log [HV] f32 or [0],
 //               dt_bias [HV*K] f32 or [0])
-//     -> (o [B,T,HV,V] dtype of q, final_state f32)
+//     -> (o [B,T,HV,V] dtype of q, final_state f32, intermediate_states)
 //     Contiguous form (pool = false): state is the initial state [N,HV,K,V]
 //     or [0] (zeros); final_state is [N,HV,K,V] when output_final_state, else
 //     [0]. Pool form (pool = true): state is the pool [S,HV,K,V], aliased to
 //     final_state (input_output_aliases {6: 1}); the kernel reads and writes
 //     the pool through final_state, which XLA fills with the input first.
+//     intermediate_states: with return_intermediate_states fla's h,
+//     [B,NT,HV,K,V] in k's dtype (see ChunkKdaCall), else [0].
 //   KdaFusedRecurrentKda(q, k, v, g, beta, initial_state, ssm_state_indices
 //               [N] or [N,C] s32 or [0], num_accepted_tokens [N] s32 or [0],
 //               cu_seqlens, A_log, dt_bias as above, out (o's buffer) or [0])
@@ -31,7 +33,8 @@
 //     padding sequences) with output_final_state, else [0].
 // Attributes: has_scale, scale (f32; without has_scale K^-0.5), the flags of
 // KdaCallCommon (pred), has_lower_bound, lower_bound (f32), output_final_state;
-// the chunk target also safe_gate, chunk_size (s32) and pool, the recurrent
+// the chunk target also safe_gate, chunk_size (s32), pool and
+// return_intermediate_states, the recurrent
 // one inplace_final_state.
 // cu_seqlens and the indices are int32 (JAX's default integer type; the
 // Python side casts int64 inputs); the bind widens cu_seqlens for the kernels.
@@ -142,10 +145,11 @@ void SetCommon(KdaCallCommon& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& 
 ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta,
                         ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer state, ffi::AnyBuffer state_indices,
                         ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
-                        ffi::Result<ffi::AnyBuffer> final_state, bool has_scale, float scale,
-                        bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
-                        bool allow_neg_eigval, bool has_lower_bound, float lower_bound, bool state_v_first,
-                        bool output_final_state, bool safe_gate, int32_t chunk_size, bool pool) {
+                        ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
+                        bool has_scale, float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+                        bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool has_lower_bound, float lower_bound,
+                        bool state_v_first, bool output_final_state, bool safe_gate, int32_t chunk_size, bool pool,
+                        bool return_intermediate_states) {
   const Options opt{has_scale,
                     scale,
                     use_qk_l2norm_in_kernel,
@@ -160,6 +164,8 @@ ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
     SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, opt);
     c.safe_gate = safe_gate;
     c.chunk_size = chunk_size;
+    c.return_intermediate_states = return_intermediate_states;
+    if (return_intermediate_states) c.intermediate_states = ViewOf<MutTensorView>(*intermediate_states);
     if (pool) {
       // The pool is read and written through the aliased result.
       c.state = ViewOf<MutTensorView>(*final_state);
@@ -243,11 +249,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
                                               .Arg<ffi::AnyBuffer>()   // A_log
                                               .Arg<ffi::AnyBuffer>()   // dt_bias
                                               .Ret<ffi::AnyBuffer>()   // o
-                                              .Ret<ffi::AnyBuffer>())  // final state or pool
+                                              .Ret<ffi::AnyBuffer>()   // final state or pool
+                                              .Ret<ffi::AnyBuffer>())  // intermediate states
                                   .Attr<bool>("output_final_state")
                                   .Attr<bool>("safe_gate")
                                   .Attr<int32_t>("chunk_size")
-                                  .Attr<bool>("pool"));
+                                  .Attr<bool>("pool")
+                                  .Attr<bool>("return_intermediate_states"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
                               WithOptions(ffi::Ffi::Bind()

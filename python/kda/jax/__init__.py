@@ -33,9 +33,10 @@ call, so that under an outer ``jax.jit`` that donates them (``donate_argnums``) 
 them in place; otherwise XLA copies them first. Use the returned arrays.
 
 ``chunk_kda(return_intermediate_states=True)`` returns (o, final_state, h), h [B, NT, HV, K, V] in k's
-dtype, chunk j of a sequence the state before its first token (with ``cu_seqlens`` B = 1 and NT the
-chunks of all sequences: a traced ``cu_seqlens`` needs the static keyword ``num_chunks``). The naive
-kernels have it; the FFI kernels refuse it (NotImplementedError) for now.
+dtype, chunk j of a sequence the state before its token j * chunk_size (with ``cu_seqlens`` B = 1 and
+NT the chunks of all sequences). Its size must be static: a traced ``cu_seqlens`` needs the static
+keyword ``num_chunks`` (kda.jax's own; checked against the values when they are known, by the FFI
+kernels at run time).
 
 Bad arguments raise ValueError / TypeError naming the argument, at trace time, for both backends: the
 C++ call description's checks (kda/kernels/kda_args.h, through kda._core), its messages unchanged.
@@ -125,11 +126,6 @@ def _run(call: _args.Call, impl: str, who: str, donate_state: bool):
     return _jitted(donate)(state, out, rest, st=call.st, impl=impl)
 
 
-# chunk_kda's keywords beyond fla's signature: the numpy entry's, and num_chunks (the static size of the
-# intermediate states under jax.jit).
-_CHUNK_KEYWORDS = (*_kernels._CHUNK_KEYWORDS, "num_chunks")
-
-
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
@@ -146,20 +142,15 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
 
     Returns ``(o, final_state or None)``, or ``(o, final_state, h)`` with ``return_intermediate_states``.
     """
-    state_v_first = _kernels._state_v_first(state_v_first, kwargs)
-    _kernels._refuse_unknown("chunk_kda", kwargs, _CHUNK_KEYWORDS)
-    if cp_context is not None:
-        raise NotImplementedError("chunk_kda: cp_context (context parallelism) is not supported by kda")
+    num_chunks = kwargs.pop("num_chunks", None)  # kda.jax's own keyword; the others as the numpy entry's
+    state_v_first = _kernels._chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute,
+                                             kwargs)
     impl = backend(kwargs.get("kernel"))
     state_indices = kwargs.get("state_indices")
     call = _args.check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                              return_intermediate_states, state_v_first, cu_seqlens, kwargs.get("A_log"),
-                             kwargs.get("dt_bias"), kwargs.get("chunk_size", 64), state_indices,
-                             kwargs.get("num_chunks"))
-    if impl == "ffi" and call.st.return_intermediate_states:
-        raise NotImplementedError("chunk_kda: return_intermediate_states is not implemented by the kda XLA FFI "
-                                  "kernels yet (kernel='naive' has it)")
+                             kwargs.get("dt_bias"), kwargs.get("chunk_size", 64), state_indices, num_chunks)
     return _run(call, impl, "chunk_kda", donate_state=state_indices is not None)
 
 

@@ -183,20 +183,18 @@ def _common_statics(s: dict, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                 H=int(s["H"]), HV=int(s["HV"]), K=int(s["K"]), V=int(s["V"]))
 
 
-def _num_chunks(who: str, cu_seqlens, T: int, chunk_size: int, num_chunks) -> int:
-    """NT of the intermediate states: per row without cu_seqlens, the total over the sequences with it
-    (from its values, or the static ``num_chunks`` when they are traced)."""
+def _num_chunks(who: str, s: dict, num_chunks) -> int:
+    """NT of the intermediate states: the core's count, or with a traced cu_seqlens (the core reports -1)
+    the static ``num_chunks``, which must agree with a known count."""
     if num_chunks is not None and (isinstance(num_chunks, bool) or not isinstance(num_chunks, (int, np.integer))):
         raise TypeError(f"{who}: num_chunks must be a Python int (static) or None, got {type(num_chunks).__name__}")
-    if cu_seqlens is None:
-        nt = -(-T // chunk_size)
-    elif is_concrete(cu_seqlens):
-        lens = np.diff(np.asarray(cu_seqlens).astype(np.int64))
-        nt = int((-(-lens // chunk_size)).sum())
-    elif num_chunks is None:
-        raise ValueError(f"{who}: return_intermediate_states with a traced cu_seqlens needs num_chunks=, the total "
-                         f"number of chunks of {chunk_size} tokens over the sequences (static: the size of the result)")
-    else:
+    nt = int(s["num_chunks"])
+    if nt < 0:
+        if num_chunks is None:
+            raise ValueError(f"{who}: return_intermediate_states with a traced cu_seqlens needs num_chunks=, the "
+                             "total number of chunks over the sequences (static: the size of the result)")
+        if num_chunks < 0:
+            raise ValueError(f"{who}: num_chunks must be >= 0, got {num_chunks}")
         return int(num_chunks)
     if num_chunks is not None and int(num_chunks) != nt:
         raise ValueError(f"{who}: num_chunks must be the number of chunks, {nt}, got {num_chunks}")
@@ -225,10 +223,11 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         safe_gate=bool(safe_gate), lower_bound=lower_bound, state_v_first=bool(state_v_first),
         cu_seqlens=index_spec(cu_seqlens), A_log=spec(A_log, jnp.float32) if gate else None,
         dt_bias=spec(dt_bias, jnp.float32) if gate else None, chunk_size=int(chunk_size),
-        state=spec(initial_state) if pool else None, state_indices=index_spec(state_indices), check_only=True)
+        state=spec(initial_state) if pool else None, state_indices=index_spec(state_indices),
+        return_intermediate_states=bool(return_intermediate_states), check_only=True)
     nt = 0
     if return_intermediate_states:
-        nt = _num_chunks(who, cu_seqlens, int(s["T"]), int(chunk_size), num_chunks)
+        nt = _num_chunks(who, s, num_chunks)
     elif num_chunks is not None:
         raise ValueError(f"{who}: num_chunks is the size of the intermediate states: it needs "
                          "return_intermediate_states=True")

@@ -143,7 +143,7 @@ def _o_type(c: _args.Call):
 
 
 def chunk(c: _args.Call):
-    """The chunk target on a checked call: (o, final state or the pool or None)."""
+    """The chunk target on a checked call: (o, final state or the pool or None[, intermediate states])."""
     _require("chunk_kda")
     st = c.st
     pool = c.indices is not None
@@ -155,11 +155,15 @@ def chunk(c: _args.Call):
         s_type = jax.ShapeDtypeStruct((st.N, st.HV, *st.state_dims), jnp.float32)
     else:
         s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
-    call = jax.ffi.ffi_call(CHUNK_TARGET, (_o_type(c), s_type), input_output_aliases=aliases)
-    o, s = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.cu_seqlens, jnp.int32), _opt(c.state, jnp.float32),
-                _opt(c.indices, jnp.int32), _opt(c.A_log, jnp.float32), _opt(c.dt_bias, jnp.float32),
-                **_attributes(st), safe_gate=st.safe_gate, chunk_size=np.int32(st.chunk_size), pool=pool)
-    return o, (s if pool or st.output_final_state else None)
+    inter = st.return_intermediate_states
+    h_type = jax.ShapeDtypeStruct((st.B, st.num_chunks, st.HV, *st.state_dims) if inter else (0,), c.k.dtype)
+    call = jax.ffi.ffi_call(CHUNK_TARGET, (_o_type(c), s_type, h_type), input_output_aliases=aliases)
+    o, s, h = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.cu_seqlens, jnp.int32), _opt(c.state, jnp.float32),
+                   _opt(c.indices, jnp.int32), _opt(c.A_log, jnp.float32), _opt(c.dt_bias, jnp.float32),
+                   **_attributes(st), safe_gate=st.safe_gate, chunk_size=np.int32(st.chunk_size), pool=pool,
+                   return_intermediate_states=inter)
+    final = s if pool or st.output_final_state else None
+    return (o, final, h) if inter else (o, final)
 
 
 def recurrent(c: _args.Call):
