@@ -156,8 +156,10 @@ class Call:
         return cls(st, state=state, out=out, **dict(zip(cls._REST, rest)))
 
     def named_arrays(self):
-        """(name, array) of every array of the call, for the CPU check of the FFI kernels."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "st"]
+        """(argument name, array) of every array of the call, for the CPU check of the FFI kernels."""
+        chunk = self.st.kind == "chunk"
+        names = {"state": "initial_state", "indices": "state_indices" if chunk else "ssm_state_indices"}
+        return [(names.get(f.name, f.name), getattr(self, f.name)) for f in fields(self) if f.name != "st"]
 
 
 def _core():
