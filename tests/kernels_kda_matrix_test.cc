@@ -279,7 +279,7 @@ TEST_P(KdaKernelTest, Bf16Inputs) {
 // beta logits and per-value beta, grouped value heads, V-first states). With
 // `chunk_states`: the state before every chunk_size-th token of each sequence,
 // its chunks one after the other ([NT, HV, K, V], V-first with state_v_first).
-Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 0, std::vector<float>* chunk_states = nullptr) {
+Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vector<float>* chunk_states = nullptr) {
   const int kd = p.K;
   const int vd = p.V;
   const int group = p.HV / p.H;

@@ -29,8 +29,6 @@ IntermediateStates::IntermediateStates(const ChunkKdaArgs& a) : a_(a), run_(a) {
   }
   // Sequence n's chunks 1.. are snapshots after i * chunk_size of its tokens.
   snapshot_cu_.assign(static_cast<size_t>(a.N) + 1, 0);
-  snapshot_offsets_.clear();
-  snapshot_states_.clear();
   int64_t row = 0;
   for (int64_t n = 0; n < a.N; ++n) {
     const int64_t len = a.cu_seqlens[n + 1] - a.cu_seqlens[n];

@@ -83,10 +83,10 @@ struct ChunkKdaArgs {
   // tokens (prefix caching): sequence n writes its state after
   // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
   // to snapshot_states[j] (an [HV, K, V] fp32 destination each, [HV, V, K]
-  // with state_v_first, distinct from every other state). Offsets count from the sequence start (its initial
-  // state included), strictly increase, and are multiples of kSnapshotGrain
-  // in (0, length] or the length itself. Padding sequences have none. Null
-  // snapshot_cu: no snapshots.
+  // with state_v_first, distinct from every other state). Offsets count from
+  // the sequence start (its initial state included), strictly increase, and
+  // are multiples of kSnapshotGrain in (0, length] or the length itself.
+  // Padding sequences have none. Null snapshot_cu: no snapshots.
   const int64_t* snapshot_cu = nullptr;       // [N + 1], snapshot_cu[0] = 0
   const int64_t* snapshot_offsets = nullptr;  // [snapshot_cu[N]]
   float* const* snapshot_states = nullptr;    // [snapshot_cu[N]] destinations
