@@ -42,6 +42,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/kernels/kda_args.h"
@@ -224,8 +225,9 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
 
 // The attributes both targets take first, in the handlers' order (kda::Options).
 template <class Binding>
-auto WithOptions(Binding b) {
-  return b.template Attr<bool>("has_scale")
+auto WithOptions(Binding&& b) {
+  return std::forward<Binding>(b)
+      .template Attr<bool>("has_scale")
       .template Attr<float>("scale")
       .template Attr<bool>("use_qk_l2norm_in_kernel")
       .template Attr<bool>("use_gate_in_kernel")
