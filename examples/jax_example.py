@@ -1,4 +1,5 @@
-"""kda.jax in a jitted prefill + decode loop: the FFI kernels (or the naive fallback) on a small batch.
+"""kda.jax in a jitted prefill + decode loop with fla's API: the FFI kernels (or the naive fallback) on a small
+batch with grouped value heads, K != V, fla's sigmoid gate and beta logits.
 
 Run from the repository root after building the FFI library:
 
@@ -17,43 +18,44 @@ import numpy as np
 
 import kda.jax as kj
 
-H, K = 4, 64  # heads, head dim (K = V)
+H, HV, K, V = 2, 4, 64, 32  # key heads, value heads (grouped: value head i uses key head i / 2), head dims
 LENGTHS = [37, 5, 64]  # three prompts, packed
-SLOTS = 8  # state pool size; slot s holds one request's state [H, K, V]
+SLOTS = 8  # state pool size; slot s holds one request's state [HV, K, V]
 DECODE_STEPS = 4
+GATE = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, lower_bound=-5.0,  # fla's sigmoid gate
+            use_beta_sigmoid_in_kernel=True)  # beta as logits
 
 
 def random_tokens(key, T):
     kq, kk, kv, kg, kb = jax.random.split(key, 5)
     q = jax.random.normal(kq, (1, T, H, K))
     k = jax.random.normal(kk, (1, T, H, K))
-    v = jax.random.normal(kv, (1, T, H, K))
-    g_raw = jax.random.normal(kg, (1, T, H, K))  # the raw gate, activated in the kernel
-    beta = jax.nn.sigmoid(jax.random.normal(kb, (1, T, H)))
+    v = jax.random.normal(kv, (1, T, HV, V))
+    g_raw = jax.random.normal(kg, (1, T, HV, K))  # the raw gate, activated in the kernel
+    beta = jax.random.normal(kb, (1, T, HV))  # logits
     return q, k, v, g_raw, beta
 
 
 # The pool is donated: the kernels update it in place, and the caller uses the returned pool.
 @functools.partial(jax.jit, donate_argnums=0, static_argnames="kernel")
 def prefill(pool, slots, cu_seqlens, q, k, v, g_raw, beta, A_log, dt_bias, kernel=None):
-    return kj.chunk_kda(q, k, v, g_raw, beta, initial_state=pool, use_qk_l2norm_in_kernel=True,
-                        use_gate_in_kernel=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-                        state_indices=slots, kernel=kernel)
+    return kj.chunk_kda(q, k, v, g_raw, beta, initial_state=pool, cu_seqlens=cu_seqlens, A_log=A_log,
+                        dt_bias=dt_bias, state_indices=slots, kernel=kernel, **GATE)
 
 
 @functools.partial(jax.jit, donate_argnums=0, static_argnames="kernel")
 def decode(pool, slots, q, k, v, g_raw, beta, A_log, dt_bias, kernel=None):
-    # One token per running request: q [N, 1, H, K]; slot -1 is a padding entry.
-    return kj.fused_recurrent_kda(q, k, v, g_raw, beta, initial_state=pool, ssm_state_indices=slots,
-                                  use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
-                                  dt_bias=dt_bias, kernel=kernel)
+    # One token per running request: q [N, 1, H, K]; slot -1 is a padding entry. vLLM's entry: the pool
+    # updated in place (inplace_final_state=True, its default) and returned.
+    return kj.fused_recurrent_kda_fwd(q, k, v, g_raw, beta, A_log=A_log, dt_bias=dt_bias, initial_state=pool,
+                                      ssm_state_indices=slots, kernel=kernel, **GATE)
 
 
 def serve(kernel):
     key = jax.random.PRNGKey(0)
-    A_log = jnp.log(jnp.linspace(1.0, 16.0, H))
-    dt_bias = jnp.zeros((H * K,))
-    pool = jnp.zeros((SLOTS, H, K, K), jnp.float32)
+    A_log = jnp.log(jnp.linspace(1.0, 16.0, HV))
+    dt_bias = jnp.zeros((HV * K,))
+    pool = jnp.zeros((SLOTS, HV, K, V), jnp.float32)
     slots = jnp.asarray([3, 1, 6], jnp.int32)
     cu = jnp.asarray(np.concatenate([[0], np.cumsum(LENGTHS)]), jnp.int32)
     o, pool = prefill(pool, slots, cu, *random_tokens(key, sum(LENGTHS)), A_log, dt_bias, kernel=kernel)

@@ -1,5 +1,6 @@
 """kda.jax: the XLA FFI kernels and the pure-JAX naive kernels, under jax.jit, against the golden
-kernel outputs and each other; state pools and their aliasing; bad arguments; the fallback.
+kernel outputs, each other and kda's numpy entries (every option of fla's API); state pools and their
+aliasing; bad arguments refused by name; the fallback.
 
 Run by `make test-python` against the installed package; from a CMake build of the library
 (-DKDA_BUILD_XLA_FFI=ON), point $KDA_XLA_FFI_LIBRARY at build/python/xla_ffi/libkda_xla_ffi.so.
@@ -11,6 +12,7 @@ rule (base/tolerance.cc), as tests/layer_golden_test.cc applies it to the same k
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -139,9 +141,9 @@ def test_decode_golden(set_name, case, backend):
     def run(q, k, v, g, beta, pool, tok, idx):
         def step(pool, x):
             tk, ix = x
-            o, pool = kj.fused_recurrent_kda(q[0, tk][:, None], k[0, tk][:, None], v[0, tk][:, None],
-                                             g[0, tk][:, None], beta[0, tk][:, None], initial_state=pool,
-                                             ssm_state_indices=ix, use_qk_l2norm_in_kernel=True, kernel=backend)
+            o, pool = kj.fused_recurrent_kda_fwd(q[0, tk][:, None], k[0, tk][:, None], v[0, tk][:, None],
+                                                 g[0, tk][:, None], beta[0, tk][:, None], initial_state=pool,
+                                                 ssm_state_indices=ix, use_qk_l2norm_in_kernel=True, kernel=backend)
             return pool, o[:, 0]
 
         pool, o = jax.lax.scan(step, pool, (tok, idx))
@@ -217,7 +219,7 @@ def test_ffi_matches_naive_bf16_and_default_scale():
     # Decode with bf16 operands, fp32 pool.
     pool = jnp.zeros((B, H, K, K), jnp.float32)
     d = {b: kj.fused_recurrent_kda(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], initial_state=pool,
-                                   inplace_final_state=False, kernel=b) for b in BACKENDS}
+                                   output_final_state=True, kernel=b) for b in BACKENDS}
     check_bf16_output(d["ffi"][0].astype(jnp.float32), d["naive"][0].astype(jnp.float32), what="decode bf16 o")
     check_state(d["ffi"][1], d["naive"][1], what="decode bf16 state")
 
@@ -291,13 +293,19 @@ def test_pool_donated_and_updated_in_place_eagerly(backend):
     # Decode likewise, and not with inplace_final_state=False.
     dq, dk, dv, dg, db = (x[:, :4].reshape((4, 1) + x.shape[2:]) for x in (q, k, v, g, beta))
     ptr = new.unsafe_buffer_pointer()
-    _, new2 = kj.fused_recurrent_kda(dq, dk, dv, dg, db, initial_state=new, ssm_state_indices=idx, kernel=backend)
+    before = np.asarray(jnp.array(new))  # a copy: a numpy view of new would keep it from being donated
+    _, new2 = kj.fused_recurrent_kda_fwd(dq, dk, dv, dg, db, initial_state=new, ssm_state_indices=idx,
+                                         kernel=backend)
     assert new.is_deleted() and new2.unsafe_buffer_pointer() == ptr
-    keep = jnp.array(new2)
-    _, new3 = kj.fused_recurrent_kda(dq, dk, dv, dg, db, initial_state=keep, ssm_state_indices=idx,
-                                     inplace_final_state=False, kernel=backend)
+    # inplace_final_state=False reads the pool (kept) and returns the state after every token.
+    keep = jnp.asarray(before)
+    _, per_token = kj.fused_recurrent_kda_fwd(dq, dk, dv, dg, db, initial_state=keep, ssm_state_indices=idx,
+                                              inplace_final_state=False, output_final_state=True, kernel=backend)
     assert not keep.is_deleted()
-    assert not np.array_equal(np.asarray(keep), np.asarray(new3))
+    np.testing.assert_array_equal(keep, before)
+    for n, slot in enumerate(np.asarray(idx)):
+        want = new2[slot] if slot >= 0 else np.zeros_like(before[0])
+        check_state(per_token[n], want, what=f"token {n}")
 
 
 def test_pool_aliased_under_jit_with_donation(backend):
@@ -307,12 +315,13 @@ def test_pool_aliased_under_jit_with_donation(backend):
     q, k, v, g, beta = _random(rng, N, 1, H, K)
     pool = jnp.asarray(rng.standard_normal((5, H, K, K)).astype(np.float32))
     idx = jnp.asarray([3, -1, 1], jnp.int32)
-    expect_o, expect_pool = kj.fused_recurrent_kda(q, k, v, g, beta, initial_state=jnp.array(pool),
-                                                   ssm_state_indices=idx, kernel="naive")
+    expect_o, expect_pool = kj.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=jnp.array(pool),
+                                                       ssm_state_indices=idx, kernel="naive")
 
     @jax.jit
     def step(pool, q, k, v, g, beta, idx):
-        return kj.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx, kernel=backend)
+        return kj.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx,
+                                          kernel=backend)
 
     donating = jax.jit(step.__wrapped__, donate_argnums=0)
     p = jnp.array(pool)
@@ -337,7 +346,7 @@ def test_decode_packed_cu_seqlens_and_fresh_states(backend):
     N, H, K = 4, 2, 16
     q, k, v, g, beta = _random(rng, 1, N, H, K)
     cu = jnp.arange(N + 1, dtype=jnp.int32)
-    o, s = kj.fused_recurrent_kda(q, k, v, g, beta, cu_seqlens=cu, kernel=backend)
+    o, s = kj.fused_recurrent_kda(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True, kernel=backend)
     assert s.shape == (N, H, K, K)
     # From zeros one step gives S = beta k v^T: o = beta (scale q . k) v.
     scale = K**-0.5
@@ -346,7 +355,7 @@ def test_decode_packed_cu_seqlens_and_fresh_states(backend):
     check_state(s, np.einsum("th,thk,thv->thkv", beta[0], k[0], v[0]), what="state")
 
 
-# --- bad arguments -------------------------------------------------------------------------------
+# --- bad arguments: refused by name, by the C++ call description for both backends -----------------
 
 
 def _ok(B=1, T=4, H=2, K=16):
@@ -354,67 +363,83 @@ def _ok(B=1, T=4, H=2, K=16):
     return _random(rng, B, T, H, K)
 
 
-# (make the bad arguments, exception, the naive kernels' message, the C++ call description's message).
+# (make the bad arguments, exception, message): the same for the FFI and the naive kernels.
 BAD_CHUNK = [
-    (lambda q, k, v, g, b: dict(q=q[0]), ValueError, r"q must be \[B, T, H, K\]",
-     r"chunk_kda: q: expected a 4-D array \[B, T, H, K\]"),
-    (lambda q, k, v, g, b: dict(k=k[..., :8]), ValueError, r"k must be \[B, T, H, K\] = \[1, 4, 2, 16\]",
+    (lambda q, k, v, g, b: dict(q=q[0]), ValueError, r"chunk_kda: q: expected a 4-D array \[B, T, H, K\]"),
+    (lambda q, k, v, g, b: dict(k=k[..., :8]), ValueError,
      r"k: expected shape \[B, T, H, K\] \(q's shape\) = \[1, 4, 2, 16\]"),
-    (lambda q, k, v, g, b: dict(v=v[:, :3]), ValueError, r"v must be \[B, T, H, V\]", r"v: expected shape \[B, T, HV, V\]"),
-    (lambda q, k, v, g, b: dict(g=g[..., :1, :]), ValueError, r"g must be \[B, T, H, K\]",
-     r"g: expected shape \[B, T, HV, K\]"),
-    (lambda q, k, v, g, b: dict(beta=b[..., None]), ValueError, r"beta must be \[B, T, H\] = \[1, 4, 2\]",
-     r"beta: expected shape \[B, T, HV\] = \[1, 4, 2\]"),
-    (lambda q, k, v, g, b: dict(q=q.astype(jnp.float16), k=k.astype(jnp.float16), v=v.astype(jnp.float16)),
-     TypeError, "q must be float32 or bfloat16", "q must be float32 or bfloat16"),
-    (lambda q, k, v, g, b: dict(k=k.astype(jnp.bfloat16)), TypeError, "k must have q's dtype",
+    (lambda q, k, v, g, b: dict(v=v[:, :3]), ValueError, r"v: expected shape \[B, T, HV, V\]"),
+    (lambda q, k, v, g, b: dict(v=jnp.zeros((1, 4, 3, 16)), g=jnp.zeros((1, 4, 3, 16)), beta=jnp.zeros((1, 4, 3))),
+     ValueError, "v: the value heads HV = 3 must be a multiple of the query/key heads H = 2"),
+    (lambda q, k, v, g, b: dict(g=g[..., :1, :]), ValueError, r"g: expected shape \[B, T, HV, K\]"),
+    (lambda q, k, v, g, b: dict(beta=b[..., None]), ValueError, r"beta: expected shape \[B, T, HV\] = \[1, 4, 2\]"),
+    (lambda q, k, v, g, b: dict(q=q.astype(jnp.int32)), TypeError, "q: dtype must be float32, bfloat16 or float16"),
+    (lambda q, k, v, g, b: dict(k=k.astype(jnp.bfloat16)), TypeError,
      "q, k and v must have one dtype, got float32, bfloat16, float32"),
-    (lambda q, k, v, g, b: dict(beta=b.astype(jnp.int32)), TypeError, "beta must be float32 or bfloat16",
+    (lambda q, k, v, g, b: dict(beta=b.astype(jnp.int32)), TypeError,
      "beta: dtype must be float32, bfloat16 or float16, got int32"),
+    (lambda q, k, v, g, b: dict(q=jnp.zeros((1, 4, 2, 300)), k=jnp.zeros((1, 4, 2, 300)), g=jnp.zeros((1, 4, 2, 300))),
+     ValueError, r"K must be in \[1, 256\], got 300"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((2, 2, 16, 16))), ValueError,
-     r"initial_state must be \[N, H, K, V\] = \[1, 2, 16, 16\]",
      r"initial_state: expected shape \[N, HV, K, V\] = \[1, 2, 16, 16\]"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((1, 2, 16, 16), jnp.bfloat16)), TypeError,
-     "initial_state must be float32", "initial_state: dtype must be float32, got bfloat16"),
+     "initial_state: dtype must be float32, got bfloat16"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 2, 4], jnp.float32)), TypeError,
-     "cu_seqlens must be int32 or int64", "cu_seqlens: dtype must be int32 or int64, got float32"),
+     "cu_seqlens: dtype must be int32 or int64, got float32"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 3, 2, 4], jnp.int32)), ValueError,
-     "cu_seqlens must be non-decreasing", "cu_seqlens must be non-decreasing"),
+     "cu_seqlens must be non-decreasing"),
     (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0, 2, 5], jnp.int32)), ValueError,
-     r"cu_seqlens\[-1\] must equal the number of tokens 4", r"cu_seqlens\[N\] must equal T, got 5 with T = 4"),
-    (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0], jnp.int32)), ValueError, r"cu_seqlens must be \[N \+ 1\]",
+     r"cu_seqlens\[N\] must equal T, got 5 with T = 4"),
+    (lambda q, k, v, g, b: dict(cu_seqlens=jnp.asarray([0], jnp.int32)), ValueError,
      r"cu_seqlens: expected shape \[N \+ 1\] with N >= 1"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([0], jnp.int32)), ValueError,
-     "state_indices needs initial_state", "state_indices: needs the state pool"),
+     "state_indices: needs the state pool"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([3], jnp.int32), initial_state=jnp.zeros((3, 2, 16, 16))),
-     ValueError, r"state_indices\[0\] = 3 is out of range", r"state_indices\[0\] = 3 is out of range"),
+     ValueError, r"state_indices\[0\] = 3 is out of range"),
     (lambda q, k, v, g, b: dict(state_indices=jnp.asarray([0, 1], jnp.int32), initial_state=jnp.zeros((3, 2, 16, 16))),
-     ValueError, r"state_indices must be \[N\] = \[1\]", r"state_indices: expected shape \[N\] = \[1\]"),
-    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True), ValueError, "use_gate_in_kernel=True requires A_log",
-     "A_log: required with use_gate_in_kernel=True"),
-    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(3)), ValueError, r"A_log must be \[H\] = \[2\]",
+     ValueError, r"state_indices: expected shape \[N\] = \[1\]"),
+    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True), ValueError, "A_log: required with use_gate_in_kernel=True"),
+    (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(3)), ValueError,
      r"A_log: expected HV = 2 elements"),
     (lambda q, k, v, g, b: dict(use_gate_in_kernel=True, A_log=jnp.zeros(2), dt_bias=jnp.zeros(5)), ValueError,
-     r"dt_bias must be \[H \* K\] = \[32\]", r"dt_bias: expected HV\*K = 32 elements"),
-    (lambda q, k, v, g, b: dict(scale=-1.0), ValueError, "scale must be a finite positive float",
-     "scale must be a finite positive float"),
-    (lambda q, k, v, g, b: dict(scale="x"), TypeError, "scale must be a Python float", "scale must be a Python float"),
-    (lambda q, k, v, g, b: dict(kernel="fast"), ValueError, "kernel must be one of auto, ffi, naive",
-     "kernel must be one of auto, ffi, naive"),
+     r"dt_bias: expected HV\*K = 32 elements"),
+    (lambda q, k, v, g, b: dict(scale=-1.0), ValueError, "scale: must be a finite number > 0"),
+    (lambda q, k, v, g, b: dict(scale="x"), TypeError, "scale must be a Python float"),
+    (lambda q, k, v, g, b: dict(scale=jnp.float32(0.5) + jnp.zeros(())), None, None),  # a concrete 0-d array: taken
+    (lambda q, k, v, g, b: dict(kernel="fast"), ValueError, "kernel must be one of auto, ffi, naive"),
+    (lambda q, k, v, g, b: dict(allow_neg_eigval=True), ValueError,
+     "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
+    (lambda q, k, v, g, b: dict(chunk_size=48), ValueError, "chunk_size must be either 32 or 64 for KDA, got 48"),
+    (lambda q, k, v, g, b: dict(chunk_size=32.0), TypeError, "chunk_size must be a Python int"),
+    (lambda q, k, v, g, b: dict(safe_gate=True, use_gate_in_kernel=True, A_log=jnp.zeros(2)), ValueError,
+     "lower_bound must be specified when safe_gate=True and use_gate_in_kernel=True"),
+    (lambda q, k, v, g, b: dict(safe_gate=True, use_gate_in_kernel=True, lower_bound=-6.0), ValueError,
+     r"lower_bound must be in the safe range \[-5, 0\)"),
+    (lambda q, k, v, g, b: dict(lower_bound=0.5), ValueError, "lower_bound: must be a finite number <= 0"),
+    (lambda q, k, v, g, b: dict(foo=1), TypeError, "chunk_kda\\(\\) got an unexpected keyword argument 'foo'"),
+    (lambda q, k, v, g, b: dict(cp_context=object()), NotImplementedError, "cp_context"),
+    (lambda q, k, v, g, b: dict(state_v_first=True, transpose_state_layout=True), ValueError,
+     "Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`"),
+    (lambda q, k, v, g, b: dict(num_chunks=3), ValueError, "num_chunks .* needs return_intermediate_states=True"),
 ]
 
 
-def _expect(exc, naive_match, ffi_match, backend):
-    return pytest.raises(exc, match=ffi_match if backend == "ffi" else naive_match)
+def _expect(exc, match):
+    return pytest.raises(exc, match=match)
 
 
-@pytest.mark.parametrize("make,exc,naive_match,ffi_match", BAD_CHUNK)
-def test_chunk_bad_arguments(make, exc, naive_match, ffi_match, backend):
+@pytest.mark.parametrize("make,exc,match", BAD_CHUNK)
+def test_chunk_bad_arguments(make, exc, match, backend):
     q, k, v, g, b = _ok()
     args = dict(q=q, k=k, v=v, g=g, beta=b)
     args.update(make(q, k, v, g, b))
-    with _expect(exc, naive_match, ffi_match, backend):
-        kj.chunk_kda(**args, **({} if "kernel" in args else {"kernel": backend}))
+    run = functools.partial(kj.chunk_kda, **args, **({} if "kernel" in args else {"kernel": backend}))
+    if exc is None:
+        o, _ = run()
+        assert o.shape == v.shape
+        return
+    with _expect(exc, match):
+        run()
 
 
 def test_ffi_takes_any_head_dims():
@@ -425,7 +450,7 @@ def test_ffi_takes_any_head_dims():
     o, _ = kj.chunk_kda(q, k, v32, g, b, kernel="ffi")
     want, _ = kj.chunk_kda(q, k, v32, g, b, kernel="naive")
     assert o.shape == (1, 4, 2, 32)
-    np.testing.assert_allclose(np.asarray(o), np.asarray(want), rtol=1e-5, atol=1e-5)
+    check_f32(o, want, what="o")
 
 
 def test_chunk_cu_seqlens_needs_packed_batch(backend):
@@ -434,36 +459,355 @@ def test_chunk_cu_seqlens_needs_packed_batch(backend):
         kj.chunk_kda(q, k, v, g, b, cu_seqlens=jnp.asarray([0, 8], jnp.int32), kernel=backend)
 
 
-BAD_DECODE = [
-    (lambda q, k, v, g, b: dict(q=q.reshape(2, 2, 2, 16), k=k.reshape(2, 2, 2, 16), v=v.reshape(2, 2, 2, 16),
-                                g=g.reshape(2, 2, 2, 16), beta=b.reshape(2, 2, 2)),
-     ValueError, "one token per sequence", "one token per sequence"),
-    (lambda q, k, v, g, b: dict(q=q.reshape(1, 4, 2, 16), k=k.reshape(1, 4, 2, 16), v=v.reshape(1, 4, 2, 16),
-                                g=g.reshape(1, 4, 2, 16), beta=b.reshape(1, 4, 2),
-                                cu_seqlens=jnp.asarray([0, 2, 3, 4, 4], jnp.int32)),
-     ValueError, "one token per sequence", "one token per sequence"),
-    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((3, 2, 16, 16))), ValueError, "the pool needs >= N = 4",
-     r"ssm_state_indices\[3\] = 3 is out of range for num_states = 3"),
+def _pool5():
+    return jnp.zeros((5, 2, 16, 16))
+
+
+BAD_RECURRENT = [
+    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((3, 2, 16, 16)), inplace_final_state=True), ValueError,
+     r"initial_state: expected shape \[N, HV, K, V\] = \[4, 2, 16, 16\], got \[3, 2, 16, 16\]"),
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((4, 2, 16, 8))), ValueError,
-     r"initial_state must be the state pool \[S, H, K, V\] = \[S, 2, 16, 16\]",
-     r"initial_state: expected shape \[S, HV, K, V\] = \[4, 2, 16, 16\]"),
-    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((5, 2, 16, 16)), ssm_state_indices=jnp.asarray([0, 1, 1, -1])),
-     ValueError, "ssm_state_indices holds state 1 twice",
+     r"initial_state: expected shape \[N, HV, K, V\] = \[4, 2, 16, 16\]"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=jnp.asarray([0, 1, 1, -1])), ValueError,
      r"duplicate state index 1 in ssm_state_indices\[1\] and ssm_state_indices\[2\]"),
-    (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((5, 2, 16, 16)), ssm_state_indices=jnp.asarray([0, 1, 2])),
-     ValueError, r"ssm_state_indices must be \[N\] = \[4\]", r"ssm_state_indices: expected shape \[N\] = \[4\]"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=jnp.asarray([0, 1, 2])), ValueError,
+     r"ssm_state_indices: expected shape \[N\] = \[4\]"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=jnp.zeros((4, 1, 1), jnp.int32)),
+     ValueError, r"ssm_state_indices: expected shape \[N\] or \[N, C\]"),
     (lambda q, k, v, g, b: dict(ssm_state_indices=jnp.asarray([0, 1, 2, 3])), ValueError,
-     "ssm_state_indices needs initial_state", "ssm_state_indices: needs the state pool"),
+     "ssm_state_indices: needs the state pool"),
+    (lambda q, k, v, g, b: dict(inplace_final_state=True), ValueError,
+     "initial_state: required with inplace_final_state=True"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=jnp.arange(4),
+                                num_accepted_tokens=jnp.ones(4, jnp.int32)), ValueError,
+     r"num_accepted_tokens needs 2-D ssm_state_indices \[N, C\]"),
+    (lambda q, k, v, g, b: dict(num_accepted_tokens=jnp.ones(4, jnp.int32)), ValueError,
+     "num_accepted_tokens needs 2-D ssm_state_indices"),
+    (lambda q, k, v, g, b: dict(out=jnp.zeros((4, 1, 2, 8))), ValueError, r"o: expected shape \[B, T, HV, V\]"),
+    (lambda q, k, v, g, b: dict(beta=jnp.zeros((4, 1, 2, 8))), ValueError,
+     r"beta: expected shape \[B, T, HV\] or \[B, T, HV, V\]"),
+    (lambda q, k, v, g, b: dict(lower_bound="x"), TypeError, "lower_bound must be a Python float"),
+    (lambda q, k, v, g, b: dict(bar=2), TypeError, r"fused_recurrent_kda\(\) got an unexpected keyword argument 'bar'"),
+    (lambda q, k, v, g, b: dict(allow_neg_eigval=True), ValueError,
+     "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
 ]
 
 
-@pytest.mark.parametrize("make,exc,naive_match,ffi_match", BAD_DECODE)
-def test_decode_bad_arguments(make, exc, naive_match, ffi_match, backend):
+@pytest.mark.parametrize("make,exc,match", BAD_RECURRENT)
+def test_recurrent_bad_arguments(make, exc, match, backend):
     q, k, v, g, b = _random(np.random.default_rng(0), 4, 1, 2, 16)
     args = dict(q=q, k=k, v=v, g=g, beta=b)
     args.update(make(q, k, v, g, b))
-    with _expect(exc, naive_match, ffi_match, backend):
+    with _expect(exc, match):
         kj.fused_recurrent_kda(**args, kernel=backend)
+
+
+# --- every option of fla's API: FFI and naive kernels under jax.jit against kda's numpy entries ------------
+#
+# The FFI kernels are the numpy entries' kernels: their results must be identical. The naive kernels are an
+# independent fp32 recurrence: the fp32 rule. Shapes are small (H = 2, HV = 4, K != V off the vector width).
+
+
+def _problem(seed, B=2, T=11, H=2, HV=4, K=12, V=20, beta_per_value=False, logits=False, raw_gate=False):
+    rng = np.random.default_rng(seed)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    q, k = f(B, T, H, K), f(B, T, H, K)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)  # a contracting delta rule: the fp32 rule holds
+    v = f(B, T, HV, V)
+    g = f(B, T, HV, K) * 2 if raw_gate else -np.exp(f(B, T, HV, K) - 2)
+    bshape = (B, T, HV, V) if beta_per_value else (B, T, HV)
+    beta = f(*bshape) if logits else rng.uniform(0, 1, bshape).astype(np.float32)
+    params = dict(A_log=f(HV) * 0.5, dt_bias=f(HV * K) * 0.5)
+    return [q, k, v, g, beta], params, rng
+
+
+def _jitted_call(entry, arrays: dict, static: dict, backend):
+    """entry under jax.jit: the arrays traced, the other arguments static."""
+    names = sorted(arrays)
+
+    @jax.jit
+    def run(*xs):
+        return entry(**dict(zip(names, xs)), **static, kernel=backend)
+
+    return run(*(jnp.asarray(arrays[n]) for n in names))
+
+
+def _compare(got, want, backend, what):
+    if got is None or want is None:
+        assert got is None and want is None, what
+        return
+    got = np.asarray(got)
+    if backend == "ffi":
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    elif got.ndim == 5 or "state" in what:
+        check_state(got, want, what=what)
+    else:
+        check_f32(got, want, what=what)
+
+
+# (options, what they need): "gate" a raw g and A_log / dt_bias, "logits" beta logits, "cu" packed sequences
+# with an empty one, "pool" state_indices with padding.
+CHUNK_OPTIONS = [
+    dict(),
+    dict(use_qk_l2norm_in_kernel=True, scale=0.3, initial_state=True, output_final_state=True),
+    dict(use_beta_sigmoid_in_kernel=True, logits=True, output_final_state=True),
+    dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, logits=True, output_final_state=True),
+    dict(use_gate_in_kernel=True, gate=("A_log", "dt_bias"), output_final_state=True),
+    dict(use_gate_in_kernel=True, gate=("A_log",), lower_bound=-3.0, safe_gate=True, output_final_state=True),
+    dict(use_gate_in_kernel=True, gate=("dt_bias",), lower_bound=-2.0, output_final_state=True),
+    dict(state_v_first=True, initial_state=True, output_final_state=True, chunk_size=32),
+    dict(cu=True, initial_state=True, output_final_state=True),
+    dict(cu=True, pool=True, state_v_first=True, use_qk_l2norm_in_kernel=True),
+]
+
+
+def _chunk_case(opts, seed):
+    opts = dict(opts)
+    gate = opts.pop("gate", ())
+    logits = opts.pop("logits", False)
+    cu, pool, init = opts.pop("cu", False), opts.pop("pool", False), opts.pop("initial_state", False)
+    B, T = (1, 23) if cu else (2, 11)
+    arrays, params, rng = _problem(seed, B=B, T=T, logits=logits, raw_gate=bool(gate))
+    arrays = dict(zip(("q", "k", "v", "g", "beta"), arrays))
+    arrays.update({n: params[n] for n in gate})
+    N = 4 if cu else B
+    if cu:
+        arrays["cu_seqlens"] = np.array([0, 7, 7, 20, 23], np.int32)
+    state_dims = (20, 12) if opts.get("state_v_first") else (12, 20)
+    if pool:
+        arrays["initial_state"] = rng.standard_normal((6, 4, *state_dims)).astype(np.float32)
+        arrays["state_indices"] = np.array([5, -1, 0, 2], np.int32)
+    elif init:
+        arrays["initial_state"] = rng.standard_normal((N, 4, *state_dims)).astype(np.float32)
+    return arrays, opts
+
+
+@pytest.mark.parametrize("i", range(len(CHUNK_OPTIONS)))
+def test_chunk_options_match_numpy(i, backend):
+    import kda
+
+    arrays, static = _chunk_case(CHUNK_OPTIONS[i], seed=10 + i)
+    want_arrays = {n: np.array(x) for n, x in arrays.items()}
+    want = kda.chunk_kda(**want_arrays, **static)
+    if "state_indices" in arrays:  # the numpy entry updates the pool in place; kda.jax returns it
+        want = (want[0], want_arrays["initial_state"])
+    got = _jitted_call(kj.chunk_kda, arrays, static, backend)
+    assert len(got) == 2
+    _compare(got[0], want[0], backend, f"{CHUNK_OPTIONS[i]}: o")
+    _compare(got[1], want[1], backend, f"{CHUNK_OPTIONS[i]}: state")
+
+
+RECURRENT_OPTIONS = [
+    # fla's public entry: [B, T] rows of several tokens, contiguous states.
+    dict(entry="public", initial_state=True, output_final_state=True, use_qk_l2norm_in_kernel=True),
+    dict(entry="public", beta_per_value=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, logits=True,
+         output_final_state=True),
+    dict(entry="public", cu=True, use_gate_in_kernel=True, gate=("A_log", "dt_bias"), state_v_first=True,
+         initial_state=True, output_final_state=True),
+    dict(entry="public", use_gate_in_kernel=True, gate=("A_log", "dt_bias"), lower_bound=-1.5, output_final_state=True),
+    # vLLM's entry: in place into [N, HV, K, V], 1-D and 2-D slots, accepted counts, padding, a state per token.
+    dict(entry="fwd", initial_state=True, scale=0.5),
+    dict(entry="fwd", cu=True, idx="1d", state_v_first=True),
+    dict(entry="fwd", cu=True, idx="2d", accepted=True, beta_per_value=True),
+    dict(entry="fwd", cu=True, idx="2d", accepted=True, inplace_final_state=False, output_final_state=True,
+         state_v_first=True),
+    dict(entry="fwd", cu=True, idx="1d", inplace_final_state=False, output_final_state=True, out=True),
+]
+
+
+def _recurrent_case(opts, seed):
+    opts = dict(opts)
+    entry = kj.fused_recurrent_kda if opts.pop("entry") == "public" else kj.fused_recurrent_kda_fwd
+    gate, logits = opts.pop("gate", ()), opts.pop("logits", False)
+    cu, idx, accepted = opts.pop("cu", False), opts.pop("idx", None), opts.pop("accepted", False)
+    init, out = opts.pop("initial_state", False), opts.pop("out", False)
+    B, T = (1, 7) if cu else (3, 4)
+    arrays, params, rng = _problem(seed, B=B, T=T, logits=logits, raw_gate=bool(gate),
+                                   beta_per_value=opts.pop("beta_per_value", False))
+    arrays = dict(zip(("q", "k", "v", "g", "beta"), arrays))
+    arrays.update({n: params[n] for n in gate})
+    N = 3 if cu else B
+    if cu:
+        arrays["cu_seqlens"] = np.array([0, 3, 5, 7], np.int32)
+    state_dims = (20, 12) if opts.get("state_v_first") else (12, 20)
+    if idx is not None:
+        arrays["initial_state"] = rng.standard_normal((8, 4, *state_dims)).astype(np.float32)
+        if idx == "1d":
+            arrays["ssm_state_indices"] = np.array([6, -1, 1], np.int32)
+        else:
+            arrays["ssm_state_indices"] = np.array([[0, 1, 2], [3, 4, -1], [-1, 5, 6]], np.int32)
+            if accepted:  # sequence 2 reads slot [2, 0] = -1: padding
+                arrays["num_accepted_tokens"] = np.array([2, 1, 1], np.int32)
+    elif init:
+        arrays["initial_state"] = rng.standard_normal((N, 4, *state_dims)).astype(np.float32)
+    if out:
+        arrays["out"] = np.full((B, T, 4, 20), np.nan, np.float32)
+    return entry, arrays, opts
+
+
+@pytest.mark.parametrize("i", range(len(RECURRENT_OPTIONS)))
+def test_recurrent_options_match_numpy(i, backend):
+    import kda
+
+    entry, arrays, static = _recurrent_case(RECURRENT_OPTIONS[i], seed=30 + i)
+    np_entry = getattr(kda, entry.__name__)
+    want_arrays = {n: np.array(x) for n, x in arrays.items()}
+    want = np_entry(**want_arrays, **static)
+    got = _jitted_call(entry, arrays, static, backend)
+    _compare(got[0], want[0], backend, f"{RECURRENT_OPTIONS[i]}: o")
+    _compare(got[1], want[1], backend, f"{RECURRENT_OPTIONS[i]}: states")
+    pool_in = arrays.get("initial_state")
+    if pool_in is not None and pool_in.shape[0] == 8 and static.get("inplace_final_state", True):
+        # The updated pool is returned; slot 7, which no sequence touches, is unchanged.
+        np.testing.assert_array_equal(np.asarray(got[1])[7], pool_in[7])
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_half_precision_matches_numpy(dtype, backend):
+    """bf16 / fp16 operands: the same cast points as the numpy entries (inputs as given, fp32 inside, o
+    rounded once): the FFI kernels identical, the naive ones within the fp32 rule plus one rounding of o."""
+    import kda
+
+    arrays, params, _ = _problem(50, B=1, T=13, raw_gate=True)
+    half = [np.asarray(jnp.asarray(x).astype(dtype)) for x in arrays]
+    kw = dict(use_gate_in_kernel=True, A_log=params["A_log"], dt_bias=params["dt_bias"], output_final_state=True)
+    for name in ("chunk_kda", "fused_recurrent_kda"):
+        want_o, want_s = getattr(kda, name)(*half, **kw)
+        o, s = getattr(kj, name)(*(jnp.asarray(x) for x in half), **kw, kernel=backend)
+        assert o.dtype == dtype and s.dtype == jnp.float32
+        if backend == "ffi":
+            np.testing.assert_array_equal(np.asarray(o).astype(np.float32), want_o.astype(np.float32))
+            np.testing.assert_array_equal(s, want_s)
+            continue
+        a, r = np.asarray(o, np.float64), np.asarray(want_o, np.float64)
+        m = np.maximum(np.abs(a), np.abs(r))
+        ulp = np.spacing(m.astype(np.float16)).astype(np.float64) if dtype == jnp.float16 else ulp_bf16(m)
+        tol = 1e-5 + 1e-5 * np.abs(r) + ulp
+        assert (np.abs(a - r) <= tol).all(), f"{name} {dtype} o: max err/tol {np.max(np.abs(a - r) / tol)}"
+        check_state(s, want_s, what=f"{name} {dtype} state")
+
+
+def test_recurrent_out_is_donated_and_returned(backend):
+    arrays, _, _ = _problem(60, B=2, T=3)
+    q, k, v, g, beta = (jnp.asarray(x) for x in arrays)
+    out = jnp.zeros(v.shape, v.dtype)
+    ptr = out.unsafe_buffer_pointer()
+    o, s = kj.fused_recurrent_kda_fwd(q, k, v, g, beta, out=out, inplace_final_state=False, kernel=backend)
+    assert s is None and out.is_deleted()
+    if backend == "ffi":  # aliased to the custom call's result
+        assert o.unsafe_buffer_pointer() == ptr
+    want, _ = kj.fused_recurrent_kda(q, k, v, g, beta, kernel=backend)
+    np.testing.assert_array_equal(o, want)
+
+
+def test_speculative_pool_in_place_under_jit_with_donation(backend):
+    """2-D slots and accepted counts in a jitted step that donates the pool: updated in place."""
+    entry, arrays, static = _recurrent_case(RECURRENT_OPTIONS[6], seed=36)
+    arrays = {n: jnp.asarray(x) for n, x in arrays.items()}
+    pool = arrays.pop("initial_state")
+    expect_o, expect_pool = kj.fused_recurrent_kda_fwd(**arrays, initial_state=jnp.array(pool), kernel="naive")
+    step = jax.jit(lambda pool, a: kj.fused_recurrent_kda_fwd(**a, initial_state=pool, kernel=backend),
+                   donate_argnums=0)
+    p = jnp.array(pool)
+    ptr = p.unsafe_buffer_pointer()
+    o, new = step(p, arrays)
+    assert p.is_deleted() and new.unsafe_buffer_pointer() == ptr
+    check_f32(o, expect_o, what="o")
+    check_state(new, expect_pool, what="pool")
+
+
+# --- return_intermediate_states --------------------------------------------------------------------------
+
+
+def test_intermediate_states_are_the_states_at_chunk_starts(backend):
+    """h[0, first chunk of n + j] is sequence n's state after j * chunk_size tokens: the final state of the
+    numpy chunk_kda over that prefix, and the numpy entry's h. Under jax.jit with a traced cu_seqlens, from
+    the static num_chunks; in the pool form, padding rows are zeros."""
+    import kda
+
+    arrays, _, rng = _problem(70, B=1, T=80, K=8, V=12)
+    q, k, v, g, beta = arrays
+    cu = np.array([0, 33, 33, 65, 80], np.int32)  # 2 + 0 + 1 + 1 chunks of 32
+    init = rng.standard_normal((4, 4, 12, 8)).astype(np.float32)  # V-first
+    kw = dict(chunk_size=32, state_v_first=True, use_qk_l2norm_in_kernel=True)
+    run = jax.jit(lambda *a: kj.chunk_kda(*a[:5], initial_state=a[6], cu_seqlens=a[5], output_final_state=True,
+                                          return_intermediate_states=True, num_chunks=4, kernel=backend, **kw))
+    o, final, h = run(*(jnp.asarray(x) for x in (q, k, v, g, beta, cu, init)))
+    assert h.shape == (1, 4, 4, 12, 8) and h.dtype == jnp.float32
+    want = kda.chunk_kda(q, k, v, g, beta, initial_state=init, cu_seqlens=cu, output_final_state=True,
+                         return_intermediate_states=True, **kw)
+    for got, w, what in zip((o, final, h), want, ("o", "final state", "h")):
+        _compare(got, w, backend, what)
+    chunk = 0
+    for n in range(4):
+        bos, eos = int(cu[n]), int(cu[n + 1])
+        for j in range(-(-(eos - bos) // 32)):
+            if j == 0:
+                want_h = init[n]
+            else:
+                sl = slice(bos, bos + 32 * j)
+                _, s = kda.chunk_kda(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], initial_state=init[n:n + 1],
+                                     output_final_state=True, **kw)
+                want_h = s[0]
+            check_state(h[0, chunk], want_h, what=f"sequence {n} chunk {j}")
+            chunk += 1
+    # The pool form (as the numpy entry's); a padding sequence's rows are zeros.
+    pool = rng.standard_normal((5, 4, 12, 8)).astype(np.float32)
+    idx = np.array([3, 1, -1, 0], np.int32)
+    _, _, hp = kj.chunk_kda(*(jnp.asarray(x) for x in arrays), initial_state=jnp.asarray(pool),
+                            cu_seqlens=jnp.asarray(cu), state_indices=jnp.asarray(idx),
+                            return_intermediate_states=True, kernel=backend, **kw)
+    _, _, want_hp = kda.chunk_kda(*arrays, initial_state=pool.copy(), cu_seqlens=cu, state_indices=idx,
+                                  return_intermediate_states=True, **kw)
+    _compare(hp, want_hp, backend, "pool h")
+    check_state(hp[0, 0], pool[3], what="pool chunk 0")
+    assert not np.asarray(hp[0, 2]).any()
+    # Rows without cu_seqlens: [B, NT]; bf16 operands give bf16 states (k's dtype).
+    qb, kb, vb = (jnp.asarray(x.reshape(2, 40, *x.shape[2:])).astype(jnp.bfloat16) for x in (q, k, v))
+    o2, _, h2 = kj.chunk_kda(qb, kb, vb, jnp.asarray(g.reshape(2, 40, 4, 8)), jnp.asarray(beta.reshape(2, 40, 4)),
+                             return_intermediate_states=True, kernel=backend)
+    assert h2.shape == (2, 1, 4, 8, 12) and h2.dtype == jnp.bfloat16
+    assert not np.asarray(h2, np.float32).any()  # the state before the first token: zeros
+
+
+def test_intermediate_states_refusals(backend):
+    arrays, _, _ = _problem(71, B=1, T=10)
+    q, k, v, g, beta = (jnp.asarray(x) for x in arrays)
+    cu = jnp.asarray([0, 4, 10], jnp.int32)
+    with pytest.raises(ValueError, match="traced cu_seqlens needs num_chunks="):
+        jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
+                                        kernel=backend))(cu)
+    with pytest.raises(ValueError, match="num_chunks must be the number of chunks, 2, got 3"):
+        kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True, num_chunks=3, kernel=backend)
+    with pytest.raises(ValueError, match="return_intermediate_states must be used with disable_recompute=False"):
+        kj.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True, kernel=backend)
+    if backend == "ffi":  # a wrong static count under jit: the kernel's run-time check
+        run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
+                                              num_chunks=3, kernel=backend))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="intermediate_states"):
+            jax.block_until_ready(run(cu))
+
+
+# --- fused_kda_gate ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", [dict(), dict(lower_bound=-2.0), dict(lower_bound=-1.0, A_log=None)])
+def test_fused_kda_gate_matches_numpy(form):
+    import kda
+
+    rng = np.random.default_rng(80)
+    g = (rng.standard_normal((3, 5, 4, 6)) * 15).astype(np.float32)  # both softplus branches
+    kw = dict(A_log=rng.standard_normal(4).astype(np.float32), dt_bias=rng.standard_normal(24).astype(np.float32))
+    kw.update(form)
+    want = kda.fused_kda_gate(g, **kw)
+    got = jax.jit(lambda g: kj.fused_kda_gate(g, **kw))(jnp.asarray(g))
+    assert got.dtype == jnp.float32 and got.shape == g.shape
+    check_f32(got, want, what=str(form))
+    assert kj.fused_kda_gate(jnp.asarray(g), **kw, output_dtype=jnp.bfloat16).dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match="A_log is required when lower_bound is not set"):
+        kj.fused_kda_gate(g)
+    with pytest.raises(ValueError, match=r"dt_bias: expected HV\*K = 24 elements"):
+        kj.fused_kda_gate(g, A_log=np.zeros(4, np.float32), dt_bias=np.zeros(5, np.float32))
 
 
 def test_ffi_checks_values_at_run_time_under_jit():
@@ -474,8 +818,8 @@ def test_ffi_checks_values_at_run_time_under_jit():
     with pytest.raises(jax.errors.JaxRuntimeError, match="cu_seqlens"):
         jax.block_until_ready(run(jnp.asarray([0, 3, 2, 4], jnp.int32)))
     dq, dk, dv, dg, db = _random(np.random.default_rng(0), 2, 1, 2, 16)
-    step = jax.jit(lambda pool, idx: kj.fused_recurrent_kda(dq, dk, dv, dg, db, initial_state=pool,
-                                                            ssm_state_indices=idx, kernel="ffi"))
+    step = jax.jit(lambda pool, idx: kj.fused_recurrent_kda_fwd(dq, dk, dv, dg, db, initial_state=pool,
+                                                                ssm_state_indices=idx, kernel="ffi"))
     with pytest.raises(jax.errors.JaxRuntimeError, match="duplicate state index 1"):
         jax.block_until_ready(step(jnp.zeros((3, 2, 16, 16)), jnp.asarray([1, 1], jnp.int32)))
     with pytest.raises(jax.errors.JaxRuntimeError, match="out of range"):

@@ -7,26 +7,42 @@
 // of bounds. Python registers the two symbols with jax.ffi.register_ffi_target
 // (python/kda/jax/ffi.py).
 //
-// Targets (inputs in this order, results; attributes scale: f32, flags: pred;
-// q, k, g [B,T,H,K], v [B,T,H,V], beta [B,T,H], q/k/v one of f32/bf16):
-//   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32 or [0] (B rows), state f32,
-//               state_indices [N] s32 or [0], A_log [H] f32 or [0],
-//               dt_bias [H*K] f32 or [0])
-//     -> (o [B,T,H,V] dtype of q, final_state f32)
-//     Contiguous form (pool = false): state is the initial state [N,H,K,V]
-//     or [0] (zeros); final_state is [N,H,K,V] when output_final_state, else
-//     [0]. Pool form (pool = true): state is the pool [S,H,K,V], aliased to
+// Targets (inputs in this order, results; q, k [B,T,H,K], v [B,T,HV,V],
+// g [B,T,HV,K], beta [B,T,HV] (or [B,T,HV,V] in the recurrent target), q/k/v
+// one of f32/bf16/f16; states f32 [.., HV, K, V], or [.., HV, V, K] with
+// state_v_first; absent optional operands are [0] buffers):
+//   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32 or [0] (B rows), state,
+//               state_indices [N] s32 or [0], A_log [HV] f32 or [0],
+//               dt_bias [HV*K] f32 or [0])
+//     -> (o [B,T,HV,V] dtype of q, final_state f32, intermediate_states)
+//     Contiguous form (pool = false): state is the initial state [N,HV,K,V]
+//     or [0] (zeros); final_state is [N,HV,K,V] when output_final_state, else
+//     [0]. Pool form (pool = true): state is the pool [S,HV,K,V], aliased to
 //     final_state (input_output_aliases {6: 1}); the kernel reads and writes
 //     the pool through final_state, which XLA fills with the input first.
-//   KdaFusedRecurrentKda(q, k, v, g, beta, state [S,H,K,V] f32,
-//               state_indices [N] s32 (N = B*T, one token per sequence),
-//               cu_seqlens [N+1] s32 or [0], A_log, dt_bias as above)
-//     -> (o [B,T,H,V], state [S,H,K,V] aliased to input 5)
-// cu_seqlens and state_indices are int32 (JAX's default integer type; the
+//     intermediate_states: with return_intermediate_states fla's h,
+//     [B,NT,HV,K,V] in k's dtype (see ChunkKdaCall), else [0].
+//   KdaFusedRecurrentKda(q, k, v, g, beta, initial_state, ssm_state_indices
+//               [N] or [N,C] s32 or [0], num_accepted_tokens [N] s32 or [0],
+//               cu_seqlens, A_log, dt_bias as above, out (o's buffer) or [0])
+//     -> (o [B,T,HV,V] (aliased to out when given: {11: 0}), states f32)
+//     With inplace_final_state the states result is initial_state (the pool,
+//     or [N,HV,K,V]), aliased to it ({5: 1}); otherwise initial_state is only
+//     read (or [0]: zeros) and the states result is the final_state of
+//     RecurrentKdaCall ([N,HV,K,V], or [B*T,HV,K,V] with indices, zeros for
+//     padding sequences) with output_final_state, else [0].
+// Attributes: has_scale, scale (f32; without has_scale K^-0.5), the flags of
+// KdaCallCommon (pred), has_lower_bound, lower_bound (f32), output_final_state;
+// the chunk target also safe_gate, chunk_size (s32), pool and
+// return_intermediate_states, the recurrent
+// one inplace_final_state.
+// cu_seqlens and the indices are int32 (JAX's default integer type; the
 // Python side casts int64 inputs); the bind widens cu_seqlens for the kernels.
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "kda/base/error.h"
 #include "kda/kernels/kda_args.h"
@@ -92,21 +108,36 @@ ffi::Error Run(F&& f) {
   return ffi::Error::Success();
 }
 
-// The operands both targets share.
-template <class Call>
-void SetCommon(Call& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+// The options both targets take, as attributes (optional floats as a flag and a value).
+struct Options {
+  bool has_scale = false;
+  float scale = 0.0F;
+  bool use_qk_l2norm_in_kernel = false;
+  bool use_gate_in_kernel = false;
+  bool use_beta_sigmoid_in_kernel = false;
+  bool allow_neg_eigval = false;
+  bool has_lower_bound = false;
+  float lower_bound = 0.0F;
+  bool state_v_first = false;
+};
+
+// The operands and options both targets share.
+void SetCommon(KdaCallCommon& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                const ffi::AnyBuffer& g, const ffi::AnyBuffer& beta, const ffi::AnyBuffer& cu_seqlens,
-               const ffi::AnyBuffer& a_log, const ffi::AnyBuffer& dt_bias, ffi::AnyBuffer& o, float scale,
-               bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel) {
+               const ffi::AnyBuffer& a_log, const ffi::AnyBuffer& dt_bias, ffi::AnyBuffer& o, const Options& opt) {
   c.o = ViewOf<MutTensorView>(o);
   c.q = ViewOf<TensorView>(q);
   c.k = ViewOf<TensorView>(k);
   c.v = ViewOf<TensorView>(v);
   c.g = ViewOf<TensorView>(g);
   c.beta = ViewOf<TensorView>(beta);
-  c.scale = scale;
-  c.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
-  c.use_gate_in_kernel = use_gate_in_kernel;
+  if (opt.has_scale) c.scale = opt.scale;
+  c.use_qk_l2norm_in_kernel = opt.use_qk_l2norm_in_kernel;
+  c.use_gate_in_kernel = opt.use_gate_in_kernel;
+  c.use_beta_sigmoid_in_kernel = opt.use_beta_sigmoid_in_kernel;
+  c.allow_neg_eigval = opt.allow_neg_eigval;
+  if (opt.has_lower_bound) c.lower_bound = opt.lower_bound;
+  c.state_v_first = opt.state_v_first;
   c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, true);
   c.A_log = ViewOf<TensorView>(a_log, true);
   c.dt_bias = ViewOf<TensorView>(dt_bias, true);
@@ -115,11 +146,27 @@ void SetCommon(Call& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const 
 ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta,
                         ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer state, ffi::AnyBuffer state_indices,
                         ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
-                        ffi::Result<ffi::AnyBuffer> final_state, float scale, bool use_qk_l2norm_in_kernel,
-                        bool use_gate_in_kernel, bool output_final_state, bool pool) {
+                        ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
+                        bool has_scale, float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+                        bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool has_lower_bound, float lower_bound,
+                        bool state_v_first, bool output_final_state, bool safe_gate, int32_t chunk_size, bool pool,
+                        bool return_intermediate_states) {
+  const Options opt{has_scale,
+                    scale,
+                    use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel,
+                    use_beta_sigmoid_in_kernel,
+                    allow_neg_eigval,
+                    has_lower_bound,
+                    lower_bound,
+                    state_v_first};
   return Run([&] {
     ChunkKdaCall c;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, opt);
+    c.safe_gate = safe_gate;
+    c.chunk_size = chunk_size;
+    c.return_intermediate_states = return_intermediate_states;
+    if (return_intermediate_states) c.intermediate_states = ViewOf<MutTensorView>(*intermediate_states);
     if (pool) {
       // The pool is read and written through the aliased result.
       c.state = ViewOf<MutTensorView>(*final_state);
@@ -134,16 +181,41 @@ ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
 }
 
 ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
-                                 ffi::AnyBuffer beta, ffi::AnyBuffer /*state: aliased to state_out*/,
-                                 ffi::AnyBuffer state_indices, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer a_log,
-                                 ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
-                                 ffi::Result<ffi::AnyBuffer> state_out, float scale, bool use_qk_l2norm_in_kernel,
-                                 bool use_gate_in_kernel) {
+                                 ffi::AnyBuffer beta, ffi::AnyBuffer initial_state, ffi::AnyBuffer state_indices,
+                                 ffi::AnyBuffer num_accepted_tokens, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer a_log,
+                                 ffi::AnyBuffer dt_bias, ffi::AnyBuffer /*out: aliased to o when given*/,
+                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states, bool has_scale,
+                                 float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
+                                 bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool has_lower_bound,
+                                 float lower_bound, bool state_v_first, bool output_final_state,
+                                 bool inplace_final_state) {
+  const Options opt{has_scale,
+                    scale,
+                    use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel,
+                    use_beta_sigmoid_in_kernel,
+                    allow_neg_eigval,
+                    has_lower_bound,
+                    lower_bound,
+                    state_v_first};
   return Run([&] {
     RecurrentKdaCall c;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel);
-    c.initial_state = ViewOf<MutTensorView>(*state_out);  // the pool, aliased to the input
-    c.ssm_state_indices = ViewOf<TensorView>(state_indices);
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, opt);
+    c.output_final_state = output_final_state;
+    c.inplace_final_state = inplace_final_state;
+    c.ssm_state_indices = ViewOf<TensorView>(state_indices, true);
+    c.num_accepted_tokens = ViewOf<TensorView>(num_accepted_tokens, true);
+    if (inplace_final_state) {
+      c.initial_state = ViewOf<MutTensorView>(*states);  // aliased to the input
+    } else {
+      // Only read (inplace_final_state=False writes nothing into it).
+      c.initial_state = ViewOf<MutTensorView>(initial_state, true);
+      if (output_final_state) {
+        c.final_state = ViewOf<MutTensorView>(*states);
+        // A state per token: the rows of padding sequences stay zeros, as the other front ends allocate them.
+        if (c.ssm_state_indices.present()) std::memset(states->untyped_data(), 0, states->size_bytes());
+      }
+    }
     fused_recurrent_kda(c);
   });
 }
@@ -151,40 +223,57 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
 }  // namespace
 }  // namespace kda
 
+// The attributes both targets take first, in the handlers' order (kda::Options).
+template <class Binding>
+auto WithOptions(Binding&& b) {
+  return std::forward<Binding>(b)
+      .template Attr<bool>("has_scale")
+      .template Attr<float>("scale")
+      .template Attr<bool>("use_qk_l2norm_in_kernel")
+      .template Attr<bool>("use_gate_in_kernel")
+      .template Attr<bool>("use_beta_sigmoid_in_kernel")
+      .template Attr<bool>("allow_neg_eigval")
+      .template Attr<bool>("has_lower_bound")
+      .template Attr<float>("lower_bound")
+      .template Attr<bool>("state_v_first");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // g
-                                  .Arg<ffi::AnyBuffer>()  // beta
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // initial state or pool
-                                  .Arg<ffi::AnyBuffer>()  // state_indices
-                                  .Arg<ffi::AnyBuffer>()  // A_log
-                                  .Arg<ffi::AnyBuffer>()  // dt_bias
-                                  .Ret<ffi::AnyBuffer>()  // o
-                                  .Ret<ffi::AnyBuffer>()  // final state or pool
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("use_qk_l2norm_in_kernel")
-                                  .Attr<bool>("use_gate_in_kernel")
+                              WithOptions(ffi::Ffi::Bind()
+                                              .Arg<ffi::AnyBuffer>()   // q
+                                              .Arg<ffi::AnyBuffer>()   // k
+                                              .Arg<ffi::AnyBuffer>()   // v
+                                              .Arg<ffi::AnyBuffer>()   // g
+                                              .Arg<ffi::AnyBuffer>()   // beta
+                                              .Arg<ffi::AnyBuffer>()   // cu_seqlens
+                                              .Arg<ffi::AnyBuffer>()   // initial state or pool
+                                              .Arg<ffi::AnyBuffer>()   // state_indices
+                                              .Arg<ffi::AnyBuffer>()   // A_log
+                                              .Arg<ffi::AnyBuffer>()   // dt_bias
+                                              .Ret<ffi::AnyBuffer>()   // o
+                                              .Ret<ffi::AnyBuffer>()   // final state or pool
+                                              .Ret<ffi::AnyBuffer>())  // intermediate states
                                   .Attr<bool>("output_final_state")
-                                  .Attr<bool>("pool"));
+                                  .Attr<bool>("safe_gate")
+                                  .Attr<int32_t>("chunk_size")
+                                  .Attr<bool>("pool")
+                                  .Attr<bool>("return_intermediate_states"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // g
-                                  .Arg<ffi::AnyBuffer>()  // beta
-                                  .Arg<ffi::AnyBuffer>()  // state pool
-                                  .Arg<ffi::AnyBuffer>()  // ssm_state_indices
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // A_log
-                                  .Arg<ffi::AnyBuffer>()  // dt_bias
-                                  .Ret<ffi::AnyBuffer>()  // o
-                                  .Ret<ffi::AnyBuffer>()  // state pool
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("use_qk_l2norm_in_kernel")
-                                  .Attr<bool>("use_gate_in_kernel"));
+                              WithOptions(ffi::Ffi::Bind()
+                                              .Arg<ffi::AnyBuffer>()   // q
+                                              .Arg<ffi::AnyBuffer>()   // k
+                                              .Arg<ffi::AnyBuffer>()   // v
+                                              .Arg<ffi::AnyBuffer>()   // g
+                                              .Arg<ffi::AnyBuffer>()   // beta
+                                              .Arg<ffi::AnyBuffer>()   // initial_state
+                                              .Arg<ffi::AnyBuffer>()   // ssm_state_indices
+                                              .Arg<ffi::AnyBuffer>()   // num_accepted_tokens
+                                              .Arg<ffi::AnyBuffer>()   // cu_seqlens
+                                              .Arg<ffi::AnyBuffer>()   // A_log
+                                              .Arg<ffi::AnyBuffer>()   // dt_bias
+                                              .Arg<ffi::AnyBuffer>()   // out
+                                              .Ret<ffi::AnyBuffer>()   // o
+                                              .Ret<ffi::AnyBuffer>())  // states
+                                  .Attr<bool>("output_final_state")
+                                  .Attr<bool>("inplace_final_state"));

@@ -1,8 +1,11 @@
-"""KDA kernels for JAX, with fla's signatures.
+"""KDA kernels for JAX, with fla's signatures (fla-core 0.6.0; docs/fla-api.md).
 
-- :func:`chunk_kda` (prefill over a batch, packed variable-length with ``cu_seqlens``) and
-  :func:`fused_recurrent_kda` (decode, one token per sequence, in place on a state pool) dispatch to
-  one of two backends:
+- :func:`chunk_kda` (prefill over a batch, or packed variable-length with ``cu_seqlens``),
+  :func:`fused_recurrent_kda` (fla's public entry: the recurrence token by token) and
+  :func:`fused_recurrent_kda_fwd` (vLLM's pool and speculative-decoding entry) take the arguments,
+  order, defaults and refusals of kda's numpy entries (:func:`kda.chunk_kda` etc.), and
+  :func:`fused_kda_gate` computes the in-kernel gate alone. The kernel entries dispatch to one of two
+  backends:
 
   - ``"ffi"``: the project's optimized C++ kernels as XLA FFI custom calls on the CPU platform
     (:mod:`kda.jax.ffi`; the library ``libkda_xla_ffi.so`` from ``$KDA_XLA_FFI_LIBRARY`` or the
@@ -11,31 +14,36 @@
 
   The default, ``"auto"``, is the FFI kernels, falling back to the naive ones when the library cannot
   load; the fallback is logged once (logger ``kda.jax``, warning) and :func:`backend` tells which is in
-  use. Choose per call with ``kernel="auto"|"ffi"|"naive"`` or process-wide with :func:`set_backend`
-  (or the ``KDA_JAX_KERNEL`` environment variable, read at import).
+  use. Choose per call with the keyword ``kernel="auto"|"ffi"|"naive"`` or process-wide with
+  :func:`set_backend` (or the ``KDA_JAX_KERNEL`` environment variable, read at import).
 
-- :func:`chunk_kda_jax_naive`, :func:`fused_recurrent_kda_jax_naive`: the naive kernels directly;
-  :func:`chunk_kda_ffi`, :func:`fused_recurrent_kda_ffi`: the FFI kernels directly.
+Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV] (the recurrent entries
+also [B, T, HV, V]); HV a multiple of H; K, V <= 256. q, k, v float32, bfloat16 or float16 (one
+dtype); o [B, T, HV, V] in q's dtype. With ``cu_seqlens`` ([N + 1]) B = 1 and the T tokens are N
+packed sequences; without it each of the B rows is a sequence. States are float32 [N, HV, K, V]
+([.., HV, V, K] with ``state_v_first``); pools [S, HV, K, V]. All math is fp32. ``scale`` and
+``lower_bound`` are static Python floats, ``chunk_size`` and ``num_chunks`` static ints.
 
-Shapes: q, k, g [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; q/k/v fp32 or bf16 (one dtype), g and
-beta fp32 or bf16; o [B, T, H, V] in q's dtype. With ``cu_seqlens`` ([N + 1], int32 or int64) B = 1
-and the T tokens are N packed sequences; without it each of the B rows is a sequence. States are
-fp32 [N, H, K, V]; pools [S, H, K, V]. All math is fp32. ``scale`` is a static Python float (None:
-K^-0.5). The FFI kernels need K == V, a multiple of 16 in [16, 256]; the naive kernels take any.
+JAX arrays are immutable: what the other front ends update in place is returned. ``chunk_kda`` with
+``state_indices`` returns the updated pool as its second result (whatever ``output_final_state``
+says); ``fused_recurrent_kda_fwd`` with ``inplace_final_state`` (its default) returns the updated
+``initial_state``, and with ``out`` o in that buffer. Those arrays are donated by an eager call (it
+consumes the array passed in; the result is the same buffer) and aliased to the result in the FFI
+call, so that under an outer ``jax.jit`` that donates them (``donate_argnums``) the kernel updates
+them in place; otherwise XLA copies them first. Use the returned arrays.
 
-State pools (``chunk_kda(state_indices=...)``, ``fused_recurrent_kda``): sequence n reads and writes
-``pool[indices[n]]``; a negative index is padding (zero output, no state touched). The pool is
-updated in place: the call donates it (an eager call consumes the array passed in, under an outer
-``jax.jit`` donate it there with ``donate_argnums``) and the returned pool is the same buffer. Use
-the returned array. ``fused_recurrent_kda(inplace_final_state=False)`` leaves the input pool intact
-and returns an updated copy.
+``chunk_kda(return_intermediate_states=True)`` returns (o, final_state, h), h [B, NT, HV, K, V] in k's
+dtype, chunk j of a sequence the state before its token j * chunk_size (with ``cu_seqlens`` B = 1 and
+NT the chunks of all sequences). Its size must be static: a traced ``cu_seqlens`` needs the static
+keyword ``num_chunks`` (kda.jax's own; checked against the values when they are known, by the FFI
+kernels at run time).
 
-Bad shapes or dtypes raise ValueError / TypeError naming the argument and what it must be, at trace
-time: for the FFI kernels through the C++ call description (kda._core, its messages unchanged), for
-the naive kernels through the checks they need themselves (kda.jax._args). ``cu_seqlens`` and index
-values are checked when concrete; under ``jax.jit`` the FFI kernels check them at run time (an XLA
-runtime error), the naive kernels do not. A concrete array on a GPU or
-TPU passed to the FFI kernels is a ValueError (they are registered for the CPU only).
+Bad arguments raise ValueError / TypeError naming the argument, at trace time, for both backends: the
+C++ call description's checks (kda/kernels/kda_args.h, through kda._core), its messages unchanged.
+``cu_seqlens`` and 1-D index values are checked when concrete; under ``jax.jit`` (and for 2-D indices
+and ``num_accepted_tokens`` always) the FFI kernels check them at run time (an XLA runtime error), the
+naive kernels do not. A concrete array on a GPU or TPU passed to the FFI kernels is a ValueError (they
+are registered for the CPU only).
 """
 
 from __future__ import annotations
@@ -46,8 +54,8 @@ import os
 
 import jax
 
+from .. import _kernels
 from . import _args, ffi, naive
-from .naive import chunk_kda_jax_naive, fused_recurrent_kda_jax_naive
 
 logger = logging.getLogger("kda.jax")
 
@@ -97,95 +105,142 @@ def ffi_load_error() -> str | None:
     return ffi.load_error()
 
 
-# --- jitted cores: statics as static arguments, the state donated when it is a pool -----------------
+# --- jitted cores: the statics as a static argument, state and out donated where they are updated ----------
 
 
-def _chunk_core(state, rest, *, statics, impl, output_final_state):
-    spec = _args.Spec(*rest[:5], state, *rest[5:], *statics)
+def _core(state, out, rest, *, st, impl):
+    call = _args.Call.join(st, state, out, rest)
+    return ffi.run(call) if impl == "ffi" else naive.run(call)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(donate: tuple):
+    return jax.jit(_core, static_argnames=("st", "impl"), donate_argnums=donate)
+
+
+def _run(call: _args.Call, impl: str, who: str, donate_state: bool):
     if impl == "ffi":
-        return ffi.chunk_spec(spec, output_final_state)
-    return naive._chunk(spec, output_final_state)
-
-
-def _recurrent_core(state, rest, *, statics, impl):
-    spec = _args.Spec(*rest[:5], state, *rest[5:], *statics)
-    if impl == "ffi":
-        return ffi.recurrent_spec(spec)
-    return naive._recurrent(spec)
-
-
-_STATIC = ("statics", "impl", "output_final_state")
-_chunk_jit = jax.jit(_chunk_core, static_argnames=_STATIC)
-_chunk_jit_donating = jax.jit(_chunk_core, static_argnames=_STATIC, donate_argnums=0)
-_recurrent_jit = jax.jit(_recurrent_core, static_argnames=("statics", "impl"))
-_recurrent_jit_donating = jax.jit(_recurrent_core, static_argnames=("statics", "impl"), donate_argnums=0)
-
-
-def _split(spec: _args.Spec):
-    rest = (spec.q, spec.k, spec.v, spec.g, spec.beta, spec.cu_seqlens, spec.state_indices, spec.A_log,
-            spec.dt_bias)
-    statics = (spec.scale, spec.use_qk_l2norm_in_kernel, spec.use_gate_in_kernel, spec.N, spec.B, spec.T, spec.H,
-               spec.K, spec.V)
-    return spec.state, rest, statics
-
-
-def _on_cpu(who: str, spec: _args.Spec, impl: str) -> None:
-    if impl == "ffi":
-        ffi.check_cpu(who, spec)
+        ffi.check_cpu(who, call)
+    state, out, rest = call.split()
+    donate = tuple(i for i, d in ((0, donate_state and state is not None), (1, out is not None)) if d)
+    return _jitted(donate)(state, out, rest, st=call.st, impl=impl)
 
 
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=None, A_log=None, dt_bias=None,
-              state_indices=None, *, kernel: str | None = None):
-    """Prefill: (o [B, T, H, V], final_state [N, H, K, V] or None).
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    """Chunked KDA prefill: fla's ``chunk_kda`` (the signature and defaults of :func:`kda.chunk_kda`).
 
-    ``initial_state`` [N, H, K, V] fp32 (None: zeros); ``output_final_state`` returns the final states.
-    ``use_qk_l2norm_in_kernel`` L2-normalises q and k over K; ``use_gate_in_kernel`` treats g as the raw
-    gate, activated as -exp(A_log[h]) * softplus(g + dt_bias) with A_log [H] and dt_bias [H * K] (optional).
-    With ``state_indices`` [N], ``initial_state`` is a pool [S, H, K, V]: sequence n starts from
-    ``pool[state_indices[n]]`` and its final state is written there; the pool is donated and the updated
-    pool is returned as the second result (whatever ``output_final_state`` says).
+    Keywords beyond the signature: ``A_log`` [HV], ``dt_bias`` [HV * K] (read with
+    ``use_gate_in_kernel``), ``chunk_size`` (32 or 64), ``transpose_state_layout`` (deprecated),
+    ``state_indices`` ([N] int; negative: padding): ``initial_state`` is a pool [S, HV, K, V] that
+    sequence n reads and writes at ``state_indices[n]``, returned updated as the second result;
+    ``num_chunks`` (static NT of the intermediate states) and ``kernel`` ("auto" | "ffi" | "naive").
+    Any other keyword is a TypeError; ``cp_context`` is refused.
+
+    Returns ``(o, final_state or None)``, or ``(o, final_state, h)`` with ``return_intermediate_states``.
     """
-    impl = backend(kernel)
-    if impl == "ffi":  # the C++ call description's checks, at trace time
-        ffi.check_chunk(q, k, v, g, beta, _args.static_scale("chunk_kda", scale), initial_state, output_final_state,
-                        use_qk_l2norm_in_kernel, use_gate_in_kernel, cu_seqlens, A_log, dt_bias, state_indices)
-    spec = _args.check_chunk(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                             cu_seqlens, A_log, dt_bias, state_indices)
-    _on_cpu("chunk_kda", spec, impl)
-    state, rest, statics = _split(spec)
-    fn = _chunk_jit_donating if spec.state_indices is not None else _chunk_jit
-    return fn(state, rest, statics=statics, impl=impl, output_final_state=bool(output_final_state))
+    num_chunks = kwargs.pop("num_chunks", None)  # kda.jax's own keyword; the others as the numpy entry's
+    state_v_first = _kernels._chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute,
+                                             kwargs)
+    impl = backend(kwargs.get("kernel"))
+    state_indices = kwargs.get("state_indices")
+    call = _args.check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                             return_intermediate_states, state_v_first, cu_seqlens, kwargs.get("A_log"),
+                             kwargs.get("dt_bias"), kwargs.get("chunk_size", 64), state_indices, num_chunks)
+    return _run(call, impl, "chunk_kda", donate_state=state_indices is not None)
 
 
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True,
-                        cu_seqlens=None, ssm_state_indices=None, use_qk_l2norm_in_kernel=False,
-                        use_gate_in_kernel=False, A_log=None, dt_bias=None, *, kernel: str | None = None):
-    """Decode (vLLM's semantics): (o [B, T, H, V], the state pool [S, H, K, V]).
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                        use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                        state_v_first=False, cu_seqlens=None, **kwargs):
+    """fla's public ``fused_recurrent_kda`` (as :func:`kda.fused_recurrent_kda`): the recurrence token by
+    token with contiguous states, ``initial_state`` [N, HV, K, V] (None: zeros) read and, with
+    ``output_final_state``, a new [N, HV, K, V] returned. The pool keywords of
+    :func:`fused_recurrent_kda_fwd` are honoured with its meaning and defaults; ``kernel`` as chunk_kda.
 
-    One token per sequence: q [N, 1, H, K], or [1, N, H, K] with ``cu_seqlens`` = 0, 1, ..., N. Sequence n
-    updates ``initial_state[ssm_state_indices[n]]`` (None: ``initial_state[n]``; a negative index is
-    padding). With ``inplace_final_state`` (the default) the pool is donated and updated in place;
-    otherwise the input pool is left as it was and an updated copy is returned. ``initial_state`` None
-    starts every sequence from zeros and returns their states [N, H, K, V].
+    Returns ``(o, final_state or None)``.
     """
-    impl = backend(kernel)
-    if impl == "ffi":
-        ffi.check_recurrent(q, k, v, g, beta, _args.static_scale("fused_recurrent_kda", scale), initial_state,
-                            cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log,
-                            dt_bias)
-    spec = _args.check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices,
-                                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias)
-    _on_cpu("fused_recurrent_kda", spec, impl)
-    state, rest, statics = _split(spec)
-    fn = _recurrent_jit_donating if inplace_final_state and state is not None else _recurrent_jit
-    return fn(state, rest, statics=statics, impl=impl)
+    return _kernels.public_recurrent(fused_recurrent_kda_fwd, q, k, v, g, beta, A_log, dt_bias, scale,
+                                     initial_state, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                                     use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, state_v_first,
+                                     cu_seqlens, kwargs)
 
 
-chunk_kda_ffi = functools.partial(chunk_kda, kernel="ffi")
-chunk_kda_ffi.__doc__ = "chunk_kda on the XLA FFI kernels (RuntimeError when the library cannot load)."
-fused_recurrent_kda_ffi = functools.partial(fused_recurrent_kda, kernel="ffi")
-fused_recurrent_kda_ffi.__doc__ = "fused_recurrent_kda on the XLA FFI kernels."
+def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                            output_final_state=False, inplace_final_state=True, state_v_first=False,
+                            cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None,
+                            use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, out=None,
+                            **kwargs):
+    """fla's / vLLM's pool and speculative-decoding entry (as :func:`kda.fused_recurrent_kda_fwd`).
+
+    With ``ssm_state_indices`` ([N] or [N, C] int32; negative: padding) the states live in the pool
+    ``initial_state`` [S, HV, K, V]; sequence n starts from slot ``[n, num_accepted_tokens[n] - 1]``
+    (2-D) or ``[n]`` (1-D). With ``inplace_final_state`` (the default) the states go back into
+    ``initial_state`` (2-D: the state after token t to slot ``[n, t]``; 1-D: the final state to slot
+    ``[n]``; no indices: state n of [N, HV, K, V]) and the updated array is returned. Otherwise, with
+    ``output_final_state``, a new array: [N, HV, K, V], or with indices the state after every token
+    (row ``bos + t`` of [B * T, HV, K, V]; zeros for padding sequences). ``out``: o's buffer (v's
+    shape, q's dtype), donated and returned as o. ``kernel`` as chunk_kda.
+
+    Returns ``(o, the updated initial_state, or the new states, or None)``.
+    """
+    state_v_first = _kernels._fwd_keywords(state_v_first, kwargs)
+    impl = backend(kwargs.get("kernel"))
+    call = _args.check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
+                                 inplace_final_state, state_v_first, cu_seqlens, ssm_state_indices,
+                                 num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out)
+    return _run(call, impl, "fused_recurrent_kda_fwd", donate_state=bool(inplace_final_state))
+
+
+def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=None):
+    """fla's ``fused_kda_gate`` (as :func:`kda.fused_kda_gate`): the in-kernel gate alone, pure JAX.
+
+    g [..., HV, K]; x = g + dt_bias ([HV * K], optional): ``-exp(A_log) * softplus(x)``, or with
+    ``lower_bound`` ``lower_bound * sigmoid(exp(A_log) * x)`` (A_log optional there). Computed in
+    float32, returned as ``output_dtype`` (default float32).
+    """
+    who = "fused_kda_gate"
+    if A_log is None and lower_bound is None:
+        raise ValueError(f"{who}: A_log is required when lower_bound is not set")
+    g = _args.as_array(who, "g", g)
+    if g.ndim < 2:
+        raise ValueError(f"{who}: g: expected shape [..., HV, K], got {list(g.shape)}")
+    hv, kd = (int(d) for d in g.shape[-2:])
+    bias = _args.as_array(who, "dt_bias", dt_bias)
+    if bias is not None and bias.size != hv * kd:
+        raise ValueError(f"{who}: dt_bias: expected HV*K = {hv * kd} elements, got {list(bias.shape)}")
+    a = _args.as_array(who, "A_log", A_log)
+    if a is not None and a.size != hv:
+        raise ValueError(f"{who}: A_log: expected HV = {hv} elements, got {list(a.shape)}")
+    f32 = jax.numpy.float32
+    y = naive.kda_gate(g.astype(f32), None if a is None else a.astype(f32).reshape(hv),
+                       None if bias is None else bias.astype(f32).reshape(hv * kd),
+                       _args.static_float(who, "lower_bound", lower_bound))
+    return y.astype(f32 if output_dtype is None else output_dtype)
+
+
+def _with_kernel(fn, kernel: str):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs, kernel=kernel)
+
+    call.__doc__ = f"{fn.__name__} on the {kernel} kernels (kernel={kernel!r})."
+    return call
+
+
+chunk_kda_ffi = _with_kernel(chunk_kda, "ffi")
+fused_recurrent_kda_ffi = _with_kernel(fused_recurrent_kda, "ffi")
+fused_recurrent_kda_fwd_ffi = _with_kernel(fused_recurrent_kda_fwd, "ffi")
+chunk_kda_jax_naive = _with_kernel(chunk_kda, "naive")
+fused_recurrent_kda_jax_naive = _with_kernel(fused_recurrent_kda, "naive")
+fused_recurrent_kda_fwd_jax_naive = _with_kernel(fused_recurrent_kda_fwd, "naive")
 
 if os.environ.get("KDA_JAX_KERNEL"):
     set_backend(os.environ["KDA_JAX_KERNEL"])
@@ -197,8 +252,12 @@ __all__ = [
     "chunk_kda_ffi",
     "chunk_kda_jax_naive",
     "ffi_load_error",
+    "fused_kda_gate",
     "fused_recurrent_kda",
     "fused_recurrent_kda_ffi",
+    "fused_recurrent_kda_fwd",
+    "fused_recurrent_kda_fwd_ffi",
+    "fused_recurrent_kda_fwd_jax_naive",
     "fused_recurrent_kda_jax_naive",
     "get_backend_setting",
     "set_backend",

@@ -10,13 +10,15 @@ and registers its two targets with ``jax.ffi.register_ffi_target``:
 - ``kda_fused_recurrent_kda`` (symbol ``KdaFusedRecurrentKda``).
 
 Calling convention (see the C++ file for the full list): the token operands go
-as they are ([B, T, H, K] etc., fp32 or bf16); ``cu_seqlens`` and the state
-indices as int32 buffers (int64 inputs are cast; JAX's default integer type,
-so no x64 mode is needed); absent optional operands (initial state, indices,
-A_log, dt_bias) as empty [0] buffers; scale and the flags as FFI attributes.
-The state pool is the call's second result, aliased to its input through
-``input_output_aliases``: under ``jax.jit`` with the pool donated the kernel
-updates it in place, otherwise XLA copies it first.
+as they are ([B, T, H, K] etc., float32, bfloat16 or float16); ``cu_seqlens``,
+the state indices and ``num_accepted_tokens`` as int32 buffers (int64 inputs
+are cast; JAX's default integer type, so no x64 mode is needed); absent
+optional operands as empty [0] buffers; scale, lower_bound, chunk_size and the
+flags as FFI attributes. A state buffer updated in place (chunk_kda's pool,
+fused_recurrent_kda_fwd's initial_state with inplace_final_state) is the call's
+second result, aliased to its input through ``input_output_aliases``, and so
+is ``out`` to o: under ``jax.jit`` with them donated the kernel updates them in
+place, otherwise XLA copies them first.
 """
 
 from __future__ import annotations
@@ -101,72 +103,9 @@ def library_path() -> str | None:
     return _state["path"]
 
 
-def _spec(x, cast=None):
-    """An argument for the core's shape check: None, the concrete values of a small index array (checked by
-    value), or (dtype, shape) of anything else; ``cast``: the dtype the call will cast it to."""
-    if x is None:
-        return None
-    x = x if isinstance(x, jax.Array) else jnp.asarray(x)
-    dt = jnp.dtype(x.dtype)
-    if cast is not None:
-        kind = jnp.floating if jnp.issubdtype(cast, jnp.floating) else jnp.integer
-        if jnp.issubdtype(dt, kind):
-            dt = jnp.dtype(cast)
-    return (dt.name, tuple(int(d) for d in x.shape))
-
-
-def _index_spec(x):
-    """An index argument: its values when concrete (int32, as the FFI takes them), else its spec."""
-    if x is None or not _args.is_concrete(x):
-        return _spec(x, jnp.int32)
-    a = np.asarray(x)
-    if a.dtype.kind in "iu" and a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
-        return a  # the core names the dtype; the cast would wrap
-    return a.astype(np.int32) if a.dtype.kind in "iu" else a
-
-
-def _core():
-    from .. import _core
-
-    return _core
-
-
-def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                use_gate_in_kernel, cu_seqlens, A_log, dt_bias, state_indices) -> dict:
-    """The C++ call description's shape check of a chunk_kda call (kda/kernels/kda_args.h), at trace time;
-    its errors surface unchanged. Returns the sizes the call implies."""
-    pool = state_indices is not None
-    gate = bool(use_gate_in_kernel)
-    return _core().chunk_kda(
-        o=None, final_state=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta),
-        scale=scale, initial_state=None if pool else _spec(initial_state), output_final_state=bool(output_final_state),
-        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
-        cu_seqlens=_index_spec(cu_seqlens), A_log=_spec(A_log, jnp.float32) if gate else None,
-        dt_bias=_spec(dt_bias, jnp.float32) if gate else None, state=_spec(initial_state) if pool else None,
-        state_indices=_index_spec(state_indices), check_only=True)
-
-
-def check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices, use_qk_l2norm_in_kernel,
-                    use_gate_in_kernel, A_log, dt_bias) -> dict:
-    """As check_chunk, for fused_recurrent_kda (None indices: sequence n uses initial_state[n], as the
-    handler is called)."""
-    gate = bool(use_gate_in_kernel)
-    args = dict(o=None, final_state=None, q=_spec(q), k=_spec(k), v=_spec(v), g=_spec(g), beta=_spec(beta),
-                scale=scale, initial_state=_spec(initial_state), cu_seqlens=_index_spec(cu_seqlens),
-                use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
-                A_log=_spec(A_log, jnp.float32) if gate else None,
-                dt_bias=_spec(dt_bias, jnp.float32) if gate else None, check_only=True)
-    idx = ssm_state_indices
-    if idx is None and initial_state is not None:
-        n = (len(cu_seqlens) - 1) if cu_seqlens is not None else int(np.shape(q)[0])
-        idx = np.arange(max(n, 0), dtype=np.int32)
-    return _core().fused_recurrent_kda(ssm_state_indices=_index_spec(idx), **args)
-
-
-def check_cpu(who: str, spec: _args.Spec) -> None:
+def check_cpu(who: str, call: _args.Call) -> None:
     """A concrete array on a non-CPU device is refused: the handlers are registered for the CPU only."""
-    names = ["q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "state_indices", "A_log", "dt_bias"]
-    for name, x in zip(names, spec.arrays()):
+    for name, x in call.named_arrays():
         if x is None or not _args.is_concrete(x) or not isinstance(x, jax.Array):
             continue
         check_cpu_array(who, name, x)
@@ -184,47 +123,70 @@ def _require(who: str) -> None:
         raise RuntimeError(f"{who}: the kda XLA FFI kernels are not available: {_state['error']}")
 
 
-def _empty(dtype):
-    return jnp.zeros((0,), dtype)
-
-
 def _opt(x, dtype):
-    return _empty(dtype) if x is None else x
+    """An optional operand: absent as an empty [0] buffer."""
+    return jnp.zeros((0,), dtype) if x is None else x
 
 
-def chunk_spec(spec: _args.Spec, output_final_state: bool):
-    """Runs the chunk target on a checked call; (o, final state or pool or None)."""
+def _attributes(st: _args.Statics) -> dict:
+    """The options both targets take (optional floats as a flag and a value)."""
+    return dict(has_scale=st.scale is not None, scale=np.float32(st.scale or 0.0),
+                use_qk_l2norm_in_kernel=st.use_qk_l2norm_in_kernel, use_gate_in_kernel=st.use_gate_in_kernel,
+                use_beta_sigmoid_in_kernel=st.use_beta_sigmoid_in_kernel, allow_neg_eigval=st.allow_neg_eigval,
+                has_lower_bound=st.lower_bound is not None, lower_bound=np.float32(st.lower_bound or 0.0),
+                state_v_first=st.state_v_first, output_final_state=st.output_final_state)
+
+
+def _o_type(c: _args.Call):
+    st = c.st
+    return jax.ShapeDtypeStruct((st.B, st.T, st.HV, st.V), c.q.dtype)
+
+
+def chunk(c: _args.Call):
+    """The chunk target on a checked call: (o, final state or the pool or None[, intermediate states])."""
     _require("chunk_kda")
-    N, H, K, V = spec.N, spec.H, spec.K, spec.V
-    pool = spec.state_indices is not None
-    o_type = jax.ShapeDtypeStruct(spec.q.shape[:3] + (V,), spec.q.dtype)
+    st = c.st
+    pool = c.indices is not None
     aliases = None
     if pool:
-        s_type = jax.ShapeDtypeStruct(spec.state.shape, jnp.float32)
+        s_type = jax.ShapeDtypeStruct(c.state.shape, jnp.float32)
         aliases = {6: 1}
-    elif output_final_state:
-        s_type = jax.ShapeDtypeStruct((N, H, K, V), jnp.float32)
+    elif st.output_final_state:
+        s_type = jax.ShapeDtypeStruct((st.N, st.HV, *st.state_dims), jnp.float32)
     else:
         s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
-    call = jax.ffi.ffi_call(CHUNK_TARGET, (o_type, s_type), input_output_aliases=aliases)
-    o, s = call(spec.q, spec.k, spec.v, spec.g, spec.beta, _opt(spec.cu_seqlens, jnp.int32), _opt(spec.state, jnp.float32),
-                _opt(spec.state_indices, jnp.int32), _opt(spec.A_log, jnp.float32), _opt(spec.dt_bias, jnp.float32),
-                scale=np.float32(spec.scale), use_qk_l2norm_in_kernel=spec.use_qk_l2norm_in_kernel,
-                use_gate_in_kernel=spec.use_gate_in_kernel, output_final_state=bool(output_final_state), pool=pool)
-    if pool or output_final_state:
-        return o, s
-    return o, None
+    inter = st.return_intermediate_states
+    h_type = jax.ShapeDtypeStruct((st.B, st.num_chunks, st.HV, *st.state_dims) if inter else (0,), c.k.dtype)
+    call = jax.ffi.ffi_call(CHUNK_TARGET, (_o_type(c), s_type, h_type), input_output_aliases=aliases)
+    o, s, h = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.cu_seqlens, jnp.int32), _opt(c.state, jnp.float32),
+                   _opt(c.indices, jnp.int32), _opt(c.A_log, jnp.float32), _opt(c.dt_bias, jnp.float32),
+                   **_attributes(st), safe_gate=st.safe_gate, chunk_size=np.int32(st.chunk_size), pool=pool,
+                   return_intermediate_states=inter)
+    final = s if pool or st.output_final_state else None
+    return (o, final, h) if inter else (o, final)
 
 
-def recurrent_spec(spec: _args.Spec):
-    """Runs the decode target on a checked call; (o, the updated pool)."""
+def recurrent(c: _args.Call):
+    """The recurrent target on a checked call: (o, the updated initial_state, or the new states, or None)."""
     _require("fused_recurrent_kda")
-    N, H, K, V = spec.N, spec.H, spec.K, spec.V
-    state = spec.state if spec.state is not None else jnp.zeros((N, H, K, V), jnp.float32)
-    idx = spec.state_indices if spec.state_indices is not None else jnp.arange(N, dtype=jnp.int32)
-    o_type = jax.ShapeDtypeStruct(spec.q.shape[:3] + (V,), spec.q.dtype)
-    s_type = jax.ShapeDtypeStruct(state.shape, jnp.float32)
-    call = jax.ffi.ffi_call(RECURRENT_TARGET, (o_type, s_type), input_output_aliases={5: 1})
-    return call(spec.q, spec.k, spec.v, spec.g, spec.beta, state, idx, _opt(spec.cu_seqlens, jnp.int32),
-                _opt(spec.A_log, jnp.float32), _opt(spec.dt_bias, jnp.float32), scale=np.float32(spec.scale),
-                use_qk_l2norm_in_kernel=spec.use_qk_l2norm_in_kernel, use_gate_in_kernel=spec.use_gate_in_kernel)
+    st = c.st
+    aliases = {} if c.out is None else {11: 0}
+    if st.inplace_final_state:
+        s_type = jax.ShapeDtypeStruct(c.state.shape, jnp.float32)
+        aliases[5] = 1
+    elif st.output_final_state:
+        rows = st.B * st.T if c.indices is not None else st.N  # with indices: the state after every token
+        s_type = jax.ShapeDtypeStruct((rows, st.HV, *st.state_dims), jnp.float32)
+    else:
+        s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
+    call = jax.ffi.ffi_call(RECURRENT_TARGET, (_o_type(c), s_type), input_output_aliases=aliases or None)
+    o, s = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.state, jnp.float32), _opt(c.indices, jnp.int32),
+                _opt(c.num_accepted_tokens, jnp.int32), _opt(c.cu_seqlens, jnp.int32), _opt(c.A_log, jnp.float32),
+                _opt(c.dt_bias, jnp.float32), _opt(c.out, c.q.dtype), **_attributes(st),
+                inplace_final_state=st.inplace_final_state)
+    return o, (s if st.inplace_final_state or st.output_final_state else None)
+
+
+def run(c: _args.Call):
+    """A checked call on the FFI kernels (as naive.run)."""
+    return chunk(c) if c.st.kind == "chunk" else recurrent(c)

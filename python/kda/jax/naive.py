@@ -1,24 +1,27 @@
-"""Pure-JAX KDA kernels: the token-by-token recurrence of design §2.5 in fp32.
+"""Pure-JAX KDA kernels: the token-by-token recurrence of design §2.5 in fp32, every option of fla's API.
 
-Per head, with the state S (K x V, indexed [k][v]) and each token t:
+Per value head, with the state S (K x V, indexed [k][v]) and each token t:
 
     S <- diag(exp(g_t)) S
-    S <- S + beta_t k_t (v_t - S^T k_t)^T
+    S <- S + k_t (beta_t * (v_t - S^T k_t))^T      (beta_t a scalar, or a [V] vector)
     o_t = S^T (scale * q_t)
 
-These are the reference the FFI kernels are checked against and the fallback
-when the FFI library cannot load. They run anywhere JAX runs (CPU, GPU, TPU)
-and under ``jax.jit``; packed variable-length batches are one ``lax.scan`` over
-the tokens that reloads the state at each sequence start, so ``cu_seqlens``
-may be traced.
+These are the reference the FFI kernels are checked against and the fallback when the FFI library
+cannot load. They run anywhere JAX runs (CPU, GPU, TPU) and under ``jax.jit``: one ``lax.scan`` over
+the packed tokens that loads a sequence's state at its first token and stores states where the call's
+state form says, so ``cu_seqlens`` and the indices may be traced. :func:`run` takes a call checked by
+kda.jax._args (the entries are kda.jax's).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from . import _args
+
+_HIGHEST = lax.Precision.HIGHEST  # fp32 products on every platform (no TF32)
 
 
 def l2_normalize(x):
@@ -26,126 +29,131 @@ def l2_normalize(x):
     return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
-def kda_gate(g_raw, A_log, dt_bias=None):
-    """The forget gate: g = -exp(A_log[h]) * softplus(g_raw + dt_bias[h*K + d]), softplus(x) = x for x > 20.
-
-    g_raw [..., H, K] fp32, A_log [H], dt_bias [H*K] or None.
-    """
-    H, K = g_raw.shape[-2:]
-    x = g_raw if dt_bias is None else g_raw + dt_bias.reshape(H, K)
+def kda_gate(g_raw, A_log=None, dt_bias=None, lower_bound=None):
+    """The forget gate of raw g [..., HV, K] (fp32), x = g_raw + dt_bias ([HV * K] or None):
+    -exp(A_log) * softplus(x) (softplus(x) = x above 20), or with ``lower_bound``
+    lower_bound * sigmoid(exp(A_log) * x) (A_log None: lower_bound * sigmoid(x))."""
+    HV, K = g_raw.shape[-2:]
+    x = g_raw if dt_bias is None else g_raw + dt_bias.reshape(HV, K)
+    if lower_bound is not None:
+        a = 1.0 if A_log is None else jnp.exp(A_log)[:, None]
+        return lower_bound * jax.nn.sigmoid(a * x)
     softplus = jnp.where(x > 20.0, x, jnp.log1p(jnp.exp(jnp.minimum(x, 20.0))))
     return -jnp.exp(A_log)[:, None] * softplus
 
 
-def _prepare(spec: _args.Spec):
-    """Token operands as fp32 [tokens, H, *] with l2 norm, scale and gate applied."""
+def _prepare(c: _args.Call):
+    """Token operands as fp32 [tokens, HV, *] with the l2 norm, grouped heads, scale, gate and beta
+    activation applied; beta [tokens, HV, 1] or [tokens, HV, V]."""
+    st = c.st
     f32 = jnp.float32
-    H, K, V = spec.H, spec.K, spec.V
-    q = spec.q.astype(f32).reshape(-1, H, K)
-    k = spec.k.astype(f32).reshape(-1, H, K)
-    v = spec.v.astype(f32).reshape(-1, H, V)
-    g = spec.g.astype(f32).reshape(-1, H, K)
-    beta = spec.beta.astype(f32).reshape(-1, H)
-    if spec.use_qk_l2norm_in_kernel:
+    q = c.q.astype(f32).reshape(-1, st.H, st.K)
+    k = c.k.astype(f32).reshape(-1, st.H, st.K)
+    v = c.v.astype(f32).reshape(-1, st.HV, st.V)
+    g = c.g.astype(f32).reshape(-1, st.HV, st.K)
+    beta = c.beta.astype(f32).reshape(q.shape[0], st.HV, -1)
+    if st.use_qk_l2norm_in_kernel:
         q = l2_normalize(q)
         k = l2_normalize(k)
-    if spec.use_gate_in_kernel:
-        g = kda_gate(g, spec.A_log, spec.dt_bias)
-    return q * spec.scale, k, v, g, beta
+    if st.HV != st.H:  # value head i uses key head i / m
+        q = jnp.repeat(q, st.HV // st.H, axis=1)
+        k = jnp.repeat(k, st.HV // st.H, axis=1)
+    if st.use_gate_in_kernel:
+        g = kda_gate(g, c.A_log, c.dt_bias, st.lower_bound)
+    if st.use_beta_sigmoid_in_kernel:
+        beta = jax.nn.sigmoid(beta) * (2.0 if st.allow_neg_eigval else 1.0)
+    return q * st.scale_value, k, v, g, beta
 
 
 def _step(S, q, k, v, g, beta):
-    """One token for every head: S [..., H, K, V]; q, k, g [..., H, K]; v [..., H, V]; beta [..., H]."""
+    """One token of every value head: S [HV, K, V]; q, k, g [HV, K]; v [HV, V]; beta [HV, 1] or [HV, V]."""
     S = S * jnp.exp(g)[..., None]
-    kS = jnp.einsum("...hk,...hkv->...hv", k, S)
-    u = beta[..., None] * (v - kS)
-    S = S + k[..., :, None] * u[..., None, :]
-    o = jnp.einsum("...hk,...hkv->...hv", q, S)
-    return S, o
+    kS = jnp.einsum("hk,hkv->hv", k, S, precision=_HIGHEST)
+    S = S + k[..., :, None] * (beta * (v - kS))[..., None, :]
+    return S, jnp.einsum("hk,hkv->hv", q, S, precision=_HIGHEST)
 
 
-def _chunk(spec: _args.Spec, output_final_state: bool):
-    q, k, v, g, beta = _prepare(spec)
-    N, H, K, V = spec.N, spec.H, spec.K, spec.V
+def run(c: _args.Call):
+    """A checked call: chunk_kda's (o, final state or pool or None[, intermediate states]) or
+    fused_recurrent_kda_fwd's (o, updated initial_state or new states or None)."""
+    st = c.st
+    q, k, v, g, beta = _prepare(c)
+    N, HV, K, V = st.N, st.HV, st.K, st.V
+    f32 = jnp.float32
     n_tok = q.shape[0]
-    pool = spec.state_indices is not None
-    if spec.cu_seqlens is None:
-        cu = jnp.arange(N + 1, dtype=jnp.int32) * spec.T
-    else:
-        cu = spec.cu_seqlens
-    if pool:
-        states = spec.state
-        slots = spec.state_indices  # < 0: padding
-    else:
-        states = spec.state if spec.state is not None else jnp.zeros((N, H, K, V), jnp.float32)
-        slots = jnp.arange(N, dtype=jnp.int32)
+
+    def kv(x):  # a state batch between the call's layout and [.., K, V]
+        return jnp.swapaxes(x, -1, -2) if st.state_v_first and x is not None else x
+
+    cu = c.cu_seqlens if c.cu_seqlens is not None else jnp.arange(N + 1, dtype=jnp.int32) * st.T
     t = jnp.arange(n_tok, dtype=jnp.int32)
-    seq = jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32)  # cu[seq] <= t < cu[seq + 1]
-    seq = jnp.minimum(seq, N - 1)
-    start = t == cu[seq]
+    seq = jnp.minimum(jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32), N - 1)  # cu[n] <= t < cu[n+1]
+    pos = t - cu[seq]
     end = t == cu[seq + 1] - 1
-    slot = slots[seq]
-    valid = slot >= 0
-    slot = jnp.where(valid, slot, 0)
+    pool = c.indices is not None
+    state = kv(c.state)
+    if pool:
+        idx = c.indices
+        if idx.ndim == 2:  # the state before token 0 is in slot [n, a - 1]
+            accepted = c.num_accepted_tokens if c.num_accepted_tokens is not None else jnp.ones(N, jnp.int32)
+            read = jnp.take_along_axis(idx, (accepted - 1)[:, None], axis=1)[:, 0]
+        else:
+            read = idx
+        states = state
+    else:
+        read = jnp.arange(N, dtype=jnp.int32)
+        states = state if state is not None else jnp.zeros((N, HV, K, V), f32)
+    valid = (read >= 0)[seq]  # a negative read slot: padding
+    none = states.shape[0]  # an index past the states: reads zeros, writes nothing
+    read_t = jnp.where((pos == 0) & valid, read[seq], none)
+    per_token = st.kind == "recurrent" and pool and not st.inplace_final_state
+    if per_token:  # the pool is only read; the state after every token is a result
+        write_t = jnp.full_like(t, none)
+    elif st.kind == "recurrent" and pool and c.indices.ndim == 2:  # the state after token t to slot [n, t]
+        cols = c.indices.shape[1]
+        w = c.indices[seq, jnp.minimum(pos, cols - 1)]
+        write_t = jnp.where(valid & (pos < cols) & (w >= 0), w, none)
+    else:  # the state after the last token to the slot read
+        write_t = jnp.where(end & valid, read[seq], none)
+    if st.return_intermediate_states:  # chunk j of a sequence: the state before its first token
+        lens = cu[1:] - cu[:-1]
+        first_chunk = jnp.cumsum((lens + st.chunk_size - 1) // st.chunk_size) - (lens + st.chunk_size - 1) // st.chunk_size
+        h_t = jnp.where(pos % st.chunk_size == 0, first_chunk[seq] + pos // st.chunk_size, st.B * st.num_chunks)
+        h = jnp.zeros((st.B * st.num_chunks, HV, K, V), f32)
+    else:
+        h_t = jnp.zeros_like(t)
+        h = None
 
     def body(carry, x):
-        S, states = carry
-        q_t, k_t, v_t, g_t, b_t, start_t, end_t, slot_t, valid_t = x
-        # A sequence starts from its own state (zeros for padding).
-        S = jnp.where(start_t, jnp.where(valid_t, states[slot_t], 0.0), S)
+        S, states, h = carry
+        q_t, k_t, v_t, g_t, b_t, r_t, w_t, h_i, valid_t = x
+        S = jnp.where(r_t != none, states.at[r_t].get(mode="fill", fill_value=0.0), S)
+        S = jnp.where(valid_t, S, 0.0)
+        if h is not None:
+            h = h.at[h_i].set(S, mode="drop")
         S, o_t = _step(S, q_t, k_t, v_t, g_t, b_t)
-        o_t = jnp.where(valid_t, o_t, 0.0)
-        keep = states[slot_t]
-        states = states.at[slot_t].set(jnp.where(end_t & valid_t, S, keep))
-        return (S, states), o_t
+        states = states.at[w_t].set(S, mode="drop")
+        return (S, states, h), (jnp.where(valid_t, o_t, 0.0), S if per_token else None)
 
-    S0 = jnp.zeros((H, K, V), jnp.float32)
-    (_, states), o = lax.scan(body, (S0, states), (q, k, v, g, beta, start, end, slot, valid))
-    o = o.reshape(spec.q.shape[:3] + (V,)).astype(spec.q.dtype)
-    if pool:
-        return o, states
-    return o, (states if output_final_state else None)
-
-
-def _recurrent(spec: _args.Spec):
-    q, k, v, g, beta = _prepare(spec)  # [N, H, *]
-    N, H, K, V = spec.N, spec.H, spec.K, spec.V
-    pool = spec.state if spec.state is not None else jnp.zeros((N, H, K, V), jnp.float32)
-    idx = spec.state_indices if spec.state_indices is not None else jnp.arange(N, dtype=jnp.int32)
-    S_count = pool.shape[0]
-    valid = idx >= 0
-    # Padding entries read zeros and write nothing (an index past the pool is dropped).
-    at = jnp.where(valid, idx, S_count)
-    S = pool.at[at].get(mode="fill", fill_value=0.0)
-    S, o = _step(S, q, k, v, g, beta)
-    pool = pool.at[at].set(S, mode="drop")
-    o = jnp.where(valid[:, None, None], o, 0.0)
-    return o.reshape(spec.q.shape[:3] + (V,)).astype(spec.q.dtype), pool
+    S0 = jnp.zeros((HV, K, V), f32)
+    (_, states, h), (o, token_states) = lax.scan(body, (S0, states, h),
+                                                 (q, k, v, g, beta, read_t, write_t, h_t, valid))
+    o = o.reshape(st.B, st.T, HV, V).astype(c.q.dtype)
+    if c.out is not None:  # o written into out's buffer (donated by the entry)
+        o = lax.dynamic_update_slice(c.out, o, (0, 0, 0, 0))
+    if st.kind == "chunk":
+        final = kv(states) if pool or st.output_final_state else None
+        if not st.return_intermediate_states:
+            return o, final
+        h = kv(h).reshape(st.B, st.num_chunks, HV, *st.state_dims).astype(c.k.dtype)
+        return o, final, h
+    if st.inplace_final_state:
+        return o, kv(states)
+    if not st.output_final_state:
+        return o, None
+    if per_token:
+        return o, kv(jnp.where(valid[:, None, None, None], token_states, 0.0))
+    return o, kv(states)
 
 
-def chunk_kda_jax_naive(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=None, A_log=None,
-                        dt_bias=None, state_indices=None):
-    """Prefill over a batch, pure JAX; the arguments and results of :func:`kda.jax.chunk_kda`.
-
-    Returns (o, final_state or None). With ``state_indices`` the second result is the updated pool.
-    Any head shape works here (the FFI kernels need K == V, a multiple of 16 in [16, 256]).
-    """
-    spec = _args.check_chunk(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                             cu_seqlens, A_log, dt_bias, state_indices, who="chunk_kda_jax_naive")
-    return _chunk(spec, bool(output_final_state))
-
-
-def fused_recurrent_kda_jax_naive(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True,
-                                  cu_seqlens=None, ssm_state_indices=None, use_qk_l2norm_in_kernel=False,
-                                  use_gate_in_kernel=False, A_log=None, dt_bias=None):
-    """Decode (one token per sequence), pure JAX; the arguments and results of
-    :func:`kda.jax.fused_recurrent_kda`. Returns (o, the updated state pool)."""
-    del inplace_final_state  # a functional update either way; donation is the dispatcher's
-    spec = _args.check_recurrent(q, k, v, g, beta, scale, initial_state, cu_seqlens, ssm_state_indices,
-                                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                                 who="fused_recurrent_kda_jax_naive")
-    return _recurrent(spec)
-
-
-__all__ = ["chunk_kda_jax_naive", "fused_recurrent_kda_jax_naive", "kda_gate", "l2_normalize"]
+__all__ = ["kda_gate", "l2_normalize", "run"]
