@@ -1292,7 +1292,9 @@ TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
       RecurrentFn(variant())(BindRecurrentKda(c));
       const Result want = NaiveRecurrenceF64(p);
       ExpectClose({o.ToF32(), inplace ? initial : final_state}, want);
-      if (!inplace) EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
+      if (!inplace) {
+        EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
+      }
     }
   }
 }
@@ -1370,7 +1372,9 @@ TEST_P(KdaRecurrentTest, SlotsPerTokenForSpeculativeDecoding) {
       }
     }
     for (int64_t i = 0; i < kSlots; ++i) {
-      if (!written[i]) EXPECT_TRUE(BitEqual(pool.data() + i * per_slot, pool0.data() + i * per_slot, per_slot)) << i;
+      if (!written[i]) {
+        EXPECT_TRUE(BitEqual(pool.data() + i * per_slot, pool0.data() + i * per_slot, per_slot)) << i;
+      }
     }
     if (!inplace) {
       const size_t pad_rows = static_cast<size_t>(p.cu[3]) * per_slot;  // sequence 3's rows stay unwritten
