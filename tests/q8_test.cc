@@ -1,10 +1,7 @@
 // The Q8 weight format (kda/kernels/q8.h): fp16 conversions, the quantizer on
 // hand-made blocks (ties, zero blocks, clamp, fp16 rounding of the scale,
-// subnormal scales), its checks of bad input, shards; and the Q8 Linear over
-// the kernel matrix (small-M kernel and dequantized-panel GEMM in every ISA;
-// it has no reference variant: Q8LinearReference is the plain reference)
-// against the plain reference and against a dense Linear holding the
-// dequantized weights.
+// subnormal scales), its checks of bad input, shards. The Q8 Linear is tested
+// in linear_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,12 +12,9 @@
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
-#include "kda/base/tolerance.h"
 #include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"
 #include "tests/error_util.h"
-#include "tests/kernel_matrix.h"
-#include "tests/thread_scope.h"
 
 namespace kda {
 namespace {
@@ -167,150 +161,6 @@ TEST(Q8Quantize, BadInputIsAClearError) {
   EXPECT_EQ(ParseWeightFormat("int8"), WeightFormat::kInt8);
   EXPECT_EQ(ParseWeightFormat("bf16"), WeightFormat::kDense);
 }
-
-// ---------------------------------------------------------------- Q8 Linear
-
-using testing::VariantTest;
-
-class Q8LinearTest : public VariantTest {};
-
-struct LinearProblem {
-  int64_t n, k;
-  Q8Weight w;
-  std::vector<float> dense;  // dequantized
-};
-
-LinearProblem MakeProblem(int64_t n, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0F, 0.02F);
-  std::vector<float> w(n * k);
-  for (float& v : w) v = RoundBF16(nd(rng));
-  LinearProblem p{n, k, QuantizeQ8(w, n, k), {}};
-  p.dense = DequantizeQ8(p.w);
-  return p;
-}
-
-std::vector<float> Inputs(int64_t m, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0F, 1.0F);
-  std::vector<float> x(m * k);
-  for (float& v : x) v = RoundBF16(nd(rng));  // bf16-exact: the same inputs for both dtypes
-  return x;
-}
-
-// Runs the Linear on x (given as fp32, bf16-exact) with `dtype` inputs and outputs; fp32 values back.
-std::vector<float> RunLinear(const Linear& l, const std::vector<float>& x, int64_t m, DType dtype) {
-  const int64_t n = l.out_features();
-  std::vector<float> out(m * n);
-  if (dtype == DType::kF32) {
-    l.Forward({out.data(), DType::kF32}, {x.data(), DType::kF32}, m);
-    return out;
-  }
-  std::vector<BF16> xb(x.size());
-  for (size_t i = 0; i < x.size(); ++i) xb[i] = ToBF16(x[i]);
-  std::vector<BF16> yb(out.size());
-  l.Forward({yb.data(), DType::kBF16}, {xb.data(), DType::kBF16}, m);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(yb[i]);
-  return out;
-}
-
-// |y - ref| <= 1e-6 sum |x w| (the fp32 sums differ only in order), plus half
-// a bf16 step of the reference for a bf16 output.
-void ExpectCloseToReference(const std::vector<float>& y, const std::vector<float>& ref, const LinearProblem& p,
-                            const std::vector<float>& x, int64_t m, bool bf16_out, const std::string& what) {
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t n = 0; n < p.n; ++n) {
-      double mag = 0.0;
-      for (int64_t k = 0; k < p.k; ++k) mag += std::fabs(x[i * p.k + k] * p.dense[n * p.k + k]);
-      const double r = ref[i * p.n + n];
-      double tol = 1e-6 * mag + 1e-30;
-      if (bf16_out) tol += 0.5 * UlpBF16(std::fabs(r));
-      ASSERT_LE(std::fabs(y[i * p.n + n] - r), tol) << what << " m " << i << " n " << n;
-    }
-  }
-}
-
-TEST_P(Q8LinearTest, MatchesReferenceAndDenseLinearOnDequantizedWeights) {
-  // Row counts around the small-M kernel's tiles (1, 2, 4, 8) and its limit
-  // (16); output dims with tails of the 4- and 2-row blocks and of a job; an
-  // input dim of 25 blocks: spans of 8 blocks and a tail (16-register targets
-  // walk batches of 8+ rows in spans, over groups of 8 output rows: n = 19).
-  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {130, 256}, {3, 32}, {19, 800}}) {
-    const LinearProblem p = MakeProblem(n, k, static_cast<uint32_t>(n * 1000 + k));
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const bool bf16 = dtype == DType::kBF16;
-      const Linear q8(p.w, dtype);
-      const Linear dense(p.dense, n, k, dtype);
-      EXPECT_EQ(q8.weight_format(), WeightFormat::kInt8);
-      EXPECT_EQ(q8.weight_bytes(), n * k + 2 * n * (k / 32));
-      for (int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 40}) {
-        const std::vector<float> x = Inputs(m, k, static_cast<uint32_t>(m));
-        std::vector<float> ref(m * n);
-        Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
-        const std::string what = std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " + std::to_string(k) +
-                                 " m " + std::to_string(m);
-        const std::vector<float> y = RunLinear(q8, x, m, dtype);
-        ExpectCloseToReference(y, ref, p, x, m, bf16, what + " vs reference");
-        ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense vs reference");
-        if (m > 16) {  // the same GEMM on the same bf16/fp32 weights (one tile at these sizes): identical
-          EXPECT_EQ(y, RunLinear(dense, x, m, dtype)) << what;
-        }
-      }
-    }
-  }
-}
-
-TEST_P(Q8LinearTest, LargeMRunsTheWeightInTilesOfOutputRows) {
-  // Above the small-M limit the weight is dequantized a tile of output rows
-  // at a time (a panel of ~1 MiB per thread): with one thread at k = 8192,
-  // 32 rows per tile in fp32, 64 in bf16, so 300 rows end in a partial tile
-  // either way.
-  const testing::ThreadScope one_thread(1);
-  constexpr int64_t kN = 300;
-  constexpr int64_t kK = 8192;
-  const LinearProblem p = MakeProblem(kN, kK, 11);
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const bool bf16 = dtype == DType::kBF16;
-    const Linear q8(p.w, dtype);
-    for (int64_t m : {17, 33}) {
-      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
-      std::vector<float> ref(m * kN);
-      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
-      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
-      const std::vector<float> y = RunLinear(q8, x, m, dtype);
-      // Not bitwise the dense GEMM's result: the GEMM library may order the
-      // sums over k differently for a tile's column count.
-      ExpectCloseToReference(y, ref, p, x, m, bf16, what);
-    }
-  }
-}
-
-TEST_P(Q8LinearTest, Bf16PipelineRoundsTheDequantizedWeightToBf16) {
-  // d = fp16(100/127) = 0.78759765625 (11 significant bits); 127 d needs 18:
-  // bf16(127 d) = 100.0 differs from 127 d = 100.0249. One input 1 at that
-  // weight: the fp32 pipeline shows 127 d, the bf16 one bf16(127 d).
-  std::vector<float> w(32, 0.0F);
-  w[5] = 100.0F;
-  const Q8Weight q = QuantizeQ8(w, 1, 32);
-  const float exact = HalfBitsToFloat(q.scales[0]) * 127.0F;
-  ASSERT_NE(RoundBF16(exact), exact);
-  std::vector<float> x(32, 0.0F);
-  x[5] = 1.0F;
-  for (int64_t m : {1, 17}) {
-    std::vector<float> xm;
-    for (int64_t i = 0; i < m; ++i) xm.insert(xm.end(), x.begin(), x.end());
-    EXPECT_EQ(RunLinear(Linear(q, DType::kF32), xm, m, DType::kF32)[m - 1], exact) << m;
-    std::vector<float> y(m);
-    // fp32 output of the bf16 pipeline: the sum before its output rounding.
-    std::vector<BF16> xb(xm.size());
-    for (size_t i = 0; i < xm.size(); ++i) xb[i] = ToBF16(xm[i]);
-    Linear(q, DType::kBF16).Forward({y.data(), DType::kF32}, {xb.data(), DType::kBF16}, m);
-    EXPECT_EQ(y[m - 1], RoundBF16(exact)) << m;
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Kda, Q8LinearTest, ::testing::ValuesIn(testing::OptimizedVariants()),
-                         testing::VariantParamName());
 
 }  // namespace
 }  // namespace kda

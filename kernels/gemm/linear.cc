@@ -9,8 +9,9 @@
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
 #include "kda/kernels/elementwise.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/kernels/linear.h"
-#include "kernels/gemm/q8_internal.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "kernels/isa/dispatch.h"
 
 namespace kda {
@@ -25,22 +26,17 @@ dnnl::engine& CpuEngine() {
 
 constexpr size_t kMaxCachedPrimitives = 64;
 
-bool CpuHasBF16Dot() {
-  static const bool has = __builtin_cpu_supports("avx512bf16") != 0;
-  return has;
-}
-
 // The GEMM views the [N, K] row-major Linear weight as [K, N] with strides
 // {1, K}: its transpose, no copy. Primitives are created once per shape and
 // cached.
 struct Linear::Impl {
-  dnnl::memory::data_type compute_type = dnnl::memory::data_type::f32;
-  std::vector<float> w_f32;  // used when compute_type is f32
-  std::vector<BF16> w_bf16;  // used when compute_type is bf16
+  std::vector<float> w_f32;  // an F32 Linear's dense weights
+  std::vector<BF16> w_bf16;  // a BF16 Linear's dense weights
   Q8Weight q8;               // Q8 weights
   mutable std::mutex mu;
-  // (rows, output columns, bf16 output): Q8 weights run tiles of the columns.
-  using PrimitiveKey = std::tuple<int64_t, int64_t, bool>;
+  // (rows, output columns, bf16 compute, bf16 output): Q8 and widened bf16
+  // weights run tiles of the columns.
+  using PrimitiveKey = std::tuple<int64_t, int64_t, bool, bool>;
   mutable std::map<PrimitiveKey, dnnl::matmul> primitives;
 };
 
@@ -49,17 +45,11 @@ Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_fea
   Check(out_features > 0 && in_features > 0, "Linear: empty weight");
   Check(static_cast<int64_t>(w.size()) == out_features * in_features, "Linear: weight size does not match its shape");
   Check(dtype == DType::kF32 || dtype == DType::kBF16, "Linear: dtype must be F32 or BF16");
-  using dt = dnnl::memory::data_type;
-  if (dtype == DType::kBF16 && CpuHasBF16Dot()) {
-    impl_->compute_type = dt::bf16;
+  if (dtype == DType::kBF16) {
     impl_->w_bf16.resize(w.size());
     std::transform(w.begin(), w.end(), impl_->w_bf16.begin(), ToBF16);
   } else {
-    impl_->compute_type = dt::f32;
     impl_->w_f32 = w;
-    if (dtype == DType::kBF16) {
-      for (float& x : impl_->w_f32) x = RoundBF16(x);
-    }
   }
 }
 
@@ -67,8 +57,6 @@ Linear::Linear(Q8Weight w, DType dtype)
     : out_(w.rows), in_(w.cols), dtype_(dtype), format_(WeightFormat::kInt8), impl_(std::make_unique<Impl>()) {
   Check(dtype == DType::kF32 || dtype == DType::kBF16, "Linear: dtype must be F32 or BF16");
   CheckQ8Weight(w);
-  using dt = dnnl::memory::data_type;
-  impl_->compute_type = dtype == DType::kBF16 && CpuHasBF16Dot() ? dt::bf16 : dt::f32;
   impl_->q8 = std::move(w);
 }
 
@@ -79,17 +67,29 @@ int64_t Linear::weight_bytes() const {
 
 namespace {
 
-// Output rows per job of the Q8 kernels: a multiple of 4 (the small-M
-// kernel's register block).
-constexpr int64_t kQ8RowsPerJob = 64;
+// Output rows per job of the small-M kernels: a multiple of 4 (their register
+// block).
+constexpr int64_t kGemvRowsPerJob = 64;
 
 }  // namespace
 
-void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
+void Linear::ForwardSmall(MutBuf y, ConstBuf x, int64_t m, bool bf16_dot) const {
   const internal::KernelTable& kernels = internal::ActiveKernels();
-  // bf16 inputs: multiplied as they are by vdpbf16ps where the CPU and the
-  // kernels' ISA have it, else widened to fp32 (exact) for fp32 FMA.
-  const bool bf16_dot = x.dtype == DType::kBF16 && kernels.isa == KernelIsa::kAvx512 && CpuHasBF16Dot();
+  internal::GemvArgs a;
+  if (format_ == WeightFormat::kInt8) {
+    a.weights = internal::GemvWeights::kQ8;
+    a.q = impl_->q8.q.data();
+    a.scales = impl_->q8.scales.data();
+    a.round_bf16 = dtype_ == DType::kBF16;
+  } else if (dtype_ == DType::kBF16) {
+    a.weights = internal::GemvWeights::kBF16;
+    a.w_bf16 = impl_->w_bf16.data();
+  } else {
+    a.weights = internal::GemvWeights::kF32;
+    a.w_f32 = impl_->w_f32.data();
+  }
+  // bf16 inputs: multiplied as they are by the bf16 dot, else widened to fp32
+  // (exact) for fp32 FMA.
   ScratchArray<float> x_wide;
   const float* xf = static_cast<const float*>(x.data);
   if (x.dtype == DType::kBF16 && !bf16_dot) {
@@ -97,24 +97,20 @@ void Linear::ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const {
     ConvertToFloat(x_wide.data(), static_cast<const BF16*>(x.data), m * in_);
     xf = x_wide.data();
   }
-  internal::Q8GemvArgs a;
   a.x = xf;
-  a.q = impl_->q8.q.data();
-  a.scales = impl_->q8.scales.data();
+  a.bf16_dot = bf16_dot;
+  if (bf16_dot) a.x_bf16 = static_cast<const BF16*>(x.data);
   a.m = m;
   a.n = out_;
   a.k = in_;
-  a.round_bf16 = dtype_ == DType::kBF16;
-  a.bf16_dot = bf16_dot;
-  if (bf16_dot) a.x_bf16 = static_cast<const BF16*>(x.data);
   if (y.dtype == DType::kBF16) {
     a.y_bf16 = static_cast<BF16*>(y.data);
   } else {
     a.y_f32 = static_cast<float*>(y.data);
   }
   const int64_t n = out_;
-  ParallelFor((n + kQ8RowsPerJob - 1) / kQ8RowsPerJob,
-              [&](int64_t job) { kernels.q8_gemv(a, job * kQ8RowsPerJob, std::min(n, (job + 1) * kQ8RowsPerJob)); });
+  ParallelFor((n + kGemvRowsPerJob - 1) / kGemvRowsPerJob,
+              [&](int64_t job) { kernels.gemv(a, job * kGemvRowsPerJob, std::min(n, (job + 1) * kGemvRowsPerJob)); });
 }
 
 Linear::~Linear() = default;
@@ -123,15 +119,16 @@ Linear& Linear::operator=(Linear&&) noexcept = default;
 
 namespace {
 
-// Q8 weights at large M are dequantized a tile of output rows at a time into a
-// panel of about this many bytes per thread (each thread's share within its
-// L2), which stays in cache until the GEMM has read it. (The whole weight in
-// one panel goes out to memory and comes back: for the fused q/k/v projection
-// in fp32, 113 MB written and read again, which made a 64-token prefill with
-// int8 weights take 1.6x bf16's time.)
-constexpr int64_t kQ8PanelBytesPerThread = int64_t{1} << 20;
+// Q8 weights at large M (and bf16 weights on the fp32 FMA route) are
+// dequantized (widened) a tile of output rows at a time into a panel of about
+// this many bytes per thread (each thread's share within its L2), which stays
+// in cache until the GEMM has read it. (The whole weight in one panel goes out
+// to memory and comes back: for the fused q/k/v projection in fp32, 113 MB
+// written and read again, which made a 64-token prefill with int8 weights
+// take 1.6x bf16's time.)
+constexpr int64_t kPanelBytesPerThread = int64_t{1} << 20;
 // Rows per dequantization job within a tile.
-constexpr int64_t kQ8DequantRows = 16;
+constexpr int64_t kPanelJobRows = 16;
 
 int64_t RoundUp(int64_t v, int64_t multiple) { return (v + multiple - 1) / multiple * multiple; }
 
@@ -143,15 +140,17 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   Check(y.dtype == DType::kF32 || y.dtype == dtype_, "Linear: output dtype must be F32 or the weight dtype");
   Check(m >= 0, "Linear: negative row count");
   if (m == 0) return;
-  if (format_ == WeightFormat::kInt8 && m <= internal::kQ8GemvMaxRows) {
-    ForwardQ8Small(y, x, m);
+  // The bf16 pipeline's route (kda/kernels/gemm_route.h); fp32 is fp32 FMA.
+  const bool bf16_dot = dtype_ == DType::kBF16 && ActiveGemmRoute() == GemmRoute::kBf16Dot;
+  if (m <= internal::kGemvMaxRows && (format_ == WeightFormat::kInt8 || in_ % internal::kGemvBlock == 0)) {
+    ForwardSmall(y, x, m, bf16_dot);
     return;
   }
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
-  const dt ct = impl_->compute_type;
+  const dt ct = bf16_dot ? dt::bf16 : dt::f32;
 
-  // Inputs in the compute type (widened to fp32 where the CPU has no bf16 dot).
+  // Inputs in the compute type (bf16 widened to fp32 on the fp32 FMA route).
   std::vector<float> x_wide;
   const void* src_ptr = x.data;
   if (ct == dt::f32 && x.dtype == DType::kBF16) {
@@ -182,7 +181,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     dnnl::matmul prim;
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      const Impl::PrimitiveKey key{m, cols, native_bf16_out};
+      const Impl::PrimitiveKey key{m, cols, ct == dt::bf16, native_bf16_out};
       auto it = impl_->primitives.find(key);
       if (it == impl_->primitives.end()) {
         // A serving loop sees many row counts: keep the cache bounded.
@@ -199,29 +198,33 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     stream.wait();
   };
 
-  if (format_ == WeightFormat::kDense) {
+  if (format_ == WeightFormat::kDense && (dtype_ == DType::kF32 || ct == dt::bf16)) {
     multiply(0, out_, ct == dt::bf16 ? static_cast<void*>(impl_->w_bf16.data()) : impl_->w_f32.data());
   } else {
-    // Q8 weights: each tile dequantized into the panel in the compute type
-    // (the bf16 pipeline's weights rounded to bf16, as a dense bf16 Linear
-    // holds them), then the same GEMM as dense weights on it.
+    // Q8 weights, and bf16 weights on the fp32 FMA route: each tile of
+    // output rows dequantized (widened) into the panel in the compute type
+    // (the bf16 pipeline's Q8 weights rounded to bf16, as a dense bf16
+    // Linear holds them), then the same GEMM as dense weights on it.
     const internal::KernelTable& kernels = internal::ActiveKernels();
-    const Q8Weight& q8 = impl_->q8;
     const int64_t k = in_;
     const int64_t w_size = ct == dt::bf16 ? int64_t{sizeof(BF16)} : int64_t{sizeof(float)};
     // A tile of at least m rows: the GEMM reads the m input rows again for
     // each tile, which then adds no more traffic than the weight itself.
-    const int64_t cache_rows = kQ8PanelBytesPerThread * NumThreads() / (k * w_size);
-    const int64_t tile = std::min(out_, RoundUp(std::max(cache_rows, m), kQ8DequantRows));
+    const int64_t cache_rows = kPanelBytesPerThread * NumThreads() / (k * w_size);
+    const int64_t tile = std::min(out_, RoundUp(std::max(cache_rows, m), kPanelJobRows));
     ScratchBlock panel(static_cast<size_t>(tile * k * w_size));
     const bool round_bf16 = dtype_ == DType::kBF16;
     for (int64_t n0 = 0; n0 < out_; n0 += tile) {
       const int64_t cols = std::min(tile, out_ - n0);
-      const int8_t* q = q8.q.data() + n0 * k;
-      const uint16_t* scales = q8.scales.data() + n0 * (k / kQ8Block);
-      ParallelFor((cols + kQ8DequantRows - 1) / kQ8DequantRows, [&](int64_t job) {
-        const int64_t r0 = job * kQ8DequantRows;
-        const int64_t r1 = std::min(cols, r0 + kQ8DequantRows);
+      ParallelFor((cols + kPanelJobRows - 1) / kPanelJobRows, [&](int64_t job) {
+        const int64_t r0 = job * kPanelJobRows;
+        const int64_t r1 = std::min(cols, r0 + kPanelJobRows);
+        if (format_ == WeightFormat::kDense) {
+          kernels.to_f32(static_cast<float*>(panel.data()), impl_->w_bf16.data() + n0 * k, r0 * k, r1 * k);
+          return;
+        }
+        const int8_t* q = impl_->q8.q.data() + n0 * k;
+        const uint16_t* scales = impl_->q8.scales.data() + n0 * (k / kQ8Block);
         if (ct == dt::bf16) {
           kernels.q8_dequant_bf16(static_cast<BF16*>(panel.data()), q, scales, k, r0, r1);
         } else {

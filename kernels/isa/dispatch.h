@@ -11,7 +11,7 @@
 #include "kda/base/bf16.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/short_conv.h"
-#include "kernels/gemm/q8_internal.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "kernels/kda/kda_tasks.h"
 
 namespace kda::internal {
@@ -54,10 +54,11 @@ struct KernelTable {
   void (*to_bf16)(BF16* y, const float* x, int64_t i0, int64_t i1) = nullptr;
   void (*to_f32)(float* y, const BF16* x, int64_t i0, int64_t i1) = nullptr;
 
-  // Q8 projections (kernels/gemm/q8_gemm_simd.cc): output columns [n0, n1) of the
-  // small-M product; rows [r0, r1) of a Q8 weight [*, K] dequantized into w
-  // (fp32, optionally rounded to bf16 values; or bf16), w indexed r * K + k.
-  void (*q8_gemv)(const Q8GemvArgs& a, int64_t n0, int64_t n1) = nullptr;
+  // Projections (kernels/gemm/gemm_simd.cc): output columns [n0, n1) of the
+  // small-M product (Q8, fp32 or bf16 weights); rows [r0, r1) of a Q8 weight
+  // [*, K] dequantized into w (fp32, optionally rounded to bf16 values; or
+  // bf16), w indexed r * K + k.
+  void (*gemv)(const GemvArgs& a, int64_t n0, int64_t n1) = nullptr;
   void (*q8_dequant_f32)(float* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1,
                          bool round_bf16) = nullptr;
   void (*q8_dequant_bf16)(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0,

@@ -85,7 +85,7 @@ const internal::KernelTable& Table() {
     t.add_bf16 = &AddBF16;
     t.to_bf16 = &ToBF16Range;
     t.to_f32 = &ToF32Range;
-    t.q8_gemv = &Q8Gemv;
+    t.gemv = &Gemv;
     t.q8_dequant_f32 = &Q8DequantF32;
     t.q8_dequant_bf16 = &Q8DequantBF16;
     t.vec_math = &VecMath;

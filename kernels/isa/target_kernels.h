@@ -7,7 +7,7 @@
 
 #include "kda/base/bf16.h"
 #include "kda/kernels/short_conv.h"
-#include "kernels/gemm/q8_internal.h"
+#include "kernels/gemm/gemm_internal.h"
 #include "kernels/isa/dispatch.h"
 #include "kernels/isa/target.h"
 #include "kernels/kda/kda_tasks.h"
@@ -58,8 +58,8 @@ void AddBF16(BF16* acc, const BF16* x, int64_t i0, int64_t i1);
 void ToBF16Range(BF16* y, const float* x, int64_t i0, int64_t i1);
 void ToF32Range(float* y, const BF16* x, int64_t i0, int64_t i1);
 
-// kernels/gemm/q8_gemm_simd.cc
-void Q8Gemv(const internal::Q8GemvArgs& a, int64_t n0, int64_t n1);
+// kernels/gemm/gemm_simd.cc
+void Gemv(const internal::GemvArgs& a, int64_t n0, int64_t n1);
 void Q8DequantF32(float* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1,
                   bool round_bf16);
 void Q8DequantBF16(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1);

@@ -1,9 +1,10 @@
 // Linear projections: y [M, N] = x [M, K] . W^T with W [N, K] in the Hugging
-// Face Linear layout ([out, in]), fp32 accumulation. Dense weights go through
-// oneDNN; Q8 weights (kda/kernels/q8.h) through the per-ISA kernels at small
-// M (decode: each weight byte read once, dequantized in registers) and through
-// oneDNN at large M (prefill), on the weight dequantized one cache-sized tile
-// of output rows at a time.
+// Face Linear layout ([out, in]), fp32 accumulation. Up to 16 rows (decode)
+// go through the per-ISA small-M kernels, which read each weight byte once
+// and widen or dequantize it in registers; more rows (prefill) through
+// oneDNN, Q8 weights (kda/kernels/q8.h) dequantized one cache-sized tile of
+// output rows at a time. The bf16 pipeline multiplies by the bf16 dot or by
+// fp32 FMAs on widened values, as the GEMM route says (kda/kernels/gemm_route.h).
 #pragma once
 
 #include <cstdint>
@@ -17,14 +18,11 @@
 
 namespace kda {
 
-// True when the CPU has AVX512-BF16, so bf16 GEMMs run natively; elsewhere
-// bf16 weights and inputs are widened to fp32 (the same products, exactly).
-bool CpuHasBF16Dot();
-
 class Linear {
  public:
   // w: [out_features, in_features] values. dtype F32 stores them as given;
-  // BF16 rounds them to bf16 (a checkpoint's bf16 values stay exact).
+  // BF16 stores them rounded to bf16 (a checkpoint's bf16 values stay exact),
+  // whichever the route.
   Linear(const std::vector<float>& w, int64_t out_features, int64_t in_features, DType dtype);
   // Q8 weights [w.rows, w.cols] (checked by CheckQ8Weight). dtype is the
   // activation dtype: F32 multiplies by the dequantized weights, BF16 by the
@@ -55,7 +53,8 @@ class Linear {
   WeightFormat format_ = WeightFormat::kDense;
   std::unique_ptr<Impl> impl_;
 
-  void ForwardQ8Small(MutBuf y, ConstBuf x, int64_t m) const;
+  // Forward through the small-M kernels (bf16_dot: the bf16 route).
+  void ForwardSmall(MutBuf y, ConstBuf x, int64_t m, bool bf16_dot) const;
 };
 
 }  // namespace kda

@@ -1,0 +1,58 @@
+// The projection kernels' arguments (host side kernels/gemm/linear.cc; compute
+// code kernels/gemm/gemm_simd.cc, compiled per instruction set and reached
+// through the dispatch table).
+#pragma once
+
+#include <cstdint>
+
+#include "kda/base/bf16.h"
+
+namespace kda::internal {
+
+// The most input rows the small-M kernels take (decode batches); larger
+// products go to the GEMM library (Q8 weights dequantized into panels).
+inline constexpr int64_t kGemvMaxRows = 16;
+// Dense weights reach the small-M kernels when their input dim is a multiple
+// of this (the kernels' block; Q8 weights always are).
+inline constexpr int64_t kGemvBlock = 32;
+
+// The weight formats of the small-M product.
+enum class GemvWeights : uint8_t {
+  kQ8,    // q [n, k] int8 and scales [n, k/32] (fp16 bits); see kda/kernels/q8.h
+  kF32,   // w_f32 [n, k]
+  kBF16,  // w_bf16 [n, k]
+};
+
+// y [m, n] = x [m, k] . W^T, fp32 accumulation, k a multiple of kGemvBlock.
+// Exactly one of y_f32 / y_bf16 is set (the bf16 output is the fp32 sum
+// rounded once to nearest even).
+//
+// round_bf16 (Q8 only): the bf16 pipeline's weights, bf16(fp16(d) * q) (see
+// kda/kernels/q8.h). bf16_dot (AVX-512 kernels on an AVX512-BF16 CPU; Q8 or
+// BF16 weights): x_bf16 holds the bf16 inputs, multiplied by the bf16 weights
+// with vdpbf16ps: exact products (bf16 x bf16 fits fp32), fp32 sums, the
+// instruction's flush of subnormal fp32 values (|v| < 2^-126) aside. Else x
+// holds the inputs in fp32 (bf16 inputs widened: exact) and the kernel uses
+// fp32 FMA on the weights widened to fp32 (exact).
+struct GemvArgs {
+  GemvWeights weights = GemvWeights::kF32;
+  const int8_t* q = nullptr;
+  const uint16_t* scales = nullptr;
+  const float* w_f32 = nullptr;
+  const BF16* w_bf16 = nullptr;
+  const float* x = nullptr;      // [m, k]
+  const BF16* x_bf16 = nullptr;  // [m, k], with bf16_dot
+  bool bf16_dot = false;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool round_bf16 = false;
+  float* y_f32 = nullptr;
+  BF16* y_bf16 = nullptr;
+};
+
+// Forgets the SetGemmRoute value and the parsed KDA_GEMM_ROUTE environment
+// variable (tests; kernels/gemm/gemm_route.cc).
+void ResetGemmRouteForTesting();
+
+}  // namespace kda::internal

@@ -1,0 +1,397 @@
+// The projection kernels, compiled once per instruction set
+// (kernels/isa/target.h): the small-M product (decode) that reads each weight
+// byte once, widening or dequantizing it in registers (bf16 -> fp32 and
+// int8 -> fp32 times the block's fp16 scale: exact; the Q8 weights rounded to
+// bf16 for the bf16 pipeline), with fp32 FMA accumulation or, on AVX512-BF16,
+// vdpbf16ps; and the dequantization of Q8 weight rows into fp32 or bf16 panels
+// for the GEMM library (prefill). Host side: kernels/gemm/linear.cc.
+#include <cstdint>
+
+#include "kda/base/bf16.h"
+#include "kda/kernels/q8.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/isa/target_kernels.h"
+#include "kernels/isa/vec.h"
+
+namespace kda::KDA_TARGET_NS {
+namespace {
+
+using internal::GemvArgs;
+using internal::GemvWeights;
+
+constexpr int64_t kBlock = internal::kGemvBlock;
+static_assert(kBlock == kQ8Block, "the small-M kernels walk Q8 blocks");
+constexpr int kLanes = Vec::kLanes;
+// A tile's accumulators, weights, scale and input must fit in the registers.
+constexpr int kRegisters = kVecRegisters;
+static_assert(kBlock % kLanes == 0, "a block is a whole number of registers");
+constexpr int64_t kCacheLine = 64;
+
+// fp16 bits -> fp32 (exact; the scales are checked finite where they enter).
+KDA_INLINE float HalfToFloat(uint16_t h) { return Scalar::FromBits(F16ToF32Bits(h)); }
+
+// Blocks of scales converted at once (fp16 -> fp32).
+constexpr int kScaleChunk = 16;
+
+// n <= kScaleChunk fp16 scales as fp32 (vcvtph2ps: 16 at a time on the
+// AVX-512 target, 8 on AVX2, which the CPU check requires F16C for).
+KDA_INLINE void ConvertScales(float* dst, const uint16_t* src, int64_t n) {
+  int64_t i = 0;
+#if KDA_TARGET == KDA_TARGET_AVX512
+  if (n == kScaleChunk) {
+    _mm512_storeu_ps(dst, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))));
+    return;
+  }
+#elif KDA_TARGET == KDA_TARGET_AVX2
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+}
+
+// kLanes int8 values as fp32 (exact).
+KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
+#if KDA_TARGET == KDA_TARGET_AVX512
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif KDA_TARGET == KDA_TARGET_AVX2
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  using I8 = int8_t __attribute__((vector_size(kLanes)));
+  I8 v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return __builtin_convertvector(v, Vec::Reg);
+#endif
+}
+
+// The register's values rounded to bf16 (nearest even), as fp32. The
+// dequantized weights are finite (scales and values are checked where they
+// enter), so the finite form serves: five integer operations per register.
+KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) { return Vec::FromBits(BF16RoundedFiniteBits(Vec::Bits(w))); }
+
+#if KDA_TARGET == KDA_TARGET_AVX512
+// Functions that use vdpbf16ps (AVX512-BF16, beyond the target's -m flags).
+#define KDA_BF16_DOT [[gnu::always_inline, gnu::target("avx512bf16")]] inline
+#endif
+
+// The weight rows of a tile: R rows from output row n, walked a block
+// (kBlock weights) at a time over blocks [b0, b1). Block(b) readies block b
+// (the Q8 scales), Load(r, b, j) gives lanes [j, j + kLanes) of row r's block
+// b in fp32 (exact), and Row(r) the row's bytes (for prefetching).
+template <int R, bool kRoundBF16>
+struct Q8Rows {
+  static constexpr int64_t kBlockBytes = kBlock;
+  const int8_t* q;
+  const uint16_t* sc;
+  int64_t k;
+  int64_t nb;
+  int64_t b0;
+  int64_t b1;
+  float sf[R][kScaleChunk] = {};  // filled kScaleChunk blocks at a time (by Block)
+  Vec::Reg s[R];
+
+  KDA_INLINE Q8Rows(const GemvArgs& a, int64_t n, int64_t first, int64_t last)
+      : q(a.q + n * a.k), sc(a.scales + n * (a.k / kBlock)), k(a.k), nb(a.k / kBlock), b0(first), b1(last) {}
+  KDA_INLINE void Block(int64_t b) {
+    const int64_t bc = (b - b0) % kScaleChunk;
+    if (bc == 0) {
+      for (int r = 0; r < R; ++r) ConvertScales(sf[r], sc + r * nb + b, b1 - b < kScaleChunk ? b1 - b : kScaleChunk);
+    }
+    for (int r = 0; r < R; ++r) s[r] = Vec::Set1(sf[r][bc]);
+  }
+  KDA_INLINE Vec::Reg Load(int r, int64_t b, int64_t j) const {
+    Vec::Reg w = Vec::Mul(LoadI8(q + r * k + b * kBlock + j), s[r]);  // fp16(d) * q: exact in fp32
+    if constexpr (kRoundBF16) w = RoundToBF16(w);
+    return w;
+  }
+  KDA_INLINE const char* Row(int r) const { return reinterpret_cast<const char*>(q + r * k); }
+#if KDA_TARGET == KDA_TARGET_AVX512
+  // Block b of row r as 32 bf16 in input order: two registers dequantized
+  // (exact), rounded to bf16 and packed by one vcvtne2ps2bf16.
+  KDA_BF16_DOT __m512bh LoadDot(int r, int64_t b) const {
+    const __m512 lo = _mm512_mul_ps(LoadI8(q + r * k + b * kBlock), s[r]);
+    const __m512 hi = _mm512_mul_ps(LoadI8(q + r * k + b * kBlock + 16), s[r]);
+    return _mm512_cvtne2ps_pbh(hi, lo);  // lo -> elements 0..15, hi -> 16..31
+  }
+#endif
+};
+
+template <int R>
+using Q8ExactRows = Q8Rows<R, false>;
+template <int R>
+using Q8Bf16Rows = Q8Rows<R, true>;
+
+// Dense fp32 or bf16 weight rows (bf16 widened to fp32: exact).
+template <int R, class T>
+struct DenseRows {
+  static constexpr int64_t kBlockBytes = kBlock * static_cast<int64_t>(sizeof(T));
+  const T* w;
+  int64_t k;
+
+  KDA_INLINE DenseRows(const GemvArgs& a, int64_t n, int64_t /*first*/, int64_t /*last*/)
+      : w(Weights(a) + n * a.k), k(a.k) {}
+  KDA_INLINE static const T* Weights(const GemvArgs& a) {
+    if constexpr (sizeof(T) == sizeof(float)) {
+      return a.w_f32;
+    } else {
+      return a.w_bf16;
+    }
+  }
+  KDA_INLINE void Block(int64_t /*b*/) {}
+  KDA_INLINE Vec::Reg Load(int r, int64_t b, int64_t j) const {
+    if constexpr (sizeof(T) == sizeof(float)) {
+      return Vec::Load(w + r * k + b * kBlock + j);
+    } else {
+      return LoadBF16<Vec>(w + r * k + b * kBlock + j);
+    }
+  }
+  KDA_INLINE const char* Row(int r) const { return reinterpret_cast<const char*>(w + r * k); }
+#if KDA_TARGET == KDA_TARGET_AVX512
+  KDA_BF16_DOT __m512bh LoadDot(int r, int64_t b) const {
+    static_assert(sizeof(T) == sizeof(BF16), "the bf16 dot takes bf16 weights");
+    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + r * k + b * kBlock));
+  }
+#endif
+};
+
+template <int R>
+using F32Rows = DenseRows<R, float>;
+template <int R>
+using Bf16Rows = DenseRows<R, BF16>;
+
+// Prefetches the cache lines of block b of each row, `ahead` bytes on: the
+// weight rows are short streams (k weights each), which the hardware
+// prefetcher alone follows late.
+template <int R, class W>
+KDA_INLINE void PrefetchBlock(const W& rows, int64_t b, int64_t ahead) {
+  for (int64_t off = 0; off < W::kBlockBytes; off += kCacheLine) {
+    if ((b * W::kBlockBytes + off) % kCacheLine != 0) continue;  // Q8: one line per two blocks
+    for (int r = 0; r < R; ++r) __builtin_prefetch(rows.Row(r) + b * W::kBlockBytes + off + ahead, 0, 3);
+  }
+}
+
+// Accumulates blocks [b0, b1) of output rows [n, n + R) times input rows
+// [m0, m0 + MT) into acc: each weight register loaded (and widened or
+// dequantized) once and used MT times, each input register loaded once and
+// used R times. The blocks `ahead` of the current ones are prefetched.
+template <template <int> class W, int R, int MT>
+KDA_INLINE void TileSpan(const GemvArgs& a, int64_t n, int64_t m0, int64_t b0, int64_t b1, int64_t ahead,
+                         Vec::Reg (&acc)[R][MT]) {
+  W<R> rows(a, n, b0, b1);
+  const float* x = a.x + m0 * a.k;
+  for (int64_t b = b0; b < b1; ++b) {
+    rows.Block(b);
+    PrefetchBlock<R>(rows, b, ahead * W<R>::kBlockBytes);
+    for (int64_t j = 0; j < kBlock; j += kLanes) {
+      const int64_t k = b * kBlock + j;
+      Vec::Reg w[R];
+      for (int r = 0; r < R; ++r) w[r] = rows.Load(r, b, j);
+      for (int i = 0; i < MT; ++i) {
+        const Vec::Reg xv = Vec::Load(x + i * a.k + k);
+        for (int r = 0; r < R; ++r) acc[r][i] = Vec::Fma(w[r], xv, acc[r][i]);
+      }
+    }
+  }
+}
+
+// y for output rows [n, n + R) and input rows [m0, m0 + MT): each
+// accumulator's lanes summed, rounded once where the output is bf16.
+template <int R, int MT>
+KDA_INLINE void StoreTile(const GemvArgs& a, int64_t n, int64_t m0, const Vec::Reg (&acc)[R][MT]) {
+  for (int i = 0; i < MT; ++i) {
+    for (int r = 0; r < R; ++r) {
+      const float v = Vec::ReduceAdd(acc[r][i]);
+      const int64_t idx = (m0 + i) * a.n + n + r;
+      if (a.y_bf16 != nullptr) {
+        StoreBF16<Scalar>(a.y_bf16 + idx, v);
+      } else {
+        a.y_f32[idx] = v;
+      }
+    }
+  }
+}
+
+// Output rows [n, n + R) for input rows [m0, m0 + MT), the whole k in
+// registers; the next tile's rows (R rows ahead) are prefetched.
+template <template <int> class W, int R, int MT>
+KDA_INLINE void Tile(const GemvArgs& a, int64_t n, int64_t m0) {
+  Vec::Reg acc[R][MT];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < MT; ++i) acc[r][i] = Vec::Zero();
+  }
+  const int64_t nb = a.k / kBlock;
+  TileSpan<W, R, MT>(a, n, m0, 0, nb, R * nb, acc);
+  StoreTile<R, MT>(a, n, m0, acc);
+}
+
+// Input rows [m0, m) for output rows [n, n + R): tiles of 8, 4, 2, 1 rows (the
+// weight rows stay in cache across a row's tiles).
+template <template <int> class W, int R>
+KDA_INLINE void Rows(const GemvArgs& a, int64_t n, int64_t m0 = 0) {
+  if constexpr (R * 8 + R + 2 <= kRegisters) {
+    for (; m0 + 8 <= a.m; m0 += 8) Tile<W, R, 8>(a, n, m0);
+  }
+  for (; m0 + 4 <= a.m; m0 += 4) Tile<W, R, 4>(a, n, m0);
+  for (; m0 + 2 <= a.m; m0 += 2) Tile<W, R, 2>(a, n, m0);
+  for (; m0 < a.m; ++m0) Tile<W, R, 1>(a, n, m0);
+}
+
+// Batches of 8 or more input rows on 16-register targets, which hold one
+// output row's 8 accumulators: every output row of a tile reads the 8 input
+// rows in full (74 KB in fp32 at hidden 2304, from L2), which bounds the
+// step. So a group of up to kGroupRows output rows is walked in spans of
+// kSpanBlocks blocks, each span of the 8 input rows (8 KiB) staying in L1
+// while the group's weight rows stream by; the accumulators wait in memory
+// (L1) between spans. Each row's next span is prefetched, and during the
+// last span the next group's first.
+constexpr int kGroupRows = 8;
+constexpr int64_t kSpanBlocks = 8;
+
+template <template <int> class W>
+KDA_INLINE void GroupRows(const GemvArgs& a, int64_t n, int g) {
+  const int64_t nb = a.k / kBlock;
+  int64_t m0 = 0;
+  for (; m0 + 8 <= a.m; m0 += 8) {
+    Vec::Reg acc[kGroupRows][1][8];
+    for (int r = 0; r < g; ++r) {
+      for (int i = 0; i < 8; ++i) acc[r][0][i] = Vec::Zero();
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += kSpanBlocks) {
+      const int64_t b1 = b0 + kSpanBlocks < nb ? b0 + kSpanBlocks : nb;
+      const int64_t ahead = b1 < nb ? kSpanBlocks : g * nb - b0;  // blocks
+      for (int r = 0; r < g; ++r) TileSpan<W, 1, 8>(a, n + r, m0, b0, b1, ahead, acc[r]);
+    }
+    for (int r = 0; r < g; ++r) StoreTile<1, 8>(a, n + r, m0, acc[r]);
+  }
+  for (int r = 0; r < g; ++r) Rows<W, 1>(a, n + r, m0);
+}
+
+template <template <int> class W>
+void GemvRange(const GemvArgs& a, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (a.m <= 4) {
+    for (; n + 4 <= n1; n += 4) Rows<W, 4>(a, n);
+  } else if constexpr (kRegisters >= 32) {
+    for (; n + 2 <= n1; n += 2) Rows<W, 2>(a, n);
+  } else {
+    for (; n < n1; n += kGroupRows) GroupRows<W>(a, n, n1 - n < kGroupRows ? static_cast<int>(n1 - n) : kGroupRows);
+  }
+  for (; n < n1; ++n) Rows<W, 1>(a, n);
+}
+
+#if KDA_TARGET == KDA_TARGET_AVX512
+// The AVX512-BF16 variant: per block of 32 weights, one register of bf16
+// weights (W::LoadDot), then one vdpbf16ps per input row with its 32 bf16
+// inputs.
+template <template <int> class W, int R, int MT>
+KDA_BF16_DOT void TileDot(const GemvArgs& a, int64_t n, int64_t m0) {
+  const int64_t nb = a.k / kBlock;
+  __m512 acc[R][MT];
+  for (int r = 0; r < R; ++r) {
+    for (int i = 0; i < MT; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  W<R> rows(a, n, 0, nb);
+  const BF16* x = a.x_bf16 + m0 * a.k;
+  for (int64_t b = 0; b < nb; ++b) {
+    rows.Block(b);
+    PrefetchBlock<R>(rows, b, R * nb * W<R>::kBlockBytes);  // the next tile's rows, as in Tile
+    __m512bh w[R];
+    for (int r = 0; r < R; ++r) w[r] = rows.LoadDot(r, b);
+    for (int i = 0; i < MT; ++i) {
+      const auto xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * a.k + b * kBlock));
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], w[r], xv);
+    }
+  }
+  StoreTile<R, MT>(a, n, m0, acc);
+}
+
+template <template <int> class W, int R>
+KDA_BF16_DOT void RowsDot(const GemvArgs& a, int64_t n) {
+  int64_t m0 = 0;
+  if constexpr (R <= 2) {
+    for (; m0 + 8 <= a.m; m0 += 8) TileDot<W, R, 8>(a, n, m0);
+  }
+  for (; m0 + 4 <= a.m; m0 += 4) TileDot<W, R, 4>(a, n, m0);
+  for (; m0 + 2 <= a.m; m0 += 2) TileDot<W, R, 2>(a, n, m0);
+  for (; m0 < a.m; ++m0) TileDot<W, R, 1>(a, n, m0);
+}
+
+template <template <int> class W>
+[[gnu::target("avx512bf16")]] void GemvRangeDot(const GemvArgs& a, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  if (a.m <= 4) {
+    for (; n + 4 <= n1; n += 4) RowsDot<W, 4>(a, n);
+  } else {
+    for (; n + 2 <= n1; n += 2) RowsDot<W, 2>(a, n);
+  }
+  for (; n < n1; ++n) RowsDot<W, 1>(a, n);
+}
+#undef KDA_BF16_DOT
+#endif
+
+template <class T, bool kRoundBF16>
+KDA_INLINE void DequantRows(T* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1) {
+  const int64_t nb = K / kBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const Vec::Reg s = Vec::Set1(HalfToFloat(scales[r * nb + b]));  // once per 32 weights written
+      for (int64_t j = 0; j < kBlock; j += kLanes) {
+        const int64_t i = r * K + b * kBlock + j;
+        Vec::Reg v = Vec::Mul(LoadI8(q + i), s);
+        if constexpr (sizeof(T) == sizeof(BF16)) {
+          StoreBF16<Vec>(w + i, v);
+        } else {
+          if constexpr (kRoundBF16) v = RoundToBF16(v);
+          Vec::Store(w + i, v);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Gemv(const GemvArgs& a, int64_t n0, int64_t n1) {
+  switch (a.weights) {
+    case GemvWeights::kQ8:
+#if KDA_TARGET == KDA_TARGET_AVX512
+      if (a.bf16_dot) {
+        GemvRangeDot<Q8Bf16Rows>(a, n0, n1);
+        return;
+      }
+#endif
+      if (a.round_bf16) {
+        GemvRange<Q8Bf16Rows>(a, n0, n1);
+      } else {
+        GemvRange<Q8ExactRows>(a, n0, n1);
+      }
+      return;
+    case GemvWeights::kBF16:
+#if KDA_TARGET == KDA_TARGET_AVX512
+      if (a.bf16_dot) {
+        GemvRangeDot<Bf16Rows>(a, n0, n1);
+        return;
+      }
+#endif
+      GemvRange<Bf16Rows>(a, n0, n1);
+      return;
+    case GemvWeights::kF32:
+      GemvRange<F32Rows>(a, n0, n1);
+      return;
+  }
+}
+
+void Q8DequantF32(float* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1,
+                  bool round_bf16) {
+  if (round_bf16) {
+    DequantRows<float, true>(w, q, scales, K, r0, r1);
+  } else {
+    DequantRows<float, false>(w, q, scales, K, r0, r1);
+  }
+}
+
+void Q8DequantBF16(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, int64_t r0, int64_t r1) {
+  DequantRows<BF16, true>(w, q, scales, K, r0, r1);
+}
+
+}  // namespace kda::KDA_TARGET_NS

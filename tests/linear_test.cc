@@ -1,0 +1,334 @@
+// Linear (kda/kernels/linear.h) over every GEMM route (kda/kernels/gemm_route.h)
+// in every ISA this CPU runs: dense fp32 and bf16 weights and Q8 weights, the
+// small-M kernels and the GEMM library (Q8 and widened bf16 weights in panels
+// of output rows), against plain references; and the route switch itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <ostream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kda/base/bf16.h"
+#include "kda/base/dtype.h"
+#include "kda/base/tolerance.h"
+#include "kda/kernels/gemm_route.h"
+#include "kda/kernels/kernel_isa.h"
+#include "kda/kernels/linear.h"
+#include "kda/kernels/q8.h"
+#include "kernels/gemm/gemm_internal.h"
+#include "kernels/kda/kda_dispatch_testing.h"
+#include "tests/error_util.h"
+#include "tests/kernel_matrix.h"
+#include "tests/thread_scope.h"
+
+namespace kda {
+namespace {
+
+using testing::ExpectErrorContaining;
+
+// A kernel ISA and a GEMM route that runs under it.
+struct RouteCase {
+  KernelIsa isa = KernelIsa::kAuto;
+  GemmRoute route = GemmRoute::kF32Fma;
+};
+
+std::string RouteCaseName(const RouteCase& c) {
+  return std::string(KernelIsaName(c.isa)) + "_" + GemmRouteName(c.route);
+}
+
+void PrintTo(const RouteCase& c, std::ostream* os) { *os << RouteCaseName(c); }
+
+// Every route the machine can run, in every ISA it runs.
+std::vector<RouteCase> SupportedRouteCases() {
+  std::vector<RouteCase> r;
+  for (KernelIsa isa : testing::SupportedIsas()) {
+    SetKernelIsa(isa);
+    for (GemmRoute route : {GemmRoute::kF32Fma, GemmRoute::kBf16Dot}) {
+      if (CpuSupportsGemmRoute(route)) r.push_back({isa, route});
+    }
+  }
+  internal::ResetKernelIsaForTesting();
+  return r;
+}
+
+class LinearRouteTest : public ::testing::TestWithParam<RouteCase> {
+ protected:
+  void SetUp() override {
+    SetKernelIsa(GetParam().isa);
+    SetGemmRoute(GetParam().route);
+  }
+  void TearDown() override {
+    internal::ResetGemmRouteForTesting();
+    internal::ResetKernelIsaForTesting();
+  }
+};
+
+struct LinearProblem {
+  int64_t n, k;
+  Q8Weight w;
+  std::vector<float> dense;  // dequantized
+};
+
+LinearProblem MakeProblem(int64_t n, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0F, 0.02F);
+  std::vector<float> w(n * k);
+  for (float& v : w) v = RoundBF16(nd(rng));
+  LinearProblem p{n, k, {}, {}};
+  if (k % kQ8Block == 0) {
+    p.w = QuantizeQ8(w, n, k);
+    p.dense = DequantizeQ8(p.w);
+  } else {
+    p.dense = w;
+  }
+  return p;
+}
+
+std::vector<float> Inputs(int64_t m, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0F, 1.0F);
+  std::vector<float> x(m * k);
+  for (float& v : x) v = RoundBF16(nd(rng));  // bf16-exact: the same inputs for both dtypes
+  return x;
+}
+
+// Runs the Linear on x (given as fp32, bf16-exact) with `dtype` inputs and outputs; fp32 values back.
+std::vector<float> RunLinear(const Linear& l, const std::vector<float>& x, int64_t m, DType dtype) {
+  const int64_t n = l.out_features();
+  std::vector<float> out(m * n);
+  if (dtype == DType::kF32) {
+    l.Forward({out.data(), DType::kF32}, {x.data(), DType::kF32}, m);
+    return out;
+  }
+  std::vector<BF16> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = ToBF16(x[i]);
+  std::vector<BF16> yb(out.size());
+  l.Forward({yb.data(), DType::kBF16}, {xb.data(), DType::kBF16}, m);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = ToFloat(yb[i]);
+  return out;
+}
+
+// The plain product in float64 over the weights w [n, k].
+std::vector<float> DenseReference(const std::vector<float>& w, const std::vector<float>& x, int64_t m, int64_t n,
+                                  int64_t k) {
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t c = 0; c < k; ++c) s += static_cast<double>(x[i * k + c]) * w[j * k + c];
+      y[i * n + j] = static_cast<float>(s);
+    }
+  }
+  return y;
+}
+
+// |y - ref| <= 1e-6 sum |x w| (the fp32 sums differ only in order), plus half
+// a bf16 step of the reference for a bf16 output.
+void ExpectCloseToReference(const std::vector<float>& y, const std::vector<float>& ref, const LinearProblem& p,
+                            const std::vector<float>& x, int64_t m, bool bf16_out, const std::string& what) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t n = 0; n < p.n; ++n) {
+      double mag = 0.0;
+      for (int64_t k = 0; k < p.k; ++k) mag += std::fabs(x[i * p.k + k] * p.dense[n * p.k + k]);
+      const double r = ref[i * p.n + n];
+      double tol = 1e-6 * mag + 1e-30;
+      if (bf16_out) tol += 0.5 * UlpBF16(std::fabs(r));
+      ASSERT_LE(std::fabs(y[i * p.n + n] - r), tol) << what << " m " << i << " n " << n;
+    }
+  }
+}
+
+// Row counts around the small-M kernels' tiles (1, 2, 4, 8) and their limit (16).
+const std::vector<int64_t> kRowCounts = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 40};
+
+TEST_P(LinearRouteTest, DenseWeightsMatchTheReference) {
+  // Output dims with tails of the 4- and 2-row blocks and of a job; an input
+  // dim of 25 blocks (spans of 8 blocks and a tail); input dims that are no
+  // multiple of the kernels' block (the GEMM library at every row count).
+  for (const auto& [n, k] :
+       std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {130, 256}, {3, 32}, {19, 800}, {21, 50}, {5, 7}}) {
+    const LinearProblem p = MakeProblem(n, k, static_cast<uint32_t>(n * 1000 + k));
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const Linear dense(p.dense, n, k, dtype);
+      EXPECT_EQ(dense.weight_bytes(), n * k * static_cast<int64_t>(DTypeSize(dtype)));
+      // The weights as the Linear holds them: rounded to bf16 for the bf16 pipeline.
+      std::vector<float> held = p.dense;
+      if (dtype == DType::kBF16) {
+        for (float& v : held) v = RoundBF16(v);
+      }
+      for (int64_t m : kRowCounts) {
+        const std::vector<float> x = Inputs(m, k, static_cast<uint32_t>(m));
+        const std::string what = std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                                 " m " + std::to_string(m);
+        ExpectCloseToReference(RunLinear(dense, x, m, dtype), DenseReference(held, x, m, n, k), p, x, m,
+                               dtype == DType::kBF16, what);
+      }
+    }
+  }
+}
+
+TEST_P(LinearRouteTest, Bf16WeightsAreRoundedOnceWhateverTheRoute) {
+  // 1 + 2^-9 is not a bf16 value: the bf16 Linear holds bf16(w) = 1 and every
+  // route multiplies by it; the fp32 Linear keeps w.
+  const float w = 1.0F + 0x1p-9F;
+  std::vector<float> x(64, 0.0F);
+  x[3] = 1.0F;
+  for (int64_t m : {1, 17}) {
+    std::vector<float> xm;
+    for (int64_t i = 0; i < m; ++i) xm.insert(xm.end(), x.begin(), x.end());
+    std::vector<float> wv(64, 0.0F);
+    wv[3] = w;
+    EXPECT_EQ(RunLinear(Linear(wv, 1, 64, DType::kF32), xm, m, DType::kF32)[m - 1], w) << m;
+    std::vector<BF16> xb(xm.size());
+    for (size_t i = 0; i < xm.size(); ++i) xb[i] = ToBF16(xm[i]);
+    std::vector<float> y(m);
+    Linear(wv, 1, 64, DType::kBF16).Forward({y.data(), DType::kF32}, {xb.data(), DType::kBF16}, m);
+    EXPECT_EQ(y[m - 1], 1.0F) << m;
+  }
+}
+
+TEST_P(LinearRouteTest, Q8MatchesReferenceAndDenseLinearOnDequantizedWeights) {
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{37, 96}, {130, 256}, {3, 32}, {19, 800}}) {
+    const LinearProblem p = MakeProblem(n, k, static_cast<uint32_t>(n * 1000 + k));
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const bool bf16 = dtype == DType::kBF16;
+      const Linear q8(p.w, dtype);
+      const Linear dense(p.dense, n, k, dtype);
+      EXPECT_EQ(q8.weight_format(), WeightFormat::kInt8);
+      EXPECT_EQ(q8.weight_bytes(), n * k + 2 * n * (k / 32));
+      for (int64_t m : kRowCounts) {
+        const std::vector<float> x = Inputs(m, k, static_cast<uint32_t>(m));
+        std::vector<float> ref(m * n);
+        Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
+        const std::string what = std::string(DTypeName(dtype)) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+                                 " m " + std::to_string(m);
+        const std::vector<float> y = RunLinear(q8, x, m, dtype);
+        ExpectCloseToReference(y, ref, p, x, m, bf16, what + " vs reference");
+        // The small-M kernels and the GEMM library each run the same sums on
+        // the same bf16/fp32 weights, Q8 or dense: identical (one tile at
+        // these sizes).
+        EXPECT_EQ(y, RunLinear(dense, x, m, dtype)) << what;
+      }
+    }
+  }
+}
+
+TEST_P(LinearRouteTest, LargeMRunsTheWeightInTilesOfOutputRows) {
+  // Above the small-M limit Q8 weights (and bf16 weights on the fp32 FMA
+  // route) are dequantized a tile of output rows at a time (a panel of
+  // ~1 MiB per thread): with one thread at k = 8192, 32 rows per tile in
+  // fp32, 64 in bf16, so 300 rows end in a partial tile either way.
+  const testing::ThreadScope one_thread(1);
+  constexpr int64_t kN = 300;
+  constexpr int64_t kK = 8192;
+  const LinearProblem p = MakeProblem(kN, kK, 11);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = dtype == DType::kBF16;
+    const Linear q8(p.w, dtype);
+    const Linear dense(p.dense, kN, kK, dtype);
+    for (int64_t m : {17, 33}) {
+      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
+      std::vector<float> ref(m * kN);
+      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
+      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
+      // Not bitwise each other: the GEMM library may order the sums over k
+      // differently for a tile's column count.
+      ExpectCloseToReference(RunLinear(q8, x, m, dtype), ref, p, x, m, bf16, what + " q8");
+      ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense");
+    }
+  }
+}
+
+TEST_P(LinearRouteTest, Bf16PipelineRoundsTheDequantizedWeightToBf16) {
+  // d = fp16(100/127) = 0.78759765625 (11 significant bits); 127 d needs 18:
+  // bf16(127 d) = 100.0 differs from 127 d = 100.0249. One input 1 at that
+  // weight: the fp32 pipeline shows 127 d, the bf16 one bf16(127 d).
+  std::vector<float> w(32, 0.0F);
+  w[5] = 100.0F;
+  const Q8Weight q = QuantizeQ8(w, 1, 32);
+  const float exact = HalfBitsToFloat(q.scales[0]) * 127.0F;
+  ASSERT_NE(RoundBF16(exact), exact);
+  std::vector<float> x(32, 0.0F);
+  x[5] = 1.0F;
+  for (int64_t m : {1, 17}) {
+    std::vector<float> xm;
+    for (int64_t i = 0; i < m; ++i) xm.insert(xm.end(), x.begin(), x.end());
+    EXPECT_EQ(RunLinear(Linear(q, DType::kF32), xm, m, DType::kF32)[m - 1], exact) << m;
+    std::vector<float> y(m);
+    // fp32 output of the bf16 pipeline: the sum before its output rounding.
+    std::vector<BF16> xb(xm.size());
+    for (size_t i = 0; i < xm.size(); ++i) xb[i] = ToBF16(xm[i]);
+    Linear(q, DType::kBF16).Forward({y.data(), DType::kF32}, {xb.data(), DType::kBF16}, m);
+    EXPECT_EQ(y[m - 1], RoundBF16(exact)) << m;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kda, LinearRouteTest, ::testing::ValuesIn(SupportedRouteCases()),
+                         [](const ::testing::TestParamInfo<RouteCase>& info) { return RouteCaseName(info.param); });
+
+// ---------------------------------------------------------------- the route switch
+
+// Each case starts from the table's choice, whatever KDA_GEMM_ROUTE the run has.
+class GemmRouteSwitchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    unsetenv("KDA_GEMM_ROUTE");
+    internal::ResetGemmRouteForTesting();
+  }
+  void TearDown() override {
+    unsetenv("KDA_GEMM_ROUTE");
+    internal::ResetGemmRouteForTesting();
+    internal::ResetKernelIsaForTesting();
+  }
+};
+
+TEST_F(GemmRouteSwitchTest, NamesParseAndUnknownOnesAreAClearError) {
+  for (GemmRoute r : {GemmRoute::kAuto, GemmRoute::kBf16Dot, GemmRoute::kF32Fma}) {
+    EXPECT_EQ(ParseGemmRoute(GemmRouteName(r)), r);
+  }
+  ExpectErrorContaining([] { ParseGemmRoute("amx"); },
+                        "unknown GEMM route 'amx' (expected auto, bf16_dot or fp32_fma)");
+}
+
+TEST_F(GemmRouteSwitchTest, ActiveRouteIsNeverAutoAndFollowsSetAndEnvironment) {
+  EXPECT_NE(ActiveGemmRoute(), GemmRoute::kAuto);
+  EXPECT_NE(ActiveGemmRouteDescription().find(GemmRouteName(ActiveGemmRoute())), std::string::npos);
+  SetGemmRoute(GemmRoute::kF32Fma);
+  EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma);
+  EXPECT_NE(ActiveGemmRouteDescription().find("fp32_fma (forced"), std::string::npos);
+  SetGemmRoute(GemmRoute::kAuto);
+  setenv("KDA_GEMM_ROUTE", "fp32_fma", 1);
+  internal::ResetGemmRouteForTesting();
+  EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma);
+  setenv("KDA_GEMM_ROUTE", "fast", 1);
+  internal::ResetGemmRouteForTesting();
+  ExpectErrorContaining([] { ActiveGemmRoute(); }, "KDA_GEMM_ROUTE environment variable: unknown GEMM route 'fast'");
+  // A bad value is an error where the route is needed: a Linear's forward.
+  const Linear l(std::vector<float>(32, 1.0F), 1, 32, DType::kBF16);
+  std::vector<BF16> x(32, ToBF16(1.0F));
+  std::vector<BF16> y(1);
+  ExpectErrorContaining([&] { l.Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, 1); }, "KDA_GEMM_ROUTE");
+}
+
+TEST_F(GemmRouteSwitchTest, KernelIsaLimitsTheRoutes) {
+  // The bf16 dot is an AVX-512 instruction: under any other ISA it does not
+  // exist, forcing it is an error and the table's choice falls back to fp32 FMA.
+  for (KernelIsa isa : testing::SupportedIsas()) {
+    if (isa == KernelIsa::kAvx512) continue;
+    SetKernelIsa(isa);
+    EXPECT_FALSE(CpuSupportsGemmRoute(GemmRoute::kBf16Dot)) << KernelIsaName(isa);
+    ExpectErrorContaining([] { SetGemmRoute(GemmRoute::kBf16Dot); }, "GEMM route 'bf16_dot' cannot run here");
+    EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma) << KernelIsaName(isa);
+  }
+  internal::ResetKernelIsaForTesting();
+  EXPECT_TRUE(CpuSupportsGemmRoute(GemmRoute::kF32Fma));
+  EXPECT_TRUE(CpuSupportsGemmRoute(GemmRoute::kAuto));
+}
+
+}  // namespace
+}  // namespace kda
