@@ -20,11 +20,12 @@
 //     kernels; counter time_per_token. The layer over the GEMMs is the ratio
 //     `kda bench-kernels` reports.
 //   BM_Linear/<weights>/<M>: one projection of M rows (decode batches of 1
-//     and 8, prefill chunks of 64 and 512 tokens; int8 runs its small-M kernel
-//     up to 16 rows, tiled dequantized panels above), fused q/k/v shape
-//     (12288 x 2304), bf16 activations, bf16 (weights 0) or
-//     int8 (weights 1) weights, cycling over copies spanning bench::DecodeStreamBytes() so that
-//     the weights come from memory; an iteration is one product.
+//     and 8, prefill chunks of 64 and 512 tokens; the small-M kernels up to
+//     16 rows, oneDNN above), fused q/k/v shape (12288 x 2304), bf16 (weights
+//     0), int8 with bf16 activations (weights 1) or fp32 (weights 2) weights,
+//     cycling over copies spanning bench::DecodeStreamBytes() so that the
+//     weights come from memory; an iteration is one product. The bf16
+//     pipeline takes the GEMM route KDA_GEMM_ROUTE names (label).
 //   BM_DecodeLayer/<weights>/<N>: one DECODE step of the whole layer, bf16
 //     activations, at batch N, with bf16 (weights 0) or int8 (weights 1)
 //     projection weights, the layers cycling over bench::DecodeStreamBytes() of weights so that
@@ -38,12 +39,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kda/base/dtype.h"
 #include "kda/bench/cache.h"
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"
@@ -161,31 +164,42 @@ void BM_KdaLayer(benchmark::State& state) {
       static_cast<double>(p.tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// One projection (the fused q/k/v shape) at M rows: dense bf16, Q8 (bf16
+// activations) or dense fp32 weights, copies cycled past the last-level cache.
+// The bf16 pipeline's route follows KDA_GEMM_ROUTE.
 void BM_Linear(benchmark::State& state) {
-  const bool int8 = state.range(0) != 0;
+  const int64_t weights = state.range(0);  // 0 bf16, 1 int8, 2 fp32
   const int64_t m = state.range(1);
+  const DType dtype = weights == 2 ? DType::kF32 : DType::kBF16;
   constexpr int64_t kOut = 3 * 4096;
   const int64_t in = kShape.hidden;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0F, 0.02F);
   std::vector<float> w(static_cast<size_t>(kOut * in));
   for (float& v : w) v = normal(rng);
-  const int64_t bytes = int8 ? kOut * in * 17 / 16 : kOut * in * 2;
+  const int64_t bytes = weights == 1 ? kOut * in * 17 / 16 : kOut * in * static_cast<int64_t>(DTypeSize(dtype));
   std::vector<Linear> copies;
   for (int64_t i = 0; i < std::max<int64_t>(2, (bench::DecodeStreamBytes() + bytes - 1) / bytes); ++i) {
-    copies.push_back(int8 ? Linear(QuantizeQ8(w, kOut, in), DType::kBF16) : Linear(w, kOut, in, DType::kBF16));
+    copies.push_back(weights == 1 ? Linear(QuantizeQ8(w, kOut, in), dtype) : Linear(w, kOut, in, dtype));
   }
-  std::vector<BF16> x(static_cast<size_t>(m * in));
-  for (BF16& v : x) v = ToBF16(normal(rng));
-  std::vector<BF16> y(static_cast<size_t>(m * kOut));
-  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
-  for (const Linear& l : copies) l.Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, m);  // warm-up
+  std::vector<float> x(static_cast<size_t>(m * in));
+  for (float& v : x) v = RoundBF16(normal(rng));
+  std::vector<BF16> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = ToBF16(x[i]);
+  std::vector<float> y(static_cast<size_t>(m * kOut));
+  const ConstBuf src = dtype == DType::kF32 ? ConstBuf{x.data(), DType::kF32} : ConstBuf{xb.data(), DType::kBF16};
+  const MutBuf dst{y.data(), DType::kF32};
+  state.SetLabel(std::string(ActiveKernelDescription(KernelImpl::kOptimized)) + " " +
+                 (dtype == DType::kBF16 ? GemmRouteName(ActiveGemmRoute()) : "fp32"));
+  for (const Linear& l : copies) l.Forward(dst, src, m);  // warm-up
   size_t i = 0;
   for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
-    copies[i++ % copies.size()].Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, m);
+    copies[i++ % copies.size()].Forward(dst, src, m);
   }
   state.counters["bytes_per_second"] =
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["flops"] =
+      benchmark::Counter(2.0 * static_cast<double>(m * kOut * in), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_DecodeLayer(benchmark::State& state) {
@@ -241,7 +255,10 @@ BENCHMARK(BM_RecurrentKda)
     ->UseRealTime()
     ->MinTime(0.5);
 BENCHMARK(BM_ShortConv)->ArgNames({"impl"})->Arg(0)->Arg(1)->Apply(MillisecondsAggregated);
-BENCHMARK(BM_Linear)->ArgNames({"weights", "M"})->ArgsProduct({{0, 1}, {1, 8, 64, 512}})->Apply(MicrosecondsAggregated);
+BENCHMARK(BM_Linear)
+    ->ArgNames({"weights", "M"})
+    ->ArgsProduct({{0, 1, 2}, {1, 8, 64, 512}})
+    ->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_DecodeLayer)->ArgNames({"weights", "N"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_KdaLayer)->ArgNames({"dtype", "gemms_only"})->ArgsProduct({{0, 1}, {0, 1}})->Apply(MillisecondsAggregated);
 

@@ -19,6 +19,7 @@
 #include "kda/bench/layer_problem.h"
 #include "kda/bench/timing.h"
 #include "kda/distributed/parallel_groups.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
@@ -256,7 +257,9 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
                 groups.tp_size(), groups.dp_size(), groups.world().size());
   }
   for (const std::string& n : served.notes) std::printf("note: %s\n", n.c_str());
-  std::printf("kernels: %s\n\n", kernels.c_str());
+  std::printf("kernels: %s\n", kernels.c_str());
+  // The bf16 pipeline's GEMM route; the fp32 pipeline always uses fp32 FMAs.
+  std::printf("projections: GEMM route %s\n\n", ActiveGemmRouteDescription().c_str());
   std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
   for (const auto& [key, val] : by_batch) {
     const auto mode = static_cast<ForwardMode>(key.first);
@@ -311,12 +314,12 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
-        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld",
+        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld, \"gemm_route\": \"%s\"",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
         opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
         static_cast<long long>(rank_per_request), worst_share, WeightFormatName(model.weights_format),
-        static_cast<long long>(weight_bytes));
+        static_cast<long long>(weight_bytes), GemmRouteName(ActiveGemmRoute()));
     if (one_shot_us > 0) {
       std::printf(
           ", \"prefill_us_per_token_per_layer\": %.3f, \"one_shot_layer_us_per_token\": %.3f, "

@@ -17,6 +17,7 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/kernels/q8.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
@@ -198,11 +199,13 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
                 static_cast<long long>(T));
   }
   std::printf(
-      "layer %d (%s, %s weights, kernel %s%s): %lld tokens in %lld sequences, %lld steps (%lld EXTEND, %lld DECODE), "
-      "%.3f ms -> %s\n",
-      layer, opt.dtype.c_str(), WeightFormatName(wf), ActiveKernelDescription(kernel), ParallelNote(groups).c_str(),
-      static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(s.steps),
-      static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
+      "layer %d (%s, %s weights, kernel %s, GEMM route %s%s): %lld tokens in %lld sequences, %lld steps (%lld "
+      "EXTEND, %lld DECODE), %.3f ms -> %s\n",
+      layer, opt.dtype.c_str(), WeightFormatName(wf), ActiveKernelDescription(kernel),
+      ParseActivationDType(opt.dtype) == DType::kF32 ? "fp32_fma" : GemmRouteName(ActiveGemmRoute()),
+      ParallelNote(groups).c_str(), static_cast<long long>(T), static_cast<long long>(N),
+      static_cast<long long>(s.steps), static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps),
+      secs * 1e3, opt.output.c_str());
   return 0;
 }
 

@@ -175,9 +175,14 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
 
   // Output columns [n0, n0 + cols) = x . W[n0 : n0 + cols]^T, the weight rows
   // at w ([cols, in] row-major, viewed as [in, cols] with strides {1, in}).
+  // A tile of columns is computed into a dense [m, cols] block and copied to
+  // its columns of y: given y's row stride instead, oneDNN 2.6 leaves its
+  // brgemm for a jit GEMM that ran fp32 tiles at 0.35-0.45x the speed (Zen 4,
+  // 2 threads; 0.1x at m = 64 and 256 columns).
+  ScratchBlock tile_out;
   const auto multiply = [&](int64_t n0, int64_t cols, void* w) {
     const dnnl::memory::desc w_md({in_, cols}, ct, dnnl::memory::dims{1, in_});
-    const dnnl::memory::desc dst_md({m, cols}, dst_type, dnnl::memory::dims{out_, 1});
+    const dnnl::memory::desc dst_md({m, cols}, dst_type, dnnl::memory::format_tag::ab);
     dnnl::matmul prim;
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
@@ -193,9 +198,18 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
       prim = it->second;
     }
     dnnl::memory weights(w_md, CpuEngine(), w);
-    dnnl::memory dst(dst_md, CpuEngine(), static_cast<char*>(dst_ptr) + static_cast<size_t>(n0) * dst_size);
+    const bool whole = cols == out_;
+    if (!whole && tile_out.data() == nullptr) tile_out = ScratchBlock(static_cast<size_t>(m * cols) * dst_size);
+    dnnl::memory dst(dst_md, CpuEngine(), whole ? dst_ptr : tile_out.data());
     prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}});
     stream.wait();
+    if (!whole) {
+      const size_t row = static_cast<size_t>(cols) * dst_size;
+      ParallelFor(m, [&](int64_t i) {
+        std::memcpy(static_cast<char*>(dst_ptr) + static_cast<size_t>(i * out_ + n0) * dst_size,
+                    static_cast<const char*>(tile_out.data()) + static_cast<size_t>(i) * row, row);
+      });
+    }
   };
 
   if (format_ == WeightFormat::kDense && (dtype_ == DType::kF32 || ct == dt::bf16)) {
