@@ -147,7 +147,7 @@ void ExpectCloseToReference(const std::vector<float>& y, const std::vector<float
 const std::vector<int64_t> kRowCounts = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 40};
 
 TEST_P(LinearRouteTest, DenseWeightsMatchTheReference) {
-  // Output dims with tails of the 4- and 2-row blocks and of a job; an input
+  // Output dims with tails of the 4-, 3- and 2-row blocks and of a job; an input
   // dim of 25 blocks (spans of 8 blocks and a tail); input dims that are no
   // multiple of the kernels' block (the GEMM library at every row count).
   for (const auto& [n, k] :

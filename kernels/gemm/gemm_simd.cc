@@ -272,6 +272,7 @@ void GemvRange(const GemvArgs& a, int64_t n0, int64_t n1) {
   if (a.m <= 4) {
     for (; n + 4 <= n1; n += 4) Rows<W, 4>(a, n);
   } else if constexpr (kRegisters >= 32) {
+    for (; n + 3 <= n1; n += 3) Rows<W, 3>(a, n);
     for (; n + 2 <= n1; n += 2) Rows<W, 2>(a, n);
   } else {
     for (; n < n1; n += kGroupRows) GroupRows<W>(a, n, n1 - n < kGroupRows ? static_cast<int>(n1 - n) : kGroupRows);
@@ -308,7 +309,7 @@ KDA_BF16_DOT void TileDot(const GemvArgs& a, int64_t n, int64_t m0) {
 template <template <int> class W, int R>
 KDA_BF16_DOT void RowsDot(const GemvArgs& a, int64_t n) {
   int64_t m0 = 0;
-  if constexpr (R <= 2) {
+  if constexpr (R <= 3) {
     for (; m0 + 8 <= a.m; m0 += 8) TileDot<W, R, 8>(a, n, m0);
   }
   for (; m0 + 4 <= a.m; m0 += 4) TileDot<W, R, 4>(a, n, m0);
@@ -322,6 +323,7 @@ template <template <int> class W>
   if (a.m <= 4) {
     for (; n + 4 <= n1; n += 4) RowsDot<W, 4>(a, n);
   } else {
+    for (; n + 3 <= n1; n += 3) RowsDot<W, 3>(a, n);
     for (; n + 2 <= n1; n += 2) RowsDot<W, 2>(a, n);
   }
   for (; n < n1; ++n) RowsDot<W, 1>(a, n);
