@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kda/base/error.h"
+#include "kda/kernels/gemm_route.h"
 
 namespace kda {
 namespace {
@@ -194,8 +195,38 @@ void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int 
             static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K, elem_size, shard, false);
 }
 
+GemmRoute AgreeGemmRoute(Communicator& world) {
+  // Each rank's route (0: its KDA_GEMM_ROUTE is bad) and whether it can run
+  // the bf16 dot, gathered as exact small floats so that no rank leaves
+  // before the others have answered.
+  const int n = world.size();
+  std::string error;
+  GemmRoute own = GemmRoute::kAuto;
+  try {
+    own = ActiveGemmRoute();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  std::vector<float> info(static_cast<size_t>(2 * n), 0.0F);
+  info[2 * world.rank()] = static_cast<float>(own);
+  info[2 * world.rank() + 1] = CpuSupportsGemmRoute(GemmRoute::kBf16Dot) ? 1.0F : 0.0F;
+  if (n > 1) world.AllReduceSum(info.data(), 2 * n);
+  for (int r = 0; r < n; ++r) {
+    Check(info[2 * r] != 0.0F, [&] {
+      return error.empty() ? "the GEMM route of rank " + std::to_string(r) + " is not valid (KDA_GEMM_ROUTE)" : error;
+    });
+  }
+  auto route = static_cast<GemmRoute>(static_cast<int>(info[0]));
+  for (int r = 0; r < n && route == GemmRoute::kBf16Dot; ++r) {
+    if (info[2 * r + 1] == 0.0F) route = GemmRoute::kF32Fma;  // rank r's CPU has no bf16 dot
+  }
+  if (route != own) SetGemmRoute(route);
+  return route;
+}
+
 ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
+  AgreeGemmRoute(groups.world());
   const int L = model.num_layers();
   const KdaLayerShape full = model.full_shape();
   const KdaHeadShard want = MakeKdaHeadShard(full.H, groups.tp_rank(), groups.tp_size());

@@ -21,6 +21,7 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/parallel.h"
 #include "tests/distributed_mpi_world.h"
@@ -177,6 +178,27 @@ std::vector<Layout> Layouts(int world) {
 }
 
 std::string Name(const Layout& l) { return "tp " + std::to_string(l.tp) + " x dp " + std::to_string(l.dp); }
+
+TEST(ParallelRuntime, AgreesOnWorldRankZerosGemmRoute) {
+  Communicator& w = MpiWorld();
+  // Rank 0 forces fp32_fma and the others take their table's route: every
+  // rank ends on fp32_fma. Then rank 0 the bf16 dot where every rank has it.
+  SetGemmRoute(w.rank() == 0 ? GemmRoute::kF32Fma : GemmRoute::kAuto);
+  const GemmRoute fma = AgreeGemmRoute(w);
+  const GemmRoute fma_active = ActiveGemmRoute();
+  const bool dot_here = CpuSupportsGemmRoute(GemmRoute::kBf16Dot);
+  std::vector<float> all_dot{dot_here ? 1.0F : 0.0F};
+  w.AllReduceSum(all_dot.data(), 1);
+  const bool dot_everywhere = all_dot[0] == static_cast<float>(w.size());
+  SetGemmRoute(w.rank() == 0 && dot_here ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma);
+  const GemmRoute dot = AgreeGemmRoute(w);
+  const GemmRoute dot_active = ActiveGemmRoute();
+  SetGemmRoute(GemmRoute::kAuto);
+  EXPECT_EQ(fma, GemmRoute::kF32Fma);
+  EXPECT_EQ(fma_active, GemmRoute::kF32Fma);
+  EXPECT_EQ(dot, dot_everywhere ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma);
+  EXPECT_EQ(dot_active, dot);
+}
 
 TEST(DistributedLoading, EachRankReadsOnlyItsHeadsAndHoldsOnlyTheirStates) {
   const std::string dir = testing::GoldenDir() + "/kda-mini";

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kda/distributed/parallel_groups.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda {
@@ -68,6 +69,13 @@ struct ParallelServeResult {
 // (the full layouts); empty on the other ranks.
 std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGroups& groups,
                                          std::vector<RequestResult> local);
+
+// The projections' GEMM route (kda/kernels/gemm_route.h) of world rank 0, set
+// on every rank, so that a job's ranks sum in one order and report one route;
+// fp32_fma when some rank's CPU cannot run rank 0's bf16 dot. kda::Error on
+// every rank when some rank's KDA_GEMM_ROUTE is invalid. Collective over
+// `world`; ServeParallel calls it first.
+GemmRoute AgreeGemmRoute(Communicator& world);
 
 // Serves `requests` (every request of the job, the same list on every rank,
 // distinct ids) over `groups` with `model`, this rank's tensor-parallel shard
