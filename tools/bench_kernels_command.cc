@@ -171,9 +171,26 @@ float FmaLoopScalar(int64_t iters) {
   return r;
 }
 
+// The best rate in GFLOP/s of `threads` threads each running loop(iters)
+// (flops_per_iter flops per iteration and thread), the best of max(3, repeats)
+// timed runs after a short one that wakes the threads: a ceiling, so the best
+// run, the least disturbed one.
+double BestLoopGflops(int threads, int repeats, float (*loop)(int64_t), int64_t iters, double flops_per_iter) {
+  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
+  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters / 8); });  // wakes the threads
+  double best = 0.0;
+  for (int r = 0; r < std::max(3, repeats); ++r) {
+    const Clock::time_point t0 = Clock::now();
+    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters); });
+    const double s = Seconds(t0);
+    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * flops_per_iter / s);
+  }
+  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
+  return best / 1e9;
+}
+
 // The fp32 FMA peak of `threads` threads in GFLOP/s (2 flops per lane per
-// FMA), with the widest FMA this CPU has; the best of max(3, repeats) runs
-// (a ceiling: the best run is the least disturbed one).
+// FMA), with the widest FMA this CPU has (BestLoopGflops).
 double MeasureFmaPeakGflops(int threads, int repeats) {
   int lanes = 1;
   float (*loop)(int64_t) = &FmaLoopScalar;
@@ -187,38 +204,16 @@ double MeasureFmaPeakGflops(int threads, int repeats) {
   }
 #endif
   const int64_t iters = 240'000'000 / lanes;  // ~0.15 s per thread at ~100 GFLOP/s
-  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
-  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters / 8); });  // wakes the threads
-  double best = 0.0;
-  for (int r = 0; r < std::max(3, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters); });
-    const double s = Seconds(t0);
-    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * lanes * 2.0 / s);
-  }
-  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
-  return best / 1e9;
+  return BestLoopGflops(threads, repeats, loop, iters, kFmaChains * lanes * 2.0);
 }
 
 // The bf16 dot-product peak of `threads` threads in GFLOP/s (4 flops per fp32
-// lane per vdpbf16ps), the best of max(3, repeats) runs; 0 where the CPU has no
-// AVX512-BF16.
+// lane per vdpbf16ps, BestLoopGflops); 0 where the CPU has no AVX512-BF16.
 double MeasureBf16DotPeakGflops(int threads, int repeats) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
   constexpr int kLanes = 16;
-  const int64_t iters = 240'000'000 / kLanes / 2;
-  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
-  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters / 8); });
-  double best = 0.0;
-  for (int r = 0; r < std::max(3, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters); });
-    const double s = Seconds(t0);
-    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * kLanes * 4.0 / s);
-  }
-  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
-  return best / 1e9;
+  return BestLoopGflops(threads, repeats, &Bf16DotLoopAvx512, 240'000'000 / kLanes / 2, kFmaChains * kLanes * 4.0);
 #else
   static_cast<void>(threads);
   static_cast<void>(repeats);
