@@ -576,10 +576,15 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
     r.weights = cases[i].weights;
     r.gemm_route = GemmRouteName(route);
     r.us_per_token = call_us / static_cast<double>(rows);
-    r.extra = {{"M", static_cast<double>(rows)},         {"us_per_call", call_us},
-               {"gflops", flops / (call_us * 1e3)},      {"weight_bytes", bytes},
-               {"weight_gbps", bytes / (call_us * 1e3)}, {"compute_peak_gflops", peak},
-               {"flop_floor_us", flops / (peak * 1e3)},  {"ratio_to_flop_floor", call_us * peak * 1e3 / flops}};
+    r.extra = {{"M", static_cast<double>(rows)},
+               {"hidden", static_cast<double>(kShape.hidden)},
+               {"us_per_call", call_us},
+               {"gflops", flops / (call_us * 1e3)},
+               {"weight_bytes", bytes},
+               {"weight_gbps", bytes / (call_us * 1e3)},
+               {"compute_peak_gflops", peak},
+               {"flop_floor_us", flops / (peak * 1e3)},
+               {"ratio_to_flop_floor", call_us * peak * 1e3 / flops}};
     if (streamed) {
       const double read_floor_us = bytes / (m.read_gbps * 1e3);
       r.extra.insert(r.extra.end(), {{"streamed_bytes", static_cast<double>(p.model.num_layers()) * bytes},
