@@ -205,8 +205,7 @@ void BM_Linear(benchmark::State& state) {
 void BM_DecodeLayer(benchmark::State& state) {
   const WeightFormat weights = state.range(0) == 0 ? WeightFormat::kDense : WeightFormat::kInt8;
   const int64_t n = state.range(1);
-  const int64_t layer_bytes =
-      bench::LayerDecodeProblem(DType::kBF16, weights, kShape, 1, 1).model.layers.front().projection_weight_bytes();
+  const int64_t layer_bytes = bench::LayerProjectionBytes(DType::kBF16, weights, kShape);
   bench::LayerDecodeProblem p(DType::kBF16, weights, kShape, n,
                               bench::LayerDecodeProblem::LayersFor(layer_bytes, bench::DecodeStreamBytes()));
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));

@@ -20,6 +20,7 @@
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/kimi_delta_attention.h"
 #include "kda/models/weights.h"
+#include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/layer_states.h"
 #include "tests/tolerance.h"
@@ -247,6 +248,23 @@ TEST_P(GoldenTest, ChunkAndRecurrentKernelsMatchKernelOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(AllCases()), testing::GoldenCaseName);
+
+// The projections alone (the benchmarks' ForwardProjections) take the layer's
+// input as Forward does and refuse another dtype.
+TEST(KimiDeltaAttentionProjections, RunAloneAndRefuseAnotherDtype) {
+  KdaLayerShape s;
+  s.hidden = 64;
+  s.H = 2;
+  s.K = 32;
+  s.W = 4;
+  const KimiDeltaAttention layer(0, s, RandomKdaLayerWeights(s, 1), DType::kBF16);
+  const ActBuffer x(DType::kBF16, 3 * s.hidden);
+  layer.ForwardProjections(x.view(), 3);
+  layer.ForwardProjections(x.view(), 0);
+  const ActBuffer x32(DType::kF32, 3 * s.hidden);
+  testing::ExpectErrorContaining([&] { layer.ForwardProjections(x32.view(), 3); },
+                                 "hidden_states dtype F32 does not match the layer dtype BF16");
+}
 
 }  // namespace
 }  // namespace kda

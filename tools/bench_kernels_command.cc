@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -28,6 +29,7 @@
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/bench/timing.h"
+#include "kda/kernels/gemm_route.h"
 #include "kda/kernels/kda_args.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/kernel_isa.h"
@@ -169,9 +171,26 @@ float FmaLoopScalar(int64_t iters) {
   return r;
 }
 
+// The best rate in GFLOP/s of `threads` threads each running loop(iters)
+// (flops_per_iter flops per iteration and thread), the best of max(3, repeats)
+// timed runs after a short one that wakes the threads: a ceiling, so the best
+// run, the least disturbed one.
+double BestLoopGflops(int threads, int repeats, float (*loop)(int64_t), int64_t iters, double flops_per_iter) {
+  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
+  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters / 8); });  // wakes the threads
+  double best = 0.0;
+  for (int r = 0; r < std::max(3, repeats); ++r) {
+    const Clock::time_point t0 = Clock::now();
+    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters); });
+    const double s = Seconds(t0);
+    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * flops_per_iter / s);
+  }
+  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
+  return best / 1e9;
+}
+
 // The fp32 FMA peak of `threads` threads in GFLOP/s (2 flops per lane per
-// FMA), with the widest FMA this CPU has; the best of max(3, repeats) runs
-// (a ceiling: the best run is the least disturbed one).
+// FMA), with the widest FMA this CPU has (BestLoopGflops).
 double MeasureFmaPeakGflops(int threads, int repeats) {
   int lanes = 1;
   float (*loop)(int64_t) = &FmaLoopScalar;
@@ -185,38 +204,16 @@ double MeasureFmaPeakGflops(int threads, int repeats) {
   }
 #endif
   const int64_t iters = 240'000'000 / lanes;  // ~0.15 s per thread at ~100 GFLOP/s
-  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
-  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters / 8); });  // wakes the threads
-  double best = 0.0;
-  for (int r = 0; r < std::max(3, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters); });
-    const double s = Seconds(t0);
-    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * lanes * 2.0 / s);
-  }
-  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
-  return best / 1e9;
+  return BestLoopGflops(threads, repeats, loop, iters, kFmaChains * lanes * 2.0);
 }
 
 // The bf16 dot-product peak of `threads` threads in GFLOP/s (4 flops per fp32
-// lane per vdpbf16ps), the best of max(3, repeats) runs; 0 where the CPU has no
-// AVX512-BF16.
+// lane per vdpbf16ps, BestLoopGflops); 0 where the CPU has no AVX512-BF16.
 double MeasureBf16DotPeakGflops(int threads, int repeats) {
 #if defined(__x86_64__)
   if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
   constexpr int kLanes = 16;
-  const int64_t iters = 240'000'000 / kLanes / 2;
-  std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
-  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters / 8); });
-  double best = 0.0;
-  for (int r = 0; r < std::max(3, repeats); ++r) {
-    const Clock::time_point t0 = Clock::now();
-    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += Bf16DotLoopAvx512(iters); });
-    const double s = Seconds(t0);
-    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * kFmaChains * kLanes * 4.0 / s);
-  }
-  if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
-  return best / 1e9;
+  return BestLoopGflops(threads, repeats, &Bf16DotLoopAvx512, 240'000'000 / kLanes / 2, kFmaChains * kLanes * 4.0);
 #else
   static_cast<void>(threads);
   static_cast<void>(repeats);
@@ -301,11 +298,12 @@ struct Machine {
 
 // One measurement. The fixed fields first, then kernel-specific ones in order.
 struct BenchRow {
-  std::string kernel;   // chunk | recurrent (| layer, later)
-  std::string impl;     // reference | optimized
-  std::string isa;      // the optimized kernels' ISA variant; "none" for the reference
-  std::string dtype;    // float32 | bfloat16 | float16
-  std::string weights;  // projection weights of the layer rows: bf16 | int8 (empty: none)
+  std::string kernel;      // chunk | recurrent | layer | decode_layer | projections | fla option rows
+  std::string impl;        // reference | optimized
+  std::string isa;         // the optimized kernels' ISA variant; "none" for the reference
+  std::string dtype;       // float32 | bfloat16 | float16
+  std::string weights;     // projection weights of the layer rows: bf16 | int8 | fp32 (empty: none)
+  std::string gemm_route;  // the projection rows' GEMM route: bf16_dot | fp32_fma (empty: none)
   int H = 0;
   int K = 0;
   int64_t N = 0;
@@ -320,6 +318,7 @@ void PrintRow(const BenchRow& r, bool json) {
   if (json) {
     nlohmann::ordered_json j = {{"kernel", r.kernel}, {"impl", r.impl}, {"isa", r.isa}, {"dtype", r.dtype}};
     if (!r.weights.empty()) j["weights"] = r.weights;
+    if (!r.gemm_route.empty()) j["gemm_route"] = r.gemm_route;
     j.update(nlohmann::ordered_json{{"H", r.H},
                                     {"K", r.K},
                                     {"N", r.N},
@@ -331,6 +330,7 @@ void PrintRow(const BenchRow& r, bool json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::string extra = r.weights.empty() ? "" : "  weights=" + r.weights;
+    if (!r.gemm_route.empty()) extra += "  gemm_route=" + r.gemm_route;
     for (const auto& [key, value] : r.extra) {
       char buf[96];
       std::snprintf(buf, sizeof(buf), "  %s=%.3g", key.c_str(), value);
@@ -461,18 +461,10 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   bench::LayerProblem p(dtype, impl, kShape, n, t);
   p.Forward();  // warm-up: GEMM primitives, scratch, first touches
   p.Gemms();
-  std::vector<double> layer_s;
-  std::vector<double> gemm_s;
-  for (int i = 0; i < repeats; ++i) {
-    Clock::time_point t0 = Clock::now();
-    p.Forward();
-    layer_s.push_back(Seconds(t0));
-    t0 = Clock::now();
-    p.Gemms();
-    gemm_s.push_back(Seconds(t0));
-  }
-  const double us_per_token = Median(layer_s) * 1e6 / static_cast<double>(t);
-  const double gemm_us_per_token = Median(gemm_s) * 1e6 / static_cast<double>(t);
+  const std::vector<std::vector<double>> s =
+      bench::TimeAlternately(repeats, {[&](int64_t) { p.Forward(); }, [&](int64_t) { p.Gemms(); }});
+  const double us_per_token = Median(s[0]) * 1e6 / static_cast<double>(t);
+  const double gemm_us_per_token = Median(s[1]) * 1e6 / static_cast<double>(t);
   BenchRow r = Row(m, "layer", impl, dtype, n, t, repeats);
   r.us_per_token = us_per_token;
   // The projections' flops per token (2 per weight), against both routes' peaks of the same run.
@@ -485,6 +477,9 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
              {"bf16_dot_gflops", m.bf16_dot_gflops}};
   return r;
 }
+
+// Timed steps of a decode row (each a different layer of those cycled).
+int64_t DecodeSteps(int repeats) { return std::max<int64_t>(static_cast<int64_t>(repeats) * 8, 16); }
 
 // One decode step of the whole layer at real shapes, batch N, bf16
 // activations, with bf16 and with int8 projection weights, timed alternately
@@ -499,22 +494,14 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
   const WeightFormat formats[2] = {WeightFormat::kDense, WeightFormat::kInt8};
   std::vector<std::unique_ptr<bench::LayerDecodeProblem>> problems;
   for (WeightFormat f : formats) {
-    const int64_t layer_bytes =
-        bench::LayerDecodeProblem(DType::kBF16, f, kShape, 1, 1).model.layers.front().projection_weight_bytes();
+    const int64_t layer_bytes = bench::LayerProjectionBytes(DType::kBF16, f, kShape);
     const int layers = bench::LayerDecodeProblem::LayersFor(layer_bytes, m.stream_bytes);
     problems.push_back(std::make_unique<bench::LayerDecodeProblem>(DType::kBF16, f, kShape, n, layers));
     for (int i = 0; i < layers; ++i) problems.back()->Step(i);  // warm-up: one pass over the layers
   }
-  std::vector<double> t[2];
-  const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * 8, 16);
-  for (std::vector<double>& v : t) v.reserve(static_cast<size_t>(steps));
-  for (int64_t i = 0; i < steps; ++i) {
-    for (int f = 0; f < 2; ++f) {
-      const Clock::time_point t0 = Clock::now();
-      problems[f]->Step(i);
-      t[f].push_back(Seconds(t0));
-    }
-  }
+  const int64_t steps = DecodeSteps(repeats);
+  const std::vector<std::vector<double>> t = bench::TimeAlternately(
+      steps, {[&](int64_t i) { problems[0]->Step(i); }, [&](int64_t i) { problems[1]->Step(i); }});
   std::vector<BenchRow> rows;
   const double bf16_step_us = Median(t[0]) * 1e6;
   for (int f = 0; f < 2; ++f) {
@@ -541,6 +528,73 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
     rows.push_back(std::move(r));
   }
   return rows;
+}
+
+// The projection GEMMs of one layer at real shapes (KimiDeltaAttention's own
+// Linears, q/k/v fused; kda::Linear's engines at M rows), with bf16, fp32 and
+// int8 weights (bf16 activations, fp32 for the fp32 weights), the three timed
+// alternately. At M <= kDecodeRows each call runs a different layer of
+// enough (m.stream_bytes of weights, as the decode rows) that its weights come
+// from memory, against the read floor (the weights read once at the
+// read-only rate); every row against the flop floor at the peak of the
+// instruction its GEMM route multiplies with (both measured in the same run).
+constexpr int64_t kDecodeRows = 8;
+
+std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats) {
+  struct Case {
+    DType dtype;
+    WeightFormat format;
+    const char* weights;
+  };
+  const Case cases[] = {{DType::kBF16, WeightFormat::kDense, "bf16"},
+                        {DType::kF32, WeightFormat::kDense, "fp32"},
+                        {DType::kBF16, WeightFormat::kInt8, "int8"}};
+  const bool streamed = rows <= kDecodeRows;
+  std::vector<std::unique_ptr<bench::ProjectionProblem>> problems;
+  std::vector<std::function<void(int64_t)>> steps;
+  for (const Case& c : cases) {
+    const int layers = streamed ? bench::LayerDecodeProblem::LayersFor(
+                                      bench::LayerProjectionBytes(c.dtype, c.format, kShape), m.stream_bytes)
+                                : 1;
+    problems.push_back(std::make_unique<bench::ProjectionProblem>(c.dtype, c.format, kShape, rows, layers));
+    bench::ProjectionProblem* p = problems.back().get();
+    for (int i = 0; i < layers; ++i) p->Step(i);  // warm-up: GEMM primitives, one pass over the layers
+    steps.emplace_back([p](int64_t i) { p->Step(i); });
+  }
+  const int64_t calls = streamed ? DecodeSteps(repeats) : repeats;
+  const std::vector<std::vector<double>> t = bench::TimeAlternately(calls, steps);
+  const double flops = 2.0 * static_cast<double>(ProjectionWeightCount(kShape)) * static_cast<double>(rows);
+  std::vector<BenchRow> out;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const bench::ProjectionProblem& p = *problems[i];
+    const double call_us = Median(t[i]) * 1e6;
+    // The fp32 pipeline always multiplies with fp32 FMAs; the bf16 one as the route says.
+    const GemmRoute route = cases[i].dtype == DType::kF32 ? GemmRoute::kF32Fma : ActiveGemmRoute();
+    const double peak = route == GemmRoute::kBf16Dot ? m.bf16_dot_gflops : m.fma_peak_gflops;
+    const auto bytes = static_cast<double>(p.StepBytes());
+    BenchRow r = Row(m, "projections", KernelImpl::kOptimized, cases[i].dtype, 1, rows, static_cast<int>(calls));
+    r.weights = cases[i].weights;
+    r.gemm_route = GemmRouteName(route);
+    r.us_per_token = call_us / static_cast<double>(rows);
+    r.extra = {{"M", static_cast<double>(rows)},
+               {"hidden", static_cast<double>(kShape.hidden)},
+               {"us_per_call", call_us},
+               {"gflops", flops / (call_us * 1e3)},
+               {"weight_bytes", bytes},
+               {"weight_gbps", bytes / (call_us * 1e3)},
+               {"compute_peak_gflops", peak},
+               {"flop_floor_us", flops / (peak * 1e3)},
+               {"ratio_to_flop_floor", call_us * peak * 1e3 / flops}};
+    if (streamed) {
+      const double read_floor_us = bytes / (m.read_gbps * 1e3);
+      r.extra.insert(r.extra.end(), {{"streamed_bytes", static_cast<double>(p.model.num_layers()) * bytes},
+                                     {"read_gbps", m.read_gbps},
+                                     {"read_floor_us", read_floor_us},
+                                     {"ratio_to_read_floor", call_us / read_floor_us}});
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 // fla's options (docs/fla-api.md), optimized kernels only, each against the
@@ -615,7 +669,7 @@ CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
   cmd->add_option("--repeats", opt.repeats, "Timed runs per measurement (median; the reference chunk kernel: R/3)");
   cmd->add_option("--only", opt.only, "Row groups to run (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "options"}));
+      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options"}));
   return cmd;
 }
 
@@ -662,6 +716,10 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   for (int64_t n : {1, 8}) {
     if (!run("decode")) break;
     for (const BenchRow& r : LayerDecodeRows(m, n, opt.repeats)) PrintRow(r, opt.json);
+  }
+  for (int64_t rows : {1, 8, 64, 2048}) {
+    if (!run("projections")) break;
+    for (const BenchRow& r : ProjectionRows(m, rows, opt.repeats)) PrintRow(r, opt.json);
   }
   if (run("options")) {
     for (const BenchRow& r : FlaOptionRows(m, opt.repeats)) PrintRow(r, opt.json);

@@ -13,7 +13,7 @@ struct BenchKernelsOptions {
   bool json = false;  // one JSON object per line per measurement (else a table)
   int threads = 0;    // worker threads (0: OpenMP default)
   int repeats = 9;    // timed runs per measurement (the slow reference chunk kernel runs ceil(repeats / 3))
-  // The row groups to run (chunk, recurrent, layer, decode, options); empty: all.
+  // The row groups to run (chunk, recurrent, layer, decode, projections, options); empty: all.
   std::vector<std::string> only;
 };
 

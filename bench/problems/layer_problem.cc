@@ -6,6 +6,14 @@
 #include "kda/base/error.h"
 
 namespace kda::bench {
+namespace {
+
+// Deterministic activations in [-1, 1].
+void FillInput(ActBuffer& x) {
+  for (int64_t i = 0; i < x.size(); ++i) x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
+}
+
+}  // namespace
 
 LayerProblem::LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& layer_shape, int64_t N, int64_t T)
     : shape(layer_shape),
@@ -15,11 +23,7 @@ LayerProblem::LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& 
       backend({&pool, &req}, kernel),
       tokens(T),
       x(dtype, T * shape.hidden),
-      out(dtype, T * shape.hidden),
-      y_qkv(dtype, T * 3 * shape.P()),
-      y_k(dtype, T * shape.K),
-      y_p(dtype, T * shape.P()),
-      y_h(dtype, T * shape.H) {
+      out(dtype, T * shape.hidden) {
   Check(N >= 1 && T >= N && T % N == 0, "layer problem: need N >= 1 and T a multiple of N");
   for (int64_t n = 0; n < N; ++n) {
     batch.req_pool_indices.push_back(req.Alloc(n));
@@ -27,19 +31,7 @@ LayerProblem::LayerProblem(DType dtype, KernelImpl kernel, const KdaLayerShape& 
     batch.extend_lens.push_back(T / N);
     batch.prefix_lens.push_back(0);
   }
-  const int64_t hidden = shape.hidden;
-  for (int64_t i = 0; i < T * hidden; ++i) x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
-  const int64_t p = shape.P();
-  auto lin = [&](int64_t o, int64_t i) {
-    return std::make_unique<Linear>(std::vector<float>(static_cast<size_t>(o * i), 0.01F), o, i, dtype);
-  };
-  qkv = lin(3 * p, hidden);
-  f_a = lin(shape.K, hidden);
-  f_b = lin(p, shape.K);
-  b = lin(shape.H, hidden);
-  g_a = lin(shape.K, hidden);
-  g_b = lin(p, shape.K);
-  o = lin(hidden, p);
+  FillInput(x);
 }
 
 void LayerProblem::Forward() {
@@ -47,15 +39,7 @@ void LayerProblem::Forward() {
   layer.Forward(out.mut(), x.view(), backend);
 }
 
-void LayerProblem::Gemms() {
-  qkv->Forward(y_qkv.mut(), x.view(), tokens);
-  f_a->Forward(y_k.mut(), x.view(), tokens);
-  f_b->Forward(y_p.mut(), y_k.view(), tokens);
-  b->Forward(y_h.mut(), x.view(), tokens);
-  g_a->Forward(y_k.mut(), x.view(), tokens);
-  g_b->Forward(y_p.mut(), y_k.view(), tokens);
-  o->Forward(out.mut(), y_p.view(), tokens);
-}
+void LayerProblem::Gemms() { layer.ForwardProjections(x.view(), tokens); }
 
 LayerDecodeProblem::LayerDecodeProblem(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape, int64_t N,
                                        int layers)
@@ -72,9 +56,7 @@ LayerDecodeProblem::LayerDecodeProblem(DType dtype, WeightFormat weights, const 
     batch.extend_lens.push_back(1);
     batch.prefix_lens.push_back(16);
   }
-  for (int64_t i = 0; i < N * layer_shape.hidden; ++i) {
-    x.Set(i, static_cast<float>((i * 7919) % 2001 - 1000) * 1e-3F);
-  }
+  FillInput(x);
 }
 
 void LayerDecodeProblem::Step(int64_t i) {
@@ -92,6 +74,23 @@ int64_t LayerDecodeProblem::StepBytes() const {
 
 int LayerDecodeProblem::LayersFor(int64_t layer_weight_bytes, int64_t bytes) {
   return static_cast<int>(std::max<int64_t>(2, (bytes + layer_weight_bytes - 1) / layer_weight_bytes));
+}
+
+ProjectionProblem::ProjectionProblem(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape, int64_t M,
+                                     int layers)
+    : model(KdaModel::Random(layer_shape, layers, dtype, 7, nullptr, weights)),
+      rows(M),
+      x(dtype, M * layer_shape.hidden) {
+  Check(M >= 1 && layers >= 1, "projection problem: need M >= 1 and layers >= 1");
+  FillInput(x);
+}
+
+void ProjectionProblem::Step(int64_t i) {
+  model.layers[static_cast<size_t>(i % model.num_layers())].ForwardProjections(x.view(), rows);
+}
+
+int64_t LayerProjectionBytes(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape) {
+  return KdaModel::Random(layer_shape, 1, dtype, 7, nullptr, weights).layers.front().projection_weight_bytes();
 }
 
 }  // namespace kda::bench

@@ -135,6 +135,36 @@ KimiDeltaAttention::~KimiDeltaAttention() = default;
 KimiDeltaAttention::KimiDeltaAttention(KimiDeltaAttention&&) noexcept = default;
 KimiDeltaAttention& KimiDeltaAttention::operator=(KimiDeltaAttention&&) noexcept = default;
 
+struct KimiDeltaAttention::Projected {
+  ActBuffer qkv, f_a, f_b, b_logits, g_a, g_b;
+};
+
+KimiDeltaAttention::Projected KimiDeltaAttention::ProjectInputs(ConstBuf x, int64_t T) const {
+  // fp32 accumulation, rounded once in the bf16 pipeline.
+  const int64_t p = shape_.P();
+  const DType dt = act_dtype_;
+  Projected r{ActBuffer::Uninitialized(dt, T * 3 * p),    ActBuffer::Uninitialized(dt, T * shape_.K),
+              ActBuffer::Uninitialized(dt, T * p),        ActBuffer::Uninitialized(dt, T * shape_.H),
+              ActBuffer::Uninitialized(dt, T * shape_.K), ActBuffer::Uninitialized(dt, T * p)};
+  qkv_proj_->Forward(r.qkv.mut(), x, T);
+  f_a_proj_->Forward(r.f_a.mut(), x, T);
+  f_b_proj_->Forward(r.f_b.mut(), r.f_a.view(), T);
+  b_proj_->Forward(r.b_logits.mut(), x, T);
+  g_a_proj_->Forward(r.g_a.mut(), x, T);
+  g_b_proj_->Forward(r.g_b.mut(), r.g_a.view(), T);
+  return r;
+}
+
+void KimiDeltaAttention::ForwardProjections(ConstBuf x, int64_t T) const {
+  Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
+                                   " does not match the layer dtype " + DTypeName(act_dtype_));
+  Check(T >= 0 && (T == 0 || x.data != nullptr), "KimiDeltaAttention: null input or negative token count");
+  if (T == 0) return;
+  const Projected pr = ProjectInputs(x, T);
+  ActBuffer out = ActBuffer::Uninitialized(act_dtype_, T * shape_.hidden);
+  o_proj_->Forward(out.mut(), pr.f_b.view(), T);
+}
+
 void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend) const {
   Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
                                    " does not match the layer dtype " + DTypeName(act_dtype_));
@@ -155,28 +185,16 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
   LayerObserver* obs = backend.observer();
   if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kInput, x, T * shape_.hidden);
 
-  // Projections (fp32 accumulation, rounded once in the bf16 pipeline).
-  ActBuffer qkv = ActBuffer::Uninitialized(dt, T * 3 * p);
-  ActBuffer f_a = ActBuffer::Uninitialized(dt, T * K);
-  ActBuffer f_b = ActBuffer::Uninitialized(dt, T * p);
-  ActBuffer b_logits = ActBuffer::Uninitialized(dt, T * H);
-  ActBuffer g_a = ActBuffer::Uninitialized(dt, T * K);
-  ActBuffer g_b = ActBuffer::Uninitialized(dt, T * p);
-  qkv_proj_->Forward(qkv.mut(), x, T);
-  f_a_proj_->Forward(f_a.mut(), x, T);
-  f_b_proj_->Forward(f_b.mut(), f_a.view(), T);
-  b_proj_->Forward(b_logits.mut(), x, T);
-  g_a_proj_->Forward(g_a.mut(), x, T);
-  g_b_proj_->Forward(g_b.mut(), g_a.view(), T);
+  const Projected pr = ProjectInputs(x, T);
 
   // The attention core: conv, gates, kernel, states.
   ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
-  attn_->Forward(backend, o.mut(), qkv.view(), f_b.view(), b_logits.view());
-  if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutputGate, g_b.view(), g_b.size());
+  attn_->Forward(backend, o.mut(), pr.qkv.view(), pr.f_b.view(), pr.b_logits.view());
+  if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutputGate, pr.g_b.view(), pr.g_b.size());
 
   // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * p);
-  GatedRmsNorm(normed.mut(), o.view(), g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
+  GatedRmsNorm(normed.mut(), o.view(), pr.g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
   if (tp_ == nullptr || tp_->size() == 1) {
     o_proj_->Forward(out, normed.view(), T);
   } else {

@@ -108,7 +108,8 @@ ffi::Error Run(F&& f) {
   return ffi::Error::Success();
 }
 
-// The options both targets take, as attributes (optional floats as a flag and a value).
+// The options both targets take, as attributes (optional floats as a flag and a
+// value); their names are KDA_OPTION_ATTRS below, in this order.
 struct Options {
   bool has_scale = false;
   float scale = 0.0F;
@@ -119,6 +120,22 @@ struct Options {
   bool has_lower_bound = false;
   float lower_bound = 0.0F;
   bool state_v_first = false;
+};
+
+// Each target's attributes: the options, then its own (decoded from the call's
+// attributes by name, XLA_FFI_REGISTER_STRUCT_ATTR_DECODING below).
+struct ChunkAttrs {
+  Options opt;
+  bool output_final_state = false;
+  bool safe_gate = false;
+  int32_t chunk_size = 0;
+  bool pool = false;
+  bool return_intermediate_states = false;
+};
+struct RecurrentAttrs {
+  Options opt;
+  bool output_final_state = false;
+  bool inplace_final_state = false;
 };
 
 // The operands and options both targets share.
@@ -147,34 +164,22 @@ ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
                         ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer state, ffi::AnyBuffer state_indices,
                         ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
                         ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
-                        bool has_scale, float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
-                        bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool has_lower_bound, float lower_bound,
-                        bool state_v_first, bool output_final_state, bool safe_gate, int32_t chunk_size, bool pool,
-                        bool return_intermediate_states) {
-  const Options opt{has_scale,
-                    scale,
-                    use_qk_l2norm_in_kernel,
-                    use_gate_in_kernel,
-                    use_beta_sigmoid_in_kernel,
-                    allow_neg_eigval,
-                    has_lower_bound,
-                    lower_bound,
-                    state_v_first};
+                        const ChunkAttrs& a) {
   return Run([&] {
     ChunkKdaCall c;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, opt);
-    c.safe_gate = safe_gate;
-    c.chunk_size = chunk_size;
-    c.return_intermediate_states = return_intermediate_states;
-    if (return_intermediate_states) c.intermediate_states = ViewOf<MutTensorView>(*intermediate_states);
-    if (pool) {
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
+    c.safe_gate = a.safe_gate;
+    c.chunk_size = a.chunk_size;
+    c.return_intermediate_states = a.return_intermediate_states;
+    if (a.return_intermediate_states) c.intermediate_states = ViewOf<MutTensorView>(*intermediate_states);
+    if (a.pool) {
       // The pool is read and written through the aliased result.
       c.state = ViewOf<MutTensorView>(*final_state);
       c.state_indices = ViewOf<TensorView>(state_indices);
     } else {
       c.initial_state = ViewOf<TensorView>(state, true);
-      c.output_final_state = output_final_state;
-      if (output_final_state) c.final_state = ViewOf<MutTensorView>(*final_state);
+      c.output_final_state = a.output_final_state;
+      if (a.output_final_state) c.final_state = ViewOf<MutTensorView>(*final_state);
     }
     chunk_kda(c);
   });
@@ -184,33 +189,21 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
                                  ffi::AnyBuffer beta, ffi::AnyBuffer initial_state, ffi::AnyBuffer state_indices,
                                  ffi::AnyBuffer num_accepted_tokens, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer a_log,
                                  ffi::AnyBuffer dt_bias, ffi::AnyBuffer /*out: aliased to o when given*/,
-                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states, bool has_scale,
-                                 float scale, bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel,
-                                 bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool has_lower_bound,
-                                 float lower_bound, bool state_v_first, bool output_final_state,
-                                 bool inplace_final_state) {
-  const Options opt{has_scale,
-                    scale,
-                    use_qk_l2norm_in_kernel,
-                    use_gate_in_kernel,
-                    use_beta_sigmoid_in_kernel,
-                    allow_neg_eigval,
-                    has_lower_bound,
-                    lower_bound,
-                    state_v_first};
+                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states,
+                                 const RecurrentAttrs& a) {
   return Run([&] {
     RecurrentKdaCall c;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, opt);
-    c.output_final_state = output_final_state;
-    c.inplace_final_state = inplace_final_state;
+    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
+    c.output_final_state = a.output_final_state;
+    c.inplace_final_state = a.inplace_final_state;
     c.ssm_state_indices = ViewOf<TensorView>(state_indices, true);
     c.num_accepted_tokens = ViewOf<TensorView>(num_accepted_tokens, true);
-    if (inplace_final_state) {
+    if (a.inplace_final_state) {
       c.initial_state = ViewOf<MutTensorView>(*states);  // aliased to the input
     } else {
       // Only read (inplace_final_state=False writes nothing into it).
       c.initial_state = ViewOf<MutTensorView>(initial_state, true);
-      if (output_final_state) {
+      if (a.output_final_state) {
         c.final_state = ViewOf<MutTensorView>(*states);
         // A state per token: the rows of padding sequences stay zeros, as the other front ends allocate them.
         if (c.ssm_state_indices.present()) std::memset(states->untyped_data(), 0, states->size_bytes());
@@ -223,57 +216,55 @@ ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuf
 }  // namespace
 }  // namespace kda
 
-// The attributes both targets take first, in the handlers' order (kda::Options).
-template <class Binding>
-auto WithOptions(Binding&& b) {
-  return std::forward<Binding>(b)
-      .template Attr<bool>("has_scale")
-      .template Attr<float>("scale")
-      .template Attr<bool>("use_qk_l2norm_in_kernel")
-      .template Attr<bool>("use_gate_in_kernel")
-      .template Attr<bool>("use_beta_sigmoid_in_kernel")
-      .template Attr<bool>("allow_neg_eigval")
-      .template Attr<bool>("has_lower_bound")
-      .template Attr<float>("lower_bound")
-      .template Attr<bool>("state_v_first");
-}
+// The option attributes both targets take, in kda::Options' order (its
+// members are initialised from them in turn).
+#define KDA_OPTION_ATTRS                                                                                  \
+  ffi::StructMember<bool>("has_scale"), ffi::StructMember<float>("scale"),                                \
+      ffi::StructMember<bool>("use_qk_l2norm_in_kernel"), ffi::StructMember<bool>("use_gate_in_kernel"),  \
+      ffi::StructMember<bool>("use_beta_sigmoid_in_kernel"), ffi::StructMember<bool>("allow_neg_eigval"), \
+      ffi::StructMember<bool>("has_lower_bound"), ffi::StructMember<float>("lower_bound"),                \
+      ffi::StructMember<bool>("state_v_first")
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(kda::ChunkAttrs, KDA_OPTION_ATTRS, ffi::StructMember<bool>("output_final_state"),
+                                      ffi::StructMember<bool>("safe_gate"), ffi::StructMember<int32_t>("chunk_size"),
+                                      ffi::StructMember<bool>("pool"),
+                                      ffi::StructMember<bool>("return_intermediate_states"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(kda::RecurrentAttrs, KDA_OPTION_ATTRS,
+                                      ffi::StructMember<bool>("output_final_state"),
+                                      ffi::StructMember<bool>("inplace_final_state"));
+#undef KDA_OPTION_ATTRS
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
-                              WithOptions(ffi::Ffi::Bind()
-                                              .Arg<ffi::AnyBuffer>()   // q
-                                              .Arg<ffi::AnyBuffer>()   // k
-                                              .Arg<ffi::AnyBuffer>()   // v
-                                              .Arg<ffi::AnyBuffer>()   // g
-                                              .Arg<ffi::AnyBuffer>()   // beta
-                                              .Arg<ffi::AnyBuffer>()   // cu_seqlens
-                                              .Arg<ffi::AnyBuffer>()   // initial state or pool
-                                              .Arg<ffi::AnyBuffer>()   // state_indices
-                                              .Arg<ffi::AnyBuffer>()   // A_log
-                                              .Arg<ffi::AnyBuffer>()   // dt_bias
-                                              .Ret<ffi::AnyBuffer>()   // o
-                                              .Ret<ffi::AnyBuffer>()   // final state or pool
-                                              .Ret<ffi::AnyBuffer>())  // intermediate states
-                                  .Attr<bool>("output_final_state")
-                                  .Attr<bool>("safe_gate")
-                                  .Attr<int32_t>("chunk_size")
-                                  .Attr<bool>("pool")
-                                  .Attr<bool>("return_intermediate_states"));
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // g
+                                  .Arg<ffi::AnyBuffer>()  // beta
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
+                                  .Arg<ffi::AnyBuffer>()  // initial state or pool
+                                  .Arg<ffi::AnyBuffer>()  // state_indices
+                                  .Arg<ffi::AnyBuffer>()  // A_log
+                                  .Arg<ffi::AnyBuffer>()  // dt_bias
+                                  .Ret<ffi::AnyBuffer>()  // o
+                                  .Ret<ffi::AnyBuffer>()  // final state or pool
+                                  .Ret<ffi::AnyBuffer>()  // intermediate states
+                                  .Attrs<kda::ChunkAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
-                              WithOptions(ffi::Ffi::Bind()
-                                              .Arg<ffi::AnyBuffer>()   // q
-                                              .Arg<ffi::AnyBuffer>()   // k
-                                              .Arg<ffi::AnyBuffer>()   // v
-                                              .Arg<ffi::AnyBuffer>()   // g
-                                              .Arg<ffi::AnyBuffer>()   // beta
-                                              .Arg<ffi::AnyBuffer>()   // initial_state
-                                              .Arg<ffi::AnyBuffer>()   // ssm_state_indices
-                                              .Arg<ffi::AnyBuffer>()   // num_accepted_tokens
-                                              .Arg<ffi::AnyBuffer>()   // cu_seqlens
-                                              .Arg<ffi::AnyBuffer>()   // A_log
-                                              .Arg<ffi::AnyBuffer>()   // dt_bias
-                                              .Arg<ffi::AnyBuffer>()   // out
-                                              .Ret<ffi::AnyBuffer>()   // o
-                                              .Ret<ffi::AnyBuffer>())  // states
-                                  .Attr<bool>("output_final_state")
-                                  .Attr<bool>("inplace_final_state"));
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // g
+                                  .Arg<ffi::AnyBuffer>()  // beta
+                                  .Arg<ffi::AnyBuffer>()  // initial_state
+                                  .Arg<ffi::AnyBuffer>()  // ssm_state_indices
+                                  .Arg<ffi::AnyBuffer>()  // num_accepted_tokens
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
+                                  .Arg<ffi::AnyBuffer>()  // A_log
+                                  .Arg<ffi::AnyBuffer>()  // dt_bias
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // o
+                                  .Ret<ffi::AnyBuffer>()  // states
+                                  .Attrs<kda::RecurrentAttrs>());

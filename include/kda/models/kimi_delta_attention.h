@@ -58,6 +58,15 @@ class KimiDeltaAttention {
   // The backend's observer, if any, is shown the layer's tensors (LayerTensor).
   void Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend) const;
 
+  // The layer's projection GEMMs alone, the Linears Forward runs on the same
+  // inputs: q/k/v (fused), f_a, b, g_a on x [T, hidden] (activation dtype),
+  // f_b and g_b on f_a's and g_a's outputs, and o_proj on a [T, P] input (f_b's
+  // output here, the normed core output in Forward). The outputs are discarded
+  // (without a tensor-parallel sum). For benchmarks that time the projections
+  // apart from the core (`kda bench-kernels --only projections`). Throws
+  // kda::Error on a bad x.
+  void ForwardProjections(ConstBuf x, int64_t T) const;
+
   const KdaLayerShape& shape() const { return shape_; }
   DType act_dtype() const { return act_dtype_; }
   WeightFormat weights_format() const { return qkv_proj_->weight_format(); }
@@ -68,6 +77,10 @@ class KimiDeltaAttention {
  private:
   KdaLayerShape shape_;
   DType act_dtype_;
+  struct Projected;  // the outputs of the projections before the core
+  // The projections that read x [T, hidden] and their f_b, g_b (Forward's first step).
+  Projected ProjectInputs(ConstBuf x, int64_t T) const;
+
   std::unique_ptr<Linear> qkv_proj_, f_a_proj_, f_b_proj_, b_proj_, g_a_proj_, g_b_proj_, o_proj_;
   std::unique_ptr<RadixLinearAttention> attn_;
   std::vector<float> o_norm_;  // [V]

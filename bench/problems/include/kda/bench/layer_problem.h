@@ -1,9 +1,9 @@
 // One KimiDeltaAttention layer with random weights over a packed prefill
 // batch, for the benchmarks (bench/kernels_bench.cc and `kda bench-kernels`):
 // Forward() runs the layer (EXTEND through the serving backend and pool), and
-// Gemms() runs the same projection GEMMs alone, as separate Linears of the
-// layer's shapes through the same GEMM library, so that the two can be timed
-// in one run.
+// Gemms() runs the layer's own projection Linears alone on the same shapes
+// (KimiDeltaAttention::ForwardProjections), so that the two can be timed in
+// one run.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +39,6 @@ struct LayerProblem {
   ForwardBatch batch;
   int64_t tokens;
   ActBuffer x, out;
-  ActBuffer y_qkv, y_k, y_p, y_h;
-  std::unique_ptr<Linear> qkv, f_a, f_b, b, g_a, g_b, o;
 };
 
 // Decode steps of whole layers at batch N (bf16 or fp32 activations,
@@ -67,5 +65,30 @@ struct LayerDecodeProblem {
   ForwardBatch batch;
   ActBuffer x, out;
 };
+
+// The projection GEMMs of whole layers at M rows (activations in `dtype`,
+// weights in `weights`): `layers` layers of random weights (KdaModel::Random:
+// each layer's own Linears, q/k/v fused), step i running those of layer
+// i % layers (KimiDeltaAttention::ForwardProjections), so that with enough
+// layers (LayerDecodeProblem::LayersFor) each step streams its weights from
+// memory.
+struct ProjectionProblem {
+  ProjectionProblem(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape, int64_t M, int layers);
+  ProjectionProblem(const ProjectionProblem&) = delete;
+  ProjectionProblem& operator=(const ProjectionProblem&) = delete;
+
+  // The projections of layer i % layers on the M rows.
+  void Step(int64_t i);
+  // Bytes of projection weights (and Q8 scales) one step reads.
+  int64_t StepBytes() const { return model.layers.front().projection_weight_bytes(); }
+
+  KdaModel model;
+  int64_t rows;
+  ActBuffer x;
+};
+
+// Bytes of one layer's projection weights (and Q8 scales) at these dtypes (one
+// random layer is built to count them).
+int64_t LayerProjectionBytes(DType dtype, WeightFormat weights, const KdaLayerShape& layer_shape);
 
 }  // namespace kda::bench

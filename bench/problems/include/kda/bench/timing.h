@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -39,6 +40,23 @@ inline RepeatedSeconds TimeRepeats(int repeats, const std::function<void()>& fn)
     t.push_back(Seconds(t0));
   }
   return {Median(t), *std::min_element(t.begin(), t.end())};
+}
+
+// Times `rounds` rounds of fns[0](i), fns[1](i), ... (i the round), each call
+// timed alone, the calls of a round in turn, so that a slow spell of the
+// machine hits all of them; returns each function's seconds, round by round.
+inline std::vector<std::vector<double>> TimeAlternately(int64_t rounds,
+                                                        const std::vector<std::function<void(int64_t)>>& fns) {
+  std::vector<std::vector<double>> t(fns.size());
+  for (std::vector<double>& v : t) v.reserve(static_cast<size_t>(rounds));  // nothing allocated between clock reads
+  for (int64_t i = 0; i < rounds; ++i) {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      const Clock::time_point t0 = Clock::now();
+      fns[f](i);
+      t[f].push_back(Seconds(t0));
+    }
+  }
+  return t;
 }
 
 // Times fn `repeats` (>= 1) times; returns the median in seconds.
