@@ -5,14 +5,19 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/act_buffer.h"
 #include "kda/mem_cache/memory_pools.h"
+#include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/model_runner.h"
+#include "kda/serving/scheduler.h"
+#include "kda/serving/seeded_drafts.h"
 #include "tests/error_util.h"
 #include "tests/tolerance.h"
 
@@ -353,6 +358,181 @@ TEST(SpecVerify, VerifyAreaIsCountedInTheMemoryBudget) {
   EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(5 * per, 2, small, DType::kF32, r), 4);
   RecurrentStatePool pool(2, 4, small, DType::kF32, r);
   EXPECT_EQ(pool.total_bytes(), 5 * per);
+}
+
+// ---------------------------------------------------------------- scheduler
+
+// A request's result against its plain run: rows [cached, length) within the
+// fp32 tolerance, final states within the state rule.
+::testing::AssertionResult SameResult(const RequestResult& got, const RequestResult& want, int64_t hidden) {
+  if (got.out.size() != want.out.size()) return ::testing::AssertionFailure() << "output sizes differ";
+  const size_t floats = want.out.size() / sizeof(float);
+  std::vector<float> g(floats), w(floats);
+  std::memcpy(g.data(), got.out.data(), got.out.size());
+  std::memcpy(w.data(), want.out.data(), want.out.size());
+  const auto cached = static_cast<size_t>(got.cached_tokens * hidden);
+  auto r = AllCloseF32(g.data() + cached, w.data() + cached, floats - cached);
+  if (!r) return r << " (outputs)";
+  r = AllCloseStateF32(got.final_recurrent.data(), want.final_recurrent.data(), want.final_recurrent.size());
+  if (!r) return r << " (final recurrent state)";
+  std::vector<float> gc(want.final_conv.size() / sizeof(float)), wc(gc.size());
+  std::memcpy(gc.data(), got.final_conv.data(), got.final_conv.size());
+  std::memcpy(wc.data(), want.final_conv.data(), want.final_conv.size());
+  r = AllCloseStateF32(gc.data(), wc.data(), gc.size());
+  if (!r) return r << " (final conv state)";
+  return ::testing::AssertionSuccess();
+}
+
+struct Served {
+  std::map<int64_t, RequestResult> results;
+  std::vector<StepRecord> steps;
+  std::vector<int64_t> finish_order;
+  int64_t cache_hits = 0;
+};
+
+// Serves `reqs` through `slots` slots with a verify area of `verify` (and the
+// prefix cache, when given); without a verify area the draft sources are unused.
+Served Serve(const KdaModel& model, const std::vector<ServeRequest>& reqs, int64_t slots, const VerifyConfig& verify,
+             RadixStateCache* cache = nullptr, SchedulerConfig cfg = {}) {
+  RecurrentStatePool pool(model.num_layers(), slots, model.shape, model.act_dtype, verify);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req});
+  cfg.prefix_cache = cache;
+  Scheduler sched(runner, cfg);
+  for (const ServeRequest& r : reqs) sched.Submit(r);
+  sched.RunToCompletion();
+  EXPECT_EQ(pool.num_free(), slots);
+  Served s;
+  for (RequestResult& r : sched.TakeFinished()) {
+    s.finish_order.push_back(r.id);
+    s.results[r.id] = std::move(r);
+  }
+  s.steps = sched.steps();
+  s.cache_hits = sched.cache_hit_tokens();
+  return s;
+}
+
+std::vector<float> RandomRows(int64_t n, int64_t hidden, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> r(static_cast<size_t>(n * hidden));
+  for (float& v : r) v = normal(rng);
+  return r;
+}
+
+// Verify steps hold requests without drafts (k = 0) next to ones with; a
+// request whose drafts are all accepted finishes inside a verify step; no
+// step mixes EXTEND and TARGET_VERIFY; results hold the kept positions only
+// and equal the plain runs.
+TEST(SpecScheduler, VerifyStepsMixDraftlessRequestsAndFinishInsideAVerifyStep) {
+  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 8);
+  const int64_t hidden = model.shape.hidden;
+  const std::vector<float> x0 = RandomRows(9, hidden, 1), x1 = RandomRows(10, hidden, 2), x2 = RandomRows(7, hidden, 3);
+  std::vector<ServeRequest> reqs = {
+      {.id = 0, .input = {x0.data(), DType::kF32}, .length = 9, .decode_tokens = 4},
+      {.id = 1, .input = {x1.data(), DType::kF32}, .length = 10, .decode_tokens = 6},
+      {.id = 2, .input = {x2.data(), DType::kF32}, .length = 7, .decode_tokens = 5},  // a 2-row prompt
+  };
+  const Served plain = Serve(model, reqs, 3, {});
+  reqs[0].draft = SeededDraftSource(reqs[0].input, hidden, 3, 1.0, 11);  // 3 drafts, all accepted: done in one step
+  reqs[2].draft = SeededDraftSource(reqs[2].input, hidden, 2, 0.5, 12);
+  const Served spec = Serve(model, reqs, 3, {.max_draft_tokens = 7});
+  bool seen_verify = false;
+  for (const StepRecord& st : spec.steps) {
+    if (st.mode == ForwardMode::kTargetVerify && !seen_verify) {
+      seen_verify = true;
+      EXPECT_EQ(st.batch_size, 3);                  // request 1, without drafts, with k = 0
+      EXPECT_EQ(st.tokens, (1 + 3) + 1 + (1 + 2));  // 1 + k positions each
+    }
+    if (seen_verify) EXPECT_NE(st.mode, ForwardMode::kExtend);
+  }
+  EXPECT_TRUE(seen_verify);
+  EXPECT_EQ(spec.finish_order.front(), 0);  // finished in the first verify step
+  int64_t committed = 0;
+  for (const StepRecord& st : spec.steps) committed += st.kept;
+  EXPECT_EQ(committed, 9 + 10 + 7);
+  for (const auto& [id, want] : plain.results) EXPECT_TRUE(SameResult(spec.results.at(id), want, hidden)) << id;
+}
+
+TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
+  const KdaModel model = KdaModel::Random(SpecShape(), 1, DType::kF32, 8);
+  const int64_t hidden = model.shape.hidden;
+  const std::vector<float> x = RandomRows(6, hidden, 1);
+  RecurrentStatePool pool(1, 2, model.shape, DType::kF32, {.max_draft_tokens = 2});
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req});
+  Scheduler sched(runner, {});
+  ServeRequest bad{.id = 1, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
+  bad.draft.propose = [](int64_t, int64_t max_k, void*) { return max_k + 1; };
+  ServeRequest good{.id = 2, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
+  good.draft = SeededDraftSource(good.input, hidden, 2, 0.5, 3);
+  sched.Submit(bad);
+  sched.Submit(good);
+  EXPECT_NE(ErrorOf([&] { sched.RunToCompletion(); }).find("request 1: draft source: proposed 3 drafts"),
+            std::string::npos);
+  sched.RunToCompletion();
+  ASSERT_EQ(sched.failed().size(), 1U);
+  EXPECT_EQ(sched.failed()[0].id, 1);
+  ASSERT_EQ(sched.finished().size(), 1U);
+  EXPECT_EQ(pool.num_free(), 2);
+}
+
+// Many more requests than slots, random k (0 included) and random
+// acceptance, some requests without drafts, conversations continuing earlier
+// requests through the prefix cache: every request's result and final states
+// equal its plain (token-by-token decode) run.
+TEST(SpecScheduler, ChurnWithRandomAcceptanceAndPrefixCacheMatchesPlainRuns) {
+#ifdef KDA_SANITIZED
+  constexpr int kRequests = 60;  // a sample: the whole churn runs in the Release build
+#else
+  constexpr int kRequests = 1000;
+#endif
+  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 31);
+  const int64_t hidden = model.shape.hidden;
+  constexpr int kVocab = 48;
+  const std::vector<float> table = RandomRows(kVocab, hidden, 99);
+  std::mt19937 rng(7);
+  std::vector<std::vector<int32_t>> ids(kRequests);
+  std::vector<std::vector<float>> rows(kRequests);
+  std::vector<ServeRequest> reqs;
+  for (int i = 0; i < kRequests; ++i) {
+    std::vector<int32_t>& t = ids[i];
+    if (i > 0 && rng() % 3 == 0) t = ids[rng() % i];  // the next turn of an earlier request
+    const int64_t prompt_more = rng() % 12;
+    const int64_t decode = rng() % 14;
+    for (int64_t j = 0; j < prompt_more + decode; ++j) t.push_back(static_cast<int32_t>(rng() % kVocab));
+    for (int32_t id : t) rows[i].insert(rows[i].end(), table.begin() + id * hidden, table.begin() + (id + 1) * hidden);
+    reqs.push_back({.id = i,
+                    .input = {rows[i].data(), DType::kF32},
+                    .length = static_cast<int64_t>(t.size()),
+                    .decode_tokens = decode,
+                    .token_ids = t.empty() ? nullptr : t.data()});
+  }
+  const Served plain = Serve(model, reqs, 8, {});
+  for (int i = 0; i < kRequests; ++i) {
+    if (i % 5 == 4) continue;  // no drafts
+    const double alpha = 0.3 + 0.1 * (i % 7);
+    DraftSource inner = SeededDraftSource(reqs[i].input, hidden, kMaxDraft, alpha, 1000 + i);
+    // A random k each step (0 included), then the seeded acceptance of those k.
+    reqs[i].draft.propose = [inner, i](int64_t committed, int64_t max_k, void* out) {
+      return inner.propose(committed, SeededAcceptedDrafts(5000 + i, committed, max_k, 0.7), out);
+    };
+    reqs[i].draft.accept = inner.accept;
+  }
+  RadixStateCache cache(model.num_layers(), model.shape, DType::kF32,
+                        40 * RadixStateCache::SnapshotBytes(model.num_layers(), model.shape, DType::kF32));
+  SchedulerConfig cfg;
+  cfg.prefill_chunk = 5;
+  cfg.step_token_budget = 24;
+  const Served spec = Serve(model, reqs, 8, {.max_draft_tokens = kMaxDraft}, &cache, cfg);
+  ASSERT_EQ(spec.results.size(), static_cast<size_t>(kRequests));
+  EXPECT_GT(spec.cache_hits, 0);
+  int64_t verify_steps = 0;
+  for (const StepRecord& st : spec.steps) verify_steps += st.mode == ForwardMode::kTargetVerify ? 1 : 0;
+  EXPECT_GT(verify_steps, 0);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(SameResult(spec.results.at(i), plain.results.at(i), hidden)) << "request " << i;
+  }
 }
 
 }  // namespace
