@@ -24,6 +24,7 @@
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/bench_multi_turn.h"
+#include "tools/bench_speculative.h"
 #include "tools/rank_errors.h"
 
 namespace kda::cli {
@@ -475,13 +476,14 @@ int RunBenchCommand(const BenchOptions& opt) {
   Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
         "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
   SetNumThreads(opt.threads);
-  Check(opt.workload == "default" || opt.workload == "multi-turn",
-        "--workload must be default or multi-turn, got '" + opt.workload + "'");
+  Check(opt.workload == "default" || opt.workload == "multi-turn" || opt.workload == "speculative",
+        "--workload must be default, multi-turn or speculative, got '" + opt.workload + "'");
   Check(!opt.vs_one_shot || (opt.workload == "default" && opt.tp == 1 && opt.dp == 1),
         "--vs-one-shot needs the default workload in one process (no --tp/--dp)");
   Check(!opt.vs_one_shot || wf == WeightFormat::kDense,
         "--vs-one-shot times a layer with bf16 weights: use --weights bf16");
   if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, wf, kernel);
+  if (opt.workload == "speculative") return RunSpeculativeBench(opt, dtype, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
   return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, wf, kernel, rt.get()); });
