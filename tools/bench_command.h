@@ -49,8 +49,8 @@ struct BenchOptions {
   // seeded drafts (each accepted with probability alpha, stopping at the
   // first rejection) against plain decode in the same run; `requests` is
   // unused, each request has spec_prompt prompt rows and decode_steps decode
-  // rows; layers 0 (the default for this workload) picks enough layers that a
-  // step streams more weights than the last-level cache.
+  // rows; layers 0 (the command line's default for this workload) picks
+  // enough layers that a step streams more weights than the last-level cache.
   std::string spec_batches = "1,8";
   std::string spec_weights = "bf16,int8";
   std::string spec_k = "1,3,7";

@@ -19,6 +19,7 @@
 #include "kda/models/kda_model.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
+#include "tools/layer_replay.h"
 
 namespace kda::cli {
 namespace {
@@ -53,18 +54,29 @@ struct Run {
   int64_t verify_members = 0;  // requests in them
 };
 
+// Serves the batch (drafts of k rows with acceptance alpha; k = 0: plain
+// decode); `trace` (optional) follows request 0's kept positions.
 Run Serve(const KdaModel& model, KernelImpl kernel, const std::vector<ActBuffer>& inputs, int64_t prompt,
-          int64_t decode, const VerifyConfig& verify, int64_t k, double alpha, uint64_t seed) {
+          int64_t decode, const VerifyConfig& verify, int64_t k, double alpha, uint64_t seed,
+          RequestTrace* trace = nullptr) {
   const auto batch = static_cast<int64_t>(inputs.size());
   RecurrentStatePool pool(model.num_layers(), batch, model.shape, model.act_dtype, verify);
   HybridReqToTokenPool req_pool(&pool);
   ModelRunner runner(model, {&pool, &req_pool}, kernel);
+  runner.SetObserver(trace);
   SchedulerConfig cfg;
   cfg.step_token_budget = 1 << 20;
   Scheduler sched(runner, cfg);
   for (int64_t i = 0; i < batch; ++i) {
     ServeRequest r{.id = i, .input = inputs[i].view(), .length = prompt + decode, .decode_tokens = decode};
     if (k > 0) r.draft = SeededDraftSource(r.input, model.shape.hidden, k, alpha, seed + static_cast<uint64_t>(i));
+    if (k > 0 && trace != nullptr && i == trace->req_id()) {
+      r.draft.accept = [inner = r.draft.accept, trace](int64_t committed, int64_t n, const void* out) {
+        const int64_t a = inner(committed, n, out);
+        trace->KeepFirst(a + 1);  // the trace holds the kept positions only
+        return a;
+      };
+    }
     sched.Submit(r);
   }
   sched.RunToCompletion();
@@ -86,32 +98,6 @@ Run Serve(const KdaModel& model, KernelImpl kernel, const std::vector<ActBuffer>
   std::sort(run.results.begin(), run.results.end(),
             [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
   return run;
-}
-
-// The largest self-check ratio of the runs' final states (recurrent and conv
-// tails, every request): `got` against the plain decode `want` (fp32 rule; bf16
-// rule v2 with x = the fp32 plain decode `exact`).
-double CheckStates(const Run& got, const Run& want, const Run* exact, DType dt, bool* pass) {
-  std::vector<float> a, r, x;
-  const auto append = [&](std::vector<float>& dst, const RequestResult& res) {
-    dst.insert(dst.end(), res.final_recurrent.begin(), res.final_recurrent.end());
-    const std::vector<float> c = BytesToFloat(res.final_conv, dt);
-    dst.insert(dst.end(), c.begin(), c.end());
-  };
-  const auto append_exact = [&](const RequestResult& res) {
-    x.insert(x.end(), res.final_recurrent.begin(), res.final_recurrent.end());
-    const std::vector<float> c = BytesToFloat(res.final_conv, DType::kF32);
-    x.insert(x.end(), c.begin(), c.end());
-  };
-  for (size_t i = 0; i < want.results.size(); ++i) {
-    append(a, got.results.at(i));
-    append(r, want.results[i]);
-    if (exact != nullptr) append_exact(exact->results.at(i));
-  }
-  const ToleranceReport rep = dt == DType::kF32 ? CompareStateF32(a.data(), r.data(), r.size())
-                                                : CompareBF16(a.data(), r.data(), x.data(), r.size());
-  *pass = *pass && rep.ok;
-  return rep.max_ratio;
 }
 
 }  // namespace
@@ -153,7 +139,7 @@ int RunSpeculativeBench(const BenchOptions& opt, DType dtype, KernelImpl kernel)
       layers = static_cast<int>(bench::DecodeStreamBytes() / per_layer) + 1;
     }
     const KdaModel model = KdaModel::Random(shape, layers, dtype, 20261129, nullptr, wf);
-    std::optional<KdaModel> exact;  // the self-check's x of a bf16 run
+    std::optional<KdaModel> exact;  // the self-check's exact pipeline of a bf16 run
     if (dtype == DType::kBF16) exact = KdaModel::Random(shape, layers, DType::kF32, 20261129, nullptr, wf);
     const VerifyConfig verify{.max_draft_tokens = max_k, .method = method};
     const int64_t state = RecurrentStatePool::BytesPerRequest(layers, shape, dtype);
@@ -169,27 +155,25 @@ int RunSpeculativeBench(const BenchOptions& opt, DType dtype, KernelImpl kernel)
     for (int64_t batch : batches) {
       std::mt19937_64 rng(opt.seed + static_cast<uint64_t>(batch));
       std::normal_distribution<float> normal(0.0F, 1.0F);
-      std::vector<ActBuffer> in_rows, in_exact;
+      std::vector<ActBuffer> in_rows;
       for (int64_t i = 0; i < batch; ++i) {
         in_rows.emplace_back(dtype, rows * hidden);
-        in_exact.emplace_back(DType::kF32, rows * hidden);
-        for (int64_t j = 0; j < rows * hidden; ++j) {
-          const float v = RoundBF16(normal(rng));
-          in_rows.back().Set(j, v);
-          in_exact.back().Set(j, v);
-        }
+        for (int64_t j = 0; j < rows * hidden; ++j) in_rows.back().Set(j, normal(rng));
       }
       const Run plain = Serve(model, kernel, in_rows, opt.spec_prompt, opt.decode_steps, {}, 0, 0.0, 0);
-      std::optional<Run> plain_exact;
-      if (exact) plain_exact = Serve(*exact, kernel, in_exact, opt.spec_prompt, opt.decode_steps, {}, 0, 0.0, 0);
       const double decode_ms = bench::Median(plain.full_decode_s) * 1e3;
       const double decode_tps = static_cast<double>(plain.committed) / plain.decode_s;
       for (int64_t k : ks) {
         for (double alpha : alphas) {
-          const Run spec =
-              Serve(model, kernel, in_rows, opt.spec_prompt, opt.decode_steps, verify, k, alpha, opt.seed * 7919);
-          bool ok = true;
-          const double ratio = CheckStates(spec, plain, plain_exact ? &*plain_exact : nullptr, dtype, &ok);
+          RequestTrace trace(0, model.num_layers());
+          const Run spec = Serve(model, kernel, in_rows, opt.spec_prompt, opt.decode_steps, verify, k, alpha,
+                                 opt.seed * 7919, &trace);
+          // Self-check: request 0's kept positions, each layer alone on the inputs it saw, the prompt
+          // in one EXTEND step and then one DECODE step per row (token-by-token decode).
+          const SelfCheck check =
+              ReplayCheck(model, exact ? &*exact : nullptr, trace, spec.results.at(0), kernel, opt.spec_prompt);
+          const double ratio = std::max(check.out.max_ratio, check.state.max_ratio);
+          const bool ok = check.pass;
           pass = pass && ok;
           const double mean_a = spec.verify_members > 0
                                     ? static_cast<double>(spec.accepted) / static_cast<double>(spec.verify_members)

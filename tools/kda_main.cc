@@ -105,7 +105,11 @@ int main(int argc, char** argv) {
   }
   try {
     if (bench_kernels_cmd->parsed()) return kda::cli::RunBenchKernelsCommand(bench_kernels);
-    if (bench_cmd->parsed()) return kda::cli::RunBenchCommand(bench);
+    if (bench_cmd->parsed()) {
+      // The speculative workload picks its layers from the last-level cache unless --layers is given.
+      if (bench.workload == "speculative" && bench_cmd->count("--layers") == 0) bench.layers = 0;
+      return kda::cli::RunBenchCommand(bench);
+    }
     if (quantize_cmd->parsed()) {
       kda::QuantizeKdaCheckpoint(quantize_model, quantize_output);
       std::printf("int8 checkpoint written to %s\n", quantize_output.c_str());
