@@ -137,6 +137,34 @@ void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutB
   }
 }
 
+namespace {
+
+// A step of N sequences (cu [N + 1], T tokens) over the layer's pool states in `slots`.
+LinearRecurrentAttnBackend::CoreStep StepOver(const RadixLinearAttention& layer, const LayerStateCache& cache, MutBuf o,
+                                              const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
+                                              ConstBuf gate_raw, ConstBuf beta_logits, int64_t T, int64_t N,
+                                              const int32_t* slots, const uint8_t* has_initial_state,
+                                              const int64_t* cu) {
+  return {
+      .layer = layer,
+      .o = o,
+      .q = q.view(),
+      .k = k.view(),
+      .v = v.view(),
+      .gate_raw = gate_raw,
+      .beta_logits = beta_logits,
+      .num_tokens = T,
+      .num_seqs = N,
+      .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
+                                     {cache.num_slots, layer.num_heads(), layer.head_k_dim(), layer.head_v_dim()}),
+      .state_indices = ContiguousView<const void*>(slots, DType::kI32, {N}),
+      .has_initial_state = ContiguousView<const void*>(has_initial_state, DType::kU8, {N}),
+      .cu_seqlens = ContiguousView<const void*>(cu, DType::kI64, {N + 1}),
+  };
+}
+
+}  // namespace
+
 void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
                                                        ConstBuf gate_raw, ConstBuf beta_logits) {
   const bool extend = md_.mode == ForwardMode::kExtend;
@@ -150,23 +178,8 @@ void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttentio
   RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()}, PoolConvSeqs(cache));
 
   const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  const int64_t H = layer.num_heads();
-  CoreStep step{
-      .layer = layer,
-      .o = o,
-      .q = q.view(),
-      .k = k.view(),
-      .v = v.view(),
-      .gate_raw = gate_raw,
-      .beta_logits = beta_logits,
-      .num_tokens = T,
-      .num_seqs = N,
-      .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
-                                     {cache.num_slots, H, layer.head_k_dim(), layer.head_v_dim()}),
-      .state_indices = ContiguousView<const void*>(md_.recurrent_indices.data(), DType::kI32, {N}),
-      .has_initial_state = ContiguousView<const void*>(md_.has_initial_state.data(), DType::kU8, {N}),
-      .cu_seqlens = ContiguousView<const void*>(md_.cu_q_lens.data(), DType::kI64, {N + 1}),
-  };
+  CoreStep step = StepOver(layer, cache, o, q, k, v, gate_raw, beta_logits, T, N, md_.recurrent_indices.data(),
+                           md_.has_initial_state.data(), md_.cu_q_lens.data());
   const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
   if (extend) {
     if (!md_.snapshot_cu.empty()) {
@@ -184,13 +197,17 @@ void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttentio
     }
     RunDecode(step);
   }
-  if (observer_ != nullptr) {
-    const int id = layer.layer_id();
-    Report(id, LayerTensor::kQConv, q.view(), q.size());
-    Report(id, LayerTensor::kKConv, k.view(), k.size());
-    Report(id, LayerTensor::kVConv, v.view(), v.size());
-    Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, T * H * layer.head_v_dim());
-  }
+  ReportCore(layer, q, k, v, o);
+}
+
+void LinearRecurrentAttnBackend::ReportCore(const RadixLinearAttention& layer, const ActBuffer& q, const ActBuffer& k,
+                                            const ActBuffer& v, MutBuf o) const {
+  if (observer_ == nullptr) return;
+  const int id = layer.layer_id();
+  Report(id, LayerTensor::kQConv, q.view(), q.size());
+  Report(id, LayerTensor::kKConv, k.view(), k.size());
+  Report(id, LayerTensor::kVConv, v.view(), v.size());
+  Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, md_.num_tokens * layer.num_heads() * layer.head_v_dim());
 }
 
 LayerStateCache LinearRecurrentAttnBackend::Cache(int layer_id) const {
@@ -330,31 +347,11 @@ void LinearRecurrentAttnBackend::ForwardVerify(const RadixLinearAttention& layer
     for (int64_t n = 0; n < N; ++n)
       token_states.push_back(cache.verify_states + md_.recurrent_indices[n] * cache.verify_rows * rs);
   }
-  CoreStep step{
-      .layer = layer,
-      .o = o,
-      .q = q.view(),
-      .k = k.view(),
-      .v = v.view(),
-      .gate_raw = gate_raw,
-      .beta_logits = beta_logits,
-      .num_tokens = T,
-      .num_seqs = N,
-      .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
-                                     {cache.num_slots, H, layer.head_k_dim(), layer.head_v_dim()}),
-      .state_indices = ContiguousView<const void*>(md_.recurrent_indices.data(), DType::kI32, {N}),
-      .has_initial_state = ContiguousView<const void*>(continues.data(), DType::kU8, {N}),
-      .cu_seqlens = ContiguousView<const void*>(md_.cu_q_lens.data(), DType::kI64, {N + 1}),
-      .token_states = token_states.empty() ? nullptr : token_states.data(),
-  };
+  CoreStep step = StepOver(layer, cache, o, q, k, v, gate_raw, beta_logits, T, N, md_.recurrent_indices.data(),
+                           continues.data(), md_.cu_q_lens.data());
+  step.token_states = token_states.empty() ? nullptr : token_states.data();
   RunVerify(step);
-  if (observer_ != nullptr) {
-    const int id = layer.layer_id();
-    Report(id, LayerTensor::kQConv, q.view(), q.size());
-    Report(id, LayerTensor::kKConv, k.view(), k.size());
-    Report(id, LayerTensor::kVConv, v.view(), v.size());
-    Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, T * H * layer.head_v_dim());
-  }
+  ReportCore(layer, q, k, v, o);
 }
 
 void LinearRecurrentAttnBackend::EndVerify() {
@@ -439,22 +436,8 @@ void LinearRecurrentAttnBackend::CommitLayer(const RadixLinearAttention& layer) 
     return;
   }
   ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
-  const CoreStep step{
-      .layer = layer,
-      .o = o.mut(),
-      .q = q.view(),
-      .k = k.view(),
-      .v = v.view(),
-      .gate_raw = gate_in.view(),
-      .beta_logits = beta_in.view(),
-      .num_tokens = T,
-      .num_seqs = N,
-      .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
-                                     {cache.num_slots, H, layer.head_k_dim(), layer.head_v_dim()}),
-      .state_indices = ContiguousView<const void*>(commit_.slots.data(), DType::kI32, {N}),
-      .has_initial_state = ContiguousView<const void*>(continues.data(), DType::kU8, {N}),
-      .cu_seqlens = ContiguousView<const void*>(commit_.cu.data(), DType::kI64, {N + 1}),
-  };
+  const CoreStep step = StepOver(layer, cache, o.mut(), q, k, v, gate_in.view(), beta_in.view(), T, N,
+                                 commit_.slots.data(), continues.data(), commit_.cu.data());
   RunCommit(step);
 }
 

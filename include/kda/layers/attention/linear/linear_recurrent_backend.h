@@ -28,6 +28,7 @@
 
 namespace kda {
 
+class ActBuffer;
 class RadixLinearAttention;
 
 // Computed once per batch, shared by all layers.
@@ -151,6 +152,9 @@ class LinearRecurrentAttnBackend {
   // sequence's first row) its slot's tail. Runs before RunShortConv moves the tails.
   void SnapshotConvTails(const RadixLinearAttention& layer, ConstBuf mixed_qkv);
   LayerStateCache Cache(int layer_id) const;
+  // Shows the observer (if any) the step's conv outputs and core output.
+  void ReportCore(const RadixLinearAttention& layer, const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
+                  MutBuf o) const;
 
   MemoryPools pools_;
   LinearAttnMetadata md_;
