@@ -368,8 +368,10 @@ TEST(SpecVerify, VerifyAreaIsCountedInTheMemoryBudget) {
   if (got.out.size() != want.out.size()) return ::testing::AssertionFailure() << "output sizes differ";
   const size_t floats = want.out.size() / sizeof(float);
   std::vector<float> g(floats), w(floats);
-  std::memcpy(g.data(), got.out.data(), got.out.size());
-  std::memcpy(w.data(), want.out.data(), want.out.size());
+  if (floats > 0) {  // an empty request has no rows (and null data)
+    std::memcpy(g.data(), got.out.data(), got.out.size());
+    std::memcpy(w.data(), want.out.data(), want.out.size());
+  }
   const auto cached = static_cast<size_t>(got.cached_tokens * hidden);
   auto r = AllCloseF32(g.data() + cached, w.data() + cached, floats - cached);
   if (!r) return r << " (outputs)";
