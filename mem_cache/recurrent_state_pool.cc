@@ -9,14 +9,27 @@
 
 namespace kda {
 
+const char* VerifyMethodName(VerifyMethod method) {
+  return method == VerifyMethod::kTokenStates ? "token_states" : "recompute";
+}
+
+namespace {
+
+// Conv-dtype elements of one position in a verify area: mixed_qkv | gate_raw | beta_logits.
+int64_t VerifyRowElems(const KdaLayerShape& shape) { return 4 * shape.P() + shape.H; }
+
+}  // namespace
+
 RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape,
-                                       DType conv_dtype)
-    : num_layers_(num_layers), max_requests_(max_requests), shape_(shape), conv_dtype_(conv_dtype) {
+                                       DType conv_dtype, const VerifyConfig& verify)
+    : num_layers_(num_layers), max_requests_(max_requests), shape_(shape), conv_dtype_(conv_dtype), verify_(verify) {
   Check(num_layers >= 1, "state pool: needs at least one layer");
   Check(max_requests >= 1, "state pool: needs at least one request slot");
   Check(max_requests < (int64_t{1} << 31) - 1, "state pool: too many slots");
   Check(shape.H >= 1 && shape.K >= 1 && shape.W >= 1, "state pool: invalid state shape");
   Check(conv_dtype == DType::kF32 || conv_dtype == DType::kBF16, "state pool: conv dtype must be F32 or BF16");
+  Check(verify.max_draft_tokens >= 0 && verify.max_draft_tokens <= 64,
+        "state pool: max_draft_tokens must be in [0, 64], got " + std::to_string(verify.max_draft_tokens));
   const auto slots = static_cast<size_t>(max_requests + 1);
   try {
     MaybeInjectFault(FaultPoint::kAlloc);
@@ -26,27 +39,45 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
       recurrent_[l].assign(slots * shape.RecurrentStateSize(), 0.0F);
       conv_[l].assign(slots * shape.ConvStateSize() * DTypeSize(conv_dtype), 0);
     }
+    if (verify.rows() > 0) {
+      verify_inputs_.resize(static_cast<size_t>(num_layers));
+      for (auto& v : verify_inputs_) v.resize(slots * verify.rows() * VerifyRowElems(shape) * DTypeSize(conv_dtype));
+      if (verify.method == VerifyMethod::kTokenStates) {
+        verify_states_.resize(static_cast<size_t>(num_layers));
+        for (auto& v : verify_states_) v.resize(slots * verify.rows() * shape.RecurrentStateSize());
+      }
+    }
     allocated_.assign(slots, 0);
+    verify_pending_.assign(slots, 0);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {  // std::bad_alloc, or std::length_error beyond what a vector can hold
     throw Error("state pool: cannot allocate " + std::to_string(total_bytes()) + " bytes (" +
                 std::to_string(max_requests) + " slots + the dummy of " +
-                std::to_string(BytesPerRequest(num_layers, shape, conv_dtype)) + " bytes each): out of memory (" +
-                e.what() + ")");
+                std::to_string(BytesPerRequest(num_layers, shape, conv_dtype, verify)) +
+                " bytes each): out of memory (" + e.what() + ")");
   }
   // Hand out low slots first: pop_back takes the smallest.
   for (auto s = static_cast<int32_t>(max_requests); s >= 1; --s) free_.push_back(s);
 }
 
-int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype) {
+int64_t RecurrentStatePool::VerifyBytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+                                                  const VerifyConfig& verify) {
+  int64_t per_row = VerifyRowElems(shape) * static_cast<int64_t>(DTypeSize(conv_dtype));
+  if (verify.method == VerifyMethod::kTokenStates) per_row += shape.RecurrentStateSize() * 4;
+  return num_layers * verify.rows() * per_row;
+}
+
+int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+                                            const VerifyConfig& verify) {
   return num_layers *
-         (shape.RecurrentStateSize() * 4 + shape.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype)));
+             (shape.RecurrentStateSize() * 4 + shape.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype))) +
+         VerifyBytesPerRequest(num_layers, shape, conv_dtype, verify);
 }
 
 int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
-                                                 DType conv_dtype) {
-  const int64_t per = BytesPerRequest(num_layers, shape, conv_dtype);
+                                                 DType conv_dtype, const VerifyConfig& verify) {
+  const int64_t per = BytesPerRequest(num_layers, shape, conv_dtype, verify);
   Check(per > 0, "state pool: empty state shape");
   const int64_t slots = budget_bytes / per;  // the dummy slot costs one request's bytes
   Check(slots >= 2, "state pool: a budget of " + std::to_string(budget_bytes) + " bytes holds no request (" +
@@ -55,7 +86,16 @@ int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_l
 }
 
 int64_t RecurrentStatePool::total_bytes() const {
-  return (max_requests_ + 1) * BytesPerRequest(num_layers_, shape_, conv_dtype_);
+  return (max_requests_ + 1) * BytesPerRequest(num_layers_, shape_, conv_dtype_, verify_);
+}
+
+void RecurrentStatePool::SetPendingVerify(int32_t slot, int64_t positions) {
+  CheckAllocated(slot);
+  Check(slot != 0 && positions >= 0 && positions <= verify_.rows(), [&] {
+    return "state pool: " + std::to_string(positions) + " pending verify positions for slot " + std::to_string(slot) +
+           " (its verify area holds " + std::to_string(verify_.rows()) + ")";
+  });
+  verify_pending_[slot] = positions;
 }
 
 void RecurrentStatePool::ZeroSlot(int32_t slot) {
@@ -72,6 +112,7 @@ std::optional<int32_t> RecurrentStatePool::TryAlloc() {
   const int32_t slot = free_.back();
   free_.pop_back();
   allocated_[slot] = 1;
+  verify_pending_[slot] = 0;
   ZeroSlot(slot);
   return slot;
 }
@@ -92,6 +133,7 @@ void RecurrentStatePool::Free(int32_t slot) {
   Check(allocated_[slot] != 0,
         [&] { return "state pool: slot " + std::to_string(slot) + " is not allocated (double free?)"; });
   allocated_[slot] = 0;
+  verify_pending_[slot] = 0;
   free_.push_back(slot);
 }
 
@@ -120,6 +162,11 @@ LayerStateCache RecurrentStatePool::GetLayerCache(int layer) {
   c.conv = conv_[layer].data();
   c.conv_dtype = conv_dtype_;
   c.num_slots = max_requests_ + 1;
+  if (verify_.rows() > 0) {
+    c.verify_inputs = verify_inputs_[layer].data();
+    c.verify_states = verify_states_.empty() ? nullptr : verify_states_[layer].data();
+    c.verify_rows = verify_.rows();
+  }
   return c;
 }
 

@@ -45,6 +45,13 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
       AddInPlace(h.mut(), {out.data, dt}, T * hidden);
     }
   }
+  backend_.EndVerify();  // TARGET_VERIFY: every layer ran, its positions wait for their commit
+}
+
+void ModelRunner::CommitVerify(const std::vector<int64_t>& req_ids, const std::vector<int64_t>& keep) {
+  backend_.InitCommit(req_ids, keep);
+  for (const KimiDeltaAttention& layer : model_.layers) backend_.CommitLayer(layer.attn());
+  backend_.EndCommit();
 }
 
 }  // namespace kda

@@ -266,9 +266,9 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
     if (options.state_budget_bytes > 0) {
       capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(options.state_budget_bytes, L, model.shape,
-                                                                             model.act_dtype));
+                                                                             model.act_dtype, options.verify));
     }
-    RecurrentStatePool pool(L, capacity, model.shape, model.act_dtype);
+    RecurrentStatePool pool(L, capacity, model.shape, model.act_dtype, options.verify);
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};
     ModelRunner runner(model, pools, options.kernel);

@@ -201,13 +201,36 @@ bool Scheduler::Step() {
     batch.extend_lens.push_back(n);
     budget -= n;
   }
+  // Decode: one row per request, plus the drafts its draft source proposes
+  // (a TARGET_VERIFY step when any request has some).
+  std::vector<uint8_t> drafts;        // the members' draft rows, in order
+  std::vector<int64_t> draft_counts;  // [members] k
   if (members.empty()) {
     batch.mode = ForwardMode::kDecode;
+    const int64_t max_draft = pools_.state_pool->verify().max_draft_tokens;
     for (size_t i = 0; i < running_.size(); ++i) {
-      if (running_[i].done < running_[i].req.length) {
-        members.push_back(i);
-        batch.extend_lens.push_back(1);
+      const Running& r = running_[i];
+      if (r.done >= r.req.length) continue;
+      int64_t k = 0;
+      const int64_t max_k = std::min(max_draft, r.req.length - r.done - 1);
+      if (max_k > 0 && r.req.draft.propose) {
+        const size_t at = drafts.size();
+        drafts.resize(at + static_cast<size_t>(max_k) * row_bytes);
+        try {
+          k = r.req.draft.propose(r.done, max_k, drafts.data() + at);
+          Check(k >= 0 && k <= max_k,
+                "proposed " + std::to_string(k) + " drafts, expected 0.." + std::to_string(max_k));
+        } catch (const std::exception& e) {
+          const std::string error = "request " + std::to_string(r.req.id) + ": draft source: " + e.what();
+          Drop(i, error);
+          throw Error(error);
+        }
+        drafts.resize(at + static_cast<size_t>(k) * row_bytes);
       }
+      if (k > 0) batch.mode = ForwardMode::kTargetVerify;
+      members.push_back(i);
+      draft_counts.push_back(k);
+      batch.extend_lens.push_back(1 + k);
     }
   }
   // Snapshots of the step (EXTEND): every interval point inside a segment and the end of each prompt, reserved
@@ -244,7 +267,9 @@ bool Scheduler::Step() {
     }
     if (reserved.empty()) batch.snapshot_cu.clear();
   }
+  const bool verify = batch.mode == ForwardMode::kTargetVerify;
   std::vector<uint8_t> x;
+  size_t draft_at = 0;
   for (size_t m = 0; m < members.size(); ++m) {
     const Running& r = running_[members[m]];
     batch.req_ids.push_back(r.req.id);
@@ -252,13 +277,39 @@ bool Scheduler::Step() {
     batch.prefix_lens.push_back(r.done);
     batch.state_seeded.push_back(r.seeded ? 1 : 0);
     const auto* src = static_cast<const uint8_t*>(r.req.input.data) + static_cast<size_t>(r.done) * row_bytes;
-    x.insert(x.end(), src, src + static_cast<size_t>(batch.extend_lens[m]) * row_bytes);
+    const int64_t own = verify ? 1 : batch.extend_lens[m];  // a verify step: the next row, then the drafts
+    x.insert(x.end(), src, src + static_cast<size_t>(own) * row_bytes);
+    if (verify) {
+      const size_t n = static_cast<size_t>(draft_counts[m]) * row_bytes;
+      x.insert(x.end(), drafts.begin() + static_cast<std::ptrdiff_t>(draft_at),
+               drafts.begin() + static_cast<std::ptrdiff_t>(draft_at + n));
+      draft_at += n;
+    }
   }
   const int64_t T = batch.num_tokens();
   ActBuffer out(model.act_dtype, T * hidden);
+  std::vector<int64_t> keep = batch.extend_lens;  // rows each member keeps
   const auto t0 = std::chrono::steady_clock::now();
   try {
     runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
+    if (verify) {
+      int64_t at = 0;
+      for (size_t m = 0; m < members.size(); ++m) {
+        const Running& r = running_[members[m]];
+        const int64_t k = draft_counts[m];
+        int64_t a = k;
+        if (k > 0 && r.req.draft.accept) {
+          a = r.req.draft.accept(r.done, k, static_cast<const uint8_t*>(out.data()) + at * row_bytes);
+          Check(a >= 0 && a <= k, [&] {
+            return "request " + std::to_string(r.req.id) + ": accepted " + std::to_string(a) + " of " +
+                   std::to_string(k) + " drafts";
+          });
+        }
+        keep[m] = a + 1;
+        at += 1 + k;
+      }
+      runner_.CommitVerify(batch.req_ids, keep);
+    }
   } catch (const std::exception& e) {
     // The step's states are half-updated: its requests fail, their slots go
     // back to the pool, its snapshots are dropped.
@@ -268,18 +319,20 @@ bool Scheduler::Step() {
   }
   for (int32_t id : reserved) config_.prefix_cache->Commit(id);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs});
+  int64_t kept = 0;
+  for (int64_t n : keep) kept += n;
+  steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs, kept});
 
-  // Outputs back to their requests; finished requests release their slots.
+  // Outputs of the kept positions back to their requests; finished requests release their slots.
   int64_t row = 0;
   for (size_t m = 0; m < members.size(); ++m) {
     Running& r = running_[members[m]];
-    const int64_t n = batch.extend_lens[m];
+    const int64_t n = keep[m];
     std::memcpy(r.result.out.data() + static_cast<size_t>(r.done) * row_bytes,
                 static_cast<const uint8_t*>(out.data()) + static_cast<size_t>(row) * row_bytes,
                 static_cast<size_t>(n) * row_bytes);
     r.done += n;
-    row += n;
+    row += batch.extend_lens[m];
   }
   for (size_t i = running_.size(); i-- > 0;) {
     if (running_[i].done == running_[i].req.length) Finish(i);

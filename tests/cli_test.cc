@@ -252,6 +252,49 @@ TEST_F(CliTest, MultiTurnBenchPrintsItsJsonLine) {
   ExpectRefused("bench --workload chat", "--workload", false);
 }
 
+// The speculative benchmark: one JSON line per (weights, batch, k, alpha)
+// with exactly the fields of its report, and a passing self-check.
+TEST_F(CliTest, SpeculativeBenchPrintsAJsonLinePerConfiguration) {
+  const CliResult r = RunCli(
+      "bench --workload speculative --layers 1 --batches 2 --weights-list bf16,int8 --k 1,3 --alphas 0.7 "
+      "--spec-prompt 2 --decode-steps 6 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("self-check (committed states vs token-by-token decode): PASS"), std::string::npos) << r.out;
+  std::vector<std::string> lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] == '{') lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 4U) << r.out;
+  const std::vector<std::string> keys = {"batch",
+                                         "weights",
+                                         "k",
+                                         "alpha",
+                                         "accepted_per_step",
+                                         "verify_step_ms",
+                                         "decode_step_ms",
+                                         "committed_tokens_per_s",
+                                         "decode_tokens_per_s",
+                                         "self_check_max_ratio"};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& l = lines[i];
+    EXPECT_EQ(std::count(l.begin(), l.end(), ':'), static_cast<std::ptrdiff_t>(keys.size())) << l;
+    for (const std::string& key : keys) EXPECT_NE(l.find("\"" + key + "\": "), std::string::npos) << key << " in " << l;
+    const auto number = [&](const std::string& key) { return std::stod(l.substr(l.find(key) + key.size() + 3)); };
+    EXPECT_NE(l.find(i < 2 ? "\"weights\": \"bf16\"" : "\"weights\": \"int8\""), std::string::npos) << l;
+    EXPECT_EQ(number("\"k"), i % 2 == 0 ? 1.0 : 3.0) << l;
+    EXPECT_EQ(number("\"batch"), 2.0) << l;
+    EXPECT_GE(number("accepted_per_step"), 0.0);
+    EXPECT_LE(number("accepted_per_step"), number("\"k"));
+    EXPECT_GT(number("verify_step_ms"), 0.0);
+    EXPECT_GT(number("decode_step_ms"), 0.0);
+    EXPECT_GT(number("committed_tokens_per_s"), 0.0);
+    EXPECT_LE(number("self_check_max_ratio"), 1.0);
+  }
+  ExpectRefused("bench --workload speculative --k 0", "--k", false);
+  ExpectRefused("bench --workload speculative --alphas 0.5,x", "--alphas", false);
+}
+
 TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   KDA_REQUIRE_GOLDEN_PATH(mini_);
   const std::string in = " --input " + mini_ + "/single_T8.safetensors";

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "kda/kernels/gemm_route.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/serving/parallel.h"
+#include "kda/serving/seeded_drafts.h"
 #include "tests/distributed_mpi_world.h"
 #include "tests/distributed_util.h"
 #include "tests/error_util.h"
@@ -320,6 +322,101 @@ TEST(DistributedServing, GoldenCasesMatchOnEveryLayout) {
             EXPECT_TRUE(testing::AllCloseBF16(got.conv.data(), single.conv.data(), want_conv.data(), got.conv.size()));
           }
         }
+      }
+    }
+  }
+}
+
+// Speculative decoding on every layout: requests with seeded drafts (k = 3,
+// alpha 0.7; the same draws on every rank) served with a verify area against
+// the plain runs in one process (fp32; bf16 rule v2 with r = the plain bf16
+// run and x = the plain fp32 run; dense and int8 weights).
+TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
+  Communicator& w = MpiWorld();
+  const bool root = w.rank() == 0;
+  KdaLayerShape shape;
+  shape.hidden = 64;
+  shape.H = 4;
+  shape.K = 32;
+  shape.W = 4;
+  struct Variant {
+    DType dt;
+    WeightFormat weights;
+  };
+#ifdef KDA_SANITIZED
+  const std::vector<Variant> variants = {{DType::kBF16, WeightFormat::kInt8}};  // a sample; all in the Release run
+#else
+  const std::vector<Variant> variants = {
+      {DType::kF32, WeightFormat::kDense}, {DType::kBF16, WeightFormat::kDense}, {DType::kBF16, WeightFormat::kInt8}};
+#endif
+  constexpr int kRequests = 5;
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<std::vector<float>> rows(kRequests);
+  std::vector<int64_t> lens, decodes;
+  for (int i = 0; i < kRequests; ++i) {
+    lens.push_back(8 + i * 3);
+    decodes.push_back(6 + i);
+    for (int64_t j = 0; j < lens.back() * shape.hidden; ++j) rows[i].push_back(RoundBF16(normal(rng)));
+  }
+  for (const Variant& v : variants) {
+    const bool f32 = v.dt == DType::kF32;
+    std::vector<ActBuffer> inputs;
+    std::vector<ServeRequest> plain, spec;
+    for (int i = 0; i < kRequests; ++i) {
+      inputs.emplace_back(v.dt, lens[i] * shape.hidden);
+      for (size_t j = 0; j < rows[i].size(); ++j) inputs.back().Set(static_cast<int64_t>(j), rows[i][j]);
+    }
+    for (int i = 0; i < kRequests; ++i) {
+      plain.push_back({.id = i, .input = inputs[i].view(), .length = lens[i], .decode_tokens = decodes[i]});
+      spec.push_back(plain.back());
+      spec.back().draft = SeededDraftSource(inputs[i].view(), shape.hidden, 3, 0.7, 40 + i);
+    }
+    ParallelServeOptions opt;
+    opt.scheduler.max_running = 2;
+    testing::Flat want, exact;
+    if (root) {
+      SingleProcessCommunicator one;
+      const ParallelGroups solo(one, 1, 1);
+      const KdaModel m = KdaModel::Random(shape, 2, v.dt, 17, nullptr, v.weights);
+      want = testing::Flatten(ServeParallel(m, solo, plain, opt).gathered, v.dt);
+      if (!f32) {
+        const KdaModel mx = KdaModel::Random(shape, 2, DType::kF32, 17, nullptr, v.weights);
+        std::vector<ActBuffer> xin;
+        std::vector<ServeRequest> xreqs = plain;
+        for (int i = 0; i < kRequests; ++i) {
+          xin.emplace_back(DType::kF32, lens[i] * shape.hidden);
+          for (size_t j = 0; j < rows[i].size(); ++j) xin.back().Set(static_cast<int64_t>(j), rows[i][j]);
+        }
+        for (int i = 0; i < kRequests; ++i) xreqs[i].input = xin[i].view();
+        exact = testing::Flatten(ServeParallel(mx, solo, xreqs, opt).gathered, DType::kF32);
+      }
+    }
+    opt.verify.max_draft_tokens = 3;
+    for (const Layout& l : Layouts(w.size())) {
+      SCOPED_TRACE(std::string(f32 ? "fp32 " : "bf16 ") + (v.weights == WeightFormat::kInt8 ? "int8 " : "dense ") +
+                   Name(l));
+      const ParallelGroups g(w, l.tp, l.dp);
+      const KdaModel model = KdaModel::Random(shape, 2, v.dt, 17, &g.tp(), v.weights);
+      const ParallelServeResult r = ServeParallel(model, g, spec, opt);
+      if (!root) continue;
+      const testing::Flat got = testing::Flatten(r.gathered, v.dt);
+      if (got.out.size() != want.out.size() || got.rec.size() != want.rec.size() ||
+          got.conv.size() != want.conv.size()) {
+        ADD_FAILURE() << "result sizes differ from the plain run";
+        continue;
+      }
+      int64_t verify_steps = 0;
+      for (const StepRecord& st : r.steps) verify_steps += st.mode == ForwardMode::kTargetVerify ? 1 : 0;
+      EXPECT_GT(verify_steps, 0);
+      if (f32) {
+        EXPECT_TRUE(testing::AllCloseF32(got.out.data(), want.out.data(), got.out.size()));
+        EXPECT_TRUE(testing::AllCloseStateF32(got.rec.data(), want.rec.data(), got.rec.size()));
+        EXPECT_TRUE(testing::AllCloseStateF32(got.conv.data(), want.conv.data(), got.conv.size()));
+      } else {
+        EXPECT_TRUE(testing::AllCloseBF16(got.out.data(), want.out.data(), exact.out.data(), got.out.size()));
+        EXPECT_TRUE(testing::AllCloseBF16(got.rec.data(), want.rec.data(), exact.rec.data(), got.rec.size()));
+        EXPECT_TRUE(testing::AllCloseBF16(got.conv.data(), want.conv.data(), exact.conv.data(), got.conv.size()));
       }
     }
   }

@@ -200,11 +200,14 @@ TEST_F(BackendTest, MetadataIsComputedOncePerBatch) {
 
 TEST_F(BackendTest, RefusesUnsupportedModesAndBadBatches) {
   req_.Alloc(1);
-  for (ForwardMode m : {ForwardMode::kMixed, ForwardMode::kDraftExtend, ForwardMode::kTargetVerify}) {
+  for (ForwardMode m : {ForwardMode::kMixed, ForwardMode::kDraftExtend}) {
     const ForwardBatch b = BatchOf(req_, m, {1}, {1}, {0});
     EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(b); }).find("not supported"), std::string::npos)
         << ForwardModeName(m);
   }
+  // TARGET_VERIFY needs a pool with a verify area (speculative_test.cc).
+  const ForwardBatch v = BatchOf(req_, ForwardMode::kTargetVerify, {1}, {1}, {0});
+  EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(v); }).find("verify area"), std::string::npos);
   ForwardBatch d = BatchOf(req_, ForwardMode::kDecode, {1}, {2}, {4});
   EXPECT_NE(ErrorOf([&] { backend_.InitForwardMetadata(d); }).find("one token"), std::string::npos);
   d.extend_lens = {1};

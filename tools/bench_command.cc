@@ -24,6 +24,8 @@
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/bench_multi_turn.h"
+#include "tools/bench_speculative.h"
+#include "tools/layer_replay.h"
 #include "tools/rank_errors.h"
 
 namespace kda::cli {
@@ -58,117 +60,6 @@ Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
     w.inputs.push_back(std::move(b));
   }
   return w;
-}
-
-// Every layer's input and output rows of one request, appended step by step
-// in token order (activation dtype): what the per-layer self-check replays.
-class RequestTrace : public LayerObserver {
- public:
-  RequestTrace(int64_t req_id, int num_layers)
-      : req_id_(req_id), inputs_(static_cast<size_t>(num_layers)), outputs_(static_cast<size_t>(num_layers)) {}
-
-  void OnBatch(const ForwardBatch& batch) override {
-    at_ = RowsOf(batch, req_id_);
-    tokens_ = batch.num_tokens();
-  }
-  void OnTensor(int layer_id, LayerTensor which, ConstBuf values, int64_t count) override {
-    if (at_.rows == 0 || (which != LayerTensor::kInput && which != LayerTensor::kOutput)) return;
-    const size_t row_bytes = static_cast<size_t>(count / tokens_) * DTypeSize(values.dtype);
-    const auto* p = static_cast<const uint8_t*>(values.data) + static_cast<size_t>(at_.begin) * row_bytes;
-    std::vector<uint8_t>& dst = (which == LayerTensor::kInput ? inputs_ : outputs_).at(static_cast<size_t>(layer_id));
-    dst.insert(dst.end(), p, p + static_cast<size_t>(at_.rows) * row_bytes);
-  }
-
-  int64_t req_id() const { return req_id_; }
-  const std::vector<std::vector<uint8_t>>& inputs() const { return inputs_; }    // per layer [tokens, hidden]
-  const std::vector<std::vector<uint8_t>>& outputs() const { return outputs_; }  // per layer [tokens, hidden]
-
- private:
-  int64_t req_id_;
-  std::vector<std::vector<uint8_t>> inputs_;
-  std::vector<std::vector<uint8_t>> outputs_;
-  BatchRows at_;        // the request's rows in the current batch
-  int64_t tokens_ = 0;  // the batch's tokens
-};
-
-struct SelfCheck {
-  ToleranceReport out;    // the layer with the largest output max_ratio
-  ToleranceReport state;  // the layer with the largest state max_ratio
-  bool pass = true;
-};
-
-// One layer's one-shot run: its output rows and final recurrent state.
-struct OneShot {
-  std::vector<float> out;
-  std::vector<float> state;
-};
-
-// The traced request again, alone, every row in one EXTEND step, each layer of
-// `model` fed the input that layer saw while served (converted to the model's
-// activation dtype).
-std::vector<OneShot> ReplayLayers(const KdaModel& model, const RequestTrace& trace, DType trace_dt, KernelImpl kernel) {
-  const int L = model.num_layers();
-  const DType dt = model.act_dtype;
-  const int64_t hidden = model.shape.hidden;
-  const auto rows =
-      static_cast<int64_t>(trace.inputs().at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
-  RecurrentStatePool pool(L, 1, model.shape, dt);
-  HybridReqToTokenPool req_pool(&pool);
-  KDAAttnBackend backend({&pool, &req_pool}, kernel);
-  const int32_t slot = req_pool.Alloc(trace.req_id());
-  ForwardBatch batch;
-  batch.req_ids = {trace.req_id()};
-  batch.req_pool_indices = {slot};
-  batch.extend_lens = {rows};
-  batch.prefix_lens = {0};
-  backend.InitForwardMetadata(batch);
-  const int64_t rs = model.shape.RecurrentStateSize();
-  std::vector<OneShot> r(static_cast<size_t>(L));
-  for (int l = 0; l < L; ++l) {
-    const std::vector<float> in = BytesToFloat(trace.inputs()[l], trace_dt);
-    ActBuffer x(dt, rows * hidden);
-    for (int64_t i = 0; i < rows * hidden; ++i) x.Set(i, in[static_cast<size_t>(i)]);
-    ActBuffer out(dt, rows * hidden);
-    model.layers[l].Forward(out.mut(), x.view(), backend);
-    r[l].out = out.ToFloat();
-    r[l].state.resize(static_cast<size_t>(rs));
-    pool.GetLayerState(l, slot, r[l].state.data(), nullptr);
-  }
-  return r;
-}
-
-// Each layer served vs one-shot on the same input. `exact` (bf16 only): the
-// same layers as the fp32 pipeline (fp32 activations, unrounded weights).
-// The served run is the tested pipeline, the one-shot run of the same
-// pipeline the reference; the bf16 rule (design §5) also needs the exact
-// output of that layer on that input, which the fp32 one-shot run is: served
-// may differ from one-shot in bf16 rounding flips, not be less accurate.
-SelfCheck ReplayOneShot(const KdaModel& model, const KdaModel* exact, const RequestTrace& trace,
-                        const RequestResult& served, KernelImpl kernel) {
-  const DType dt = model.act_dtype;
-  const std::vector<OneShot> ref = ReplayLayers(model, trace, dt, kernel);
-  std::vector<OneShot> ex;
-  if (dt == DType::kBF16) {
-    Check(exact != nullptr && exact->act_dtype == DType::kF32, "bench: the bf16 self-check needs the fp32 layers");
-    ex = ReplayLayers(*exact, trace, dt, kernel);
-  }
-  const int64_t rs = model.shape.RecurrentStateSize();
-  SelfCheck c;
-  for (int l = 0; l < model.num_layers(); ++l) {
-    const std::vector<float> got = BytesToFloat(trace.outputs()[l], dt);
-    const std::vector<float>& want = ref[l].out;
-    const float* served_state = served.final_recurrent.data() + l * rs;
-    const std::vector<float>& state = ref[l].state;
-    const ToleranceReport o = dt == DType::kF32 ? CompareF32(got.data(), want.data(), want.size())
-                                                : CompareBF16(got.data(), want.data(), ex[l].out.data(), want.size());
-    const ToleranceReport s = dt == DType::kF32
-                                  ? CompareF32(served_state, state.data(), state.size())
-                                  : CompareBF16(served_state, state.data(), ex[l].state.data(), state.size());
-    if (l == 0 || o.max_ratio > c.out.max_ratio) c.out = o;
-    if (l == 0 || s.max_ratio > c.state.max_ratio) c.state = s;
-    c.pass = c.pass && o.ok && s.ok;
-  }
-  return c;
 }
 
 // One rank's numbers, gathered at world rank 0 (plain data: sent as bytes).
@@ -407,7 +298,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
     Check(it != served.local.end(), "bench: the traced request did not finish");
     std::optional<KdaModel> exact;
     if (dtype == DType::kBF16) exact = make_model(DType::kF32);
-    check = ReplayOneShot(model, exact ? &*exact : nullptr, trace, *it, kernel);
+    check = ReplayCheck(model, exact ? &*exact : nullptr, trace, *it, kernel);
   }
   double extend_s = 0;
   double decode_s = 0;
@@ -475,13 +366,14 @@ int RunBenchCommand(const BenchOptions& opt) {
   Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
         "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
   SetNumThreads(opt.threads);
-  Check(opt.workload == "default" || opt.workload == "multi-turn",
-        "--workload must be default or multi-turn, got '" + opt.workload + "'");
+  Check(opt.workload == "default" || opt.workload == "multi-turn" || opt.workload == "speculative",
+        "--workload must be default, multi-turn or speculative, got '" + opt.workload + "'");
   Check(!opt.vs_one_shot || (opt.workload == "default" && opt.tp == 1 && opt.dp == 1),
         "--vs-one-shot needs the default workload in one process (no --tp/--dp)");
   Check(!opt.vs_one_shot || wf == WeightFormat::kDense,
         "--vs-one-shot times a layer with bf16 weights: use --weights bf16");
   if (opt.workload == "multi-turn") return RunMultiTurnBench(opt, dtype, wf, kernel);
+  if (opt.workload == "speculative") return RunSpeculativeBench(opt, dtype, kernel);
   // One process, or this rank of tp x dp under mpirun.
   const std::unique_ptr<ParallelRuntime> rt = ParallelRuntime::Start(opt.tp, opt.dp);
   return RunOnRanks(*rt, [&] { return BenchOnRanks(opt, dtype, wf, kernel, rt.get()); });

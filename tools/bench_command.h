@@ -45,6 +45,18 @@ struct BenchOptions {
   int64_t max_user = 256;
   double prefix_cache_mib = 1024;  // the cache-on run's budget
   int64_t snapshot_interval = 256;
+  // "speculative": every (batch, weights, k, alpha) of these lists served with
+  // seeded drafts (each accepted with probability alpha, stopping at the
+  // first rejection) against plain decode in the same run; `requests` is
+  // unused, each request has spec_prompt prompt rows and decode_steps decode
+  // rows; layers 0 (the command line's default for this workload) picks
+  // enough layers that a step streams more weights than the last-level cache.
+  std::string spec_batches = "1,8";
+  std::string spec_weights = "bf16,int8";
+  std::string spec_k = "1,3,7";
+  std::string spec_alphas = "0.5,0.7,0.9";
+  int64_t spec_prompt = 8;
+  std::string verify_method = "recompute";  // recompute | token_states
 };
 
 int RunBenchCommand(const BenchOptions& opt);

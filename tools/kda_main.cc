@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--tp", bench.tp, "Tensor-parallel ranks (split the heads; under mpirun)");
   bench_cmd->add_option("--dp", bench.dp, "Data-parallel ranks (split the requests; under mpirun)");
   bench_cmd->add_option("--workload", bench.workload,
-                        "default | multi-turn (chats sharing a system prompt, prefix cache off and on)");
+                        "default | multi-turn (chats sharing a system prompt, prefix cache off and on) | speculative "
+                        "(draft verification against plain decode)");
   bench_cmd->add_option("--conversations", bench.conversations, "multi-turn: conversations");
   bench_cmd->add_option("--turns", bench.turns, "multi-turn: turns per conversation");
   bench_cmd->add_option("--system-prompt", bench.system_prompt, "multi-turn: shared system prompt (tokens)");
@@ -74,6 +75,13 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--prefix-cache-mib", bench.prefix_cache_mib, "multi-turn: the prefix cache budget in MiB");
   bench_cmd->add_option("--snapshot-interval", bench.snapshot_interval,
                         "multi-turn: a snapshot every N prefill tokens (a multiple of 64)");
+  bench_cmd->add_option("--batches", bench.spec_batches, "speculative: comma-separated batch sizes");
+  bench_cmd->add_option("--weights-list", bench.spec_weights, "speculative: comma-separated weights (bf16, int8)");
+  bench_cmd->add_option("--k", bench.spec_k, "speculative: comma-separated draft counts k");
+  bench_cmd->add_option("--alphas", bench.spec_alphas, "speculative: comma-separated acceptance probabilities");
+  bench_cmd->add_option("--spec-prompt", bench.spec_prompt, "speculative: prompt rows per request");
+  bench_cmd->add_option("--verify-method", bench.verify_method,
+                        "speculative: what a verify step keeps: recompute | token_states");
 
   std::string quantize_model;
   std::string quantize_output;
@@ -97,7 +105,11 @@ int main(int argc, char** argv) {
   }
   try {
     if (bench_kernels_cmd->parsed()) return kda::cli::RunBenchKernelsCommand(bench_kernels);
-    if (bench_cmd->parsed()) return kda::cli::RunBenchCommand(bench);
+    if (bench_cmd->parsed()) {
+      // The speculative workload picks its layers from the last-level cache unless --layers is given.
+      if (bench.workload == "speculative" && bench_cmd->count("--layers") == 0) bench.layers = 0;
+      return kda::cli::RunBenchCommand(bench);
+    }
     if (quantize_cmd->parsed()) {
       kda::QuantizeKdaCheckpoint(quantize_model, quantize_output);
       std::printf("int8 checkpoint written to %s\n", quantize_output.c_str());

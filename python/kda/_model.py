@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import _core
-from ._arrays import for_core, from_core, int_array, shape_of
+from ._arrays import BF16, for_core, from_core, int_array, np_dtype, shape_of
 
 
 def _first_kda_layer(path) -> int:
@@ -82,12 +82,19 @@ class Engine:
     """Serves requests through every KDA layer of a checkpoint the way an engine does: a state pool
     of ``max_running`` slots, chunked prefill (``prefill_chunk`` tokens of a request per step, 0: no
     limit, at most ``step_token_budget`` per step), batched decode, slot reuse. ``weights``: "bf16" or
-    "int8", as for :meth:`KimiDeltaAttention.from_pretrained`."""
+    "int8", as for :meth:`KimiDeltaAttention.from_pretrained`.
+
+    Speculative decoding (docs/speculative.md): with ``max_draft_tokens`` k > 0 each slot can verify
+    up to k draft rows per step (TARGET_VERIFY) and keep the accepted ones; requests pass a draft
+    source to :meth:`submit`. ``verify_method``: "recompute" (the default: the commit reruns the kept
+    positions from their saved projections) or "token_states" (keeps the state after every position,
+    2 MiB per position and layer at Kimi-Linear's shapes)."""
 
     def __init__(self, path, max_running=16, prefill_chunk=0, dtype="bfloat16", step_token_budget=4096,
-                 kernel="auto", weights="bf16"):
+                 kernel="auto", weights="bf16", max_draft_tokens=0, verify_method="recompute"):
         self._core = _core.Engine(os.fspath(path), str(dtype), int(max_running), int(prefill_chunk),
-                                  int(step_token_budget), str(kernel), str(weights))
+                                  int(step_token_budget), str(kernel), str(weights), int(max_draft_tokens),
+                                  str(verify_method))
         self._ids = itertools.count()
         self._like = {}
         #: Requests that ended without a result in the last run(): id -> error message.
@@ -100,15 +107,50 @@ class Engine:
     weights = property(lambda self: self._core.weights)
 
     def submit(self, hidden_states, decode_tokens=0, initial_recurrent_state=None, initial_conv_state=None,
-               request_id=None) -> int:
+               request_id=None, draft=None, accept=None, seeded_drafts=None) -> int:
         """Queues a request: its input rows ``[T, hidden]`` (the engine's dtype), of which the last
         ``decode_tokens`` are fed one at a time as decode steps after the prefill; optional initial
         states ``[L, H, K, V]`` float32 and ``[L, W-1, 3P]``. The arrays are read in place during
-        run() (keep them unchanged until then). Returns the request id."""
+        run() (keep them unchanged until then). Returns the request id.
+
+        Drafts (an engine with ``max_draft_tokens`` > 0): ``draft(committed, max_k)`` returns up to
+        ``max_k`` draft rows ``[k, hidden]`` (or None) proposed after the request's first
+        ``committed`` rows; the engine verifies its next row and the drafts in one step and keeps the
+        next row plus ``accept(committed, k, out)`` of the drafts (``out``: the step's outputs
+        ``[1 + k, hidden]`` of its positions; no ``accept``: all of them). Accepted drafts stand for
+        the request's next rows. Or ``seeded_drafts=(k, alpha, seed)``: k of the request's own next
+        rows per step, each accepted with probability alpha until the first rejection (the others
+        replaced by a different row), as ``kda bench --workload speculative`` does. A callback that
+        raises fails its request (``self.failed``)."""
         rid = next(self._ids) if request_id is None else int(request_id)
         rec = None if initial_recurrent_state is None else for_core(initial_recurrent_state, "initial_recurrent_state")
         conv = None if initial_conv_state is None else for_core(initial_conv_state, "initial_conv_state")
-        self._core.submit(rid, for_core(hidden_states, "hidden_states"), int(decode_tokens), rec, conv)
+        propose = accept_core = seeded = None
+        if draft is not None:
+            want = BF16 if self.dtype == "bfloat16" else np.dtype(np.float32)
+            hidden = self.hidden_size
+
+            def propose(committed, max_k, out):  # out: [max_k, hidden], bf16 as uint16 bits
+                rows = draft(committed, max_k)
+                if rows is None:
+                    return 0
+                if np_dtype(rows) != want:
+                    raise TypeError(f"draft rows: dtype must be {want}, got {np_dtype(rows) or type(rows).__name__}")
+                shape = shape_of(rows, "draft rows")
+                if len(shape) != 2 or shape[1] != hidden or shape[0] > max_k:
+                    raise ValueError(f"draft rows: expected shape [k, {hidden}] with k <= {max_k}, got {list(shape)}")
+                out[:shape[0]] = np.asarray(for_core(rows, "draft rows"))
+                return shape[0]
+        if accept is not None:
+            bf16 = self.dtype == "bfloat16"
+
+            def accept_core(committed, k, out):
+                return int(accept(committed, k, from_core(out, bf16, None)))
+        if seeded_drafts is not None:
+            k, alpha, seed = seeded_drafts
+            seeded = (int(k), float(alpha), int(seed))
+        self._core.submit(rid, for_core(hidden_states, "hidden_states"), int(decode_tokens), rec, conv, propose,
+                          accept_core, seeded)
         self._like[rid] = hidden_states
         return rid
 

@@ -29,6 +29,7 @@
 #include "kda/models/kda_model.h"
 #include "kda/serving/model_runner.h"
 #include "kda/serving/scheduler.h"
+#include "kda/serving/seeded_drafts.h"
 #include "python/src/array_util.h"
 #include "python/src/bindings.h"
 
@@ -166,7 +167,8 @@ class KdaLayer {
 class Engine {
  public:
   Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
-         int64_t step_token_budget, const std::string& kernel, const std::string& weights) {
+         int64_t step_token_budget, const std::string& kernel, const std::string& weights, int64_t max_draft_tokens,
+         const std::string& verify_method) {
     const KernelImpl impl = ParseKernelImpl(kernel);
     const DType act = ParseActivationDType(dtype);
     const WeightFormat format = ParseWeightFormat(weights);
@@ -179,9 +181,19 @@ class Engine {
     if (step_token_budget < 1) {
       throw nb::value_error(("step_token_budget must be >= 1, got " + std::to_string(step_token_budget)).c_str());
     }
+    if (max_draft_tokens < 0) {
+      throw nb::value_error(("max_draft_tokens must be >= 0, got " + std::to_string(max_draft_tokens)).c_str());
+    }
+    if (verify_method != "recompute" && verify_method != "token_states") {
+      throw nb::value_error(
+          ("verify_method must be 'recompute' or 'token_states', got '" + verify_method + "'").c_str());
+    }
+    const VerifyConfig verify{
+        .max_draft_tokens = max_draft_tokens,
+        .method = verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates};
     nb::gil_scoped_release release;
     model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act, std::nullopt, nullptr, format));
-    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), max_running, model_->shape, act);
+    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), max_running, model_->shape, act, verify);
     req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
     runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
     SchedulerConfig config;
@@ -193,8 +205,13 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // draft(committed, max_k) -> rows [k, hidden] or None, accept(committed, k,
+  // out [1 + k, hidden]) -> a (None: all accepted), or seeded = (k, alpha,
+  // seed): SeededDraftSource. The callables are called with the GIL held.
   void Submit(int64_t id, const InArray& x, int64_t decode_tokens, const std::optional<InArray>& init_rec,
-              const std::optional<InArray>& init_conv) {
+              const std::optional<InArray>& init_conv, const std::optional<nb::callable>& draft,
+              const std::optional<nb::callable>& accept,
+              const std::optional<std::tuple<int64_t, double, uint64_t>>& seeded) {
     const KdaLayerShape& s = model_->shape;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
@@ -215,9 +232,54 @@ class Engine {
     if (init_conv) {
       r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.ConvChannels()}, "initial_conv_state", "[L, W-1, 3P]");
     }
+    if (draft && seeded) throw nb::value_error("pass a draft callback or seeded drafts, not both");
+    if (accept && !draft) throw nb::value_error("accept needs a draft callback");
+    if (seeded) {
+      const auto [k, alpha, seed] = *seeded;
+      r.draft = SeededDraftSource(r.input, s.hidden, k, alpha, seed);
+    }
+    if (draft) {
+      // Handles, not owners: the scheduler copies requests without the GIL; inputs_ keeps the callables alive.
+      const nb::handle propose_fn = *draft;
+      const size_t row = static_cast<size_t>(s.hidden) * DTypeSize(act);
+      r.draft.propose = [propose_fn, act, hidden = s.hidden](int64_t committed, int64_t max_k, void* rows) {
+        const nb::gil_scoped_acquire gil;
+        try {
+          // The callable (kda/_model.py's wrapper) writes its rows into `out` and returns how many.
+          const size_t shape[2] = {static_cast<size_t>(max_k), static_cast<size_t>(hidden)};
+          const nb::dlpack::dtype dt = act == DType::kBF16 ? nb::dtype<uint16_t>() : nb::dtype<float>();
+          const NumpyArray out(rows, 2, shape, nb::handle(), nullptr, dt);
+          // A view, not a copy (the array has no owner): valid during the call only.
+          const auto k = nb::cast<int64_t>(propose_fn(committed, max_k, nb::cast(out, nb::rv_policy::reference)));
+          Check(k >= 0 && k <= max_k,
+                "the draft callback gave " + std::to_string(k) + " rows, expected 0.." + std::to_string(max_k));
+          return k;
+        } catch (const nb::python_error& e) {
+          throw Error(std::string("the draft callback raised: ") + e.what());
+        } catch (const nb::cast_error&) {
+          throw Error("the draft callback's wrapper must return an int");
+        }
+      };
+      if (accept) {
+        const nb::handle accept_fn = *accept;
+        r.draft.accept = [accept_fn, act, hidden = s.hidden, row](int64_t committed, int64_t k, const void* out) {
+          const nb::gil_scoped_acquire gil;
+          try {
+            const auto* p = static_cast<const uint8_t*>(out);
+            NumpyArray rows =
+                ToNumpy(std::vector<uint8_t>(p, p + static_cast<size_t>(1 + k) * row), {1 + k, hidden}, act);
+            return nb::cast<int64_t>(accept_fn(committed, k, rows));
+          } catch (const nb::python_error& e) {
+            throw Error(std::string("the accept callback raised: ") + e.what());
+          } catch (const nb::cast_error&) {
+            throw Error("the accept callback must return an int");
+          }
+        };
+      }
+    }
     scheduler_->Submit(r);
     // The scheduler reads the arrays in place: they are kept until the request ends.
-    inputs_[id] = {x, init_rec, init_conv};
+    inputs_[id] = {x, init_rec, init_conv, draft, accept};
   }
 
   // Runs every submitted request to its end: ([(id, out, final_recurrent, final_conv)], [(id, error)]).
@@ -261,6 +323,7 @@ class Engine {
   struct Kept {
     InArray x;
     std::optional<InArray> rec, conv;
+    std::optional<nb::callable> draft, accept;
   };
   // Destroyed in reverse: the scheduler first, the model last.
   std::unique_ptr<KdaModel> model_;
@@ -295,11 +358,13 @@ void BindModel(nb::module_& m) {
 
   nb::class_<Engine> engine(m, "Engine");
   engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&,
-                      const std::string&>(),
+                      const std::string&, int64_t, const std::string&>(),
              nb::arg("path"), nb::arg("dtype"), nb::arg("max_running"), nb::arg("prefill_chunk"),
-             nb::arg("step_token_budget"), nb::arg("kernel"), nb::arg("weights"));
+             nb::arg("step_token_budget"), nb::arg("kernel"), nb::arg("weights"), nb::arg("max_draft_tokens"),
+             nb::arg("verify_method"));
   engine.def("submit", &Engine::Submit, nb::arg("id"), nb::arg("hidden_states"), nb::arg("decode_tokens"),
-             nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
+             nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none(), nb::arg("draft").none(),
+             nb::arg("accept").none(), nb::arg("seeded").none());
   engine.def("run", &Engine::Run);
   engine.def_prop_ro("num_waiting", &Engine::num_waiting);
   engine.def_prop_ro("num_running", &Engine::num_running);

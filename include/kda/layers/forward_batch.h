@@ -16,8 +16,11 @@ namespace kda {
 
 // EXTEND: prefill and chunked-prefill continuation (packed varlen) -> chunk
 // kernel. DECODE: one token per request -> recurrent kernel. IDLE: no tokens
-// (a data-parallel rank with nothing to do) -> zeros, no state touched. The
-// speculative-decoding modes and MIXED are refused for KDA.
+// (a data-parallel rank with nothing to do) -> zeros, no state touched.
+// TARGET_VERIFY: each request's next input plus k >= 0 draft rows, every
+// position computed from the committed states, then a commit of the kept
+// positions (ModelRunner::CommitVerify, docs/speculative.md). DRAFT_EXTEND and
+// MIXED are refused for KDA.
 enum class ForwardMode : uint8_t { kExtend, kDecode, kIdle, kMixed, kDraftExtend, kTargetVerify };
 
 const char* ForwardModeName(ForwardMode mode);
@@ -28,7 +31,7 @@ struct ForwardBatch {
   // [N] each request's state slot (HybridReqToTokenPool::Alloc's), resolved
   // once by whoever builds the batch (sglang's req_pool_indices).
   std::vector<int32_t> req_pool_indices;
-  std::vector<int64_t> extend_lens;  // [N] tokens of each request in this step (1 in DECODE)
+  std::vector<int64_t> extend_lens;  // [N] tokens of each request in this step (1 in DECODE, 1 + k in TARGET_VERIFY)
   std::vector<int64_t> prefix_lens;  // [N] tokens of each request processed before this step
   // [N] or empty: the request's slot was seeded with an initial state before
   // its first step, so it continues from it even at prefix 0.

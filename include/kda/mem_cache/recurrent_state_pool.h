@@ -8,6 +8,15 @@
 // A fresh request never sees a previous owner's state: every slot is zeroed
 // in every layer when it is allocated (and the backend also starts sequences
 // with has_initial_state == 0 from zero, whatever their slot holds).
+//
+// Speculative decoding (TARGET_VERIFY, docs/speculative.md): with a
+// VerifyConfig of max_draft_tokens k, every slot also has a verify area per
+// layer holding what a commit needs after a verify step of up to k + 1
+// positions: the positions' projections (mixed_qkv [3P], gate_raw [P],
+// beta_logits [H] per position, conv dtype) and, with
+// VerifyMethod::kTokenStates, the state after every position [H, K, V] fp32.
+// A verify step leaves the slot's committed state as it is; the slot's
+// pending count says how many positions its area holds until the commit.
 #pragma once
 
 #include <cstdint>
@@ -26,25 +35,53 @@ class PoolExhaustedError : public Error {
   using Error::Error;
 };
 
+// What a verify step keeps per position so that a commit can keep any number
+// of them (docs/speculative.md has the measurements behind the default):
+// kRecompute keeps the positions' projections and the commit reruns the conv
+// and the recurrence over the kept ones; kTokenStates also keeps the state
+// after every position (sglang's intermediate states) and the commit copies one.
+enum class VerifyMethod : uint8_t { kRecompute, kTokenStates };
+
+const char* VerifyMethodName(VerifyMethod method);
+
+// max_draft_tokens 0: no verify area (TARGET_VERIFY batches are refused).
+struct VerifyConfig {
+  int64_t max_draft_tokens = 0;  // k: a verify step holds up to k + 1 positions per request
+  VerifyMethod method = VerifyMethod::kRecompute;
+  int64_t rows() const { return max_draft_tokens > 0 ? max_draft_tokens + 1 : 0; }
+};
+
 // One layer's view of the pool: buffers indexed by slot.
 struct LayerStateCache {
   float* recurrent = nullptr;  // [num_slots, H, K, V]
   void* conv = nullptr;        // [num_slots, W-1, 3P]
   DType conv_dtype = DType::kF32;
   int64_t num_slots = 0;  // including the dummy slot 0
+  // The verify area (null without one): per slot verify_rows positions.
+  void* verify_inputs = nullptr;   // [num_slots, verify_rows, 3P + P + H] in conv_dtype: mixed_qkv|gate_raw|beta_logits
+  float* verify_states = nullptr;  // [num_slots, verify_rows, H, K, V] (kTokenStates only)
+  int64_t verify_rows = 0;
 };
 
 class RecurrentStatePool {
  public:
-  // `max_requests` usable slots (1..max_requests) for `num_layers` KDA layers.
-  RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape, DType conv_dtype);
+  // `max_requests` usable slots (1..max_requests) for `num_layers` KDA layers,
+  // with a verify area per slot when verify.max_draft_tokens > 0.
+  RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape, DType conv_dtype,
+                     const VerifyConfig& verify = {});
 
-  // Bytes one request costs: L*H*K*V*4 + L*(W-1)*3P*sizeof(conv dtype).
-  static int64_t BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype);
+  // Bytes one request costs: L*H*K*V*4 + L*(W-1)*3P*sizeof(conv dtype), plus
+  // its verify area: L*(k+1)*(4P+H)*sizeof(conv dtype), and with kTokenStates
+  // L*(k+1)*H*K*V*4.
+  static int64_t BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+                                 const VerifyConfig& verify = {});
+  // Bytes of one request's verify area alone (0 without one).
+  static int64_t VerifyBytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+                                       const VerifyConfig& verify);
   // The largest pool whose slots (dummy included) fit in `budget_bytes`;
   // kda::Error if not even one request fits.
   static int64_t MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
-                                      DType conv_dtype);
+                                      DType conv_dtype, const VerifyConfig& verify = {});
 
   // A free slot, zeroed in every layer; PoolExhaustedError when none is free.
   int32_t Alloc();
@@ -60,7 +97,14 @@ class RecurrentStatePool {
   int num_layers() const { return num_layers_; }
   const KdaLayerShape& shape() const { return shape_; }
   DType conv_dtype() const { return conv_dtype_; }
+  const VerifyConfig& verify() const { return verify_; }
   int64_t total_bytes() const;
+
+  // Positions of the slot's last verify step still held for its commit (0:
+  // none). The backend sets it when a verify step completes and clears it at
+  // the commit; Alloc and Free clear it.
+  int64_t pending_verify(int32_t slot) const { return IsAllocated(slot) ? verify_pending_[slot] : 0; }
+  void SetPendingVerify(int32_t slot, int64_t positions);
 
   // One layer's cache (the buffers the backend and kernels index by slot).
   LayerStateCache GetLayerCache(int layer);
@@ -81,8 +125,12 @@ class RecurrentStatePool {
   DType conv_dtype_;
   std::vector<std::vector<float>> recurrent_;  // per layer
   std::vector<std::vector<uint8_t>> conv_;     // per layer, raw conv_dtype elements
-  std::vector<int32_t> free_;                  // free slots, smallest last
-  std::vector<uint8_t> allocated_;             // [max_requests + 1]
+  VerifyConfig verify_;
+  std::vector<std::vector<uint8_t>> verify_inputs_;  // per layer, see LayerStateCache
+  std::vector<std::vector<float>> verify_states_;    // per layer (kTokenStates)
+  std::vector<int32_t> free_;                        // free slots, smallest last
+  std::vector<uint8_t> allocated_;                   // [max_requests + 1]
+  std::vector<int64_t> verify_pending_;              // [max_requests + 1]
 };
 
 }  // namespace kda

@@ -2,6 +2,9 @@
 // layers, MLPs and norms of the full model are outside this component).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "kda/base/dtype.h"
 #include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/forward_batch.h"
@@ -23,7 +26,18 @@ class ModelRunner {
   // the activation dtype, T = batch.num_tokens(). Layer l reads the residual
   // stream h_l (h_0 = x, h_{l+1} = h_l + layer_l(h_l)); out is the last
   // layer's output, so with one layer out = layer(x).
+  //
+  // A TARGET_VERIFY batch computes every position's output from the committed
+  // states (which it leaves as they are) and holds its positions for a commit.
   void Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out);
+
+  // Commits verify steps: request req_ids[i] keeps the first keep[i]
+  // positions of its last TARGET_VERIFY batch (0 <= keep[i] <= its 1 + k;
+  // docs/speculative.md): afterwards its slot holds the state (recurrent and
+  // conv tail, every layer) after exactly those positions. kda::Error on a
+  // request without a pending verify step or a count out of range, nothing
+  // written.
+  void CommitVerify(const std::vector<int64_t>& req_ids, const std::vector<int64_t>& keep);
 
   // Shows `observer` every batch and every layer's tensors from the next
   // batch on (null: off); see LayerObserver.

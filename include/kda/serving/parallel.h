@@ -45,6 +45,9 @@ struct ParallelServeOptions {
   // Bytes this rank's state pool may take (0: no limit); the pool holds as
   // many requests as fit (design §4 per-request cost), fewer run at once.
   int64_t state_budget_bytes = 0;
+  // This rank's pool's verify area (speculative decoding; counted in the
+  // budget). Requests with a DraftSource are verified with drafts.
+  VerifyConfig verify;
   KernelImpl kernel = KernelImpl::kAuto;
   bool gather = true;                 // bring every result to world rank 0 (GatherResults)
   LayerObserver* observer = nullptr;  // set on this rank's ModelRunner (see LayerObserver)

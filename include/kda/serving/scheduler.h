@@ -2,10 +2,17 @@
 // free (the rest queue), prefills go in chunks under a per-step token budget
 // (continuations are EXTEND steps with has_initial_state), decodes are batched
 // one token per running request, and slots are freed as requests finish.
+//
+// Speculative decoding (docs/speculative.md): on a pool with a verify area
+// (VerifyConfig), a decode step in which some request's draft source proposes
+// drafts is a TARGET_VERIFY step instead (requests without drafts take part
+// with k = 0), followed in the same step by the commit of each request's
+// accepted positions. An EXTEND never shares a step with a verify.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,8 +46,29 @@ struct SchedulerConfig {
 // report (e.g. the radix cache being disabled).
 std::vector<std::string> CheckServerArgs(SchedulerConfig& config);
 
+// A request's drafts for speculative decoding. At each of the request's
+// decode steps (once `committed` of its rows are committed) the scheduler asks
+// `propose` for up to max_k draft rows, verifies the request's next row and
+// the drafts in one TARGET_VERIFY step, asks `accept` how many drafts were
+// accepted and keeps the next row plus that many: its result and state then
+// extend by exactly those positions, and its next step starts at row
+// committed + a + 1. Accepted drafts stand for the request's next rows (in an
+// engine they are the tokens the target model chose); the results are those
+// of the rows verified. max_k never reaches past the request's last row. With
+// tensor parallelism every rank of a data-parallel index calls both with the
+// same arguments and must get the same answers.
+struct DraftSource {
+  // Writes k <= max_k draft rows [k, hidden] (activation dtype) to `rows` and returns k (0: no drafts this step).
+  std::function<int64_t(int64_t committed, int64_t max_k, void* rows)> propose;
+  // a in [0, k]: the accepted drafts, a prefix of them. `out` [1 + k, hidden]
+  // (activation dtype): the verify step's outputs of the request's positions.
+  // Null: every draft is accepted.
+  std::function<int64_t(int64_t committed, int64_t k, const void* out)> accept;
+};
+
 // One request: `length` input rows; the last `decode_tokens` of them (when
-// length > decode_tokens) are fed as DECODE steps after the prefill.
+// length > decode_tokens) are fed as DECODE steps after the prefill (or
+// verified with drafts, see DraftSource).
 struct ServeRequest {
   int64_t id = 0;
   ConstBuf input;  // [length, hidden] in the model's activation dtype; must outlive the scheduler's run
@@ -54,6 +82,9 @@ struct ServeRequest {
   // must determine the input rows). Without them, or with an initial state,
   // a request is never cached.
   const int32_t* token_ids = nullptr;
+  // Optional drafts for its decode rows (empty propose: none); used when the
+  // runner's pool has a verify area.
+  DraftSource draft;
 };
 
 struct RequestResult {
@@ -78,6 +109,7 @@ struct StepRecord {
   int64_t batch_size = 0;  // requests in the step
   int64_t tokens = 0;
   double seconds = 0.0;
+  int64_t kept = 0;  // TARGET_VERIFY: positions kept by the commit (committed tokens); else = tokens
 };
 
 class Scheduler {

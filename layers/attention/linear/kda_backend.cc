@@ -46,6 +46,16 @@ Call CoreCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb,
   return c;
 }
 
+// The recurrent kernel over the step's packed sequences (cu_seqlens), each
+// starting from its slot.
+RecurrentKdaCall PackedRecurrentCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb) {
+  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, 1, s.num_tokens);
+  c.cu_seqlens = s.cu_seqlens;
+  c.initial_state = s.state;
+  c.ssm_state_indices = s.state_indices;
+  return c;
+}
+
 }  // namespace
 
 void KDAAttnBackend::ReportGate(const CoreStep& s, const float* g, const float* beta) const {
@@ -77,6 +87,53 @@ void KDAAttnBackend::RunDecode(const CoreStep& s) {
   c.ssm_state_indices = s.state_indices;
   fused_recurrent_kda(c, kernel_);
   ReportGate(s, gb.g.data(), gb.beta.data());
+}
+
+void KDAAttnBackend::RunVerify(const CoreStep& s) {
+  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
+  if (s.token_states == nullptr) {
+    RecurrentKdaCall c = PackedRecurrentCall(s, gb);
+    c.inplace_final_state = false;  // the slots are only read
+    fused_recurrent_kda(c, kernel_);
+  } else {
+    // The state after every token of sequence n goes to its own area: one call per sequence.
+    const int64_t H = s.layer.num_heads();
+    const int64_t K = s.layer.head_k_dim();
+    const int64_t V = s.layer.head_v_dim();
+    const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
+    const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
+    const size_t esize = DTypeSize(s.q.dtype);
+    for (int64_t n = 0; n < s.num_seqs; ++n) {
+      const int64_t b = cu[n];
+      const int64_t len = cu[n + 1] - b;
+      if (len == 0) continue;
+      const auto at = [&](const void* base, size_t elem, int64_t per_token) {
+        return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
+      };
+      RecurrentKdaCall c;
+      c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * H * V) * esize, s.o.dtype,
+                                  {1, len, H, V});
+      c.q = ContiguousView<const void*>(at(s.q.data, esize, H * K), s.q.dtype, {1, len, H, K});
+      c.k = ContiguousView<const void*>(at(s.k.data, esize, H * K), s.k.dtype, {1, len, H, K});
+      c.v = ContiguousView<const void*>(at(s.v.data, esize, H * V), s.v.dtype, {1, len, H, V});
+      c.g = ContiguousView<const void*>(at(gb.g.data(), sizeof(float), H * K), DType::kF32, {1, len, H, K});
+      c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), H), DType::kF32, {1, len, H});
+      c.scale = s.layer.scale();
+      c.use_qk_l2norm_in_kernel = true;
+      c.initial_state = s.state;
+      c.ssm_state_indices = ContiguousView<const void*>(slots + n, DType::kI32, {1});
+      c.inplace_final_state = false;
+      c.output_final_state = true;
+      c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, H, K, V});
+      fused_recurrent_kda(c, kernel_);
+    }
+  }
+  ReportGate(s, gb.g.data(), gb.beta.data());
+}
+
+void KDAAttnBackend::RunCommit(const CoreStep& s) {
+  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
+  fused_recurrent_kda(PackedRecurrentCall(s, gb), kernel_);
 }
 
 }  // namespace kda

@@ -19,8 +19,13 @@ LinearRecurrentAttnBackend::LinearRecurrentAttnBackend(MemoryPools pools) : pool
 
 void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) {
   const ForwardMode mode = batch.mode;
-  Check(mode == ForwardMode::kExtend || mode == ForwardMode::kDecode || mode == ForwardMode::kIdle,
+  Check(mode == ForwardMode::kExtend || mode == ForwardMode::kDecode || mode == ForwardMode::kIdle ||
+            mode == ForwardMode::kTargetVerify,
         std::string("forward mode ") + ForwardModeName(mode) + " is not supported by the KDA backend");
+  const RecurrentStatePool& pool = *pools_.state_pool;
+  const int64_t verify_rows = pool.verify().rows();
+  Check(mode != ForwardMode::kTargetVerify || verify_rows > 0,
+        "forward batch: TARGET_VERIFY needs a state pool with a verify area (VerifyConfig::max_draft_tokens > 0)");
   const size_t n = batch.req_ids.size();
   Check(batch.extend_lens.size() == n && batch.prefix_lens.size() == n && batch.req_pool_indices.size() == n,
         "forward batch: req_ids, req_pool_indices, extend_lens and prefix_lens must have one entry per request");
@@ -41,10 +46,19 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
     Check(batch.extend_lens[i] >= 0 && batch.prefix_lens[i] >= 0, "forward batch: negative length");
     Check(mode != ForwardMode::kDecode || batch.extend_lens[i] == 1,
           "forward batch: a DECODE batch has exactly one token per request");
+    Check(mode != ForwardMode::kTargetVerify || (batch.extend_lens[i] >= 1 && batch.extend_lens[i] <= verify_rows),
+          [&] {
+            return "forward batch: request " + std::to_string(req) + " has " + std::to_string(batch.extend_lens[i]) +
+                   " verify positions; a TARGET_VERIFY batch holds 1 + k per request, k in [0, " +
+                   std::to_string(verify_rows - 1) + "] (the pool's max_draft_tokens)";
+          });
     md.cu_q_lens.push_back(md.cu_q_lens.back() + batch.extend_lens[i]);
     const int32_t slot = batch.req_pool_indices[i];
     Check(pools_.req_to_token_pool->Holds(req, slot), [&] {
       return "forward batch: request " + std::to_string(req) + " does not hold state slot " + std::to_string(slot);
+    });
+    Check(pool.pending_verify(slot) == 0, [&] {
+      return "forward batch: request " + std::to_string(req) + " has a verify step waiting for its commit";
     });
     md.recurrent_indices.push_back(slot);
     const bool seeded = !batch.state_seeded.empty() && batch.state_seeded[i] != 0;
@@ -113,6 +127,9 @@ void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutB
     case ForwardMode::kDecode:
       ForwardExtendOrDecode(layer, o, mixed_qkv, gate_raw, beta_logits);
       return;
+    case ForwardMode::kTargetVerify:
+      ForwardVerify(layer, o, mixed_qkv, gate_raw, beta_logits);
+      return;
     case ForwardMode::kIdle:
       return;  // no tokens: nothing to write, no state touched
     default:
@@ -120,21 +137,15 @@ void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutB
   }
 }
 
-void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
-                                                       ConstBuf gate_raw, ConstBuf beta_logits) {
-  const bool extend = md_.mode == ForwardMode::kExtend;
-  if (extend) SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
-  const int64_t T = md_.num_tokens;
-  const int64_t p = layer.projection_size();
-  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()});
+namespace {
 
-  const LayerStateCache cache = Cache(layer.layer_id());
-  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  const int64_t H = layer.num_heads();
-  CoreStep step{
+// A step of N sequences (cu [N + 1], T tokens) over the layer's pool states in `slots`.
+LinearRecurrentAttnBackend::CoreStep StepOver(const RadixLinearAttention& layer, const LayerStateCache& cache, MutBuf o,
+                                              const ActBuffer& q, const ActBuffer& k, const ActBuffer& v,
+                                              ConstBuf gate_raw, ConstBuf beta_logits, int64_t T, int64_t N,
+                                              const int32_t* slots, const uint8_t* has_initial_state,
+                                              const int64_t* cu) {
+  return {
       .layer = layer,
       .o = o,
       .q = q.view(),
@@ -145,11 +156,30 @@ void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttentio
       .num_tokens = T,
       .num_seqs = N,
       .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
-                                     {cache.num_slots, H, layer.head_k_dim(), layer.head_v_dim()}),
-      .state_indices = ContiguousView<const void*>(md_.recurrent_indices.data(), DType::kI32, {N}),
-      .has_initial_state = ContiguousView<const void*>(md_.has_initial_state.data(), DType::kU8, {N}),
-      .cu_seqlens = ContiguousView<const void*>(md_.cu_q_lens.data(), DType::kI64, {N + 1}),
+                                     {cache.num_slots, layer.num_heads(), layer.head_k_dim(), layer.head_v_dim()}),
+      .state_indices = ContiguousView<const void*>(slots, DType::kI32, {N}),
+      .has_initial_state = ContiguousView<const void*>(has_initial_state, DType::kU8, {N}),
+      .cu_seqlens = ContiguousView<const void*>(cu, DType::kI64, {N + 1}),
   };
+}
+
+}  // namespace
+
+void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
+                                                       ConstBuf gate_raw, ConstBuf beta_logits) {
+  const bool extend = md_.mode == ForwardMode::kExtend;
+  if (extend) SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
+  const int64_t T = md_.num_tokens;
+  const int64_t p = layer.projection_size();
+  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  const LayerStateCache cache = Cache(layer.layer_id());
+  RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()}, PoolConvSeqs(cache));
+
+  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
+  CoreStep step = StepOver(layer, cache, o, q, k, v, gate_raw, beta_logits, T, N, md_.recurrent_indices.data(),
+                           md_.has_initial_state.data(), md_.cu_q_lens.data());
   const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
   if (extend) {
     if (!md_.snapshot_cu.empty()) {
@@ -167,22 +197,35 @@ void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttentio
     }
     RunDecode(step);
   }
-  if (observer_ != nullptr) {
-    const int id = layer.layer_id();
-    Report(id, LayerTensor::kQConv, q.view(), q.size());
-    Report(id, LayerTensor::kKConv, k.view(), k.size());
-    Report(id, LayerTensor::kVConv, v.view(), v.size());
-    Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, T * H * layer.head_v_dim());
-  }
+  ReportCore(layer, q, k, v, o);
+}
+
+void LinearRecurrentAttnBackend::ReportCore(const RadixLinearAttention& layer, const ActBuffer& q, const ActBuffer& k,
+                                            const ActBuffer& v, MutBuf o) const {
+  if (observer_ == nullptr) return;
+  const int id = layer.layer_id();
+  Report(id, LayerTensor::kQConv, q.view(), q.size());
+  Report(id, LayerTensor::kKConv, k.view(), k.size());
+  Report(id, LayerTensor::kVConv, v.view(), v.size());
+  Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, md_.num_tokens * layer.num_heads() * layer.head_v_dim());
 }
 
 LayerStateCache LinearRecurrentAttnBackend::Cache(int layer_id) const {
   return pools_.state_pool->GetLayerCache(layer_id);
 }
 
+LinearRecurrentAttnBackend::ConvSeqs LinearRecurrentAttnBackend::PoolConvSeqs(const LayerStateCache& cache) const {
+  return {.tails = MutBuf{cache.conv, cache.conv_dtype},
+          .num_tails = cache.num_slots,
+          .indices = md_.recurrent_indices.data(),
+          .has_initial_state = md_.has_initial_state.data(),
+          .cu = md_.cu_q_lens.data(),
+          .N = static_cast<int64_t>(md_.recurrent_indices.size()),
+          .T = md_.num_tokens};
+}
+
 void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv,
-                                              const ConvOutputs& out) {
-  const LayerStateCache cache = Cache(layer.layer_id());
+                                              const ConvOutputs& out, const ConvSeqs& seqs) {
   const int64_t p = layer.projection_size();
   const int W = layer.conv_width();
   const MutBuf outs[3] = {out.q, out.k, out.v};
@@ -192,16 +235,16 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
     a.x = Offset(mixed_qkv, group * p);
     a.x_row_stride = 3 * p;
     a.weight = layer.conv_weight().data() + group * W * p;  // [3][W][P]: this group's [W, P]
-    a.cu_seqlens = md_.cu_q_lens.data();
-    a.N = static_cast<int64_t>(md_.recurrent_indices.size());
-    a.T = md_.num_tokens;
+    a.cu_seqlens = seqs.cu;
+    a.N = seqs.N;
+    a.T = seqs.T;
     a.C = p;
     a.W = W;
-    a.tails = Offset(MutBuf{cache.conv, cache.conv_dtype}, group * p);
+    a.tails = Offset(seqs.tails, group * p);
     a.tail_row_stride = 3 * p;
-    a.num_tails = cache.num_slots;
-    a.tail_indices = md_.recurrent_indices.data();
-    a.has_initial_state = md_.has_initial_state.data();
+    a.num_tails = seqs.num_tails;
+    a.tail_indices = seqs.indices;
+    a.has_initial_state = seqs.has_initial_state;
     short_conv_silu(a);
   }
 }
@@ -230,6 +273,177 @@ void LinearRecurrentAttnBackend::SnapshotConvTails(const RadixLinearAttention& l
       }
     }
   }
+}
+
+namespace {
+
+// Bytes of one position in a verify area and where its parts start (see LayerStateCache).
+struct VerifyRow {
+  size_t qkv, gate, beta, total;  // bytes of mixed_qkv [3P], gate_raw [P], beta_logits [H]; their sum
+  VerifyRow(int64_t p, int64_t h, DType dt)
+      : qkv(static_cast<size_t>(3 * p) * DTypeSize(dt)),
+        gate(static_cast<size_t>(p) * DTypeSize(dt)),
+        beta(static_cast<size_t>(h) * DTypeSize(dt)),
+        total(qkv + gate + beta) {}
+};
+
+// Position t of slot `slot`'s verify area.
+uint8_t* VerifyPosition(const LayerStateCache& cache, const VerifyRow& row, int32_t slot, int64_t t) {
+  return static_cast<uint8_t*>(cache.verify_inputs) + (static_cast<size_t>(slot * cache.verify_rows + t)) * row.total;
+}
+
+}  // namespace
+
+void LinearRecurrentAttnBackend::ForwardVerify(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
+                                               ConstBuf gate_raw, ConstBuf beta_logits) {
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const int64_t T = md_.num_tokens;
+  const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
+  const int64_t p = layer.projection_size();
+  const int64_t H = layer.num_heads();
+  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+  const VerifyRow row(p, H, cache.conv_dtype);
+  const size_t tail_bytes = static_cast<size_t>(layer.conv_width() - 1) * row.qkv;
+  // What the commit needs: each position's projections, in its slot's verify area.
+  const auto* qkv_in = static_cast<const uint8_t*>(mixed_qkv.data);
+  const auto* gate_in = static_cast<const uint8_t*>(gate_raw.data);
+  const auto* beta_in = static_cast<const uint8_t*>(beta_logits.data);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t t = md_.cu_q_lens[n]; t < md_.cu_q_lens[n + 1]; ++t) {
+      uint8_t* dst = VerifyPosition(cache, row, md_.recurrent_indices[n], t - md_.cu_q_lens[n]);
+      std::memcpy(dst, qkv_in + t * row.qkv, row.qkv);
+      std::memcpy(dst + row.qkv, gate_in + t * row.gate, row.gate);
+      std::memcpy(dst + row.qkv + row.gate, beta_in + t * row.beta, row.beta);
+    }
+    if (md_.has_initial_state[n] == 0) {
+      // A fresh request's committed state is zeros: its slot says so from here on.
+      const int32_t slot = md_.recurrent_indices[n];
+      std::fill_n(cache.recurrent + slot * rs, rs, 0.0F);
+      std::memset(static_cast<uint8_t*>(cache.conv) + slot * tail_bytes, 0, tail_bytes);
+    }
+  }
+  // The conv over a copy of the committed tails: the slots' tails stay as they are.
+  ActBuffer tails = ActBuffer::Uninitialized(cache.conv_dtype, N * (layer.conv_width() - 1) * 3 * p);
+  std::vector<int32_t> tail_index(static_cast<size_t>(N));
+  const std::vector<uint8_t> continues(static_cast<size_t>(N), 1);
+  for (int64_t n = 0; n < N; ++n) {
+    tail_index[n] = static_cast<int32_t>(n);
+    std::memcpy(static_cast<uint8_t*>(tails.data()) + n * tail_bytes,
+                static_cast<const uint8_t*>(cache.conv) + md_.recurrent_indices[n] * tail_bytes, tail_bytes);
+  }
+  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()},
+               {.tails = tails.mut(),
+                .num_tails = N,
+                .indices = tail_index.data(),
+                .has_initial_state = continues.data(),
+                .cu = md_.cu_q_lens.data(),
+                .N = N,
+                .T = T});
+  std::vector<float*> token_states;
+  if (cache.verify_states != nullptr) {
+    for (int64_t n = 0; n < N; ++n)
+      token_states.push_back(cache.verify_states + md_.recurrent_indices[n] * cache.verify_rows * rs);
+  }
+  CoreStep step = StepOver(layer, cache, o, q, k, v, gate_raw, beta_logits, T, N, md_.recurrent_indices.data(),
+                           continues.data(), md_.cu_q_lens.data());
+  step.token_states = token_states.empty() ? nullptr : token_states.data();
+  RunVerify(step);
+  ReportCore(layer, q, k, v, o);
+}
+
+void LinearRecurrentAttnBackend::EndVerify() {
+  if (md_.mode != ForwardMode::kTargetVerify) return;
+  for (size_t n = 0; n < md_.recurrent_indices.size(); ++n) {
+    pools_.state_pool->SetPendingVerify(md_.recurrent_indices[n], md_.cu_q_lens[n + 1] - md_.cu_q_lens[n]);
+  }
+}
+
+void LinearRecurrentAttnBackend::InitCommit(const std::vector<int64_t>& req_ids, const std::vector<int64_t>& keep) {
+  Check(keep.size() == req_ids.size(), "verify commit: req_ids and keep must have one entry per request");
+  const RecurrentStatePool& pool = *pools_.state_pool;
+  CommitMetadata c;
+  c.cu.assign(1, 0);
+  std::unordered_set<int64_t> seen;
+  for (size_t i = 0; i < req_ids.size(); ++i) {
+    const int64_t req = req_ids[i];
+    Check(seen.insert(req).second, "verify commit: request " + std::to_string(req) + " appears twice");
+    Check(pools_.req_to_token_pool->Has(req), "verify commit: request " + std::to_string(req) + " holds no state slot");
+    const int32_t slot = pools_.req_to_token_pool->SlotOf(req);
+    const int64_t pending = pool.pending_verify(slot);
+    Check(pending > 0, "verify commit: request " + std::to_string(req) + " has no verify step to commit");
+    Check(keep[i] >= 0 && keep[i] <= pending, [&] {
+      return "verify commit: request " + std::to_string(req) + " keeps " + std::to_string(keep[i]) +
+             " positions of a verify step of " + std::to_string(pending) + " (expected 0.." + std::to_string(pending) +
+             ")";
+    });
+    c.all_slots.push_back(slot);
+    if (keep[i] == 0) continue;
+    c.slots.push_back(slot);
+    c.keep.push_back(keep[i]);
+    c.cu.push_back(c.cu.back() + keep[i]);
+  }
+  commit_ = std::move(c);
+}
+
+void LinearRecurrentAttnBackend::CommitLayer(const RadixLinearAttention& layer) {
+  const LayerStateCache cache = Cache(layer.layer_id());
+  const auto N = static_cast<int64_t>(commit_.slots.size());
+  if (N == 0) return;
+  const int64_t T = commit_.cu.back();
+  const int64_t p = layer.projection_size();
+  const int64_t H = layer.num_heads();
+  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+  const DType dt = cache.conv_dtype;
+  const VerifyRow row(p, H, dt);
+  // The kept positions' projections, packed.
+  ActBuffer qkv_in = ActBuffer::Uninitialized(dt, T * 3 * p);
+  ActBuffer gate_in = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer beta_in = ActBuffer::Uninitialized(dt, T * H);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t t = 0; t < commit_.keep[n]; ++t) {
+      const uint8_t* src = VerifyPosition(cache, row, commit_.slots[n], t);
+      const int64_t at = commit_.cu[n] + t;
+      std::memcpy(static_cast<uint8_t*>(qkv_in.data()) + at * row.qkv, src, row.qkv);
+      std::memcpy(static_cast<uint8_t*>(gate_in.data()) + at * row.gate, src + row.qkv, row.gate);
+      std::memcpy(static_cast<uint8_t*>(beta_in.data()) + at * row.beta, src + row.qkv + row.gate, row.beta);
+    }
+  }
+  // The conv moves the slots' tails past the kept positions (the verify step
+  // zeroed a fresh request's tail, so every sequence continues its tail).
+  const std::vector<uint8_t> continues(static_cast<size_t>(N), 1);
+  ActBuffer q = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer k = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer v = ActBuffer::Uninitialized(dt, T * p);
+  RunShortConv(layer, qkv_in.view(), {q.mut(), k.mut(), v.mut()},
+               {.tails = MutBuf{cache.conv, dt},
+                .num_tails = cache.num_slots,
+                .indices = commit_.slots.data(),
+                .has_initial_state = continues.data(),
+                .cu = commit_.cu.data(),
+                .N = N,
+                .T = T});
+  if (cache.verify_states != nullptr) {
+    // The verify step kept the state after every position: the commit is a copy.
+    for (int64_t n = 0; n < N; ++n) {
+      const int32_t slot = commit_.slots[n];
+      std::memcpy(cache.recurrent + slot * rs,
+                  cache.verify_states + (slot * cache.verify_rows + commit_.keep[n] - 1) * rs,
+                  static_cast<size_t>(rs) * sizeof(float));
+    }
+    return;
+  }
+  ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
+  const CoreStep step = StepOver(layer, cache, o.mut(), q, k, v, gate_in.view(), beta_in.view(), T, N,
+                                 commit_.slots.data(), continues.data(), commit_.cu.data());
+  RunCommit(step);
+}
+
+void LinearRecurrentAttnBackend::EndCommit() {
+  for (int32_t slot : commit_.all_slots) pools_.state_pool->SetPendingVerify(slot, 0);
+  commit_ = {};
 }
 
 }  // namespace kda

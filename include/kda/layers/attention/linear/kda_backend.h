@@ -1,8 +1,9 @@
 // KDAAttnBackend (layers/attention/linear/kda_backend.cc): the attention
 // backend of the KDA layers, a LinearRecurrentAttnBackend that binds the KDA
 // kernels through the dispatcher: the per-key-dim gate and beta, then
-// chunk_kda (prefill) or fused_recurrent_kda (decode) on the pool's states in
-// place (no gather or scatter). One backend instance serves every KDA layer of
+// chunk_kda (prefill) or fused_recurrent_kda (decode, and the several tokens
+// per sequence of a verify step and its commit) on the pool's states in place
+// (no gather or scatter). One backend instance serves every KDA layer of
 // a model.
 #pragma once
 
@@ -20,6 +21,8 @@ class KDAAttnBackend : public LinearRecurrentAttnBackend {
  protected:
   void RunExtend(const CoreStep& step) override;
   void RunDecode(const CoreStep& step) override;
+  void RunVerify(const CoreStep& step) override;
+  void RunCommit(const CoreStep& step) override;
 
  private:
   // The observer's kGateRaw, kGate and kBeta of a step.
