@@ -268,6 +268,44 @@ TEST_P(LinearRouteTest, Bf16PipelineRoundsTheDequantizedWeightToBf16) {
   }
 }
 
+TEST_P(LinearRouteTest, Q8DequantizesEveryValueAtExtremeScalesExactly) {
+  // Every int8 value (-127 to 127, eight blocks of 32) at fp16 scales from
+  // zero and the smallest subnormal to the largest finite: each output
+  // row picks one weight of its row (a one-hot input), so the product is the
+  // dequantized weight itself, q * s in fp32 and bf16(q * s) in the bf16
+  // pipeline, bit for bit.
+  const int64_t k = 256;
+  const std::vector<uint16_t> scale_bits = {0x0001, 0x03FF, 0x0400, 0x3C00, 0x3A4D, 0x7BFF, 0x0000, 0x5A3F};
+  Q8Weight w;
+  w.rows = static_cast<int64_t>(scale_bits.size());
+  w.cols = k;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t c = 0; c < k; ++c) w.q.push_back(static_cast<int8_t>((c + r * 37) % 255 - 127));
+    for (int64_t b = 0; b < k / kQ8Block; ++b) w.scales.push_back(scale_bits[static_cast<size_t>((r + b) % w.rows)]);
+  }
+  for (int64_t c = 0; c < k; ++c) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      std::vector<float> x(k, 0.0F);
+      x[static_cast<size_t>(c)] = 1.0F;
+      std::vector<float> y(static_cast<size_t>(w.rows));
+      const Linear lin(w, dtype);
+      if (dtype == DType::kBF16) {
+        std::vector<BF16> xb(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xb[i] = ToBF16(x[i]);
+        lin.Forward({y.data(), DType::kF32}, {xb.data(), DType::kBF16}, 1);
+      } else {
+        lin.Forward({y.data(), DType::kF32}, {x.data(), DType::kF32}, 1);
+      }
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const float s = HalfBitsToFloat(w.scales[static_cast<size_t>(r * (k / kQ8Block) + c / kQ8Block)]);
+        const float exact = static_cast<float>(w.q[static_cast<size_t>(r * k + c)]) * s;
+        EXPECT_EQ(y[static_cast<size_t>(r)], dtype == DType::kBF16 ? RoundBF16(exact) : exact)
+            << DTypeName(dtype) << " row " << r << " column " << c;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kda, LinearRouteTest, ::testing::ValuesIn(SupportedRouteCases()),
                          [](const ::testing::TestParamInfo<RouteCase>& info) { return RouteCaseName(info.param); });
 
