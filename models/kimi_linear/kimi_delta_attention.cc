@@ -139,6 +139,11 @@ struct KimiDeltaAttention::Projected {
   ActBuffer qkv, f_a, f_b, b_logits, g_a, g_b;
 };
 
+void KimiDeltaAttention::CheckInputDtype(ConstBuf x) const {
+  Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
+                                   " does not match the layer dtype " + DTypeName(act_dtype_));
+}
+
 KimiDeltaAttention::Projected KimiDeltaAttention::ProjectInputs(ConstBuf x, int64_t T) const {
   // fp32 accumulation, rounded once in the bf16 pipeline.
   const int64_t p = shape_.P();
@@ -156,8 +161,7 @@ KimiDeltaAttention::Projected KimiDeltaAttention::ProjectInputs(ConstBuf x, int6
 }
 
 void KimiDeltaAttention::ForwardProjections(ConstBuf x, int64_t T) const {
-  Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
-                                   " does not match the layer dtype " + DTypeName(act_dtype_));
+  CheckInputDtype(x);
   Check(T >= 0 && (T == 0 || x.data != nullptr), "KimiDeltaAttention: null input or negative token count");
   if (T == 0) return;
   const Projected pr = ProjectInputs(x, T);
@@ -166,8 +170,7 @@ void KimiDeltaAttention::ForwardProjections(ConstBuf x, int64_t T) const {
 }
 
 void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend& backend) const {
-  Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
-                                   " does not match the layer dtype " + DTypeName(act_dtype_));
+  CheckInputDtype(x);
   Check(out.dtype == act_dtype_, "KimiDeltaAttention: output dtype does not match the layer dtype");
   const int64_t T = backend.metadata().num_tokens;
   Check(T == 0 || (x.data != nullptr && out.data != nullptr), "KimiDeltaAttention: null input or output");

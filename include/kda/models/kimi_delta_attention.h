@@ -78,6 +78,8 @@ class KimiDeltaAttention {
   KdaLayerShape shape_;
   DType act_dtype_;
   struct Projected;  // the outputs of the projections before the core
+  // kda::Error unless x holds the layer's activation dtype (Forward, ForwardProjections).
+  void CheckInputDtype(ConstBuf x) const;
   // The projections that read x [T, hidden] and their f_b, g_b (Forward's first step).
   Projected ProjectInputs(ConstBuf x, int64_t T) const;
 
