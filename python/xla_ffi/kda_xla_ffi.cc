@@ -234,13 +234,18 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(kda::RecurrentAttrs, KDA_OPTION_ATTRS,
                                       ffi::StructMember<bool>("inplace_final_state"));
 #undef KDA_OPTION_ATTRS
 
+// The operands both targets take first, in SetCommon's order.
+auto BindQKVGBeta() {
+  return ffi::Ffi::Bind()
+      .Arg<ffi::AnyBuffer>()   // q
+      .Arg<ffi::AnyBuffer>()   // k
+      .Arg<ffi::AnyBuffer>()   // v
+      .Arg<ffi::AnyBuffer>()   // g
+      .Arg<ffi::AnyBuffer>();  // beta
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // g
-                                  .Arg<ffi::AnyBuffer>()  // beta
+                              BindQKVGBeta()
                                   .Arg<ffi::AnyBuffer>()  // cu_seqlens
                                   .Arg<ffi::AnyBuffer>()  // initial state or pool
                                   .Arg<ffi::AnyBuffer>()  // state_indices
@@ -252,12 +257,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
                                   .Attrs<kda::ChunkAttrs>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // g
-                                  .Arg<ffi::AnyBuffer>()  // beta
+                              BindQKVGBeta()
                                   .Arg<ffi::AnyBuffer>()  // initial_state
                                   .Arg<ffi::AnyBuffer>()  // ssm_state_indices
                                   .Arg<ffi::AnyBuffer>()  // num_accepted_tokens
