@@ -5,8 +5,8 @@ Times the nine projections of one Kimi-Linear KDA layer (q/k/v fused as kda hold
 b, g_a, g_b, o_proj; f_b and g_b on f_a's and g_a's outputs, o_proj on f_b's, as
 ``kda bench-kernels --only projections`` runs them) through ``torch.nn.functional.linear`` at
 M = 1, 8, 64, 2048 rows, bf16 and fp32. At M <= 8 each call runs the next of enough copies of the
-weights to span twice the last-level cache (its size from sysfs; at least 256 MiB, kda's rule), so
-that they come from memory. Rounds alternate with ``kda bench-kernels --only projections --json``
+weights to span the bytes kda's row of that dtype and M cycles through (its ``streamed_bytes``:
+past twice the last-level cache), so that they come from memory. Rounds alternate with ``kda bench-kernels --only projections --json``
 run as a subprocess (a slow spell of the machine hits both); the table gives each side's median
 over the rounds of its per-round median call, and kda/torch (the median of the per-round ratios).
 The layer's shapes come from kda's rows (hidden, H, K).
@@ -28,31 +28,6 @@ import torch.nn.functional as F
 
 ROWS = (1, 8, 64, 2048)
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-DECODE_ROWS = 8  # at most this many rows: weights cycled past the last-level cache
-
-
-def last_level_cache_bytes():
-    """The largest cache level of cpu0 in bytes (sysfs), 0 where sysfs does not say."""
-    best = (0, 0)
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for i in range(16):
-        try:
-            with open(f"{base}/index{i}/level") as f:
-                level = int(f.read())
-            with open(f"{base}/index{i}/size") as f:
-                size = f.read().strip()
-        except (OSError, ValueError):
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
-        digits = size[:-1] if size[-1:] in "KMG" else size
-        if digits.isdigit():
-            best = max(best, (level, int(digits) * scale))
-    return best[1]
-
-
-def stream_bytes():
-    """What the decode rows cycle through: twice the last-level cache, at least 256 MiB (as kda)."""
-    return max(2 * last_level_cache_bytes(), 256 << 20)
 
 
 def layer_shapes(hidden, heads, head_dim):
@@ -87,7 +62,7 @@ def torch_round(problems, repeats):
     """{(weights, M): the median call in µs} over one round."""
     out = {}
     for (name, rows), p in problems.items():
-        calls = max(repeats * 8, 16) if rows <= DECODE_ROWS else repeats  # as kda's rows
+        calls = max(repeats * 8, 16) if len(p.layers) > 1 else repeats  # as kda's rows
         t = []
         for i in range(calls):
             t0 = time.perf_counter()
@@ -121,11 +96,13 @@ def main():
     first = kda_rows[0]
     shapes = layer_shapes(int(first["hidden"]), int(first["H"]), int(first["K"]))
     routes = {(r["weights"], int(r["M"])): r["gemm_route"] for r in kda_rows}
+    streamed = {(r["weights"], int(r["M"])): r["streamed_bytes"] for r in kda_rows if "streamed_bytes" in r}
     problems = {}
     for name, dtype in DTYPES.items():
         for rows in ROWS:
             one = sum(o * i for o, i in shapes) * torch.tensor([], dtype=dtype).element_size()
-            copies = max(2, -(-stream_bytes() // one)) if rows <= DECODE_ROWS else 1
+            key = (name, rows)
+            copies = max(2, -(-int(streamed[key]) // one)) if key in streamed else 1
             p = Projections(shapes, rows, dtype, copies)
             for i in range(copies):
                 p.step(i)  # warm-up: one pass over the copies
@@ -156,7 +133,8 @@ def main():
             print(json.dumps(row))
         return
     print(f"torch {torch.__version__}, {args.threads} threads, medians of {args.rounds} alternated rounds; "
-          f"M <= {DECODE_ROWS}: weights cycled over {stream_bytes() >> 20} MiB")
+          f"M <= {max(m for _, m in streamed)}: weights cycled over {max(streamed.values()) / 2**20:.0f} MiB "
+          "(as kda's rows)")
     print(f"{'weights':7} {'M':>5} {'route':>9} {'kda us':>10} {'torch us':>10} {'kda/torch':>9}")
     for row in out:
         print(f"{row['weights']:7} {row['M']:5d} {row['gemm_route']:>9} {row['kda_us']:10.0f} "
