@@ -446,7 +446,9 @@ TEST(SpecScheduler, VerifyStepsMixDraftlessRequestsAndFinishInsideAVerifyStep) {
       EXPECT_EQ(st.batch_size, 3);                  // request 1, without drafts, with k = 0
       EXPECT_EQ(st.tokens, (1 + 3) + 1 + (1 + 2));  // 1 + k positions each
     }
-    if (seen_verify) EXPECT_NE(st.mode, ForwardMode::kExtend);
+    if (seen_verify) {
+      EXPECT_NE(st.mode, ForwardMode::kExtend);
+    }
   }
   EXPECT_TRUE(seen_verify);
   EXPECT_EQ(spec.finish_order.front(), 0);  // finished in the first verify step

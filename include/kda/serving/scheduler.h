@@ -84,7 +84,7 @@ struct ServeRequest {
   const int32_t* token_ids = nullptr;
   // Optional drafts for its decode rows (empty propose: none); used when the
   // runner's pool has a verify area.
-  DraftSource draft;
+  DraftSource draft{};
 };
 
 struct RequestResult {
