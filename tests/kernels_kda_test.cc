@@ -828,6 +828,33 @@ TEST(KdaValidation, ShapeCheckNeedsNoData) {
   r.ssm_state_indices = {};
   expect_shapes(CheckRecurrentKdaShapes(r), 6, 1, 6, 0);
   ExpectErrorContaining([&] { BindRecurrentKda(r); }, "fused_recurrent_kda: q is null");
+  // Slots per token and accepted counts: by value as a bind checks them, once every index tensor's data
+  // is given (2 rows of 2 tokens, 3 slots per sequence, a pool of 5).
+  auto sp = testing::NullTokenCall<RecurrentKdaCall>(2, 2, 3, 32);
+  sp.initial_state = ContiguousView<void*>(nullptr, DType::kF32, {5, 3, 32, 32});
+  static const int32_t kSlots[] = {0, 1, 2, 3, 4, -1};
+  static const int32_t kSlotOutOfRange[] = {0, 1, 2, 3, 5, -1};
+  static const int32_t kSlotShared[] = {0, 1, 2, 1, 4, -1};
+  static const int32_t kAccepted[] = {1, 2};
+  static const int32_t kAcceptedTooMany[] = {1, 4};
+  sp.ssm_state_indices = ContiguousView<const void*>(kSlots, DType::kI32, {2, 3});
+  sp.num_accepted_tokens = ContiguousView<const void*>(kAccepted, DType::kI32, {2});
+  expect_shapes(CheckRecurrentKdaShapes(sp), 2, 2, 2, 5);
+  sp.ssm_state_indices.data = kSlotOutOfRange;
+  ExpectErrorContaining([&] { CheckRecurrentKdaShapes(sp); },
+                        "fused_recurrent_kda: ssm_state_indices[1, 1] = 5 is out of range for num_states = 5");
+  sp.ssm_state_indices.data = kSlotShared;
+  ExpectErrorContaining([&] { CheckRecurrentKdaShapes(sp); }, "state slot 1 is used by sequences 0 and 1");
+  sp.ssm_state_indices.data = kSlots;
+  sp.num_accepted_tokens.data = kAcceptedTooMany;
+  ExpectErrorContaining([&] { CheckRecurrentKdaShapes(sp); },
+                        "num_accepted_tokens[1] = 4 must be in [1, 3] (the columns of ssm_state_indices)");
+  sp.num_accepted_tokens.data = nullptr;  // traced: left to the bind
+  expect_shapes(CheckRecurrentKdaShapes(sp), 2, 2, 2, 5);
+  sp.num_accepted_tokens = {};
+  SetTokenDim(sp, 1, 4);  // 4 tokens a sequence, 3 slots
+  ExpectErrorContaining([&] { CheckRecurrentKdaShapes(sp); },
+                        "sequence 0 has 4 tokens but ssm_state_indices has 3 slots per sequence");
 }
 
 // ------------------------------------------------- dispatcher

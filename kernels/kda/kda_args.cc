@@ -688,6 +688,42 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
   return s;
 }
 
+// The sequence boundaries as int64: the call's own, or int32 ones widened, or
+// the B rows' [0, T, 2T, ...], in `buffer` (which grows once per thread).
+const int64_t* BoundariesOf(const KdaCallCommon& call, const KdaCallShapes& s, std::vector<int64_t>& buffer) {
+  if (call.cu_seqlens.present() && call.cu_seqlens.dtype == DType::kI64) {
+    return static_cast<const int64_t*>(call.cu_seqlens.data);
+  }
+  buffer.resize(static_cast<size_t>(s.N) + 1);
+  for (int64_t n = 0; n <= s.N; ++n) buffer[n] = call.cu_seqlens.present() ? IndexAt(call.cu_seqlens, n) : n * s.T;
+  return buffer.data();
+}
+
+// The pool form's slot values in a shape check, when their data is given: the
+// rules of a bind (CheckRecurrentSlots). Slots per token (or accepted counts)
+// also need the boundaries' and num_accepted_tokens' values; without them
+// (traced) the values are left to the bind.
+void CheckGivenSlots(const std::string& who, const RecurrentKdaCall& call, const KdaCallShapes& s) {
+  const TensorView& idx = call.ssm_state_indices;
+  if (idx.data == nullptr || !call.initial_state.present()) return;
+  RecurrentKdaArgs a;
+  a.N = s.N;
+  a.state_indices = static_cast<const int32_t*>(idx.data);
+  a.index_cols = idx.ndim == 2 ? idx.shape[1] : 1;
+  a.num_states = s.num_states;
+  a.write_slots = call.inplace_final_state;
+  if (a.index_cols > 1 || call.num_accepted_tokens.present()) {
+    if ((call.num_accepted_tokens.present() && call.num_accepted_tokens.data == nullptr) ||
+        (call.cu_seqlens.present() && call.cu_seqlens.data == nullptr)) {
+      return;
+    }
+    a.num_accepted_tokens = static_cast<const int32_t*>(call.num_accepted_tokens.data);
+    thread_local std::vector<int64_t> cu;
+    a.cu_seqlens = BoundariesOf(call, s, cu);
+  }
+  CheckRecurrentSlots(who, a);
+}
+
 KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
   const std::string& who = RecurrentWho();
   const ViewChecker c(who, full);
@@ -736,11 +772,7 @@ KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
     s.num_states = CheckStates(c, call.initial_state, s, vf, pool ? -1 : s.N, "initial_state", pool ? "S" : "N");
   }
   if (!pool) s.num_states = 0;
-  if (pool && !full && call.ssm_state_indices.data != nullptr && call.ssm_state_indices.ndim == 1 &&
-      call.initial_state.present()) {
-    CheckStateIndices(who, static_cast<const int32_t*>(call.ssm_state_indices.data), s.N, s.num_states,
-                      "ssm_state_indices");
-  }
+  if (pool && !full) CheckGivenSlots(who, call, s);
   return s;
 }
 
@@ -780,17 +812,6 @@ void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.N = s.N;
   a.state_v_first = call.state_v_first;
   a.options = OptionsOf(call);
-}
-
-// The sequence boundaries as int64: the call's own, or int32 ones widened, or
-// the B rows' [0, T, 2T, ...], in `buffer` (which grows once per thread).
-const int64_t* BoundariesOf(const KdaCallCommon& call, const KdaCallShapes& s, std::vector<int64_t>& buffer) {
-  if (call.cu_seqlens.present() && call.cu_seqlens.dtype == DType::kI64) {
-    return static_cast<const int64_t*>(call.cu_seqlens.data);
-  }
-  buffer.resize(static_cast<size_t>(s.N) + 1);
-  for (int64_t n = 0; n <= s.N; ++n) buffer[n] = call.cu_seqlens.present() ? IndexAt(call.cu_seqlens, n) : n * s.T;
-  return buffer.data();
 }
 
 }  // namespace

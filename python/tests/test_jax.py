@@ -463,6 +463,10 @@ def _pool5():
     return jnp.zeros((5, 2, 16, 16))
 
 
+def _slots(*rows):
+    return jnp.asarray(rows, jnp.int32)
+
+
 BAD_RECURRENT = [
     (lambda q, k, v, g, b: dict(initial_state=jnp.zeros((3, 2, 16, 16)), inplace_final_state=True), ValueError,
      r"initial_state: expected shape \[N, HV, K, V\] = \[4, 2, 16, 16\], got \[3, 2, 16, 16\]"),
@@ -483,6 +487,18 @@ BAD_RECURRENT = [
      r"num_accepted_tokens needs 2-D ssm_state_indices \[N, C\]"),
     (lambda q, k, v, g, b: dict(num_accepted_tokens=jnp.ones(4, jnp.int32)), ValueError,
      "num_accepted_tokens needs 2-D ssm_state_indices"),
+    # 2-D slots and accepted counts by value (the slots a sequence reads or writes: column 0 here, one token).
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=_slots([0, 1], [2, 3], [5, 4], [-1, 9])),
+     ValueError,
+     r"ssm_state_indices\[2, 0\] = 5 is out of range for num_states = 5 \(use a negative index for padding\)"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=_slots([0, 1], [0, 3], [2, 4], [-1, 9])),
+     ValueError, "state slot 0 is used by sequences 0 and 1 of ssm_state_indices"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=_slots([0, 1], [2, 3], [4, -1], [-1, 9]),
+                                num_accepted_tokens=jnp.asarray([1, 2, 3, 1])), ValueError,
+     r"num_accepted_tokens\[2\] = 3 must be in \[1, 2\] \(the columns of ssm_state_indices\)"),
+    (lambda q, k, v, g, b: dict(initial_state=_pool5(), ssm_state_indices=_slots([0, 1], [2, 3], [4, -1], [-1, 9]),
+                                num_accepted_tokens=jnp.asarray([0, 1, 1, 1])), ValueError,
+     r"num_accepted_tokens\[0\] = 0 must be in \[1, 2\]"),
     (lambda q, k, v, g, b: dict(out=jnp.zeros((4, 1, 2, 8))), ValueError, r"o: expected shape \[B, T, HV, V\]"),
     (lambda q, k, v, g, b: dict(beta=jnp.zeros((4, 1, 2, 8))), ValueError,
      r"beta: expected shape \[B, T, HV\] or \[B, T, HV, V\]"),
@@ -781,11 +797,13 @@ def test_intermediate_states_refusals(backend):
         kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True, num_chunks=3, kernel=backend)
     with pytest.raises(ValueError, match="return_intermediate_states must be used with disable_recompute=False"):
         kj.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True, kernel=backend)
-    if backend == "ffi":  # a wrong static count under jit: the kernel's run-time check
-        run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
-                                              num_chunks=3, kernel=backend))
-        with pytest.raises(jax.errors.JaxRuntimeError, match="intermediate_states"):
-            jax.block_until_ready(run(cu))
+    # A wrong static count under jit: refused when the call runs (the FFI kernel's shape check of h; the naive
+    # kernels' check of the values).
+    run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True,
+                                          num_chunks=3, kernel=backend))
+    bad = "intermediate_states" if backend == "ffi" else "num_chunks must be the number of chunks, 2, got 3"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=bad):
+        jax.block_until_ready(run(cu))
 
 
 # --- fused_kda_gate ---------------------------------------------------------------------------------
@@ -810,20 +828,49 @@ def test_fused_kda_gate_matches_numpy(form):
         kj.fused_kda_gate(g, A_log=np.zeros(4, np.float32), dt_bias=np.zeros(5, np.float32))
 
 
-def test_ffi_checks_values_at_run_time_under_jit():
-    """Under jit cu_seqlens and indices are traced: the FFI kernels refuse bad values when they run."""
-    _ffi_or_skip()
+def test_index_values_checked_at_run_time_under_jit(backend):
+    """Under jit cu_seqlens, the indices and the accepted counts are traced: both backends refuse a bad value
+    when the call runs, with the messages of an eager call (the FFI kernels themselves, the naive ones by the
+    core's check of the values in a host callback), instead of returning a wrong result."""
     q, k, v, g, b = _ok(T=4)
-    run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, b, cu_seqlens=cu, kernel="ffi"))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="cu_seqlens"):
+    run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, b, cu_seqlens=cu, kernel=backend))
+    bad = r"chunk_kda: cu_seqlens must be non-decreasing, but cu_seqlens\[2\] = 2 < cu_seqlens\[1\] = 3"
+    with pytest.raises(jax.errors.JaxRuntimeError, match=bad):
         jax.block_until_ready(run(jnp.asarray([0, 3, 2, 4], jnp.int32)))
+    chunk_pool = jax.jit(lambda pool, idx: kj.chunk_kda(q, k, v, g, b, initial_state=pool, state_indices=idx,
+                                                         kernel=backend))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"state_indices\[0\] = 3 is out of range for num_states = 3"):
+        jax.block_until_ready(chunk_pool(jnp.zeros((3, 2, 16, 16)), jnp.asarray([3], jnp.int32)))
+
     dq, dk, dv, dg, db = _random(np.random.default_rng(0), 2, 1, 2, 16)
+    pool = jnp.zeros((3, 2, 16, 16))
     step = jax.jit(lambda pool, idx: kj.fused_recurrent_kda_fwd(dq, dk, dv, dg, db, initial_state=pool,
-                                                                ssm_state_indices=idx, kernel="ffi"))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="duplicate state index 1"):
-        jax.block_until_ready(step(jnp.zeros((3, 2, 16, 16)), jnp.asarray([1, 1], jnp.int32)))
-    with pytest.raises(jax.errors.JaxRuntimeError, match="out of range"):
-        jax.block_until_ready(step(jnp.zeros((3, 2, 16, 16)), jnp.asarray([0, 3], jnp.int32)))
+                                                                ssm_state_indices=idx, kernel=backend))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"duplicate state index 1 in ssm_state_indices\[0\] and ssm_state_indices\[1\]"):
+        jax.block_until_ready(step(pool, jnp.asarray([1, 1], jnp.int32)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"ssm_state_indices\[1\] = 3 is out of range"):
+        jax.block_until_ready(step(pool, jnp.asarray([0, 3], jnp.int32)))
+    # 2-D slots, with and without accepted counts.
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"ssm_state_indices\[1, 0\] = 3 is out of range for num_states = 3"):
+        jax.block_until_ready(step(pool, jnp.asarray([[0, 1], [3, 2]], jnp.int32)))
+    verify = jax.jit(lambda pool, idx, acc: kj.fused_recurrent_kda_fwd(
+        dq, dk, dv, dg, db, initial_state=pool, ssm_state_indices=idx, num_accepted_tokens=acc, kernel=backend))
+    idx = jnp.asarray([[0, 1], [2, -1]], jnp.int32)
+    for acc, bad in (([1, 3], r"num_accepted_tokens\[1\] = 3 must be in \[1, 2\] \(the columns of ssm_state_"),
+                     ([0, 1], r"num_accepted_tokens\[0\] = 0 must be in \[1, 2\]")):
+        with pytest.raises(jax.errors.JaxRuntimeError, match=bad):
+            jax.block_until_ready(verify(pool, idx, jnp.asarray(acc, jnp.int32)))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="state slot 0 is used by sequences 0 and 1"):
+        jax.block_until_ready(verify(pool, jnp.asarray([[0, 1], [2, 0]], jnp.int32), jnp.asarray([1, 2], jnp.int32)))
+    # Good values pass the check: the eager call's results.
+    acc = jnp.asarray([2, 1], jnp.int32)
+    o, new = verify(jnp.ones((3, 2, 16, 16)), idx, acc)
+    want_o, want_new = kj.fused_recurrent_kda_fwd(dq, dk, dv, dg, db, initial_state=jnp.ones((3, 2, 16, 16)),
+                                                  ssm_state_indices=idx, num_accepted_tokens=acc, kernel=backend)
+    _compare(o, np.asarray(want_o), backend, "o")
+    _compare(new, np.asarray(want_new), backend, "state pool")
 
 
 class _FakeDevice:

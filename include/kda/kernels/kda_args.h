@@ -268,8 +268,10 @@ struct KdaCallShapes {
 
 // Checks the call's shapes, dtypes, layouts and options without reading any
 // tensor's data, which may be null (a traced call), except the small index
-// tensors (cu_seqlens, the state indices, has_initial_state): those are
-// checked by value when their data is given. Outputs may be absent, and so
+// tensors (cu_seqlens, the state indices, num_accepted_tokens,
+// has_initial_state): those are checked by value, as a bind checks them, when
+// their data is given (2-D ssm_state_indices and num_accepted_tokens with
+// cu_seqlens' data too, or without cu_seqlens). Outputs may be absent, and so
 // may fused_recurrent_kda's pool and indices (a caller learning N). Throws
 // kda::Error naming the argument (kda::DTypeError for element types).
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call);

@@ -35,15 +35,23 @@ them in place; otherwise XLA copies them first. Use the returned arrays.
 ``chunk_kda(return_intermediate_states=True)`` returns (o, final_state, h), h [B, NT, HV, K, V] in k's
 dtype, chunk j of a sequence the state before its token j * chunk_size (with ``cu_seqlens`` B = 1 and
 NT the chunks of all sequences). Its size must be static: a traced ``cu_seqlens`` needs the static
-keyword ``num_chunks`` (kda.jax's own; checked against the values when they are known, by the FFI
-kernels at run time).
+keyword ``num_chunks`` (kda.jax's own; checked against the values as they are, below).
 
-Bad arguments raise ValueError / TypeError naming the argument, at trace time, for both backends: the
-C++ call description's checks (kda/kernels/kda_args.h, through kda._core), its messages unchanged.
-``cu_seqlens`` and 1-D index values are checked when concrete; under ``jax.jit`` (and for 2-D indices
-and ``num_accepted_tokens`` always) the FFI kernels check them at run time (an XLA runtime error), the
-naive kernels do not. A concrete array on a GPU or TPU passed to the FFI kernels is a ValueError (they
-are registered for the CPU only).
+Bad arguments raise ValueError / TypeError naming the argument at trace time (for an eager call: at
+the call), for both backends: the C++ call description's checks (kda/kernels/kda_args.h, through
+kda._core), its messages unchanged. Index values are checked by the same rules wherever they are
+known:
+
+- concrete (an eager call, or constants under ``jax.jit``): ``cu_seqlens``, ``state_indices`` /
+  ``ssm_state_indices`` (1-D and 2-D) and ``num_accepted_tokens`` at trace time, a ValueError;
+- traced (under ``jax.jit``): when the call runs, by the FFI kernels themselves, or for the naive
+  kernels by the core's check on the values in a host callback (``jax.experimental.io_callback``) that
+  every result depends on. A bad value (or a ``num_chunks`` the traced ``cu_seqlens`` disagree with)
+  fails the call with ``jax.errors.JaxRuntimeError`` carrying the same message, raised where the
+  results are awaited (e.g. ``jax.block_until_ready``); no wrong result is returned.
+
+A concrete array on a GPU or TPU passed to the FFI kernels is a ValueError (they are registered for
+the CPU only).
 """
 
 from __future__ import annotations

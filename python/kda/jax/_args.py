@@ -3,10 +3,11 @@
 Both backends check a call the same way, when it is traced: by the C++ call description
 (kda/kernels/kda_args.h) through kda._core's shape check (``check_only``), whose messages surface
 unchanged. Shapes, dtypes and options are static under ``jax.jit``; the small index arrays
-(``cu_seqlens``, 1-D state indices) are also checked by value when they are concrete (an eager
-call). Under ``jax.jit`` their values, and those of 2-D indices and ``num_accepted_tokens`` always,
-are checked by the FFI kernels at run time (an XLA runtime error naming the problem); the naive
-kernels do not check them.
+(``cu_seqlens``, the state indices, ``num_accepted_tokens``) are also checked by value when they are
+concrete (an eager call), by the same check. When one of them is traced its values are checked when
+the call runs: by the FFI kernels themselves, and for the naive kernels by that same core check on
+the values (:class:`ValueCheck`, a host callback the naive kernels' results depend on); either way a
+bad value fails the call with a runtime error naming the problem.
 """
 
 from __future__ import annotations
@@ -83,6 +84,42 @@ def static_float(who: str, name: str, x) -> float | None:
 
 
 @dataclass(frozen=True)
+class ValueCheck:
+    """The core's check of a call whose index values are traced, made again on their values when the call
+    runs (the naive kernels call it through a host callback; the FFI kernels check the values themselves).
+
+    ``args``: the core's other arguments as the trace-time check took them (shape specs, options);
+    ``fields``: (Call field, core keyword) of every index array given, in the order the values come;
+    ``num_chunks``: the static NT of the intermediate states, checked against the count the values imply.
+    """
+
+    entry: str  # kda._core's function, also the call's name in messages: "chunk_kda" or "fused_recurrent_kda"
+    args: tuple
+    fields: tuple
+    num_chunks: int | None = None
+
+    def __call__(self, *values) -> np.ndarray:
+        """Raises the core's ValueError naming a bad value; returns int32 0."""
+        kw = dict(self.args)
+        kw.update({name: np.asarray(x) for (_, name), x in zip(self.fields, values)})
+        s = getattr(_core(), self.entry)(**kw, check_only=True)
+        if self.num_chunks is not None:
+            _num_chunks(self.entry, s, self.num_chunks)
+        return np.int32(0)
+
+
+def _value_check(entry: str, kw: dict, index_args: dict, num_chunks: int | None = None) -> ValueCheck | None:
+    """The check of the index values at run time when one of ``index_args`` ({Call field: (core keyword,
+    argument)}) is traced; None when all are concrete (the core checked their values already)."""
+    given = [(f, name, x) for f, (name, x) in index_args.items() if x is not None]
+    if all(is_concrete(x) for _, _, x in given):
+        return None
+    names = {name for _, name, _ in given}
+    return ValueCheck(entry, tuple((k, v) for k, v in kw.items() if k not in names),
+                      tuple((f, name) for f, name, _ in given), num_chunks)
+
+
+@dataclass(frozen=True)
 class Statics:
     """What is static in a checked call (hashable: a static argument of the jitted cores)."""
 
@@ -110,6 +147,8 @@ class Statics:
     # fused_recurrent_kda_fwd
     inplace_final_state: bool = False
     beta_per_value: bool = False  # beta [B, T, HV, V]
+    # The index values to check when the call runs (some traced), or None (checked at trace time).
+    value_check: ValueCheck | None = None
 
     @property
     def state_dims(self) -> tuple:
@@ -217,7 +256,7 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         raise TypeError(f"{who}: chunk_size must be a Python int (static), got {type(chunk_size).__name__}")
     gate = bool(use_gate_in_kernel)
     pool = state_indices is not None
-    s = _core().chunk_kda(
+    kw = dict(
         o=None, final_state=None, q=spec(q), k=spec(k), v=spec(v), g=spec(g), beta=spec(beta), scale=scale,
         initial_state=None if pool else spec(initial_state), output_final_state=bool(output_final_state),
         use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel), use_gate_in_kernel=gate,
@@ -226,7 +265,8 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         cu_seqlens=index_spec(cu_seqlens), A_log=spec(A_log, jnp.float32) if gate else None,
         dt_bias=spec(dt_bias, jnp.float32) if gate else None, chunk_size=int(chunk_size),
         state=spec(initial_state) if pool else None, state_indices=index_spec(state_indices),
-        return_intermediate_states=bool(return_intermediate_states), check_only=True)
+        return_intermediate_states=bool(return_intermediate_states))
+    s = _core().chunk_kda(**kw, check_only=True)
     nt = 0
     if return_intermediate_states:
         nt = _num_chunks(who, s, num_chunks)
@@ -237,7 +277,10 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                  **_common_statics(s, scale, use_qk_l2norm_in_kernel, gate, use_beta_sigmoid_in_kernel,
                                    allow_neg_eigval, lower_bound, state_v_first, output_final_state),
                  safe_gate=bool(safe_gate), chunk_size=int(chunk_size),
-                 return_intermediate_states=bool(return_intermediate_states), num_chunks=nt)
+                 return_intermediate_states=bool(return_intermediate_states), num_chunks=nt,
+                 value_check=_value_check(who, kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
+                                                    "indices": ("state_indices", state_indices)},
+                                          nt if return_intermediate_states else None))
     # As fla: A_log and dt_bias only matter with the gate in the kernel.
     return Call(st, q, k, v, g, beta, state=initial_state, cu_seqlens=_index(cu_seqlens),
                 indices=_index(state_indices), A_log=_param(A_log, st.HV) if gate else None,
@@ -255,7 +298,7 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
     scale = static_float(who, "scale", scale)
     lower_bound = static_float(who, "lower_bound", lower_bound)
     gate = bool(use_gate_in_kernel)
-    s = _core().fused_recurrent_kda(
+    kw = dict(
         o=spec(out), final_state=None, q=spec(q), k=spec(k), v=spec(v), g=spec(g), beta=spec(beta),
         A_log=spec(A_log, jnp.float32) if gate else None, dt_bias=spec(dt_bias, jnp.float32) if gate else None,
         initial_state=spec(initial_state), scale=scale, output_final_state=bool(output_final_state),
@@ -263,7 +306,8 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
         cu_seqlens=index_spec(cu_seqlens), ssm_state_indices=index_spec(ssm_state_indices),
         num_accepted_tokens=index_spec(num_accepted_tokens), use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
         use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
-        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound, check_only=True)
+        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound)
+    s = _core().fused_recurrent_kda(**kw, check_only=True)
     if inplace_final_state and initial_state is None:
         # The shape check leaves this to the run (a caller learning N); here the run is traced next.
         raise ValueError(f"{who}: initial_state: required with inplace_final_state=True (the state pool, or "
@@ -271,7 +315,11 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
     st = Statics(kind="recurrent",
                  **_common_statics(s, scale, use_qk_l2norm_in_kernel, gate, use_beta_sigmoid_in_kernel,
                                    allow_neg_eigval, lower_bound, state_v_first, output_final_state),
-                 inplace_final_state=bool(inplace_final_state), beta_per_value=beta.ndim == 4)
+                 inplace_final_state=bool(inplace_final_state), beta_per_value=beta.ndim == 4,
+                 value_check=_value_check(who, kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
+                                                    "indices": ("ssm_state_indices", ssm_state_indices),
+                                                    "num_accepted_tokens": ("num_accepted_tokens",
+                                                                            num_accepted_tokens)}))
     return Call(st, q, k, v, g, beta, state=initial_state, out=out, cu_seqlens=_index(cu_seqlens),
                 indices=_index(ssm_state_indices), num_accepted_tokens=_index(num_accepted_tokens),
                 A_log=_param(A_log, st.HV) if gate else None, dt_bias=_param(dt_bias, st.HV * st.K) if gate else None)

@@ -10,7 +10,9 @@ These are the reference the FFI kernels are checked against and the fallback whe
 cannot load. They run anywhere JAX runs (CPU, GPU, TPU) and under ``jax.jit``: one ``lax.scan`` over
 the packed tokens that loads a sequence's state at its first token and stores states where the call's
 state form says, so ``cu_seqlens`` and the indices may be traced. :func:`run` takes a call checked by
-kda.jax._args (the entries are kda.jax's).
+kda.jax._args (the entries are kda.jax's). Traced index values are checked when the call runs, before
+the recurrence (:func:`checked_values`): a bad one fails the call rather than reading zeros or writing
+nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import io_callback
 
 from . import _args
 
@@ -73,6 +76,18 @@ def _step(S, q, k, v, g, beta):
     return S, jnp.einsum("hk,hkv->hv", q, S, precision=_HIGHEST)
 
 
+def checked_values(c: _args.Call):
+    """0, after the check of the call's traced index values (its ``value_check``, the core's check of the
+    values) in a host callback when the call runs: a bad value raises there and fails the call (a
+    JaxRuntimeError carrying the core's ValueError). Its result, an int32 zero, is added to the sequence
+    boundaries, on which every result of the recurrence depends: the check runs first and is not dropped."""
+    check = c.st.value_check
+    if check is None:  # concrete values: checked when the call was traced
+        return 0
+    values = (getattr(c, f) for f, _ in check.fields)
+    return io_callback(check, jax.ShapeDtypeStruct((), jnp.int32), *values)
+
+
 def run(c: _args.Call):
     """A checked call: chunk_kda's (o, final state or pool or None[, intermediate states]) or
     fused_recurrent_kda_fwd's (o, updated initial_state or new states or None)."""
@@ -86,6 +101,7 @@ def run(c: _args.Call):
         return jnp.swapaxes(x, -1, -2) if st.state_v_first and x is not None else x
 
     cu = c.cu_seqlens if c.cu_seqlens is not None else jnp.arange(N + 1, dtype=jnp.int32) * st.T
+    cu = cu + checked_values(c)
     t = jnp.arange(n_tok, dtype=jnp.int32)
     seq = jnp.minimum(jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32), N - 1)  # cu[n] <= t < cu[n+1]
     pos = t - cu[seq]
@@ -156,4 +172,4 @@ def run(c: _args.Call):
     return o, kv(states)
 
 
-__all__ = ["kda_gate", "l2_normalize", "run"]
+__all__ = ["checked_values", "kda_gate", "l2_normalize", "run"]
