@@ -9,9 +9,12 @@
 // Fma(a, b, c) = a*b + c (fused where the target has FMA), Fnma(a, b, c) =
 // c - a*b, Min(a, b) = a < b ? a : b, Max(a, b) = a > b ? a : b (so that
 // Min(constant, NaN) is NaN), Round (to nearest even), Less, Select(mask,
-// if_true, if_false), Any, ReduceAdd, Bits / FromBits. On the AVX-512 target
-// (and its avx512_shape stand-in) VecStream has Store, StoreBF16 (non-temporal
-// stores of one register to an address aligned to its width) and Fence.
+// if_true, if_false), Any, ReduceAdd, Bits / FromBits. HalfVec is a vector of
+// half Vec's lanes where the target has one whose operations cost less (the
+// AVX-512 target's 256-bit registers; its avx512_shape stand-in's 8 lanes), else
+// Vec itself. On the AVX-512 target (and its avx512_shape stand-in) VecStream
+// has Store, StoreBF16 (non-temporal stores of one Vec register to an address
+// aligned to its width) and Fence.
 #pragma once
 
 #include <cstdint>
@@ -122,9 +125,12 @@ struct Vec {
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
 };
 
-#elif KDA_TARGET == KDA_TARGET_AVX2
+#endif
 
-struct Vec {
+#if KDA_TARGET == KDA_TARGET_AVX2 || KDA_TARGET == KDA_TARGET_AVX512
+
+// A 256-bit register: the AVX2 target's vector, the AVX-512 target's half one.
+struct Vec256 {
   using Reg = __m256;
   using Mask = __m256;
   using U32 = uint32_t __attribute__((vector_size(32)));
@@ -158,20 +164,55 @@ struct Vec {
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
 };
 
+#if KDA_TARGET == KDA_TARGET_AVX2
+using Vec = Vec256;
+using HalfVec = Vec;
+#else
+// Zen 4 runs a 256-bit operation at half the cost of a 512-bit one.
+using HalfVec = Vec256;
+#endif
+
 #else  // generic, avx512_shape
 
-// GCC/Clang vector extensions: portable, lowered to the target's SIMD. The
-// generic target: 4 lanes (an SSE2 register on x86-64), multiply-add as two
-// roundings (no FMA instruction assumed). The avx512_shape test target: the
-// AVX-512 target's 16 lanes, lowered to two 256-bit halves of AVX2, with
-// fused multiply-add as there.
-struct Vec {
-  static constexpr int kLanes = KDA_TARGET == KDA_TARGET_AVX512_SHAPE ? 16 : 4;
-  using Reg = float __attribute__((vector_size(4 * kLanes)));
-  using Mask = int32_t __attribute__((vector_size(4 * kLanes)));  // -1 where true
-  using U32 = uint32_t __attribute__((vector_size(4 * kLanes)));
-  using I32 = int32_t __attribute__((vector_size(4 * kLanes)));
-  using U16 = uint16_t __attribute__((vector_size(2 * kLanes)));
+// GCC/Clang vector extensions of L lanes: portable, lowered to the target's
+// SIMD. The generic target: 4 lanes (an SSE2 register on x86-64),
+// multiply-add as two roundings (no FMA instruction assumed). The avx512_shape
+// test target: the AVX-512 target's 16 lanes (its half vector: 8), lowered to
+// 256-bit halves of AVX2, with fused multiply-add as there.
+// (The lane types are spelled per lane count: GCC 12 cannot take a vector_size
+// that depends on a template parameter.)
+template <int L>
+struct VecExtTypes;
+template <>
+struct VecExtTypes<4> {
+  using F32 = float __attribute__((vector_size(16)));
+  using I32 = int32_t __attribute__((vector_size(16)));
+  using U32 = uint32_t __attribute__((vector_size(16)));
+  using U16 = uint16_t __attribute__((vector_size(8)));
+};
+template <>
+struct VecExtTypes<8> {
+  using F32 = float __attribute__((vector_size(32)));
+  using I32 = int32_t __attribute__((vector_size(32)));
+  using U32 = uint32_t __attribute__((vector_size(32)));
+  using U16 = uint16_t __attribute__((vector_size(16)));
+};
+template <>
+struct VecExtTypes<16> {
+  using F32 = float __attribute__((vector_size(64)));
+  using I32 = int32_t __attribute__((vector_size(64)));
+  using U32 = uint32_t __attribute__((vector_size(64)));
+  using U16 = uint16_t __attribute__((vector_size(32)));
+};
+
+template <int L>
+struct VecExt {
+  static constexpr int kLanes = L;
+  using Reg = typename VecExtTypes<L>::F32;
+  using Mask = typename VecExtTypes<L>::I32;  // -1 where true
+  using U32 = typename VecExtTypes<L>::U32;
+  using I32 = typename VecExtTypes<L>::I32;
+  using U16 = typename VecExtTypes<L>::U16;
 
   KDA_INLINE static Reg Load(const float* p) {
     Reg r;
@@ -187,11 +228,11 @@ struct Vec {
   KDA_INLINE static Reg Div(Reg a, Reg b) { return a / b; }
 #if KDA_TARGET == KDA_TARGET_AVX512_SHAPE
   KDA_INLINE static Reg Fma(Reg a, Reg b, Reg c) {
-    __m256 h[3][2];
+    __m256 h[3][L / 8];
     __builtin_memcpy(h[0], &a, sizeof(a));
     __builtin_memcpy(h[1], &b, sizeof(b));
     __builtin_memcpy(h[2], &c, sizeof(c));
-    for (int i = 0; i < 2; ++i) h[2][i] = _mm256_fmadd_ps(h[0][i], h[1][i], h[2][i]);
+    for (int i = 0; i < L / 8; ++i) h[2][i] = _mm256_fmadd_ps(h[0][i], h[1][i], h[2][i]);
     __builtin_memcpy(&c, h[2], sizeof(c));
     return c;
   }
@@ -221,6 +262,14 @@ struct Vec {
   KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
 };
+
+#if KDA_TARGET == KDA_TARGET_AVX512_SHAPE
+using Vec = VecExt<16>;
+using HalfVec = VecExt<8>;
+#else
+using Vec = VecExt<4>;
+using HalfVec = Vec;
+#endif
 
 #endif
 
@@ -348,13 +397,17 @@ KDA_INLINE typename Vt::Reg LoadF16(const F16* p) {
   if constexpr (Vt::kLanes == 1) {
     return Vt::FromBits(F16ToF32Bits(p->bits));
   } else {
-#if KDA_TARGET == KDA_TARGET_AVX512
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-#elif KDA_TARGET == KDA_TARGET_AVX2
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#if KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX2
+    if constexpr (Vt::kLanes == 16) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    } else {
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    }
 #elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
-    __m256 h[2];
-    for (int i = 0; i < 2; ++i) h[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * i)));
+    __m256 h[Vt::kLanes / 8];
+    for (int i = 0; i < Vt::kLanes / 8; ++i) {
+      h[i] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * i)));
+    }
     typename Vt::Reg r;
     __builtin_memcpy(&r, h, sizeof(r));
     return r;
@@ -372,14 +425,16 @@ KDA_INLINE void StoreF16(F16* p, typename Vt::Reg x) {
   if constexpr (Vt::kLanes == 1) {
     p->bits = F32ToF16Bits(Vt::Bits(x));
   } else {
-#if KDA_TARGET == KDA_TARGET_AVX512
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
-#elif KDA_TARGET == KDA_TARGET_AVX2
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+#if KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX2
+    if constexpr (Vt::kLanes == 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    }
 #elif KDA_TARGET == KDA_TARGET_AVX512_SHAPE
-    __m256 h[2];
+    __m256 h[Vt::kLanes / 8];
     __builtin_memcpy(h, &x, sizeof(x));
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < Vt::kLanes / 8; ++i) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8 * i), _mm256_cvtps_ph(h[i], _MM_FROUND_TO_NEAREST_INT));
     }
 #else

@@ -239,15 +239,14 @@ struct Pipeline {
 };
 
 // The projections of a sequence's first pass (later blocks carry them from the pass before, SweepBlock):
-// p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:].
-template <class Vt, int NV, bool kTwo>
+// p += sum_d kpre[d] w[d,:] and, with kTwo, pn += sum_d kq[d] w[d,:] (rows of the block kStride floats apart).
+template <class Vt, int NV, int kStride, bool kTwo>
 KDA_INLINE void ProjectPass(const float* w, int rows, const float* kpre, const float* kq, typename Vt::Reg* p,
                             typename Vt::Reg* pn) {
   constexpr int kL = Vt::kLanes;
-  constexpr int kB = NV * kL;
   for (int d = 0; d < rows; ++d) {
     const typename Vt::Reg kp = Vt::Set1(kpre[d]);
-    const float* wd = w + static_cast<size_t>(d) * kB;
+    const float* wd = w + static_cast<size_t>(d) * kStride;
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) {
       const typename Vt::Reg x = Vt::Load(wd + j * kL);
@@ -297,15 +296,14 @@ KDA_INLINE void TokenStep(typename Vt::Reg* x, float mfac, float khat, const typ
 enum class Materialise : uint8_t { kNone, kGroups, kAll };
 
 // Rows [d0, d0 + kPassRowGroup) of an update pass (see UpdatePass), materialised with kMaterialise.
-template <class Vt, int NV, int kTokens, int kProject, bool kMaterialise>
+template <class Vt, int NV, int kStride, int kTokens, int kProject, bool kMaterialise>
 KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename Vt::Reg* delta_a,
                            const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                            typename Vt::Reg* p_n, typename Vt::Reg* p_nn) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
-  constexpr int kB = NV * kL;
   for (int d = d0; d < d0 + kPassRowGroup; ++d) {
-    float* wd = w + static_cast<size_t>(d) * kB;
+    float* wd = w + static_cast<size_t>(d) * kStride;
     // One broadcast at a time, used by all NV registers: with two tokens the 6 NV accumulators and
     // deltas, the NV state registers and one broadcast fill AVX2's 16 registers.
     Reg x[NV];
@@ -320,9 +318,9 @@ KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename V
   }
 }
 
-// One pass over the column block w ([K][NV*lanes]), row by row: token a's materialisation (w[d,:] *= mfac_a[d],
-// 1 on the rows that are not materialised; per kMode, on the groups of rows whose bit is set in `mat`),
-// delta-rule update (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the
+// One pass over the column block w ([K][kStride], its first NV*lanes columns), row by row: token a's materialisation
+// (w[d,:] *= mfac_a[d], 1 on the rows that are not materialised; per kMode, on the groups of rows whose bit is set in
+// `mat`), delta-rule update (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the
 // same for token b; then the projections of the result for the next kProject (0, 1 or 2) tokens:
 // p_n += key_n[d] w[d,:], p_nn += key_nn[d] w[d,:]. Each state element is loaded and stored once per pass.
 //
@@ -330,7 +328,7 @@ KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename V
 // (the previous pass's p_nn, with key kq_b = kpre_b mfac_a) and corrected once delta_a is known:
 //   p_b = sum_d kpre_b[d] (mfac_a[d] w[d,:] + khat_a[d] delta_a) = p_nn + gamma_b delta_a,
 // gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one per row group.
-template <class Vt, int NV, int kTokens, int kProject, Materialise kMode>
+template <class Vt, int NV, int kStride, int kTokens, int kProject, Materialise kMode>
 KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
                            const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                            typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
@@ -340,9 +338,9 @@ KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, 
     const bool group =
         kMode == Materialise::kAll || (kMode == Materialise::kGroups && ((mat >> (d0 / kPassRowGroup)) & 1U) != 0);
     if (group) {
-      UpdateRows<Vt, NV, kTokens, kProject, true>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
+      UpdateRows<Vt, NV, kStride, kTokens, kProject, true>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
     } else {
-      UpdateRows<Vt, NV, kTokens, kProject, false>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
+      UpdateRows<Vt, NV, kStride, kTokens, kProject, false>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
     }
   }
   PrefetchLines(pf + issued, npf - issued);
@@ -350,36 +348,36 @@ KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, 
 
 // UpdatePass with its projections (0, 1 or 2) chosen at run time, and its materialisation from the mask of
 // row groups `mat`.
-template <class Vt, int NV, int kTokens, int kProject>
+template <class Vt, int NV, int kStride, int kTokens, int kProject>
 KDA_INLINE void UpdatePassMat(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
                               const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
                               typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
   // A group branch the predictor misses costs about what multiplying a group does: past half the groups set,
   // every group multiplies.
   if (mat == 0) {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kNone>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
-                                                              pf, npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kNone>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n,
+                                                                       p_nn, pf, npf);
   } else if (2 * __builtin_popcount(mat) * kPassRowGroup > rows) {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kAll>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf,
-                                                             npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kAll>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n,
+                                                                      p_nn, pf, npf);
   } else {
-    UpdatePass<Vt, NV, kTokens, kProject, Materialise::kGroups>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn,
-                                                                pf, npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kGroups>(w, rows, mat, r, delta_a, delta_b, o_a, o_b,
+                                                                         p_n, p_nn, pf, npf);
   }
 }
 
 // UpdatePassMat with its projections (0, 1 or 2) chosen at run time.
-template <class Vt, int NV, int kTokens>
+template <class Vt, int NV, int kStride, int kTokens>
 KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int rows, const PassRows& r,
                               const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
                               typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
                               const void* const* pf, int npf) {
   if (project == 2) {
-    UpdatePassMat<Vt, NV, kTokens, 2>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kStride, kTokens, 2>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   } else if (project == 1) {
-    UpdatePassMat<Vt, NV, kTokens, 1>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kStride, kTokens, 1>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   } else {
-    UpdatePassMat<Vt, NV, kTokens, 0>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kStride, kTokens, 0>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
   }
 }
 
@@ -410,18 +408,21 @@ struct BlockSweep {
 
 // Runs the prepared tokens of bs through one column block: columns [col, col + NV*lanes) of the task (its
 // [K][NV*lanes] state in the scratch), two tokens per pass where the registers hold them (the last pass of an
-// odd block: one). Token i also does step `step0 + i` of the pipeline.
-template <class Vt, int NV>
+// odd block: one). Token i also does step `step0 + i` of the pipeline. The block's arithmetic runs on NV
+// registers of Rt: Vt's own, or (a V tail of at most HalfVec's lanes, NV = 1) HalfVec's over the first half of
+// each row.
+template <class Vt, int NV, class Rt = Vt>
 void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, Pipeline<Vt>& pipe, int step0) {
-  using Reg = typename Vt::Reg;
-  constexpr int kL = Vt::kLanes;
+  using Reg = typename Rt::Reg;
+  constexpr int kL = Rt::kLanes;
+  constexpr int kStride = NV * Vt::kLanes;  // of the block's state rows
   // Two tokens keep 6 NV accumulators and deltas, NV state registers and a broadcast live.
   constexpr bool kPairs = 7 * NV + 1 <= kVecRegisters;
   const ChunkKdaArgs& a = *task.args;
   const internal::PrepBuffers& b = *bs.cur;
   const int nt = bs.nt;
-  const int kd = internal::PaddedKeyDim(a.K, kL);  // the stride of the prepared rows and the state block
-  const int rows = internal::SweepRows(a.K);       // the rows swept
+  const int kd = internal::PaddedKeyDim(a.K, Vt::kLanes);  // the stride of the prepared rows and the state block
+  const int rows = internal::SweepRows(a.K);               // the rows swept
   const int width = task.v_end - task.v_begin;
   // Output lanes of this column block that are real columns (< V): all of them except past a V tail.
   const int real_cols = a.V - (task.v_begin + col);
@@ -440,15 +441,15 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   Reg delta_a[NV];
   Reg delta_b[NV];
   for (int j = 0; j < NV; ++j) {
-    p[j] = bs.carried ? Vt::Load(proj_p + j * kL) : Vt::Zero();
-    pn[j] = bs.carried ? Vt::Load(proj_pn + j * kL) : Vt::Zero();
-    delta_b[j] = Vt::Zero();  // read only by two-token passes, which set it
+    p[j] = bs.carried ? Rt::Load(proj_p + j * kL) : Rt::Zero();
+    pn[j] = bs.carried ? Rt::Load(proj_pn + j * kL) : Rt::Zero();
+    delta_b[j] = Rt::Zero();  // read only by two-token passes, which set it
   }
   if (!bs.carried) {
     if (tokens_at(0, nt) == 2) {
-      ProjectPass<Vt, NV, true>(w, rows, b.kpre, row(b.kq, 1), p, pn);
+      ProjectPass<Rt, NV, kStride, true>(w, rows, b.kpre, row(b.kq, 1), p, pn);
     } else {
-      ProjectPass<Vt, NV, false>(w, rows, b.kpre, nullptr, p, pn);
+      ProjectPass<Rt, NV, kStride, false>(w, rows, b.kpre, nullptr, p, pn);
     }
   }
   for (int i = 0; i < nt;) {
@@ -457,19 +458,19 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
     const void* const* pf = nullptr;
     const int npf = pipe.Lines(step0 + i, tokens, &pf);
     const float* v = b.vrow + static_cast<size_t>(i) * width + col;
-    const Reg beta_a = Vt::Set1(b.beta[i]);
-    for (int j = 0; j < NV; ++j) delta_a[j] = Vt::Mul(beta_a, Vt::Sub(Vt::Load(v + j * kL), p[j]));
+    const Reg beta_a = Rt::Set1(b.beta[i]);
+    for (int j = 0; j < NV; ++j) delta_a[j] = Rt::Mul(beta_a, Rt::Sub(Rt::Load(v + j * kL), p[j]));
     PassRows r;
     r.khat_a = row(b.khat, i);
     r.qhat_a = row(b.qhat, i);
     r.mfac_a = row(b.mfac, i);
     uint32_t mat = b.mat[i];
     if (tokens == 2) {
-      const Reg beta_b = Vt::Set1(b.beta[i + 1]);
-      const Reg gamma = Vt::Set1(b.gamma[i + 1]);
+      const Reg beta_b = Rt::Set1(b.beta[i + 1]);
+      const Reg gamma = Rt::Set1(b.gamma[i + 1]);
       for (int j = 0; j < NV; ++j) {
-        const Reg p_b = Vt::Fma(gamma, delta_a[j], pn[j]);
-        delta_b[j] = Vt::Mul(beta_b, Vt::Sub(Vt::Load(v + width + j * kL), p_b));
+        const Reg p_b = Rt::Fma(gamma, delta_a[j], pn[j]);
+        delta_b[j] = Rt::Mul(beta_b, Rt::Sub(Rt::Load(v + width + j * kL), p_b));
       }
       r.khat_b = row(b.khat, i + 1);
       r.qhat_b = row(b.qhat, i + 1);
@@ -489,28 +490,28 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       if (project == 2) r.key_nn = row(pipe.next->kq, 1);
     }
     for (int j = 0; j < NV; ++j) {
-      o_a[j] = Vt::Zero();
-      o_b[j] = Vt::Zero();
-      p[j] = Vt::Zero();
-      pn[j] = Vt::Zero();
+      o_a[j] = Rt::Zero();
+      o_b[j] = Rt::Zero();
+      p[j] = Rt::Zero();
+      pn[j] = Rt::Zero();
     }
     if (tokens == 2) {
-      UpdatePassAny<Vt, NV, 2>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Rt, NV, kStride, 2>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     } else {
-      UpdatePassAny<Vt, NV, 1>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
+      UpdatePassAny<Rt, NV, kStride, 1>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     }
     const size_t out = static_cast<size_t>((bs.t0 + i) * a.HV + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
     if (real_cols >= NV * kL) {
-      for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
+      for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
       if (tokens == 2) {
         const size_t out_b = out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V);
-        for (int j = 0; j < NV; ++j) StreamOut<Vt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
+        for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
       }
     } else {
-      StoreColumnsPart<Vt, NV>(a.o, out, o_a, real_cols);
+      StoreColumnsPart<Rt, NV>(a.o, out, o_a, real_cols);
       if (tokens == 2) {
-        StoreColumnsPart<Vt, NV>(a.o, out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V), o_b, real_cols);
+        StoreColumnsPart<Rt, NV>(a.o, out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V), o_b, real_cols);
       }
     }
     for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
@@ -518,8 +519,8 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   }
   if (pipe.n == 0) return;
   for (int j = 0; j < NV; ++j) {
-    Vt::Store(proj_p + j * kL, p[j]);
-    Vt::Store(proj_pn + j * kL, pn[j]);
+    Rt::Store(proj_p + j * kL, p[j]);
+    Rt::Store(proj_pn + j * kL, pn[j]);
   }
 }
 
@@ -640,6 +641,7 @@ template <class Vt, int NV>
 void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int next_n, bool carried) {
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
+  const ChunkKdaArgs& a = *task.args;
   const internal::ChunkScratch& s = task.scratch;
   const int width = task.v_end - task.v_begin;
   Pipeline<Vt> pipe;
@@ -653,6 +655,9 @@ void SweepHead(const internal::ChunkTask& task, int cur, int64_t t0, int nt, int
     const int step0 = col / kB * nt;
     if (width - col >= kB) {
       SweepBlock<Vt, NV>(task, bs, col, pipe, step0);
+    } else if (HalfVec::kLanes < kL && width - col == kL && a.V - (task.v_begin + col) <= HalfVec::kLanes) {
+      // A V tail of at most half a register (V = 100 with 16 lanes: 4 columns) on half-width registers.
+      SweepBlock<Vt, 1, HalfVec>(task, bs, col, pipe, step0);
     } else {
       SweepAny<Vt>((width - col) / kL, task, bs, col, pipe, step0);
     }

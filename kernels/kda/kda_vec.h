@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kda/base/dtype.h"
 #include "kda/kernels/kda_args.h"
@@ -81,23 +82,25 @@ KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg 
 template <class Vt>
 KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
 #if KDA_HAS_STREAM_STORES
-  if (buf.dtype == DType::kF32) {
-    float* p = static_cast<float*>(buf.data) + offset;
-    if (reinterpret_cast<uintptr_t>(p) % sizeof(typename Vt::Reg) == 0) {
-      VecStream::Store(p, x);
-      return;
-    }
-  } else if (buf.dtype == DType::kBF16) {
-    BF16* p = static_cast<BF16*>(buf.data) + offset;
-    if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
-      VecStream::StoreBF16(p, x);
-      return;
-    }
-  } else if (buf.dtype == DType::kF16) {
-    F16* p = static_cast<F16*>(buf.data) + offset;
-    if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
-      VecStream::StoreF16(p, x);
-      return;
+  if constexpr (std::is_same_v<Vt, Vec>) {  // (a HalfVec register: plain stores)
+    if (buf.dtype == DType::kF32) {
+      float* p = static_cast<float*>(buf.data) + offset;
+      if (reinterpret_cast<uintptr_t>(p) % sizeof(typename Vt::Reg) == 0) {
+        VecStream::Store(p, x);
+        return;
+      }
+    } else if (buf.dtype == DType::kBF16) {
+      BF16* p = static_cast<BF16*>(buf.data) + offset;
+      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
+        VecStream::StoreBF16(p, x);
+        return;
+      }
+    } else if (buf.dtype == DType::kF16) {
+      F16* p = static_cast<F16*>(buf.data) + offset;
+      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
+        VecStream::StoreF16(p, x);
+        return;
+      }
     }
   }
 #endif
