@@ -8,6 +8,9 @@
 //     repetition.
 //   BM_ChunkKdaGateInKernel: the optimized chunk kernel, bf16, T = 2048, with
 //     the forget gate activated inside it (use_gate_in_kernel).
+//   BM_ChunkKdaIntermediateStates/<dtype>: the optimized chunk kernel, T = 2048,
+//     returning the state at the start of every chunk of 64 tokens
+//     (return_intermediate_states, fla's h: 32 x [H, K, V] in the dtype).
 //   BM_RecurrentKda/<impl>/<N>: one fused_recurrent_kda decode step of N
 //     sequences, states cycling over bench::DecodeStreamBytes() of buffers (twice the last-level cache, at least 256
 //     MiB; as over a model's layers) so that they come from memory; counter time_per_token (step time / N).
@@ -96,6 +99,21 @@ void BM_ChunkKdaGateInKernel(benchmark::State& state) {
   p.call.use_gate_in_kernel = true;
   p.call.A_log = ContiguousView<const void*>(a_log.data(), DType::kF32, {kHeads});
   p.call.dt_bias = ContiguousView<const void*>(dt_bias.data(), DType::kF32, {kHeads, kHeadDim});
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  chunk_kda(p.call, KernelImpl::kOptimized);                       // warm-up
+  for (auto _ : state) chunk_kda(p.call, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+// The optimized chunk kernel with fla's h (return_intermediate_states), one sequence of 2048.
+void BM_ChunkKdaIntermediateStates(benchmark::State& state) {
+  const DType dtype = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
+  bench::ChunkProblem p({2048}, kHeads, kHeadDim, dtype);
+  const int64_t nt = p.T() / p.call.chunk_size;
+  bench::TypedBuffer h(std::vector<float>(static_cast<size_t>(nt) * kHeads * kHeadDim * kHeadDim, 0.0F), dtype);
+  p.call.return_intermediate_states = true;
+  p.call.intermediate_states = h.MutView({1, nt, kHeads, kHeadDim, kHeadDim});
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
   chunk_kda(p.call, KernelImpl::kOptimized);                       // warm-up
   for (auto _ : state) chunk_kda(p.call, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
@@ -247,6 +265,7 @@ BENCHMARK(BM_ChunkKda)
     ->Apply(MillisecondsAggregated)
     ->MeasureProcessCPUTime();
 BENCHMARK(BM_ChunkKdaGateInKernel)->Apply(MillisecondsAggregated);
+BENCHMARK(BM_ChunkKdaIntermediateStates)->ArgNames({"dtype"})->Arg(0)->Arg(1)->Apply(MillisecondsAggregated);
 BENCHMARK(BM_RecurrentKda)
     ->ArgNames({"impl", "N"})
     ->ArgsProduct({{0, 1}, {1, 8, 32}})

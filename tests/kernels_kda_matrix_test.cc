@@ -697,6 +697,13 @@ TEST_P(KdaChunkTest, AlignedAndUnalignedOutputsGiveTheSameBits) {
 
 // ------------------------------------------------- pool form (state_indices) and snapshots
 
+// NT: the chunks of chunk_size tokens of all of p's sequences.
+int64_t NumChunks(const Problem& p, int chunk_size) {
+  int64_t nt = 0;
+  for (int64_t n = 0; n < p.N; ++n) nt += (p.cu[n + 1] - p.cu[n] + chunk_size - 1) / chunk_size;
+  return nt;
+}
+
 // Mid-sequence state snapshots of a chunk_kda call: sequence n's at the
 // offsets per_sequence[n], into `states` [total, H, K, V] (kSentinel at first).
 struct Snapshots {
@@ -730,13 +737,15 @@ struct PoolResult {
 };
 
 // chunk_kda in the pool form: sequence n in slot idx[n] (< 0: padding) of a
-// pool of num_states slots, with `snapshots` when given. Slots start as
-// kSentinel; a sequence that reads its initial state (has_init empty or 1)
-// finds p.h0[n] in its slot. Fresh sequences' slots keep the sentinel, which
-// must never be read.
+// pool of num_states slots, with `snapshots` when given, and with h given its
+// intermediate states of chunk_size tokens (h [1, NT, H, K, V] in qkv).
+// Slots start as kSentinel; a sequence that reads its initial state (has_init
+// empty or 1) finds p.h0[n] in its slot. Fresh sequences' slots keep the
+// sentinel, which must never be read.
 PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<int32_t>& idx,
                         const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32,
-                        const Snapshots* snapshots = nullptr, int64_t fused_pad = -1) {
+                        const Snapshots* snapshots = nullptr, int64_t fused_pad = -1, Typed* h = nullptr,
+                        int chunk_size = 64) {
   const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
   PoolResult r;
   r.pool.assign(static_cast<size_t>(num_states) * per, kSentinel);
@@ -752,6 +761,11 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
   c.state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
   if (!has_init.empty()) c.has_initial_state = ContiguousView<const void*>(has_init.data(), DType::kU8, {p.N});
   if (snapshots != nullptr) snapshots->SetOn(c);
+  if (h != nullptr) {
+    c.chunk_size = chunk_size;
+    c.return_intermediate_states = true;
+    c.intermediate_states = ContiguousView<void*>(h->Mut().data, qkv, {1, NumChunks(p, chunk_size), p.H, p.K, p.K});
+  }
   std::optional<testing::FusedQkv> fused;  // q, k, v as slices of a fused projection
   if (fused_pad >= 0) fused.emplace(c, fused_pad);
   RunChunkCall(v, c);
@@ -979,13 +993,6 @@ TEST_P(KdaChunkTest, SnapshotOffsetsAreValidated) {
 
 // ------------------------------------------------- intermediate states
 
-// NT: the chunks of chunk_size tokens of all of p's sequences.
-int64_t NumChunks(const Problem& p, int chunk_size) {
-  int64_t nt = 0;
-  for (int64_t n = 0; n < p.N; ++n) nt += (p.cu[n + 1] - p.cu[n] + chunk_size - 1) / chunk_size;
-  return nt;
-}
-
 // A chunk_kda run with return_intermediate_states: h [1, NT, HV, K, V] (V-first
 // with state_v_first) in q/k/v's dtype, read back as fp32. `rows` > 1 runs
 // p's equal-length sequences as that many rows without cu_seqlens.
@@ -1074,6 +1081,76 @@ TEST_P(KdaChunkTest, IntermediateStatesInHalfPrecisionAreTheFp32StatesRoundedOnc
     const IntermediateRun want_h = RunIntermediate(variant(), ph, 64);
     ASSERT_EQ(f16.h.size(), want_h.h.size());
     for (size_t i = 0; i < want_h.h.size(); ++i) ASSERT_EQ(f16.h[i], RoundF16(want_h.h[i])) << i;
+  }
+}
+
+// x rounded once to dt (BF16 or F16), as fp32.
+std::vector<float> RoundedTo(DType dt, const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = dt == DType::kBF16 ? RoundBF16(x[i]) : RoundF16(x[i]);
+  return r;
+}
+
+TEST_P(KdaChunkTest, HalfPrecisionIntermediateStatesAreTheFp32StatesRoundedOnceInEverySplitAndLayout) {
+  // h in bf16 and fp16 is the fp32 run's h on the same input values rounded
+  // once, bit for bit, however the optimized prefill splits the work and
+  // stores the states: one sequence's columns split across tasks (V = 128 at
+  // H = 1), heads in lockstep groups, V tails (V = 40), K-major and V-first
+  // states, initial states or zeros, both chunk sizes, one and three threads;
+  // and in the pool form (chunk 0 from the slot, fresh and padding sequences).
+  const std::vector<Spec> specs = {
+      {.lengths = {130}, .H = 1, .K = 32, .gate = kStress, .seed = 1341, .V = 128},
+      {.lengths = {64, 0, 33, 97},
+       .H = 2,
+       .K = 24,
+       .gate = kStress,
+       .l2norm_in_kernel = true,
+       .initial_state = false,
+       .seed = 1342,
+       .HV = 4,
+       .V = 40},
+  };
+  const auto round_inputs = [](DType dt, Problem& p) {
+    if (dt == DType::kBF16) {
+      RoundInputsToBF16(p);
+    } else {
+      RoundInputsToF16(p);
+    }
+  };
+  for (Spec s : specs) {
+    for (bool v_first : {false, true}) {
+      s.state_v_first = v_first;
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        Problem p = MakeProblem(s);
+        round_inputs(dt, p);
+        for (int threads : {1, 3}) {
+          const ThreadScope scope(threads);
+          for (int cs : {32, 64}) {
+            SCOPED_TRACE(Describe(s) + " " + DTypeName(dt) + " threads " + std::to_string(threads) + " chunk_size " +
+                         std::to_string(cs));
+            const IntermediateRun half = RunIntermediate(variant(), p, cs, dt);
+            const std::vector<float> want = RoundedTo(dt, RunIntermediate(variant(), p, cs).h);
+            ASSERT_EQ(half.h.size(), want.size());
+            ASSERT_GT(want.size(), 0U);
+            EXPECT_TRUE(BitEqual(half.h.data(), want.data(), want.size()));
+          }
+        }
+      }
+    }
+  }
+  const std::vector<int32_t> idx = {2, -1, 0, 3};
+  const std::vector<uint8_t> has_init = {1, 1, 1, 0};
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(std::string("pool form ") + DTypeName(dt));
+    Problem p = MakeProblem({.lengths = {100, 40, 0, 65}, .H = 2, .K = 32, .seed = 1343});
+    round_inputs(dt, p);
+    const size_t size = static_cast<size_t>(NumChunks(p, 32)) * p.HV * p.HeadState();
+    Typed half(size, dt, kSentinel);
+    Typed f32(size, DType::kF32, kSentinel);
+    RunChunkPool(variant(), p, idx, has_init, 4, dt, nullptr, -1, &half, 32);
+    RunChunkPool(variant(), p, idx, has_init, 4, DType::kF32, nullptr, -1, &f32, 32);
+    const std::vector<float> want = RoundedTo(dt, f32.ToF32());
+    EXPECT_TRUE(BitEqual(half.ToF32().data(), want.data(), want.size()));
   }
 }
 

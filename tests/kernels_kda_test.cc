@@ -660,6 +660,18 @@ TEST(KdaValidation, NegativeSizesAreRefused) {
   }
 }
 
+// The kernel arguments' snapshot dtype (intermediate states set it, no call
+// does) is a float dtype; anything else is refused before any write.
+TEST(KdaValidation, ChunkArgsRefuseANonFloatSnapshotDtype) {
+  ChunkFixture f;
+  ChunkKdaArgs a = BindChunkKda(f.call);
+  a.snapshot_dtype = DType::kI32;
+  const char* what = "snapshot_dtype must be F32, BF16 or F16, got I32";
+  ExpectRefused([&] { chunk_kda_reference(a); }, Who(f.call), what, false);
+  ExpectRefused([&] { chunk_kda_optimized(a); }, Who(f.call), what, false);
+  EXPECT_TRUE(f.Untouched());
+}
+
 TEST(KdaValidation, DtypeProblemsThrowDTypeError) {
   ChunkFixture chunk;
   chunk.call.beta.foreign_dtype = "float16";

@@ -226,17 +226,18 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
   // Snapshots within a chunk are formed from its S0 without changing the chunks (nor the results' bits).
   int64_t snap = a.snapshot_cu != nullptr ? a.snapshot_cu[n] : 0;
   const int64_t snap_end = a.snapshot_cu != nullptr ? a.snapshot_cu[n + 1] : 0;
+  const auto snapshot = [&](int64_t j) { return MutBuf{a.snapshot_states[j], a.snapshot_dtype}; };
   for (int64_t t0 = bos; t0 < eos; t0 += kChunk) {
     const int rows = static_cast<int>(std::min<int64_t>(kChunk, eos - t0));
     ProcessChunk(a, h, scale, t0, rows, ws);
     for (; snap < snap_end && a.snapshot_offsets[snap] < t0 + rows - bos; ++snap) {
       std::copy(ws.state.begin(), ws.state.end(), ws.snapshot.begin());
       AdvanceState(a, static_cast<int>(bos + a.snapshot_offsets[snap] - t0) - 1, ws, ws.snapshot.data());
-      internal::StoreHeadState(ws.snapshot.data(), a.K, a.V, a.state_v_first, a.snapshot_states[snap] + head_off);
+      internal::StoreHeadState(ws.snapshot.data(), a.K, a.V, a.state_v_first, snapshot(snap), head_off);
     }
     AdvanceState(a, rows - 1, ws, ws.state.data());
     if (snap < snap_end && a.snapshot_offsets[snap] == t0 + rows - bos) {
-      internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, a.snapshot_states[snap] + head_off);
+      internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, snapshot(snap), head_off);
       ++snap;
     }
   }
@@ -244,7 +245,7 @@ void RunSequenceHead(const ChunkKdaArgs& a, int64_t n, int h, float scale, Chunk
   if (final_state == nullptr) return;
   // A zero-length sequence's final state is its initial state: with aliasing there is nothing to write.
   if (bos == eos && initial == final_state) return;
-  internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, final_state + head_off);
+  internal::StoreHeadState(ws.state.data(), a.K, a.V, a.state_v_first, {final_state, DType::kF32}, head_off);
 }
 
 }  // namespace

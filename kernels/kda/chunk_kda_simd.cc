@@ -590,9 +590,9 @@ void LoadState(const internal::ChunkTask& task) {
 
 // Writes the head's state S = c * Shat, row by row, into the sequence's states
 // `dst` [HV, K, V] ([HV, V, K] with state_v_first; its head and real columns),
-// with the row scales `c` [K'].
+// with the row scales `c` [K']: fp32, or rounded once to dst's BF16 or F16.
 template <class Vt, int NV>
-void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst) {
+void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutBuf& dst) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   constexpr int kB = NV * kL;
@@ -602,7 +602,7 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst
   const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
   const int width = task.v_end - task.v_begin;
-  float* head = dst + HeadStateOffset(task);
+  const size_t head = HeadStateOffset(task);
   for (int col = 0; col < width; col += kB) {
     const int bw = width - col < kB ? width - col : kB;
     const int c0 = task.v_begin + col;
@@ -612,13 +612,14 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, float* dst
       const float* wd = w + static_cast<size_t>(d) * bw;
       if (fast) {
         const Reg c = Vt::Set1(c_rows[d]);
-        float* row = head + static_cast<size_t>(d) * vd + c0;
-        for (int j = 0; j < bw; j += kL) Vt::Store(row + j, Vt::Mul(c, Vt::Load(wd + j)));
+        const size_t row = head + static_cast<size_t>(d) * vd + c0;
+        for (int j = 0; j < bw; j += kL) StoreOut<Vt>(dst, row + j, Vt::Mul(c, Vt::Load(wd + j)));
         continue;
       }
       for (int j = 0; j < bw && c0 + j < vd; ++j) {
         const int c = c0 + j;
-        head[a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c] = c_rows[d] * wd[j];
+        StoreScalar(dst, head + (a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c),
+                    c_rows[d] * wd[j]);
       }
     }
   }
@@ -709,7 +710,7 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
     for (int g = 0; g < group.heads; ++g) SweepHead<Vt, NV>(heads[g], cur, t0, nt, next_n, t0 != bos);
     if (snapshot) {
       for (int g = 0; g < group.heads; ++g)
-        StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, a.snapshot_states[snap]);
+        StoreState<Vt, NV>(heads[g], heads[g].scratch.c_end, {a.snapshot_states[snap], a.snapshot_dtype});
       ++snap;
     }
     cur = 1 - cur;
@@ -718,7 +719,7 @@ void RunChunkTask(const internal::ChunkGroupTask& group) {
   VecStream::Fence();  // the outputs' streaming stores, before any reader
 #endif
   if (group.final == nullptr) return;
-  for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c, group.final);
+  for (int g = 0; g < group.heads; ++g) StoreState<Vt, NV>(heads[g], heads[g].scratch.c, {group.final, DType::kF32});
 }
 
 }  // namespace

@@ -97,12 +97,12 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
         }
         for (int j = 0; j < v_dim; ++j) StoreFromFloat(a.o.data, a.o.dtype, value_row * v_dim + j, o[j]);
         float* dst = TokenStateDestination(a, n, t - bos, eos - bos);
-        if (dst != nullptr) StoreHeadState(s, k_dim, v_dim, a.state_v_first, dst + head_off);
+        if (dst != nullptr) StoreHeadState(s, k_dim, v_dim, a.state_v_first, {dst, DType::kF32}, head_off);
       }
       // An empty sequence's final state (contiguous form) is its initial state.
       float* empty_final = EmptySequenceFinalState(a, n);
       if (bos == eos && empty_final != nullptr && empty_final != st.initial) {
-        StoreHeadState(s, k_dim, v_dim, a.state_v_first, empty_final + head_off);
+        StoreHeadState(s, k_dim, v_dim, a.state_v_first, {empty_final, DType::kF32}, head_off);
       }
     }
   });

@@ -118,10 +118,13 @@ void CheckCuSeqlens(const std::string& who, const I* cu, int64_t n_seqs, int64_t
   });
 }
 
-// The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs).
-void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
+// The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs) with their
+// destinations `states`: the arguments' snapshot_states, or in a bind the
+// call's (listed into the arguments once checked).
+template <class P>
+void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a, P* const* states) {
   if (a.snapshot_cu == nullptr) {
-    Check(a.snapshot_offsets == nullptr && a.snapshot_states == nullptr,
+    Check(a.snapshot_offsets == nullptr && states == nullptr,
           [&] { return who + ": snapshot_offsets or snapshot_states given without snapshot_cu"; });
     return;
   }
@@ -131,11 +134,10 @@ void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
     const int64_t last = a.snapshot_cu[n + 1];
     Check(last >= first, [&] { return who + ": snapshot_cu must be non-decreasing at sequence " + std::to_string(n); });
     if (last == first) continue;
-    Check(a.snapshot_offsets != nullptr && a.snapshot_states != nullptr,
+    Check(a.snapshot_offsets != nullptr && states != nullptr,
           [&] { return who + ": snapshots requested but snapshot_offsets or snapshot_states is null"; });
     for (int64_t j = first; j < last; ++j) {
-      Check(a.snapshot_states[j] != nullptr,
-            [&] { return who + ": snapshot_states[" + std::to_string(j) + "] is null"; });
+      Check(states[j] != nullptr, [&] { return who + ": snapshot_states[" + std::to_string(j) + "] is null"; });
     }
     Check(a.state_indices == nullptr || a.state_indices[n] >= 0,
           [&] { return who + ": padding sequence " + std::to_string(n) + " requests snapshots"; });
@@ -159,10 +161,12 @@ namespace {
 
 // The checks that read values (boundaries, snapshots, state indices, how the
 // state buffers sit in memory), on arguments whose structure is checked: by
-// ValidateChunkKda, or by the call's view checks in a bind.
-void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a) {
+// ValidateChunkKda, or by the call's view checks in a bind. snapshot_states:
+// the snapshots' destinations (see CheckSnapshots).
+template <class P>
+void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a, P* const* snapshot_states) {
   CheckCuSeqlens(who, a.cu_seqlens, a.N, a.T);
-  CheckSnapshots(who, a);
+  CheckSnapshots(who, a, snapshot_states);
   if (a.state_indices != nullptr) {
     CheckStateIndices(who, a.state_indices, a.N, a.num_states);
     return;
@@ -271,6 +275,8 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
           [&] { return who + ": chunk_size must be 32 or 64, got " + std::to_string(a.chunk_size); });
     Check(a.snapshot_cu == nullptr, [&] { return who + ": snapshots exclude intermediate_states"; });
   }
+  Check(IsFloatType(a.snapshot_dtype),
+        [&] { return who + ": snapshot_dtype must be F32, BF16 or F16, got " + DTypeName(a.snapshot_dtype); });
   if (a.state_indices != nullptr) {
     Check(a.initial_state == nullptr && a.final_state == nullptr,
           [&] { return who + ": state_indices (pool form) excludes initial_state and final_state"; });
@@ -281,7 +287,7 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
     Check(!a.output_final_state || a.final_state != nullptr,
           [&] { return who + ": output_final_state requires final_state"; });
   }
-  CheckChunkValues(who, a);
+  CheckChunkValues(who, a, a.snapshot_states);
 }
 
 void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
@@ -836,10 +842,15 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.output_final_state = call.state_indices.present() || call.output_final_state;
   a.snapshot_cu = call.snapshot_cu;
   a.snapshot_offsets = call.snapshot_offsets;
-  a.snapshot_states = call.snapshot_states;
   if (call.return_intermediate_states) a.intermediate_states = {call.intermediate_states.data, call.k.dtype};
   a.chunk_size = call.chunk_size;
-  CheckChunkValues(ChunkWho(), a);  // the structure was checked on the views
+  CheckChunkValues(ChunkWho(), a, call.snapshot_states);  // the structure was checked on the views
+  if (call.snapshot_states != nullptr) {
+    // The fp32 destinations as the arguments list them (checked: snapshot_cu is set and counts them).
+    thread_local std::vector<void*> snapshots;
+    snapshots.assign(call.snapshot_states, call.snapshot_states + call.snapshot_cu[s.N]);
+    a.snapshot_states = snapshots.data();
+  }
   return a;
 }
 

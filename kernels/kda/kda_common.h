@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <vector>
 
 #include "kda/base/dtype.h"
@@ -87,17 +86,20 @@ inline size_t StateIndex(int d, int j, int k_dim, int v_dim, bool v_first) {
   return v_first ? static_cast<size_t>(j) * k_dim + d : static_cast<size_t>(d) * v_dim + j;
 }
 
-// Copies one head's state between a working [K][V] copy and its stored layout.
+// Copies one head's state between a working [K][V] copy and its stored layout:
+// from src, and into dst from element `offset` on (F32, or BF16 or F16 rounded once).
 inline void LoadHeadState(const float* src, int k_dim, int v_dim, bool v_first, float* work) {
   for (int d = 0; d < k_dim; ++d) {
     for (int j = 0; j < v_dim; ++j)
       work[static_cast<size_t>(d) * v_dim + j] = src[StateIndex(d, j, k_dim, v_dim, v_first)];
   }
 }
-inline void StoreHeadState(const float* work, int k_dim, int v_dim, bool v_first, float* dst) {
+inline void StoreHeadState(const float* work, int k_dim, int v_dim, bool v_first, const MutBuf& dst, size_t offset) {
   for (int d = 0; d < k_dim; ++d) {
-    for (int j = 0; j < v_dim; ++j)
-      dst[StateIndex(d, j, k_dim, v_dim, v_first)] = work[static_cast<size_t>(d) * v_dim + j];
+    for (int j = 0; j < v_dim; ++j) {
+      StoreFromFloat(dst.data, dst.dtype, offset + StateIndex(d, j, k_dim, v_dim, v_first),
+                     work[static_cast<size_t>(d) * v_dim + j]);
+    }
   }
 }
 
@@ -124,31 +126,24 @@ inline float* SequenceFinalState(const ChunkKdaArgs& a, int64_t n) {
 // The intermediate states of a chunk_kda run (ChunkKdaArgs::intermediate_states,
 // kernels/kda/chunk_kda_intermediate.cc): the constructor writes each
 // sequence's chunk 0 (before the kernel may overwrite its initial state) and
-// sets args() up to emit the later chunks as snapshots, straight into the
-// buffer when it is fp32, else into fp32 scratch that Finish() rounds into it.
+// sets args() up to emit the later chunks as snapshots straight into the
+// buffer, in its dtype.
 class IntermediateStates {
  public:
   explicit IntermediateStates(const ChunkKdaArgs& a);
   // a without intermediate_states, with the snapshots.
   const ChunkKdaArgs& args() const { return run_; }
-  void Finish() const;
 
  private:
-  const ChunkKdaArgs& a_;
   ChunkKdaArgs run_;
-  int64_t rows_ = 0;  // NT
-  std::unique_ptr<float[]> scratch_;
-  float* dst_ = nullptr;  // [NT, HV, K, V] fp32: the buffer or the scratch
   std::vector<int64_t> snapshot_cu_, snapshot_offsets_;
-  std::vector<float*> snapshot_states_;
+  std::vector<void*> snapshot_states_;
 };
 
 // Runs the unchecked chunk kernel `run` on a, with its intermediate states.
 template <class Run>
 void RunWithIntermediateStates(const ChunkKdaArgs& a, const Run& run) {
-  const IntermediateStates h(a);
-  run(h.args());
-  h.Finish();
+  run(IntermediateStates(a).args());
 }
 
 // The reference kernels without validation (callers validate first).

@@ -91,14 +91,16 @@ struct ChunkKdaArgs {
   // Optional mid-sequence state snapshots, emitted during the one pass over the
   // tokens (prefix caching): sequence n writes its state after
   // snapshot_offsets[j] of its tokens, j in [snapshot_cu[n], snapshot_cu[n+1]),
-  // to snapshot_states[j] (an [HV, K, V] fp32 destination each, [HV, V, K]
-  // with state_v_first, distinct from every other state). Offsets count from
+  // to snapshot_states[j] (an [HV, K, V] destination each, [HV, V, K] with
+  // state_v_first, distinct from every other state), in snapshot_dtype:
+  // fp32, or the fp32 state rounded once (bf16, fp16). Offsets count from
   // the sequence start (its initial state included), strictly increase, and
   // are multiples of kSnapshotGrain in (0, length] or the length itself.
   // Padding sequences have none. Null snapshot_cu: no snapshots.
   const int64_t* snapshot_cu = nullptr;       // [N + 1], snapshot_cu[0] = 0
   const int64_t* snapshot_offsets = nullptr;  // [snapshot_cu[N]]
-  float* const* snapshot_states = nullptr;    // [snapshot_cu[N]] destinations
+  void* const* snapshot_states = nullptr;     // [snapshot_cu[N]] destinations
+  DType snapshot_dtype = DType::kF32;         // F32, BF16 or F16
   // Optional intermediate states (fla's return_intermediate_states): the state
   // at the start of every chunk of chunk_size tokens. Sequence n has
   // ceil(len_n / chunk_size) chunks; its chunk i, the state before its token
@@ -224,8 +226,8 @@ struct ChunkKdaCall : KdaCallCommon {
   // the pool form (chunk 0: the slot's state; padding sequences: zeros).
   bool return_intermediate_states = false;
   MutTensorView intermediate_states;
-  // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), passed
-  // through; they exclude return_intermediate_states.
+  // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), fp32
+  // destinations; they exclude return_intermediate_states.
   const int64_t* snapshot_cu = nullptr;
   const int64_t* snapshot_offsets = nullptr;
   float* const* snapshot_states = nullptr;
@@ -285,8 +287,9 @@ bool ReadsTokensInPlace(const TensorView& v);
 // Everything CheckChunkKdaShapes checks, every output present, and the
 // values (as ValidateChunkKda); returns the kernel arguments, pointing into the
 // call's tensors. Allocates nothing, except that int32 or absent cu_seqlens
-// are widened into a per-thread buffer, which the arguments point to until the
-// thread's next bind.
+// are widened, and chunk_kda's snapshot destinations listed (as void*), into
+// per-thread buffers, which the arguments point to until the thread's next
+// bind.
 ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call);
 RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call);
 
