@@ -727,7 +727,7 @@ struct Snapshots {
   std::vector<int64_t> cu = {0};
   std::vector<int64_t> offsets;
   std::vector<float> states;
-  std::vector<float*> dst;
+  std::vector<void*> dst;
 };
 
 // chunk_kda's outputs and its whole [S, H, K, V] state pool after a pool-form call.

@@ -118,11 +118,10 @@ void CheckCuSeqlens(const std::string& who, const I* cu, int64_t n_seqs, int64_t
   });
 }
 
-// The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs) with their
-// destinations `states`: the arguments' snapshot_states, or in a bind the
-// call's (listed into the arguments once checked).
-template <class P>
-void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a, P* const* states) {
+// The mid-sequence snapshots of chunk_kda (see ChunkKdaArgs) and their
+// destinations.
+void CheckSnapshots(const std::string& who, const ChunkKdaArgs& a) {
+  void* const* states = a.snapshot_states;
   if (a.snapshot_cu == nullptr) {
     Check(a.snapshot_offsets == nullptr && states == nullptr,
           [&] { return who + ": snapshot_offsets or snapshot_states given without snapshot_cu"; });
@@ -161,12 +160,10 @@ namespace {
 
 // The checks that read values (boundaries, snapshots, state indices, how the
 // state buffers sit in memory), on arguments whose structure is checked: by
-// ValidateChunkKda, or by the call's view checks in a bind. snapshot_states:
-// the snapshots' destinations (see CheckSnapshots).
-template <class P>
-void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a, P* const* snapshot_states) {
+// ValidateChunkKda, or by the call's view checks in a bind.
+void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a) {
   CheckCuSeqlens(who, a.cu_seqlens, a.N, a.T);
-  CheckSnapshots(who, a, snapshot_states);
+  CheckSnapshots(who, a);
   if (a.state_indices != nullptr) {
     CheckStateIndices(who, a.state_indices, a.N, a.num_states);
     return;
@@ -287,7 +284,7 @@ void ValidateChunkKda(const ChunkKdaArgs& a) {
     Check(!a.output_final_state || a.final_state != nullptr,
           [&] { return who + ": output_final_state requires final_state"; });
   }
-  CheckChunkValues(who, a, a.snapshot_states);
+  CheckChunkValues(who, a);
 }
 
 void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
@@ -844,13 +841,8 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.snapshot_offsets = call.snapshot_offsets;
   if (call.return_intermediate_states) a.intermediate_states = {call.intermediate_states.data, call.k.dtype};
   a.chunk_size = call.chunk_size;
-  CheckChunkValues(ChunkWho(), a, call.snapshot_states);  // the structure was checked on the views
-  if (call.snapshot_states != nullptr) {
-    // The fp32 destinations as the arguments list them (checked: snapshot_cu is set and counts them).
-    thread_local std::vector<void*> snapshots;
-    snapshots.assign(call.snapshot_states, call.snapshot_states + call.snapshot_cu[s.N]);
-    a.snapshot_states = snapshots.data();
-  }
+  a.snapshot_states = call.snapshot_states;  // fp32: the arguments' default snapshot_dtype
+  CheckChunkValues(ChunkWho(), a);           // the structure was checked on the views
   return a;
 }
 

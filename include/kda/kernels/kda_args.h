@@ -227,10 +227,11 @@ struct ChunkKdaCall : KdaCallCommon {
   bool return_intermediate_states = false;
   MutTensorView intermediate_states;
   // Mid-sequence snapshots (serving's prefix cache; see ChunkKdaArgs), fp32
-  // destinations; they exclude return_intermediate_states.
+  // destinations (listed as the arguments take them); they exclude
+  // return_intermediate_states.
   const int64_t* snapshot_cu = nullptr;
   const int64_t* snapshot_offsets = nullptr;
-  float* const* snapshot_states = nullptr;
+  void* const* snapshot_states = nullptr;
 };
 
 // fused_recurrent_kda_fwd as vLLM calls it (fla's pool and speculative

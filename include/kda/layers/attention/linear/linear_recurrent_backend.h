@@ -101,7 +101,7 @@ class LinearRecurrentAttnBackend {
     // EXTEND with snapshots: this layer's part of each (see ChunkKdaArgs); else null.
     const int64_t* snapshot_cu = nullptr;
     const int64_t* snapshot_offsets = nullptr;
-    float* const* snapshot_states = nullptr;
+    void* const* snapshot_states = nullptr;  // fp32 destinations
     // TARGET_VERIFY with VerifyMethod::kTokenStates: [N] where sequence n's
     // state after each of its tokens goes ([len_n, H, K, V]); else null.
     float* const* token_states = nullptr;
@@ -160,7 +160,7 @@ class LinearRecurrentAttnBackend {
   LinearAttnMetadata md_;
   LayerObserver* observer_ = nullptr;
   std::vector<const RadixLinearAttention*> checked_;  // [layer id] the layer CheckLayer passed
-  std::vector<float*> layer_snapshots_;               // this layer's part of each snapshot (reused)
+  std::vector<void*> layer_snapshots_;                // this layer's part of each snapshot (reused)
   // The commit between InitCommit and EndCommit: the requests keeping at least one position.
   struct CommitMetadata {
     std::vector<int32_t> slots;      // [Nc]
