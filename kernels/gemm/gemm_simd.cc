@@ -33,9 +33,9 @@ KDA_INLINE float HalfToFloat(uint16_t h) { return Scalar::FromBits(F16ToF32Bits(
 // Blocks of scales converted at once (fp16 -> fp32).
 constexpr int kScaleChunk = 16;
 
-// n <= kScaleChunk fp16 scales as fp32 (vcvtph2ps: 16 at a time on the
-// AVX-512 target, 8 at a time on both, which the CPU check requires F16C
-// for; a last chunk shorter than 8 one at a time).
+// n <= kScaleChunk fp16 scales as fp32 with vcvtph2ps (the CPU check
+// requires F16C): a full chunk at once on the AVX-512 target, otherwise 8 at
+// a time, the last fewer than 8 one by one.
 KDA_INLINE void ConvertScales(float* dst, const uint16_t* src, int64_t n) {
   int64_t i = 0;
 #if KDA_TARGET == KDA_TARGET_AVX512
@@ -168,9 +168,9 @@ using Bf16Rows = DenseRows<R, BF16>;
 // Prefetches the cache lines of block b of each row, `ahead` bytes on: the
 // weight rows are short streams (k weights each), which the hardware
 // prefetcher alone follows late. A tile ahead (9-33 KB of rows) goes to L2
-// (prefetcht1): into L1 it evicts what the current tile still reads
-// (decode products streaming their weights from memory 15-20% faster on a
-// Zen 4, bf16 and int8); a span ahead (GroupRows, under 1 KB) goes to L1.
+// (prefetcht1): into L1 it evicts what the current tile still reads (the
+// layer's batch-1 decode step 13-20% faster on a Zen 4, bf16 and int8:
+// docs/projections.md); a span ahead (GroupRows, under 1 KB) goes to L1.
 constexpr int kPrefetchL2 = 2;  // __builtin_prefetch locality: prefetcht1
 constexpr int kPrefetchL1 = 3;  // prefetcht0
 template <int R, int kLocality, class W>
