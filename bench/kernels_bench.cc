@@ -14,6 +14,12 @@
 //   BM_RecurrentKda/<impl>/<N>: one fused_recurrent_kda decode step of N
 //     sequences, states cycling over bench::DecodeStreamBytes() of buffers (twice the last-level cache, at least 256
 //     MiB; as over a model's layers) so that they come from memory; counter time_per_token (step time / N).
+//   BM_RecurrentKdaTokens/<tokens>/<N>/<writes>: the optimized
+//     fused_recurrent_kda over N sequences of `tokens` tokens each (a
+//     speculative verify step's 1 + k positions), states from memory as in
+//     BM_RecurrentKda, writing the final states back into them (writes 1,
+//     as a commit) or no state at all (writes 0, as the verify step);
+//     counter time_per_token (step time / (N tokens)).
 //   BM_ShortConv/<impl>: the layer's q, k and v short convs + SiLU (bf16, one
 //     sequence of 2048 tokens, 3 x 4096 channels read from the fused q/k/v
 //     projection rows, width 4), as the backend calls them; counter
@@ -88,6 +94,21 @@ void BM_RecurrentKda(benchmark::State& state) {
   }
   state.counters["time_per_token"] = benchmark::Counter(
       static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+void BM_RecurrentKdaTokens(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t n = state.range(1);
+  const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, bench::DecodeStreamBytes());
+  bench::DecodeProblem p(n, kHeads, kHeadDim, layers, DType::kBF16, 1, tokens);
+  p.call.inplace_final_state = state.range(2) != 0;
+  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
+  int64_t step = 0;
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+    fused_recurrent_kda(p.Step(step++), KernelImpl::kOptimized);
+  }
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(n * tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 // The optimized chunk kernel with the gate activated inside it
@@ -272,10 +293,14 @@ BENCHMARK(BM_RecurrentKda)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->MinTime(0.5);
+BENCHMARK(BM_RecurrentKdaTokens)
+    ->ArgNames({"tokens", "N", "writes"})
+    ->ArgsProduct({{1, 4, 8}, {1, 8}, {0, 1}})
+    ->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_ShortConv)->ArgNames({"impl"})->Arg(0)->Arg(1)->Apply(MillisecondsAggregated);
 BENCHMARK(BM_Linear)
     ->ArgNames({"weights", "M"})
-    ->ArgsProduct({{0, 1, 2}, {1, 8, 64, 512}})
+    ->ArgsProduct({{0, 1, 2}, {1, 4, 8, 64, 512}})
     ->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_DecodeLayer)->ArgNames({"weights", "N"})->ArgsProduct({{0, 1}, {1, 8}})->Apply(MicrosecondsAggregated);
 BENCHMARK(BM_KdaLayer)->ArgNames({"dtype", "gemms_only"})->ArgsProduct({{0, 1}, {0, 1}})->Apply(MillisecondsAggregated);

@@ -1337,40 +1337,50 @@ Problem Prefix(const Problem& p, int64_t n, int64_t len, const std::vector<float
 
 // Several tokens per sequence, packed with cu_seqlens or as B rows, with
 // contiguous states: fla's fused_recurrent_kda (a final state per sequence,
-// into a new buffer or back into initial_state).
+// into a new buffer or back into initial_state; K-major or V-first; from
+// given states or zeros). Sequences of two or more tokens take the optimized
+// kernel's chunk form, 8 tokens at a time (17 tokens: chunks of 8, 8 and 1),
+// the others its token-by-token steps.
 TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
   for (bool packed : {true, false}) {
-    for (bool inplace : {false, true}) {
-      const Spec s{.lengths = packed ? std::vector<int64_t>{3, 0, 17, 1} : std::vector<int64_t>{5, 5, 5},
-                   .H = 2,
-                   .K = 24,
-                   .gate = kStress,
-                   .gate_in_kernel = true,
-                   .seed = 631,
-                   .HV = 4,
-                   .V = 40,
-                   .beta_per_value = !packed};
-      SCOPED_TRACE(Describe(s) + (inplace ? " inplace" : " new final_state"));
-      const Problem p = MakeProblem(s);
-      const TypedInputs in(p, DType::kF32, DType::kF32);
-      Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
-      const int64_t rows = packed ? 1 : p.N;
-      const int64_t t = packed ? p.T : p.T / p.N;
-      RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), rows, t);
-      if (packed) c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
-      std::vector<float> initial = p.h0;
-      std::vector<float> final_state(p.StateSize(), kSentinel);
-      c.initial_state = testing::MutStatesView(p, initial.data(), p.N);
-      c.inplace_final_state = inplace;
-      if (!inplace) {
-        c.output_final_state = true;
-        c.final_state = testing::MutStatesView(p, final_state.data(), p.N);
-      }
-      RecurrentFn(variant())(BindRecurrentKda(c));
-      const Result want = NaiveRecurrenceF64(p);
-      ExpectClose({o.ToF32(), inplace ? initial : final_state}, want);
-      if (!inplace) {
-        EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
+    for (bool v_first : {false, true}) {
+      for (int states = 0; states < 3; ++states) {  // 0: a new final_state, 1: in place, 2: from zeros
+        const bool inplace = states == 1;
+        const Spec s{.lengths = packed ? std::vector<int64_t>{3, 0, 17, 1} : std::vector<int64_t>{5, 5, 5},
+                     .H = 2,
+                     .K = 24,
+                     .gate = kStress,
+                     .l2norm_in_kernel = v_first,
+                     .gate_in_kernel = true,
+                     .initial_state = states != 2,
+                     .seed = 631,
+                     .HV = 4,
+                     .V = 40,
+                     .beta_per_value = !packed,
+                     .state_v_first = v_first};
+        SCOPED_TRACE(Describe(s) + (inplace ? " inplace" : " new final_state"));
+        const Problem p = MakeProblem(s);
+        const TypedInputs in(p, DType::kF32, DType::kF32);
+        Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+        const int64_t rows = packed ? 1 : p.N;
+        const int64_t t = packed ? p.T : p.T / p.N;
+        RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), rows, t);
+        if (packed) c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+        c.state_v_first = v_first;
+        std::vector<float> initial = p.h0;
+        std::vector<float> final_state(p.StateSize(), kSentinel);
+        if (!initial.empty()) c.initial_state = testing::MutStatesView(p, initial.data(), p.N);
+        c.inplace_final_state = inplace;
+        if (!inplace) {
+          c.output_final_state = true;
+          c.final_state = testing::MutStatesView(p, final_state.data(), p.N);
+        }
+        RecurrentFn(variant())(BindRecurrentKda(c));
+        const Result want = NaiveRecurrenceF64(p);
+        ExpectClose({o.ToF32(), inplace ? initial : final_state}, want);
+        if (!inplace) {
+          EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
+        }
       }
     }
   }

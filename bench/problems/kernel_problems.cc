@@ -87,13 +87,13 @@ std::vector<int64_t> ChunkProblem::CuSeqlens(const std::vector<int64_t>& lengths
   return cu;
 }
 
-DecodeProblem::DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType dtype, uint32_t seed)
+DecodeProblem::DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType dtype, uint32_t seed, int64_t tokens)
     : num_layers(std::max(1, layers)),
-      in(n * heads, k_dim, dtype, seed),
+      in(n * tokens * heads, k_dim, dtype, seed),
       states(TokenInputs::Random(num_layers * n * heads * k_dim * k_dim, seed + 5, 0.1F)),
       indices(static_cast<size_t>(n)) {
   for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  call = LayerCall<RecurrentKdaCall>(in, n, 1, heads, k_dim);
+  call = LayerCall<RecurrentKdaCall>(in, n, tokens, heads, k_dim);
   call.initial_state = ContiguousView<void*>(states.data(), DType::kF32, {n, heads, k_dim, k_dim});
   call.ssm_state_indices = ContiguousView<const void*>(indices.data(), DType::kI32, {n});
 }

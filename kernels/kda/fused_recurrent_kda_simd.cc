@@ -5,7 +5,10 @@
 // Decode (fused_recurrent_kda) is memory-bound: per (sequence, value head)
 // and token one pass reads the state for the projection and a second pass
 // (hitting L2) applies decay, update and readout and writes it where the
-// token's state goes.
+// token's state goes. Sequences of several tokens whose intermediate states
+// go nowhere (verify steps, their commits, fla's multi-token calls) take
+// their tokens kShortTokens at a time in chunk form instead (ShortChunk):
+// one read pass and at most one write pass over the state per chunk.
 #include <cstddef>
 #include <cstdint>
 
@@ -106,14 +109,265 @@ KDA_INLINE void StoreWorking(const float* work, int kd, int vd, bool v_first, fl
   }
 }
 
+// ----------------------------------------------------- short chunks
+
+constexpr size_t kCacheLine = 64;
+constexpr int kPrefetchL2 = 2;  // __builtin_prefetch locality: prefetcht1
+
+// Tokens a chunk-form step takes at once.
+constexpr int kShortTokens = 8;
+// Tokens whose projections one read pass accumulates in registers (two
+// accumulators each): all of a chunk with 32 registers, half with 16.
+constexpr int kProjectGroup = kVecRegisters >= 32 ? 8 : 4;
+
+// A chunk's prepared token rows ([kShortTokens][kMaxHeadDim], zero-padded
+// past K and V): q (scaled), k, e = e^g, v, beta; and the vectors the state
+// passes read and write.
+struct ShortRows {
+  alignas(64) float q[kShortTokens][kc::kMaxHeadDim];
+  alignas(64) float k[kShortTokens][kc::kMaxHeadDim];
+  alignas(64) float e[kShortTokens][kc::kMaxHeadDim];
+  alignas(64) float v[kShortTokens][kc::kMaxHeadDim];
+  alignas(64) float beta[kShortTokens][kc::kMaxHeadDim];
+  alignas(64) float kc[kShortTokens][kc::kMaxHeadDim];  // c_t k_t; then E_{t,L} k_t (the write pass's keys)
+  alignas(64) float qc[kShortTokens][kc::kMaxHeadDim];  // c_t q_t
+  alignas(64) float p[kShortTokens][kc::kMaxHeadDim];   // (c_t k_t)^T S0; then delta_t
+  alignas(64) float o[kShortTokens][kc::kMaxHeadDim];   // (c_t q_t)^T S0; then o_t
+  alignas(64) float c[kc::kMaxHeadDim];                 // c_L
+};
+
+// Columns [col, col + lanes) of the projections of G tokens on state rows
+// s ([kd][vd]): p[t] = sum_d kc[t][d] s[d,:], o[t] = sum_d qc[t][d] s[d,:].
+// The pass walks the rows a column block at a time (a cache line per row);
+// pf (or null) are kd lines to prefetch into L2, one per row.
+template <class Vt, int G>
+void ProjectColumns(const float* s, int kd, int vd, int col, const float (*kc)[kc::kMaxHeadDim],
+                    const float (*qc)[kc::kMaxHeadDim], float (*p)[kc::kMaxHeadDim], float (*o)[kc::kMaxHeadDim],
+                    const char* pf) {
+  using Reg = typename Vt::Reg;
+  Reg pa[G];
+  Reg oa[G];
+  for (int t = 0; t < G; ++t) pa[t] = oa[t] = Vt::Zero();
+  for (int d = 0; d < kd; ++d) {
+    if (pf != nullptr) __builtin_prefetch(pf + static_cast<size_t>(d) * kCacheLine, 0, kPrefetchL2);
+    const Reg x = Vt::Load(s + static_cast<size_t>(d) * vd + col);
+#pragma GCC unroll 8
+    for (int t = 0; t < G; ++t) {
+      pa[t] = Vt::Fma(Vt::Set1(kc[t][d]), x, pa[t]);
+      oa[t] = Vt::Fma(Vt::Set1(qc[t][d]), x, oa[t]);
+    }
+  }
+  for (int t = 0; t < G; ++t) {
+    Vt::Store(p[t] + col, pa[t]);
+    Vt::Store(o[t] + col, oa[t]);
+  }
+}
+
+// The projections of tokens [t0, t0 + n) (n <= G), one pass over the
+// state; the pass prefetches the state `next` (the next head's, [kd][vd],
+// or null) into L2, a line per row and column block (as many as it holds).
+template <class Vt, int G>
+void ProjectState(const float* s, int kd, int vd, int vp, ShortRows& r, int t0, int n, const float* next) {
+  if constexpr (G > 1) {
+    if (n < G) {
+      ProjectState<Vt, G - 1>(s, kd, vd, vp, r, t0, n, next);
+      return;
+    }
+  }
+  constexpr int kL = Vt::kLanes;
+  const auto* pf = reinterpret_cast<const char*>(next);
+  const size_t lines = static_cast<size_t>(kd) * vd * sizeof(float) / kCacheLine;
+  int col = 0;
+  for (; col + kL <= vd; col += kL) {
+    const size_t first = static_cast<size_t>(col / kL) * kd;
+    const char* block_pf = pf != nullptr && first + kd <= lines ? pf + first * kCacheLine : nullptr;
+    ProjectColumns<Vt, G>(s, kd, vd, col, r.kc + t0, r.qc + t0, r.p + t0, r.o + t0, block_pf);
+  }
+  for (; col < vd; ++col) {
+    ProjectColumns<Scalar, G>(s, kd, vd, col, r.kc + t0, r.qc + t0, r.p + t0, r.o + t0, nullptr);
+  }
+  for (int t = t0; t < t0 + G; ++t) {
+    for (int j = vd; j < vp; ++j) r.p[t][j] = r.o[t][j] = 0.0F;  // padded columns: zeros, like v and beta
+  }
+}
+
+// Columns [col, col + lanes) of the state after the chunk's L tokens:
+// out[d,:] = c_L[d] s[d,:] + sum_t w_t[d] delta_t (s null: zeros; out may be s).
+template <class Vt, int L>
+void WriteColumns(const float* s, float* out, int kd, int vd, int col, const ShortRows& r) {
+  using Reg = typename Vt::Reg;
+  Reg delta[L];
+  for (int t = 0; t < L; ++t) delta[t] = Vt::Load(r.p[t] + col);
+  for (int d = 0; d < kd; ++d) {
+    const size_t at = static_cast<size_t>(d) * vd + col;
+    Reg x = s != nullptr ? Vt::Mul(Vt::Load(s + at), Vt::Set1(r.c[d])) : Vt::Zero();
+#pragma GCC unroll 8
+    for (int t = 0; t < L; ++t) x = Vt::Fma(Vt::Set1(r.kc[t][d]), delta[t], x);
+    Vt::Store(out + at, x);
+  }
+}
+
+// The state after the chunk's n <= L tokens, column block by column block.
+template <class Vt, int L>
+void WriteState(int n, const float* s, float* out, int kd, int vd, const ShortRows& r) {
+  if constexpr (L > 1) {
+    if (n < L) {
+      WriteState<Vt, L - 1>(n, s, out, kd, vd, r);
+      return;
+    }
+  }
+  constexpr int kL = Vt::kLanes;
+  int col = 0;
+  for (; col + kL <= vd; col += kL) WriteColumns<Vt, L>(s, out, kd, vd, col, r);
+  for (; col < vd; ++col) WriteColumns<Scalar, L>(s, out, kd, vd, col, r);
+}
+
+// Dot product of two zero-padded rows of kp floats (kp a multiple of the lanes).
+template <class Vt>
+KDA_INLINE float Dot(const float* x, const float* y, int kp) {
+  typename Vt::Reg acc = Vt::Zero();
+  for (int d = 0; d < kp; d += Vt::kLanes) acc = Vt::Fma(Vt::Load(x + d), Vt::Load(y + d), acc);
+  return Vt::ReduceAdd(acc);
+}
+
+// One chunk of L <= kShortTokens prepared tokens t = 1..L (rows r.q, r.k,
+// r.e, r.v, r.beta; kp and vp multiples of Vt's lanes) from state s
+// ([kd][vd]; null: zeros) in chunk form, with c_t = prod_{u<=t} e_u and
+// E_{r,t} = prod_{r<u<=t} e_u (products, no divisions):
+//   p_t = (c_t k_t)^T S0 + sum_{r<t} A_tr delta_r,  A_tr = sum_d k_t[d] E_{r,t}[d] k_r[d]
+//   delta_t = beta_t (v_t - p_t)
+//   o_t = (c_t q_t)^T S0 + sum_{r<=t} B_tr delta_r,  B_tr = sum_d q_t[d] E_{r,t}[d] k_r[d]
+//   S_L = c_L S0 + sum_r (E_{r,L} k_r) delta_r^T
+// the token-by-token recurrence (DecodeColumns) regrouped: one read pass
+// over the state for all 2L projections (2L FMAs per element) and, where the
+// state is written (out not null; out may be s), one write pass (L + 1),
+// against 4L operations in 2L passes token by token. Outputs o_t go to
+// o_buf at out_off + t * o_stride.
+template <class Vt>
+void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int L, ShortRows& r, const MutBuf& o_buf,
+                size_t out_off, size_t o_stride, const float* next) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  for (int d = 0; d < kp; ++d) r.c[d] = 1.0F;
+  for (int t = 0; t < L; ++t) {
+    for (int d = 0; d < kp; d += kL) {
+      const Reg c = Vt::Mul(Vt::Load(r.c + d), Vt::Load(r.e[t] + d));
+      Vt::Store(r.c + d, c);
+      Vt::Store(r.kc[t] + d, Vt::Mul(c, Vt::Load(r.k[t] + d)));
+      Vt::Store(r.qc[t] + d, Vt::Mul(c, Vt::Load(r.q[t] + d)));
+    }
+  }
+  if (s != nullptr) {
+    for (int t0 = 0; t0 < L; t0 += kProjectGroup) {
+      ProjectState<Vt, kProjectGroup>(s, kd, vd, vp, r, t0, L - t0 < kProjectGroup ? L - t0 : kProjectGroup, next);
+    }
+  } else {
+    for (int t = 0; t < L; ++t) {
+      for (int j = 0; j < vp; ++j) r.p[t][j] = r.o[t][j] = 0.0F;
+    }
+  }
+  // A and B; r.kc[t] becomes E_{t,L} k_t, the write pass's key of token t.
+  float a_tr[kShortTokens][kShortTokens];
+  float b_tr[kShortTokens][kShortTokens];
+  for (int t = 0; t < L; ++t) {
+    float* w = r.kc[t];
+    for (int d = 0; d < kp; ++d) w[d] = r.k[t][d];
+    b_tr[t][t] = Dot<Vt>(r.q[t], w, kp);
+    for (int u = t + 1; u < L; ++u) {
+      for (int d = 0; d < kp; d += kL) Vt::Store(w + d, Vt::Mul(Vt::Load(w + d), Vt::Load(r.e[u] + d)));
+      a_tr[u][t] = Dot<Vt>(r.k[u], w, kp);
+      b_tr[u][t] = Dot<Vt>(r.q[u], w, kp);
+    }
+  }
+  // delta_t in place of p_t, then o_t in place of (c_t q_t)^T S0.
+  for (int t = 0; t < L; ++t) {
+    float* delta = r.p[t];
+    for (int j = 0; j < vp; j += kL) {
+      Reg x = Vt::Sub(Vt::Load(r.v[t] + j), Vt::Load(delta + j));
+      for (int u = 0; u < t; ++u) x = Vt::Fnma(Vt::Set1(a_tr[t][u]), Vt::Load(r.p[u] + j), x);
+      Vt::Store(delta + j, Vt::Mul(Vt::Load(r.beta[t] + j), x));
+    }
+  }
+  for (int t = 0; t < L; ++t) {
+    const size_t off = out_off + static_cast<size_t>(t) * o_stride;
+    for (int j = 0; j < vp; j += kL) {
+      Reg x = Vt::Load(r.o[t] + j);
+      for (int u = 0; u <= t; ++u) x = Vt::Fma(Vt::Set1(b_tr[t][u]), Vt::Load(r.p[u] + j), x);
+      if (j + kL <= vd) {
+        StoreOut<Vt>(o_buf, off + j, x);
+      } else {
+        StoreOutPart<Vt>(o_buf, off + j, x, vd - j);
+      }
+    }
+  }
+  if (out != nullptr) WriteState<Vt, kShortTokens>(L, s, out, kd, vd, r);
+}
+
+// ------------------------------------------------------------ tasks
+
+// Token t's rows of value head h (key head kh) for the step, zero-padded to
+// kp / vp: q (times the scale and, with the in-kernel L2 norm, its inverse
+// norm), k (normalised likewise), e = e^g (after the in-kernel gate), ke = k e,
+// v and beta (activated; per value dim or broadcast).
+template <class Vt>
+KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int kh, int kp, int vp, float* q, float* k,
+                             float* e, float* ke, float* v, float* beta) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  const RecurrentKdaArgs& a = *task.args;
+  const int kd = a.K;
+  const int vd = a.V;
+  const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
+  LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, kh), kd, kp, q);
+  LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, kh), kd, kp, k);
+  LoadRowPadded<Vt>(a.g, value_row * kd, kd, kp, e);
+  LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h), vd, vp, v);
+  if (a.beta_per_value) {
+    LoadRowPadded<Vt>(a.beta, value_row * vd, vd, vp, beta);
+    for (int j = 0; j < vd; ++j) beta[j] = ActivateBeta(a.options, beta[j]);
+  } else {
+    const float b = ActivateBeta(a.options, LoadScalar(a.beta, value_row));
+    for (int j = 0; j < vp; ++j) beta[j] = b;
+  }
+  if (a.options.use_gate_in_kernel) {
+    ActivateGate(a.options, task.h, kd, e);
+    for (int d = kd; d < kp; ++d) e[d] = 0.0F;
+  }
+  float q_mul = task.scale;
+  float k_mul = 1.0F;
+  if (a.options.use_qk_l2norm_in_kernel) {
+    q_mul *= InverseNorm<Vt>(q, kp);
+    k_mul = InverseNorm<Vt>(k, kp);
+  }
+  const Reg q_scale = Vt::Set1(q_mul);
+  const Reg k_scale = Vt::Set1(k_mul);
+  for (int d = 0; d < kp; d += kL) {
+    const Reg decay = Exp<Vt>(Vt::Load(e + d));
+    const Reg kv = Vt::Mul(Vt::Load(k + d), k_scale);
+    Vt::Store(e + d, decay);
+    Vt::Store(k + d, kv);
+    Vt::Store(ke + d, Vt::Mul(kv, decay));
+    Vt::Store(q + d, Vt::Mul(Vt::Load(q + d), q_scale));
+  }
+}
+
+// Whether sequence n (len >= 2 tokens) writes no state before its last token.
+KDA_INLINE bool OnlyFinalStateWritten(const RecurrentKdaArgs& a, int64_t n, int64_t len) {
+  for (int64_t t = 0; t + 1 < len; ++t) {
+    if (internal::TokenStateDestination(a, n, t, len) != nullptr) return false;
+  }
+  return true;
+}
+
 // One task (sequence n, value head h); column blocks of up to NV registers.
 // K-major states are stepped from where they are to where the token's state
 // goes (in place in a pool slot for plain decode), through the worker's
 // scratch for tokens whose state is not written; V-first states are stepped
-// in the scratch and copied out where written.
+// in the scratch and copied out where written. Sequences of two or more
+// tokens that write at most their final state go kShortTokens tokens at a
+// time through ShortChunk.
 template <class Vt, int NV>
 void RunRecurrentTask(const internal::RecurrentTask& task) {
-  using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   const RecurrentKdaArgs& a = *task.args;
   const int kd = a.K;
@@ -148,46 +402,44 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     }
     return;
   }
+  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
+  const size_t o_stride = static_cast<size_t>(a.HV) * static_cast<size_t>(vd);
+  if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
+    float* dst = internal::TokenStateDestination(a, task.n, eos - bos - 1, eos - bos);
+    if (dst != nullptr) dst += head_off;
+    ShortRows rows;
+    alignas(64) float ke[kc::kMaxHeadDim];
+    for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
+      const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
+      for (int t = 0; t < len; ++t) {
+        PrepareToken<Vt>(task, t0 + t, kh, kp, vp, rows.q[t], rows.k[t], rows.e[t], ke, rows.v[t], rows.beta[t]);
+      }
+      const bool last = t0 + len == eos;
+      // The state between chunks waits in the scratch; the last chunk's goes to dst (through the scratch
+      // for V-first states), or nowhere.
+      float* out = !last || a.state_v_first ? scratch : dst;
+      if (last && dst == nullptr) out = nullptr;
+      // The first chunk reads the state from where it is stored (memory, at real shapes): the next head's
+      // (the worker's next task) is prefetched meanwhile.
+      const float* next = t0 == bos && !a.state_v_first && st.initial != nullptr && task.h + 1 < a.HV
+                              ? st.initial + head_off + static_cast<size_t>(kd) * vd
+                              : nullptr;
+      ShortChunk<Vt>(cur, out, kd, vd, kp, vp, len, rows, a.o, (static_cast<size_t>(t0) * a.HV + task.h) * vd, o_stride,
+                     next);
+      cur = out;
+    }
+    if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
+    return;
+  }
   alignas(64) float q[kc::kMaxHeadDim];
   alignas(64) float k[kc::kMaxHeadDim];
   alignas(64) float e[kc::kMaxHeadDim];
   alignas(64) float ke[kc::kMaxHeadDim];
   alignas(64) float v[kc::kMaxHeadDim];
   alignas(64) float beta[kc::kMaxHeadDim];
-  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
   for (int64_t t = bos; t < eos; ++t) {
     const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
-    LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, kh), kd, kp, q);
-    LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, kh), kd, kp, k);
-    LoadRowPadded<Vt>(a.g, value_row * kd, kd, kp, e);
-    LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h), vd, vp, v);
-    if (a.beta_per_value) {
-      LoadRowPadded<Vt>(a.beta, value_row * vd, vd, vp, beta);
-      for (int j = 0; j < vd; ++j) beta[j] = ActivateBeta(a.options, beta[j]);
-    } else {
-      const float b = ActivateBeta(a.options, LoadScalar(a.beta, value_row));
-      for (int j = 0; j < vp; ++j) beta[j] = b;
-    }
-    if (a.options.use_gate_in_kernel) {
-      ActivateGate(a.options, task.h, kd, e);
-      for (int d = kd; d < kp; ++d) e[d] = 0.0F;
-    }
-    float q_mul = task.scale;
-    float k_mul = 1.0F;
-    if (a.options.use_qk_l2norm_in_kernel) {
-      q_mul *= InverseNorm<Vt>(q, kp);
-      k_mul = InverseNorm<Vt>(k, kp);
-    }
-    const Reg q_scale = Vt::Set1(q_mul);
-    const Reg k_scale = Vt::Set1(k_mul);
-    for (int d = 0; d < kp; d += kL) {
-      const Reg decay = Exp<Vt>(Vt::Load(e + d));
-      const Reg kv = Vt::Mul(Vt::Load(k + d), k_scale);
-      Vt::Store(e + d, decay);
-      Vt::Store(k + d, kv);
-      Vt::Store(ke + d, Vt::Mul(kv, decay));
-      Vt::Store(q + d, Vt::Mul(Vt::Load(q + d), q_scale));
-    }
+    PrepareToken<Vt>(task, t, kh, kp, vp, q, k, e, ke, v, beta);
     float* dst = internal::TokenStateDestination(a, task.n, t - bos, eos - bos);
     if (dst != nullptr) dst += head_off;
     float* out = a.state_v_first || dst == nullptr ? scratch : dst;

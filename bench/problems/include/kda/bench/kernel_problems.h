@@ -81,7 +81,8 @@ struct ChunkProblem {
 // states of layer i % layers, so that with enough layers (as a model has)
 // every step reads its states from memory, not from the cache.
 struct DecodeProblem {
-  DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType dtype, uint32_t seed = 1);
+  // `tokens` per sequence ([N, tokens, H, K] rows; the final state back into the slot).
+  DecodeProblem(int64_t n, int heads, int k_dim, int layers, DType dtype, uint32_t seed = 1, int64_t tokens = 1);
   DecodeProblem(const DecodeProblem&) = delete;
   DecodeProblem& operator=(const DecodeProblem&) = delete;
 
@@ -98,7 +99,7 @@ struct DecodeProblem {
   TokenInputs in;
   std::vector<float> states;
   std::vector<int32_t> indices;
-  RecurrentKdaCall call;  // [N, 1, H, K] tokens; initial_state: layer 0's [N, H, K, V] states
+  RecurrentKdaCall call;  // [N, tokens, H, K] tokens; initial_state: layer 0's [N, H, K, V] states
 };
 
 // fla's options at the layer's scale: a packed batch of sequences of the
