@@ -29,7 +29,7 @@
 //     kernels; counter time_per_token. The layer over the GEMMs is the ratio
 //     `kda bench-kernels` reports.
 //   BM_Linear/<weights>/<M>: one projection of M rows (decode batches of 1
-//     and 8, prefill chunks of 64 and 512 tokens; the small-M kernels up to
+//     and 8, a k = 3 verify step's 4, prefill chunks of 64 and 512 tokens; the small-M kernels up to
 //     16 rows, oneDNN above), fused q/k/v shape (12288 x 2304), bf16 (weights
 //     0), int8 with bf16 activations (weights 1) or fp32 (weights 2) weights,
 //     cycling over copies spanning bench::DecodeStreamBytes() so that the
