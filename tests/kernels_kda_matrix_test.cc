@@ -1378,7 +1378,7 @@ TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
         RecurrentFn(variant())(BindRecurrentKda(c));
         const Result want = NaiveRecurrenceF64(p);
         ExpectClose({o.ToF32(), inplace ? initial : final_state}, want);
-        if (!inplace) {
+        if (!inplace && !p.h0.empty()) {
           EXPECT_TRUE(BitEqual(initial.data(), p.h0.data(), p.h0.size())) << "initial_state written";
         }
       }

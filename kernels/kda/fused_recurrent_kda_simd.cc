@@ -359,13 +359,59 @@ KDA_INLINE bool OnlyFinalStateWritten(const RecurrentKdaArgs& a, int64_t n, int6
   return true;
 }
 
+// Sequence task.n's tokens for value head task.h, kShortTokens at a time
+// through ShortChunk, from `cur` (its state or the V-first working copy in
+// the scratch; null: zeros); `initial` is the sequence's stored [HV, K, V]
+// initial states (or null). Kept out of RunRecurrentTask so that the chunk
+// rows (about 75 KB of stack at the largest head dims) are no part of a
+// single-token step's frame.
+template <class Vt>
+[[gnu::noinline]] void RunShortChunks(const internal::RecurrentTask& task, const float* initial, const float* cur) {
+  constexpr int kL = Vt::kLanes;
+  const RecurrentKdaArgs& a = *task.args;
+  const int kd = a.K;
+  const int vd = a.V;
+  const int kp = internal::RoundUpTo(kd, kL);
+  const int vp = internal::PaddedValueDim(vd, kL);
+  const int64_t bos = a.cu_seqlens[task.n];
+  const int64_t eos = a.cu_seqlens[task.n + 1];
+  const size_t head_off = static_cast<size_t>(task.h) * static_cast<size_t>(kd) * static_cast<size_t>(vd);
+  const size_t o_stride = static_cast<size_t>(a.HV) * static_cast<size_t>(vd);
+  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
+  float* scratch = task.scratch;
+  float* dst = internal::TokenStateDestination(a, task.n, eos - bos - 1, eos - bos);
+  if (dst != nullptr) dst += head_off;
+  ShortRows rows;
+  alignas(64) float ke[kc::kMaxHeadDim];
+  for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
+    const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
+    for (int t = 0; t < len; ++t) {
+      PrepareToken<Vt>(task, t0 + t, kh, kp, vp, rows.q[t], rows.k[t], rows.e[t], ke, rows.v[t], rows.beta[t]);
+    }
+    const bool last = t0 + len == eos;
+    // The state between chunks waits in the scratch; the last chunk's goes to dst (through the scratch
+    // for V-first states), or nowhere.
+    float* out = !last || a.state_v_first ? scratch : dst;
+    if (last && dst == nullptr) out = nullptr;
+    // The first chunk reads the state from where it is stored (memory, at real shapes): the next head's
+    // (the worker's next task) is prefetched meanwhile.
+    const float* next = t0 == bos && !a.state_v_first && initial != nullptr && task.h + 1 < a.HV
+                            ? initial + head_off + static_cast<size_t>(kd) * vd
+                            : nullptr;
+    ShortChunk<Vt>(cur, out, kd, vd, kp, vp, len, rows, a.o, (static_cast<size_t>(t0) * a.HV + task.h) * vd, o_stride,
+                   next);
+    cur = out;
+  }
+  if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
+}
+
 // One task (sequence n, value head h); column blocks of up to NV registers.
 // K-major states are stepped from where they are to where the token's state
 // goes (in place in a pool slot for plain decode), through the worker's
 // scratch for tokens whose state is not written; V-first states are stepped
 // in the scratch and copied out where written. Sequences of two or more
 // tokens that write at most their final state go kShortTokens tokens at a
-// time through ShortChunk.
+// time through ShortChunk (RunShortChunks).
 template <class Vt, int NV>
 void RunRecurrentTask(const internal::RecurrentTask& task) {
   constexpr int kL = Vt::kLanes;
@@ -402,35 +448,11 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     }
     return;
   }
-  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
-  const size_t o_stride = static_cast<size_t>(a.HV) * static_cast<size_t>(vd);
   if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
-    float* dst = internal::TokenStateDestination(a, task.n, eos - bos - 1, eos - bos);
-    if (dst != nullptr) dst += head_off;
-    ShortRows rows;
-    alignas(64) float ke[kc::kMaxHeadDim];
-    for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
-      const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
-      for (int t = 0; t < len; ++t) {
-        PrepareToken<Vt>(task, t0 + t, kh, kp, vp, rows.q[t], rows.k[t], rows.e[t], ke, rows.v[t], rows.beta[t]);
-      }
-      const bool last = t0 + len == eos;
-      // The state between chunks waits in the scratch; the last chunk's goes to dst (through the scratch
-      // for V-first states), or nowhere.
-      float* out = !last || a.state_v_first ? scratch : dst;
-      if (last && dst == nullptr) out = nullptr;
-      // The first chunk reads the state from where it is stored (memory, at real shapes): the next head's
-      // (the worker's next task) is prefetched meanwhile.
-      const float* next = t0 == bos && !a.state_v_first && st.initial != nullptr && task.h + 1 < a.HV
-                              ? st.initial + head_off + static_cast<size_t>(kd) * vd
-                              : nullptr;
-      ShortChunk<Vt>(cur, out, kd, vd, kp, vp, len, rows, a.o, (static_cast<size_t>(t0) * a.HV + task.h) * vd, o_stride,
-                     next);
-      cur = out;
-    }
-    if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
+    RunShortChunks<Vt>(task, st.initial, cur);
     return;
   }
+  const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
   alignas(64) float q[kc::kMaxHeadDim];
   alignas(64) float k[kc::kMaxHeadDim];
   alignas(64) float e[kc::kMaxHeadDim];
