@@ -359,23 +359,24 @@ KDA_INLINE bool OnlyFinalStateWritten(const RecurrentKdaArgs& a, int64_t n, int6
   return true;
 }
 
-// Sequence task.n's tokens for value head task.h, kShortTokens at a time
-// through ShortChunk, from `cur` (its state or the V-first working copy in
-// the scratch; null: zeros); `initial` is the sequence's stored [HV, K, V]
-// initial states (or null). Kept out of RunRecurrentTask so that the chunk
-// rows (about 75 KB of stack at the largest head dims) are no part of a
+// A task's head dims (K, V; padded to the lanes), its sequence's token range
+// [bos, eos) and the offset of its head's [K][V] state in a sequence's.
+struct TaskDims {
+  int kd, vd, kp, vp;
+  int64_t bos, eos;
+  size_t head_off;
+};
+
+// Sequence task.n's tokens for value head task.h (dims: the task's, as
+// RunRecurrentTask found them), kShortTokens at a time through ShortChunk, from `cur` (its state or the V-first working
+// copy in the scratch; null: zeros); `initial` is the sequence's stored [HV, K, V] initial states (or null). Kept out
+// of RunRecurrentTask so that the chunk rows (about 75 KB of stack at the largest head dims) are no part of a
 // single-token step's frame.
 template <class Vt>
-[[gnu::noinline]] void RunShortChunks(const internal::RecurrentTask& task, const float* initial, const float* cur) {
-  constexpr int kL = Vt::kLanes;
+[[gnu::noinline]] void RunShortChunks(const internal::RecurrentTask& task, const TaskDims& dims, const float* initial,
+                                      const float* cur) {
   const RecurrentKdaArgs& a = *task.args;
-  const int kd = a.K;
-  const int vd = a.V;
-  const int kp = internal::RoundUpTo(kd, kL);
-  const int vp = internal::PaddedValueDim(vd, kL);
-  const int64_t bos = a.cu_seqlens[task.n];
-  const int64_t eos = a.cu_seqlens[task.n + 1];
-  const size_t head_off = static_cast<size_t>(task.h) * static_cast<size_t>(kd) * static_cast<size_t>(vd);
+  const auto [kd, vd, kp, vp, bos, eos, head_off] = dims;
   const size_t o_stride = static_cast<size_t>(a.HV) * static_cast<size_t>(vd);
   const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
   float* scratch = task.scratch;
@@ -422,6 +423,7 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
   const int vp = internal::PaddedValueDim(vd, kL);
   const int64_t bos = a.cu_seqlens[task.n];
   const int64_t eos = a.cu_seqlens[task.n + 1];
+  const size_t head_off = static_cast<size_t>(task.h) * static_cast<size_t>(kd) * static_cast<size_t>(vd);
   const internal::RecurrentStates st = internal::RecurrentStatesOf(a, task.n);
   if (st.padding) {  // zero outputs, no state touched
     for (int64_t t = bos; t < eos; ++t) {
@@ -430,7 +432,6 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     }
     return;
   }
-  const size_t head_off = static_cast<size_t>(task.h) * static_cast<size_t>(kd) * static_cast<size_t>(vd);
   const float* cur = st.initial != nullptr ? st.initial + head_off : nullptr;
   float* scratch = task.scratch;
   if (a.state_v_first) {
@@ -449,7 +450,7 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     return;
   }
   if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
-    RunShortChunks<Vt>(task, st.initial, cur);
+    RunShortChunks<Vt>(task, {kd, vd, kp, vp, bos, eos, head_off}, st.initial, cur);
     return;
   }
   const int kh = internal::KeyHeadOf(task.h, a.H, a.HV);
