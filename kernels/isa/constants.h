@@ -27,9 +27,9 @@ inline constexpr int kTokenBlock = 32;
 // entries (one head alone walks a new page per row).
 inline constexpr int kHeadGroup = 4;
 
-// Cache lines of one token's input rows (q, k, g, v at K, V <= 256 in fp32,
-// unaligned, and beta).
-inline constexpr int kMaxLinesPerToken = 4 * 17 + 1;
+// Cache lines of one token's rows to prefetch (q, k, g, v and the output o at
+// K, V <= 256 in fp32, unaligned, and beta).
+inline constexpr int kMaxLinesPerToken = 5 * 17 + 1;
 
 // Software prefetch of the prefill's input rows: each line about this many
 // tokens before the preparation that reads it (chunk_kda_simd.cc).

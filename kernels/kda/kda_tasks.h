@@ -45,7 +45,7 @@ struct PrepBuffers {
 // Scratch of one worker for chunk tasks, sized for K, V (allocated by the host,
 // 64-byte aligned): state [K * V] (column blocks, each [K][width]), c [K], c_end [K], proj [2 * V], two
 // prepared blocks (the one being swept and the next one), and the addresses of
-// the next block's input lines to prefetch [kc::kTokenBlock * kc::kMaxLinesPerToken].
+// the next block's lines to prefetch (inputs; outputs stored plainly) [kc::kTokenBlock * kc::kMaxLinesPerToken].
 struct ChunkScratch {
   float* state = nullptr;
   float* c = nullptr;

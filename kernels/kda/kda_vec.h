@@ -16,6 +16,9 @@
 namespace kda::KDA_TARGET_NS {
 namespace {
 
+// Bytes per element of an F32, BF16 or F16 buffer.
+KDA_INLINE size_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+
 // Element i of an F32, BF16 or F16 buffer.
 KDA_INLINE float LoadScalar(const ConstBuf& buf, size_t i) {
   if (buf.dtype == DType::kBF16) return LoadBF16<Scalar>(static_cast<const BF16*>(buf.data) + i);
@@ -77,30 +80,35 @@ KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg 
   for (int j = 0; j < n; ++j) StoreScalar(buf, offset + j, lanes[j]);
 }
 
-// StoreOut with a non-temporal store where the target has them and the
-// destination is aligned for it.
+// Whether StreamOut<Vec> stores lanes [offset, offset + lanes) of buf with a
+// non-temporal store: the target has them and the destination is aligned for
+// one (a register's bytes in fp32, half of them in bf16 and f16).
+KDA_INLINE bool Streams(const MutBuf& buf, size_t offset) {
+#if KDA_HAS_STREAM_STORES
+  const size_t bytes = ElementBytes(buf.dtype);
+  const auto at = reinterpret_cast<uintptr_t>(static_cast<const char*>(buf.data) + offset * bytes);
+  return at % (sizeof(Vec::Reg) * bytes / sizeof(float)) == 0;
+#else
+  static_cast<void>(buf);
+  static_cast<void>(offset);
+  return false;
+#endif
+}
+
+// StoreOut with a non-temporal store where Streams says so.
 template <class Vt>
 KDA_INLINE void StreamOut(const MutBuf& buf, size_t offset, typename Vt::Reg x) {
 #if KDA_HAS_STREAM_STORES
   if constexpr (std::is_same_v<Vt, Vec>) {  // (a HalfVec register: plain stores)
-    if (buf.dtype == DType::kF32) {
-      float* p = static_cast<float*>(buf.data) + offset;
-      if (reinterpret_cast<uintptr_t>(p) % sizeof(typename Vt::Reg) == 0) {
-        VecStream::Store(p, x);
-        return;
+    if (Streams(buf, offset)) {
+      if (buf.dtype == DType::kF32) {
+        VecStream::Store(static_cast<float*>(buf.data) + offset, x);
+      } else if (buf.dtype == DType::kBF16) {
+        VecStream::StoreBF16(static_cast<BF16*>(buf.data) + offset, x);
+      } else {
+        VecStream::StoreF16(static_cast<F16*>(buf.data) + offset, x);
       }
-    } else if (buf.dtype == DType::kBF16) {
-      BF16* p = static_cast<BF16*>(buf.data) + offset;
-      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
-        VecStream::StoreBF16(p, x);
-        return;
-      }
-    } else if (buf.dtype == DType::kF16) {
-      F16* p = static_cast<F16*>(buf.data) + offset;
-      if (reinterpret_cast<uintptr_t>(p) % (sizeof(typename Vt::Reg) / 2) == 0) {
-        VecStream::StoreF16(p, x);
-        return;
-      }
+      return;
     }
   }
 #endif
@@ -144,8 +152,6 @@ KDA_INLINE void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
 KDA_INLINE float ActivateBeta(const KdaOptions& opt, float x) {
   return opt.use_beta_sigmoid_in_kernel ? opt.beta_scale * Sigmoid<Scalar>(x) : x;
 }
-
-KDA_INLINE size_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
 
 }  // namespace
 }  // namespace kda::KDA_TARGET_NS
