@@ -9,17 +9,16 @@ namespace kda {
 
 namespace {
 
-// Each DType's names and size, in the enum's order.
+// Each DType's names, in the enum's order (sizes: DTypeSize in the header).
 struct DTypeInfo {
   DType dtype;
   const char* safetensors;  // "F32", ...
   const char* torch;        // "float32", ...
-  size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kF32, "F32", "float32", 4}, {DType::kBF16, "BF16", "bfloat16", 2}, {DType::kI32, "I32", "int32", 4},
-    {DType::kI64, "I64", "int64", 8},   {DType::kU8, "U8", "uint8", 1},        {DType::kI8, "I8", "int8", 1},
-    {DType::kF16, "F16", "float16", 2},
+    {DType::kF32, "F32", "float32"}, {DType::kBF16, "BF16", "bfloat16"}, {DType::kI32, "I32", "int32"},
+    {DType::kI64, "I64", "int64"},   {DType::kU8, "U8", "uint8"},        {DType::kI8, "I8", "int8"},
+    {DType::kF16, "F16", "float16"},
 };
 
 const DTypeInfo* InfoOf(DType t) {
@@ -37,11 +36,6 @@ const char* DTypeName(DType t) {
 const char* TorchDTypeName(DType t) {
   const DTypeInfo* info = InfoOf(t);
   return info != nullptr ? info->torch : "?";
-}
-
-size_t DTypeSize(DType t) {
-  const DTypeInfo* info = InfoOf(t);
-  return info != nullptr ? info->size : 0;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

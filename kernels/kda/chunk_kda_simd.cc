@@ -88,14 +88,14 @@ KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const 
   const size_t kd = static_cast<size_t>(a.K);
   const int v_end = task.v_end < a.V ? task.v_end : a.V;
   const size_t width = static_cast<size_t>(v_end - task.v_begin);
-  const size_t qkv = ElementBytes(a.q.dtype);
-  const size_t gate = ElementBytes(a.g.dtype);
+  const size_t qkv = DTypeSize(a.q.dtype);
+  const size_t gate = DTypeSize(a.g.dtype);
   const size_t v_at = internal::VOffset(a, t, task.h) + static_cast<size_t>(task.v_begin);
   int n = AppendLines(static_cast<const char*>(a.q.data) + internal::QOffset(a, t, kh) * qkv, kd * qkv, out);
   n += AppendLines(static_cast<const char*>(a.k.data) + internal::KOffset(a, t, kh) * qkv, kd * qkv, out + n);
   n += AppendLines(static_cast<const char*>(a.g.data) + value_row * kd * gate, kd * gate, out + n);
   n += AppendLines(static_cast<const char*>(a.v.data) + v_at * qkv, width * qkv, out + n);
-  n += AppendLines(static_cast<const char*>(a.beta.data) + value_row * ElementBytes(a.beta.dtype), 1, out + n);
+  n += AppendLines(static_cast<const char*>(a.beta.data) + value_row * DTypeSize(a.beta.dtype), 1, out + n);
   // The output row, where the update passes store it with plain stores (Streams): each store to a line
   // not in cache waits for it, and at K = V = 100 (rows 400 bytes apart, three in four not aligned for a
   // non-temporal store) those waits filled the store buffer and stalled the next preparation's stores
@@ -103,7 +103,7 @@ KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const 
   // bring in what the non-temporal stores evict (K = V = 128: 8% slower).
   const size_t o_at = value_row * static_cast<size_t>(a.V) + static_cast<size_t>(task.v_begin);
   if (!Streams(a.o, o_at)) {
-    const size_t ob = ElementBytes(a.o.dtype);
+    const size_t ob = DTypeSize(a.o.dtype);
     n += AppendLines(static_cast<const char*>(a.o.data) + o_at * ob, width * ob, out + n);
   }
   return n;

@@ -307,8 +307,9 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
 
 // Token t's rows of value head h (key head kh) for the step, zero-padded to
 // kp / vp: q (times the scale and, with the in-kernel L2 norm, its inverse
-// norm), k (normalised likewise), e = e^g (after the in-kernel gate), ke = k e,
-// v and beta (activated; per value dim or broadcast).
+// norm), k (normalised likewise), e = e^g (after the in-kernel gate), ke = k e
+// (null: not wanted; the chunk form does without it), v and beta (activated;
+// per value dim or broadcast).
 template <class Vt>
 KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int kh, int kp, int vp, float* q, float* k,
                              float* e, float* ke, float* v, float* beta) {
@@ -346,7 +347,7 @@ KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int
     const Reg kv = Vt::Mul(Vt::Load(k + d), k_scale);
     Vt::Store(e + d, decay);
     Vt::Store(k + d, kv);
-    Vt::Store(ke + d, Vt::Mul(kv, decay));
+    if (ke != nullptr) Vt::Store(ke + d, Vt::Mul(kv, decay));
     Vt::Store(q + d, Vt::Mul(Vt::Load(q + d), q_scale));
   }
 }
@@ -367,11 +368,10 @@ struct TaskDims {
   size_t head_off;
 };
 
-// Sequence task.n's tokens for value head task.h (dims: the task's, as
-// RunRecurrentTask found them), kShortTokens at a time through ShortChunk, from `cur` (its state or the V-first working
-// copy in the scratch; null: zeros); `initial` is the sequence's stored [HV, K, V] initial states (or null). Kept out
-// of RunRecurrentTask so that the chunk rows (about 75 KB of stack at the largest head dims) are no part of a
-// single-token step's frame.
+// Sequence task.n's tokens for value head task.h (dims: the task's, as RunRecurrentTask found them), kShortTokens
+// at a time through ShortChunk, from `cur` (its state or the V-first working copy in the scratch; null: zeros);
+// `initial` is the sequence's stored [HV, K, V] initial states (or null). Kept out of RunRecurrentTask so that the
+// chunk rows (about 75 KB of stack at the largest head dims) are no part of a single-token step's frame.
 template <class Vt>
 [[gnu::noinline]] void RunShortChunks(const internal::RecurrentTask& task, const TaskDims& dims, const float* initial,
                                       const float* cur) {
@@ -383,11 +383,10 @@ template <class Vt>
   float* dst = internal::TokenStateDestination(a, task.n, eos - bos - 1, eos - bos);
   if (dst != nullptr) dst += head_off;
   ShortRows rows;
-  alignas(64) float ke[kc::kMaxHeadDim];
   for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
     const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
     for (int t = 0; t < len; ++t) {
-      PrepareToken<Vt>(task, t0 + t, kh, kp, vp, rows.q[t], rows.k[t], rows.e[t], ke, rows.v[t], rows.beta[t]);
+      PrepareToken<Vt>(task, t0 + t, kh, kp, vp, rows.q[t], rows.k[t], rows.e[t], nullptr, rows.v[t], rows.beta[t]);
     }
     const bool last = t0 + len == eos;
     // The state between chunks waits in the scratch; the last chunk's goes to dst (through the scratch

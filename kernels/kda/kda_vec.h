@@ -16,9 +16,6 @@
 namespace kda::KDA_TARGET_NS {
 namespace {
 
-// Bytes per element of an F32, BF16 or F16 buffer.
-KDA_INLINE size_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
-
 // Element i of an F32, BF16 or F16 buffer.
 KDA_INLINE float LoadScalar(const ConstBuf& buf, size_t i) {
   if (buf.dtype == DType::kBF16) return LoadBF16<Scalar>(static_cast<const BF16*>(buf.data) + i);
@@ -85,7 +82,7 @@ KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg 
 // one (a register's bytes in fp32, half of them in bf16 and f16).
 KDA_INLINE bool Streams(const MutBuf& buf, size_t offset) {
 #if KDA_HAS_STREAM_STORES
-  const size_t bytes = ElementBytes(buf.dtype);
+  const size_t bytes = DTypeSize(buf.dtype);
   const auto at = reinterpret_cast<uintptr_t>(static_cast<const char*>(buf.data) + offset * bytes);
   return at % (sizeof(Vec::Reg) * bytes / sizeof(float)) == 0;
 #else

@@ -25,7 +25,24 @@ enum class DType : uint8_t { kF32, kBF16, kI32, kI64, kU8, kI8, kF16 };
 
 // Safetensors spelling: "F32", "BF16", "I32", "I64", "U8", "I8", "F16".
 const char* DTypeName(DType t);
-size_t DTypeSize(DType t);
+// Bytes per element (0 for a value outside the enum). Inline: the kernels call
+// it where they address their buffers.
+constexpr size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kI64:
+      return 8;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kU8:
+    case DType::kI8:
+      return 1;
+  }
+  return 0;
+}
 
 // Activation dtypes as torch and Hugging Face configs spell them: "float32"
 // (F32) and "bfloat16" (BF16). The parser throws kda::Error naming any other
