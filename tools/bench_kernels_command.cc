@@ -602,7 +602,9 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
 // K = V = 100 beside its plain fp32 / bf16 shape (per value head, the flop
 // floor 7 K V per token and value head); the recurrence with T = 1 and 4
 // tokens per sequence (contiguous states), and a speculative verification
-// step (4 tokens per sequence, a pool slot per token).
+// step (4 tokens per sequence, a pool slot per token). The rows compared with
+// each other are timed alternately (one call of each case in turn, `repeats`
+// rounds), so that a slow spell of the machine hits all of them.
 std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
   struct ChunkCase {
     const char* kernel;
@@ -616,15 +618,23 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
   };
   std::vector<BenchRow> rows;
   const std::vector<int64_t> lengths(8, 256);
+  std::vector<std::unique_ptr<bench::FlaProblem>> chunk_problems;
+  std::vector<std::function<void(int64_t)>> chunk_calls;
   for (const ChunkCase& c : chunk_cases) {
-    bench::FlaProblem p(lengths, c.H, c.HV, c.K, c.V, c.dtype);
+    chunk_problems.push_back(std::make_unique<bench::FlaProblem>(lengths, c.H, c.HV, c.K, c.V, c.dtype));
+    bench::FlaProblem& p = *chunk_problems.back();
     chunk_kda(p.chunk, KernelImpl::kOptimized);  // warm-up
-    const bench::RepeatedSeconds s = bench::TimeRepeats(repeats, [&] { chunk_kda(p.chunk, KernelImpl::kOptimized); });
+    chunk_calls.emplace_back([&p](int64_t) { chunk_kda(p.chunk, KernelImpl::kOptimized); });
+  }
+  const std::vector<std::vector<double>> chunk_seconds = bench::TimeAlternately(repeats, chunk_calls);
+  for (size_t i = 0; i < chunk_problems.size(); ++i) {
+    const ChunkCase& c = chunk_cases[i];
+    const bench::FlaProblem& p = *chunk_problems[i];
     BenchRow r = Row(m, c.kernel, KernelImpl::kOptimized, DType::kF32, p.N(), p.T(), repeats);
     r.dtype = TorchDTypeName(c.dtype);
     r.H = c.H;
     r.K = c.K;
-    r.us_per_token = s.median * 1e6 / static_cast<double>(p.T());
+    r.us_per_token = Median(chunk_seconds[i]) * 1e6 / static_cast<double>(p.T());
     const double floor_us = 7.0 * c.K * c.V * c.HV / (m.fma_peak_gflops * 1e3);
     r.extra = {{"HV", c.HV},
                {"V", c.V},
@@ -633,26 +643,35 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
                {"ratio_to_flop_floor", r.us_per_token / floor_us}};
     rows.push_back(r);
   }
+  chunk_problems.clear();
   // The recurrence: 8 sequences of T tokens; and the verification step of 4 tokens.
-  for (int64_t t : {1, 4, -4}) {
+  const int64_t recurrent_cases[] = {1, 4, -4};
+  std::vector<std::unique_ptr<bench::FlaProblem>> recurrent_problems;
+  std::vector<std::function<void(int64_t)>> recurrent_calls;
+  for (int64_t t : recurrent_cases) {
     const bool speculative = t < 0;
-    const std::vector<int64_t> seq(8, speculative ? -t : t);
-    bench::FlaProblem p(seq, kHeads, kHeads, kHeadDim, kHeadDim, DType::kBF16);
-    RecurrentKdaCall& call = speculative ? p.speculative : p.recurrent;
+    recurrent_problems.push_back(std::make_unique<bench::FlaProblem>(std::vector<int64_t>(8, speculative ? -t : t),
+                                                                     kHeads, kHeads, kHeadDim, kHeadDim, DType::kBF16));
+    RecurrentKdaCall& call =
+        speculative ? recurrent_problems.back()->speculative : recurrent_problems.back()->recurrent;
     fused_recurrent_kda(call, KernelImpl::kOptimized);  // warm-up
-    const int steps = std::max(repeats, 5) * 4;
-    const bench::RepeatedSeconds s =
-        bench::TimeRepeats(steps, [&] { fused_recurrent_kda(call, KernelImpl::kOptimized); });
-    BenchRow r = Row(m, speculative ? "recurrent_spec" : "recurrent_tokens", KernelImpl::kOptimized, DType::kBF16,
-                     p.N(), p.T(), steps);
-    r.us_per_token = s.median * 1e6 / static_cast<double>(p.T());
+    recurrent_calls.emplace_back([&call](int64_t) { fused_recurrent_kda(call, KernelImpl::kOptimized); });
+  }
+  const int steps = std::max(repeats, 5) * 4;
+  const std::vector<std::vector<double>> recurrent_seconds = bench::TimeAlternately(steps, recurrent_calls);
+  for (size_t i = 0; i < recurrent_problems.size(); ++i) {
+    const bench::FlaProblem& p = *recurrent_problems[i];
+    const double step_s = Median(recurrent_seconds[i]);
+    BenchRow r = Row(m, recurrent_cases[i] < 0 ? "recurrent_spec" : "recurrent_tokens", KernelImpl::kOptimized,
+                     DType::kBF16, p.N(), p.T(), steps);
+    r.us_per_token = step_s * 1e6 / static_cast<double>(p.T());
     // Each step reads and writes the N states once (at T tokens per sequence, once per sequence).
     const double state_bytes = static_cast<double>(p.N()) * kHeads * kHeadDim * kHeadDim * sizeof(float);
     const double floor_us = state_bytes / (m.rmw_gbps * 1e3);
     r.extra = {{"tokens_per_sequence", static_cast<double>(p.T()) / static_cast<double>(p.N())},
-               {"step_us", s.median * 1e6},
+               {"step_us", step_s * 1e6},
                {"rmw_floor_us", floor_us},
-               {"ratio_to_rmw_floor", s.median * 1e6 / floor_us}};
+               {"ratio_to_rmw_floor", step_s * 1e6 / floor_us}};
     rows.push_back(r);
   }
   return rows;
