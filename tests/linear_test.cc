@@ -306,6 +306,47 @@ TEST_P(LinearRouteTest, Q8DequantizesEveryValueAtExtremeScalesExactly) {
   }
 }
 
+TEST_P(LinearRouteTest, Bf16PipelineRoundsEveryScaleAndValueToNearestEven) {
+  // The bf16 pipeline's Q8 weight is bf16(q * s), rounded in the kernels by
+  // a floating-point split (gemm_simd.cc, SplitToBF16), not by the integer
+  // rounding of the references: every finite fp16 scale s >= 0 (a row each)
+  // times every q in [-127, 127] (row r's column c holds (c + 37 r) mod 255 -
+  // 127), read back through one-hot inputs, bit for bit. m = 1 and 16 run the
+  // small-M kernels (one column, sampled, and 16 columns per call), m = 256
+  // the dequantized panels.
+  const int64_t k = 256;
+  Q8Weight w;
+  w.rows = 0x7C00;  // fp16 bits below +inf
+  w.cols = k;
+  w.q.reserve(static_cast<size_t>(w.rows * k));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t c = 0; c < k; ++c) w.q.push_back(static_cast<int8_t>((c + r * 37) % 255 - 127));
+    for (int64_t b = 0; b < k / kQ8Block; ++b) w.scales.push_back(static_cast<uint16_t>(r));
+  }
+  const Linear lin(w, DType::kBF16);
+  for (int64_t m : {1, 16, 256}) {
+    const int64_t step = m == 1 ? 9 : m;  // m = 1: every 9th column (all 255 values over the rows)
+    for (int64_t c0 = 0; c0 + m <= k; c0 += step) {
+      std::vector<BF16> x(static_cast<size_t>(m * k), ToBF16(0.0F));
+      for (int64_t i = 0; i < m; ++i) x[static_cast<size_t>(i * k + c0 + i)] = ToBF16(1.0F);
+      std::vector<float> y(static_cast<size_t>(m * w.rows));
+      lin.Forward({y.data(), DType::kF32}, {x.data(), DType::kBF16}, m);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t r = 0; r < w.rows; ++r) {
+          const float exact =
+              static_cast<float>(w.q[static_cast<size_t>(r * k + c0 + i)]) * HalfBitsToFloat(static_cast<uint16_t>(r));
+          const float got = y[static_cast<size_t>(i * w.rows + r)];
+          if (got != RoundBF16(exact)) {
+            ADD_FAILURE() << "m " << m << " scale bits " << r << " column " << c0 + i << ": " << got << ", want "
+                          << RoundBF16(exact);
+            return;
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kda, LinearRouteTest, ::testing::ValuesIn(SupportedRouteCases()),
                          [](const ::testing::TestParamInfo<RouteCase>& info) { return RouteCaseName(info.param); });
 

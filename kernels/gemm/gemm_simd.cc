@@ -66,10 +66,18 @@ KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
 #endif
 }
 
-// The register's values rounded to bf16 (nearest even), as fp32. The
-// dequantized weights are finite (scales and values are checked where they
-// enter), so the finite form serves: five integer operations per register.
-KDA_INLINE Vec::Reg RoundToBF16(Vec::Reg w) { return Vec::FromBits(BF16RoundedFiniteBits(Vec::Bits(w))); }
+// x = d * q (exact: at most 18 significant bits) rounded to bf16, in three
+// floating-point operations (Veltkamp's splitting at 8 significant bits):
+// c = x * (2^16 + 1) rounded once (x * 2^16 + x, one FMA), then c - (c - x)
+// is x rounded to 8 bits. For every finite fp16 d >= 0 and q in [-127, 127]
+// (the Q8 domain, checked where the weights enter) it equals
+// bf16(d * q) (nearest even) bit for bit: checked exhaustively by the Linear
+// tests. The integer form (BF16RoundedFiniteBits) takes five operations and
+// measured slower in the small-M kernels (docs/projections.md).
+KDA_INLINE Vec::Reg SplitToBF16(Vec::Reg x) {
+  const Vec::Reg c = Vec::Fma(x, Vec::Set1(65536.0F), x);
+  return Vec::Sub(c, Vec::Sub(c, x));
+}
 
 #if KDA_TARGET == KDA_TARGET_AVX512
 // Functions that use vdpbf16ps (AVX512-BF16, beyond the target's -m flags).
@@ -106,7 +114,7 @@ struct Q8Rows {
   KDA_INLINE Vec::Reg Scale(int r) const { return Vec::Set1(sf[r][bc]); }
   KDA_INLINE Vec::Reg Load(int r, int64_t b, int64_t j) const {
     Vec::Reg w = Vec::Mul(LoadI8(q + r * k + b * kBlock + j), Scale(r));  // fp16(d) * q: exact in fp32
-    if constexpr (kRoundBF16) w = RoundToBF16(w);
+    if constexpr (kRoundBF16) w = SplitToBF16(w);
     return w;
   }
   KDA_INLINE const char* Row(int r) const { return reinterpret_cast<const char*>(q + r * k); }
@@ -196,6 +204,13 @@ KDA_INLINE void TileSpan(const GemvArgs& a, int64_t n, int64_t m0, int64_t b0, i
     PrefetchBlock<R, kLocality>(rows, b, ahead * W<R>::kBlockBytes);
     for (int64_t j = 0; j < kBlock; j += kLanes) {
       const int64_t k = b * kBlock + j;
+      if constexpr (MT == 1) {
+        // One input row: each weight register used as soon as it is made, so
+        // that only one is live beside the accumulators.
+        const Vec::Reg xv = Vec::Load(x + k);
+        for (int r = 0; r < R; ++r) acc[r][0] = Vec::Fma(rows.Load(r, b, j), xv, acc[r][0]);
+        continue;
+      }
       Vec::Reg w[R];
       for (int r = 0; r < R; ++r) w[r] = rows.Load(r, b, j);
       for (int i = 0; i < MT; ++i) {
@@ -355,7 +370,7 @@ KDA_INLINE void DequantRows(T* w, const int8_t* q, const uint16_t* scales, int64
         if constexpr (sizeof(T) == sizeof(BF16)) {
           StoreBF16<Vec>(w + i, v);
         } else {
-          if constexpr (kRoundBF16) v = RoundToBF16(v);
+          if constexpr (kRoundBF16) v = SplitToBF16(v);
           Vec::Store(w + i, v);
         }
       }

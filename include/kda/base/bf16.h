@@ -26,9 +26,9 @@ struct BF16 {
 // with code compiled for another.
 //
 // BF16RoundedFiniteBits is the same rounding of a finite value, its result
-// left in place as float32 bits (low 16 bits zero): for callers that know
-// their values are finite and go on computing in fp32 (the int8 kernels'
-// dequantized weights).
+// left in place as float32 bits (low 16 bits zero). (The int8 kernels round
+// their dequantized weights, finite products of at most 18 significant bits,
+// by a floating-point split that gives the same bits: kernels/gemm/gemm_simd.cc.)
 template <class U>
 [[gnu::always_inline]] inline U BF16RoundedFiniteBits(U u) {
   return (u + (0x7fffU + ((u >> 16) & 1U))) & 0xffff0000U;
