@@ -84,6 +84,7 @@ void Scheduler::Admit() {
       a.seeded = true;
     }
     a.result.id = a.req.id;
+    if (a.req.token_ids != nullptr) a.result.token_ids.assign(a.req.token_ids, a.req.token_ids + a.req.length);
     a.result.out.assign(static_cast<size_t>(a.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
     // An initial state is not part of the key: such requests are never cached.
     a.cacheable = caching() && a.req.token_ids != nullptr && !a.seeded && a.req.length > 0;
@@ -95,7 +96,7 @@ void Scheduler::Admit() {
 void Scheduler::Reuse(Running& r, int32_t slot) {
   RadixStateCache& cache = *config_.prefix_cache;
   RecurrentStatePool& pool = *pools_.state_pool;
-  const std::optional<RadixStateCache::Snapshot> hit = cache.Match(r.req.token_ids, r.req.length);
+  const std::optional<RadixStateCache::Snapshot> hit = cache.Match(r.result.token_ids.data(), r.req.length);
   if (!hit) return;
   const int64_t rs = pool.shape().RecurrentStateSize();
   const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
@@ -117,7 +118,7 @@ void Scheduler::Reuse(Running& r, int32_t slot) {
 void Scheduler::SnapshotFromSlot(const Running& r, int32_t slot) {
   RadixStateCache& cache = *config_.prefix_cache;
   const RecurrentStatePool& pool = *pools_.state_pool;
-  const std::optional<RadixStateCache::Snapshot> s = cache.Reserve(r.req.token_ids, r.req.length);
+  const std::optional<RadixStateCache::Snapshot> s = cache.Reserve(r.result.token_ids.data(), r.req.length);
   if (!s) return;
   const int64_t rs = pool.shape().RecurrentStateSize();
   const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
@@ -204,6 +205,7 @@ bool Scheduler::Step() {
   // Decode: one row per request, plus the drafts its draft source proposes
   // (a TARGET_VERIFY step when any request has some).
   std::vector<uint8_t> drafts;        // the members' draft rows, in order
+  std::vector<int32_t> draft_ids;     // their token ids (-1: the request's own)
   std::vector<int64_t> draft_counts;  // [members] k
   if (members.empty()) {
     batch.mode = ForwardMode::kDecode;
@@ -214,18 +216,24 @@ bool Scheduler::Step() {
       int64_t k = 0;
       const int64_t max_k = std::min(max_draft, r.req.length - r.done - 1);
       if (max_k > 0 && r.req.draft.propose) {
-        const size_t at = drafts.size();
+        const size_t at = drafts.size(), at_id = draft_ids.size();
         drafts.resize(at + static_cast<size_t>(max_k) * row_bytes);
+        draft_ids.resize(at_id + static_cast<size_t>(max_k), -1);
         try {
-          k = r.req.draft.propose(r.done, max_k, drafts.data() + at);
+          k = r.req.draft.propose(r.done, max_k, drafts.data() + at, draft_ids.data() + at_id);
           Check(k >= 0 && k <= max_k,
                 "proposed " + std::to_string(k) + " drafts, expected 0.." + std::to_string(max_k));
+          for (int64_t j = 0; j < k; ++j) {
+            const int32_t id = draft_ids[at_id + static_cast<size_t>(j)];
+            Check(id >= -1, [&] { return "draft " + std::to_string(j) + ": token id " + std::to_string(id); });
+          }
         } catch (const std::exception& e) {
           const std::string error = "request " + std::to_string(r.req.id) + ": draft source: " + e.what();
           Drop(i, error);
           throw Error(error);
         }
         drafts.resize(at + static_cast<size_t>(k) * row_bytes);
+        draft_ids.resize(at_id + static_cast<size_t>(k));
       }
       if (k > 0) batch.mode = ForwardMode::kTargetVerify;
       members.push_back(i);
@@ -251,7 +259,7 @@ bool Scheduler::Step() {
         for (int64_t off : offsets) {
           std::optional<RadixStateCache::Snapshot> s;
           try {
-            s = config_.prefix_cache->Reserve(r.req.token_ids, r.done + off);
+            s = config_.prefix_cache->Reserve(r.result.token_ids.data(), r.done + off);
           } catch (...) {
             for (int32_t id : reserved) config_.prefix_cache->Abandon(id);
             throw;
@@ -323,14 +331,22 @@ bool Scheduler::Step() {
   for (int64_t n : keep) kept += n;
   steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs, kept});
 
-  // Outputs of the kept positions back to their requests; finished requests release their slots.
+  // Outputs (and ids) of the kept positions back to their requests; finished requests release their slots.
   int64_t row = 0;
+  size_t id_at = 0;
   for (size_t m = 0; m < members.size(); ++m) {
     Running& r = running_[members[m]];
     const int64_t n = keep[m];
     std::memcpy(r.result.out.data() + static_cast<size_t>(r.done) * row_bytes,
                 static_cast<const uint8_t*>(out.data()) + static_cast<size_t>(row) * row_bytes,
                 static_cast<size_t>(n) * row_bytes);
+    if (verify) {
+      for (int64_t j = 0; j + 1 < n && !r.result.token_ids.empty(); ++j) {
+        const int32_t id = draft_ids[id_at + static_cast<size_t>(j)];
+        if (id >= 0) r.result.token_ids[static_cast<size_t>(r.done + 1 + j)] = id;
+      }
+      id_at += static_cast<size_t>(draft_counts[m]);
+    }
     r.done += n;
     row += batch.extend_lens[m];
   }

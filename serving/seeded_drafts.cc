@@ -34,7 +34,7 @@ DraftSource SeededDraftSource(ConstBuf input, int64_t hidden, int64_t k, double 
   Check(alpha >= 0.0 && alpha <= 1.0, "seeded drafts: alpha must be in [0, 1]");
   const size_t row = static_cast<size_t>(hidden) * DTypeSize(input.dtype);
   DraftSource d;
-  d.propose = [=](int64_t committed, int64_t max_k, void* rows) {
+  d.propose = [=](int64_t committed, int64_t max_k, void* rows, int32_t* /*ids*/) {
     const int64_t n = std::min(k, max_k);
     const int64_t a = SeededAcceptedDrafts(seed, committed, n, alpha);
     const auto* src = static_cast<const uint8_t*>(input.data);

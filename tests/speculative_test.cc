@@ -467,7 +467,7 @@ TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
   ModelRunner runner(model, {&pool, &req});
   Scheduler sched(runner, {});
   ServeRequest bad{.id = 1, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
-  bad.draft.propose = [](int64_t, int64_t max_k, void*) { return max_k + 1; };
+  bad.draft.propose = [](int64_t, int64_t max_k, void*, int32_t*) { return max_k + 1; };
   ServeRequest good{.id = 2, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
   good.draft = SeededDraftSource(good.input, hidden, 2, 0.5, 3);
   sched.Submit(bad);
@@ -479,6 +479,75 @@ TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
   EXPECT_EQ(sched.failed()[0].id, 1);
   ASSERT_EQ(sched.finished().size(), 1U);
   EXPECT_EQ(pool.num_free(), 2);
+}
+
+// A draft accepted with a token id other than the request's: the committed ids
+// carry the draft's, the state follows the draft's row, and the prefix cache
+// keys the request's final state by the committed ids, not by the ids it was
+// submitted with.
+TEST(SpecScheduler, AcceptedDraftIdsKeyThePrefixCache) {
+  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 5);
+  const int64_t hidden = model.shape.hidden;
+  const std::vector<float> table = RandomRows(16, hidden, 21);
+  const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<int32_t> committed_ids = ids;
+  committed_ids[6] = 12;  // the draft accepted at position 6
+  const auto rows_of = [&](const std::vector<int32_t>& t) {
+    std::vector<float> r;
+    for (int32_t id : t) r.insert(r.end(), table.begin() + id * hidden, table.begin() + (id + 1) * hidden);
+    return r;
+  };
+  const std::vector<float> x = rows_of(ids), y = rows_of(committed_ids);
+  ServeRequest a{.id = 0, .input = {x.data(), DType::kF32}, .length = 9, .decode_tokens = 4, .token_ids = ids.data()};
+  a.draft.propose = [&](int64_t committed, int64_t /*max_k*/, void* rows, int32_t* draft_ids) -> int64_t {
+    if (committed != 5) return 0;
+    std::memcpy(rows, table.data() + 12 * hidden, static_cast<size_t>(hidden) * sizeof(float));
+    draft_ids[0] = 12;
+    return 1;
+  };
+  a.draft.accept = [](int64_t, int64_t k, const void*) { return k; };
+  RadixStateCache cache(model.num_layers(), model.shape, DType::kF32,
+                        8 * RadixStateCache::SnapshotBytes(model.num_layers(), model.shape, DType::kF32));
+  const Served spec = Serve(model, {a}, 2, {.max_draft_tokens = 2}, &cache);
+  EXPECT_EQ(spec.results.at(0).token_ids, committed_ids);
+
+  const ServeRequest b{
+      .id = 1, .input = {y.data(), DType::kF32}, .length = 9, .decode_tokens = 4, .token_ids = committed_ids.data()};
+  const Served plain_b = Serve(model, {b}, 1, {});
+  EXPECT_TRUE(SameResult(spec.results.at(0), plain_b.results.at(1), hidden));
+  const Served cached_b = Serve(model, {b}, 1, {}, &cache);
+  EXPECT_EQ(cached_b.results.at(1).cached_tokens, 9);
+  EXPECT_TRUE(SameResult(cached_b.results.at(1), plain_b.results.at(1), hidden));
+
+  ServeRequest c = a;  // the ids the first request was submitted with, no drafts
+  c.id = 2;
+  c.draft = {};
+  const Served plain_c = Serve(model, {c}, 1, {});
+  EXPECT_EQ(plain_c.results.at(2).token_ids, ids);
+  const Served cached_c = Serve(model, {c}, 1, {}, &cache);
+  EXPECT_EQ(cached_c.results.at(2).cached_tokens, 5);  // the prompt's snapshot, not the drafted request's
+  EXPECT_TRUE(SameResult(cached_c.results.at(2), plain_c.results.at(2), hidden));
+}
+
+TEST(SpecScheduler, ADraftTokenIdBelowMinusOneFailsItsRequest) {
+  const KdaModel model = KdaModel::Random(SpecShape(), 1, DType::kF32, 8);
+  const int64_t hidden = model.shape.hidden;
+  const std::vector<float> x = RandomRows(6, hidden, 1);
+  RecurrentStatePool pool(1, 1, model.shape, DType::kF32, {.max_draft_tokens = 2});
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req});
+  Scheduler sched(runner, {});
+  ServeRequest bad{.id = 4, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
+  bad.draft.propose = [hidden](int64_t, int64_t, void* rows, int32_t* ids) -> int64_t {
+    std::memset(rows, 0, static_cast<size_t>(hidden) * sizeof(float));
+    ids[0] = -7;
+    return 1;
+  };
+  sched.Submit(bad);
+  EXPECT_NE(ErrorOf([&] { sched.RunToCompletion(); }).find("request 4: draft source: draft 0: token id -7"),
+            std::string::npos);
+  ASSERT_EQ(sched.failed().size(), 1U);
+  EXPECT_EQ(pool.num_free(), 1);
 }
 
 // Many more requests than slots, random k (0 included) and random
@@ -518,8 +587,8 @@ TEST(SpecScheduler, ChurnWithRandomAcceptanceAndPrefixCacheMatchesPlainRuns) {
     const double alpha = 0.3 + 0.1 * (i % 7);
     DraftSource inner = SeededDraftSource(reqs[i].input, hidden, kMaxDraft, alpha, 1000 + i);
     // A random k each step (0 included), then the seeded acceptance of those k.
-    reqs[i].draft.propose = [inner, i](int64_t committed, int64_t max_k, void* out) {
-      return inner.propose(committed, SeededAcceptedDrafts(5000 + i, committed, max_k, 0.7), out);
+    reqs[i].draft.propose = [inner, i](int64_t committed, int64_t max_k, void* out, int32_t* ids) {
+      return inner.propose(committed, SeededAcceptedDrafts(5000 + i, committed, max_k, 0.7), out, ids);
     };
     reqs[i].draft.accept = inner.accept;
   }

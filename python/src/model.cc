@@ -242,7 +242,9 @@ class Engine {
       // Handles, not owners: the scheduler copies requests without the GIL; inputs_ keeps the callables alive.
       const nb::handle propose_fn = *draft;
       const size_t row = static_cast<size_t>(s.hidden) * DTypeSize(act);
-      r.draft.propose = [propose_fn, act, hidden = s.hidden](int64_t committed, int64_t max_k, void* rows) {
+      // The engine keys no cache by token ids: the drafts' ids are left unknown (-1).
+      r.draft.propose = [propose_fn, act, hidden = s.hidden](int64_t committed, int64_t max_k, void* rows,
+                                                             int32_t* /*ids*/) {
         const nb::gil_scoped_acquire gil;
         try {
           // The callable (kda/_model.py's wrapper) writes its rows into `out` and returns how many.

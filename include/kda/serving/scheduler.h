@@ -54,12 +54,16 @@ std::vector<std::string> CheckServerArgs(SchedulerConfig& config);
 // extend by exactly those positions, and its next step starts at row
 // committed + a + 1. Accepted drafts stand for the request's next rows (in an
 // engine they are the tokens the target model chose); the results are those
-// of the rows verified. max_k never reaches past the request's last row. With
-// tensor parallelism every rank of a data-parallel index calls both with the
-// same arguments and must get the same answers.
+// of the rows verified, and the committed token ids (RequestResult::token_ids,
+// the prefix cache's key) are the accepted drafts' ids. max_k never reaches
+// past the request's last row. With tensor parallelism every rank of a
+// data-parallel index calls both with the same arguments and must get the
+// same answers.
 struct DraftSource {
-  // Writes k <= max_k draft rows [k, hidden] (activation dtype) to `rows` and returns k (0: no drafts this step).
-  std::function<int64_t(int64_t committed, int64_t max_k, void* rows)> propose;
+  // Writes k <= max_k draft rows [k, hidden] (activation dtype) to `rows` and
+  // their token ids [k] to `ids`, and returns k (0: no drafts this step). An id
+  // left at -1 stands for the request's own id at that position.
+  std::function<int64_t(int64_t committed, int64_t max_k, void* rows, int32_t* ids)> propose;
   // a in [0, k]: the accepted drafts, a prefix of them. `out` [1 + k, hidden]
   // (activation dtype): the verify step's outputs of the request's positions.
   // Null: every draft is accepted.
@@ -93,6 +97,9 @@ struct RequestResult {
   // [0, cached_tokens) were reused from the prefix cache, not computed: zeros.
   std::vector<uint8_t> out;
   int64_t cached_tokens = 0;
+  // [length] with ServeRequest::token_ids (else empty): the ids of the rows
+  // committed, the request's own with accepted drafts' ids in their places.
+  std::vector<int32_t> token_ids;
   std::vector<float> final_recurrent;  // [L, H, K, V]
   std::vector<uint8_t> final_conv;     // [L, W-1, 3P] in the activation dtype
 };
@@ -158,7 +165,7 @@ class Scheduler {
     int64_t done = 0;   // tokens processed
     bool seeded = false;
     bool cacheable = false;  // token ids, no initial state, the cache on
-    RequestResult result;
+    RequestResult result;    // result.token_ids: the committed ids so far, then the request's (the cache's key)
     // Tokens fed as EXTEND; the rest go as DECODE steps.
     int64_t prefill_len() const { return req.length > req.decode_tokens ? req.length - req.decode_tokens : req.length; }
   };
