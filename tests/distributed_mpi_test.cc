@@ -327,10 +327,11 @@ TEST(DistributedServing, GoldenCasesMatchOnEveryLayout) {
   }
 }
 
-// Speculative decoding on every layout: requests with seeded drafts (k = 3,
-// alpha 0.7; the same draws on every rank) served with a verify area against
-// the plain runs in one process (fp32; bf16 rule v2 with r = the plain bf16
-// run and x = the plain fp32 run; dense and int8 weights).
+// Speculative decoding on every layout: requests with seeded drafts (k from 1
+// to 7, alpha from 0.5 to 0.9; the same draws on every rank) served with a
+// verify area against the plain runs in one process (fp32; bf16 rule v2 with
+// r = the plain bf16 run and x = the plain fp32 run; dense and int8 weights).
+// Every accepted count 0..7 occurs on every layout.
 TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
   Communicator& w = MpiWorld();
   const bool root = w.rank() == 0;
@@ -354,9 +355,11 @@ TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::vector<std::vector<float>> rows(kRequests);
   std::vector<int64_t> lens, decodes;
+  const int64_t draft_k[kRequests] = {1, 3, 7, 7, 5};
+  const double alpha[kRequests] = {0.5, 0.7, 0.85, 0.75, 0.6};
   for (int i = 0; i < kRequests; ++i) {
-    lens.push_back(8 + i * 3);
-    decodes.push_back(6 + i);
+    lens.push_back(8 + i * 3 + (draft_k[i] == 7 ? 60 : 0));
+    decodes.push_back(6 + i + (draft_k[i] == 7 ? 60 : 0));
     for (int64_t j = 0; j < lens.back() * shape.hidden; ++j) rows[i].push_back(RoundBF16(normal(rng)));
   }
   for (const Variant& v : variants) {
@@ -370,7 +373,7 @@ TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
     for (int i = 0; i < kRequests; ++i) {
       plain.push_back({.id = i, .input = inputs[i].view(), .length = lens[i], .decode_tokens = decodes[i]});
       spec.push_back(plain.back());
-      spec.back().draft = SeededDraftSource(inputs[i].view(), shape.hidden, 3, 0.7, 40 + i);
+      spec.back().draft = SeededDraftSource(inputs[i].view(), shape.hidden, draft_k[i], alpha[i], 40 + i);
     }
     ParallelServeOptions opt;
     opt.scheduler.max_running = 2;
@@ -392,13 +395,27 @@ TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
         exact = testing::Flatten(ServeParallel(mx, solo, xreqs, opt).gathered, DType::kF32);
       }
     }
-    opt.verify.max_draft_tokens = 3;
+    opt.verify.max_draft_tokens = 7;
     for (const Layout& l : Layouts(w.size())) {
+      std::vector<bool> accepted(8, false);  // the accepted counts this rank's k = 7 requests saw
+      std::vector<ServeRequest> seen = spec;
+      for (int i = 0; i < kRequests; ++i) {
+        if (draft_k[i] != 7) continue;
+        seen[i].draft.accept = [inner = spec[i].draft.accept, &accepted](int64_t committed, int64_t k,
+                                                                         const void* out) {
+          const int64_t a = inner(committed, k, out);
+          if (k == 7) accepted[static_cast<size_t>(a)] = true;
+          return a;
+        };
+      }
       SCOPED_TRACE(std::string(f32 ? "fp32 " : "bf16 ") + (v.weights == WeightFormat::kInt8 ? "int8 " : "dense ") +
                    Name(l));
       const ParallelGroups g(w, l.tp, l.dp);
       const KdaModel model = KdaModel::Random(shape, 2, v.dt, 17, &g.tp(), v.weights);
-      const ParallelServeResult r = ServeParallel(model, g, spec, opt);
+      const ParallelServeResult r = ServeParallel(model, g, seen, opt);
+      if (l.dp == 1) {  // with dp > 1 a rank serves only some of the requests
+        for (size_t a = 0; a < accepted.size(); ++a) EXPECT_TRUE(accepted[a]) << "accepted count " << a;
+      }
       if (!root) continue;
       const testing::Flat got = testing::Flatten(r.gathered, v.dt);
       if (got.out.size() != want.out.size() || got.rec.size() != want.rec.size() ||
