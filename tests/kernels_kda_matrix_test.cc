@@ -33,6 +33,7 @@
 #include "kda/kernels/kda_gate.h"
 #include "kda/kernels/kda_optimized.h"
 #include "kda/kernels/kernel_isa.h"
+#include "tests/error_util.h"
 #include "tests/kda_problem.h"
 #include "tests/kernel_matrix.h"
 #include "tests/thread_scope.h"
@@ -54,6 +55,7 @@ using testing::ExpectClose;
 using testing::GateKind;
 using testing::kSentinel;
 using testing::MakeProblem;
+using testing::NaiveRecurrenceF64;
 using testing::NormalizeRows;
 using testing::Problem;
 using testing::Result;
@@ -278,97 +280,6 @@ TEST_P(KdaKernelTest, Bf16Inputs) {
   }
 }
 
-// The recurrence of design §2 in double, written independently of all the
-// kernels, with every option of the problem (the in-kernel L2 norm and gates,
-// beta logits and per-value beta, grouped value heads, V-first states). With
-// `chunk_states`: the state before every chunk_size-th token of each sequence,
-// its chunks one after the other ([NT, HV, K, V], V-first with state_v_first).
-Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vector<float>* chunk_states = nullptr) {
-  const int kd = p.K;
-  const int vd = p.V;
-  const int group = p.HV / p.H;
-  const double scale = p.scale > 0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(kd));
-  const auto state_at = [&](int d, int j) {
-    return p.state_v_first ? static_cast<size_t>(j) * kd + d : static_cast<size_t>(d) * vd + j;
-  };
-  Result r;
-  r.o.assign(static_cast<size_t>(p.T) * p.ValueRow(), 0.0F);
-  r.state.assign(p.StateSize(), 0.0F);
-  std::vector<int64_t> first_chunk(static_cast<size_t>(p.N) + 1, 0);
-  for (int64_t n = 0; chunk_states != nullptr && n < p.N; ++n) {
-    first_chunk[n + 1] = first_chunk[n] + (p.cu[n + 1] - p.cu[n] + chunk_size - 1) / chunk_size;
-  }
-  if (chunk_states != nullptr) {
-    chunk_states->assign(static_cast<size_t>(first_chunk[p.N]) * p.HV * p.HeadState(), 0.0F);
-  }
-  for (int64_t n = 0; n < p.N; ++n) {
-    for (int h = 0; h < p.HV; ++h) {
-      const size_t soff = (static_cast<size_t>(n) * p.HV + h) * p.HeadState();
-      std::vector<double> s(p.HeadState(), 0.0);  // [K][V]
-      if (!p.h0.empty()) {
-        for (int d = 0; d < kd; ++d) {
-          for (int j = 0; j < vd; ++j) s[static_cast<size_t>(d) * vd + j] = p.h0[soff + state_at(d, j)];
-        }
-      }
-      for (int64_t t = p.cu[n]; t < p.cu[n + 1]; ++t) {
-        if (chunk_states != nullptr && (t - p.cu[n]) % chunk_size == 0) {
-          const int64_t chunk = first_chunk[n] + (t - p.cu[n]) / chunk_size;
-          float* dst = chunk_states->data() + (static_cast<size_t>(chunk) * p.HV + h) * p.HeadState();
-          for (int d = 0; d < kd; ++d) {
-            for (int j = 0; j < vd; ++j) dst[state_at(d, j)] = static_cast<float>(s[static_cast<size_t>(d) * vd + j]);
-          }
-        }
-        const size_t key_row = (static_cast<size_t>(t) * p.H + h / group) * kd;
-        const size_t gate_row = (static_cast<size_t>(t) * p.HV + h) * kd;
-        const size_t value_row = (static_cast<size_t>(t) * p.HV + h) * vd;
-        std::vector<double> q(p.q.begin() + key_row, p.q.begin() + key_row + kd);
-        std::vector<double> k(p.k.begin() + key_row, p.k.begin() + key_row + kd);
-        double qq = 0.0, kk = 0.0;
-        for (int d = 0; d < kd; ++d) qq += q[d] * q[d], kk += k[d] * k[d];
-        for (int d = 0; d < kd; ++d) {
-          if (p.l2norm_in_kernel) q[d] /= std::sqrt(qq + 1e-6), k[d] /= std::sqrt(kk + 1e-6);
-          q[d] *= scale;
-        }
-        std::vector<double> beta(vd);
-        for (int j = 0; j < vd; ++j) {
-          double b = p.beta_per_value ? p.beta[value_row + j] : p.beta[static_cast<size_t>(t) * p.HV + h];
-          if (p.beta_sigmoid) b = (p.allow_neg_eigval ? 2.0 : 1.0) / (1.0 + std::exp(-b));
-          beta[j] = b;
-        }
-        for (int d = 0; d < kd; ++d) {
-          double g = p.g[gate_row + d];
-          if (p.gate_in_kernel) {
-            const double x = g + p.dt_bias[static_cast<size_t>(h) * kd + d];
-            if (p.lower_bound < 0.0F) {
-              const double a = p.a_log.empty() ? 1.0 : std::exp(static_cast<double>(p.a_log[h]));
-              g = p.lower_bound / (1.0 + std::exp(-a * x));
-            } else {
-              g = -std::exp(static_cast<double>(p.a_log[h])) * (x > 20 ? x : std::log1p(std::exp(x)));
-            }
-          }
-          for (int j = 0; j < vd; ++j) s[static_cast<size_t>(d) * vd + j] *= std::exp(g);
-        }
-        for (int j = 0; j < vd; ++j) {
-          double kv = 0.0;
-          for (int d = 0; d < kd; ++d) kv += k[d] * s[static_cast<size_t>(d) * vd + j];
-          const double delta = beta[j] * (p.v[value_row + j] - kv);
-          double o = 0.0;
-          for (int d = 0; d < kd; ++d) {
-            s[static_cast<size_t>(d) * vd + j] += k[d] * delta;
-            o += q[d] * s[static_cast<size_t>(d) * vd + j];
-          }
-          r.o[value_row + j] = static_cast<float>(o);
-        }
-      }
-      for (int d = 0; d < kd; ++d) {
-        for (int j = 0; j < vd; ++j)
-          r.state[soff + state_at(d, j)] = static_cast<float>(s[static_cast<size_t>(d) * vd + j]);
-      }
-    }
-  }
-  return r;
-}
-
 TEST_P(KdaKernelTest, MatchesFloat64Recurrence) {
   for (bool in_kernel : {false, true}) {
     const Spec s{.lengths = {5, 0, 70},
@@ -571,27 +482,89 @@ class KdaChunkTest : public VariantTest {
   Result Run(const Problem& p, const ChunkRun& run = {}) const { return RunChunk(variant(), p, run); }
 };
 
+// The state layouts the chunk kernels' state cases (aliasing, empty
+// sequences, has_initial_state, the pool form and its padding) run in:
+// Kimi-Linear's head shape (HV = H, K = V, K-major states) in fp32, and fla's
+// others: grouped value heads with K != V in V-first states and float16
+// tokens, and grouped value heads with V = 24 (K != V) in K-major states and
+// bfloat16.
+struct StateLayout {
+  int group = 1;  // HV / H
+  int v = 0;      // V (0: K)
+  bool v_first = false;
+  DType dtype = DType::kF32;  // q, k, v, o, g and beta (the inputs rounded to it)
+};
+const StateLayout kStateLayouts[] = {
+    {1, 0, false, DType::kF32},
+    {3, 40, true, DType::kF16},
+    {2, 24, false, DType::kBF16},
+};
+
+std::string LayoutName(const StateLayout& l) {
+  return "HV = " + std::to_string(l.group) + " H, V = " + (l.v > 0 ? std::to_string(l.v) : std::string("K")) +
+         (l.v_first ? ", V-first, " : ", K-major, ") + DTypeName(l.dtype);
+}
+
+// The problem of spec s in layout l, its inputs rounded to l's dtype.
+Problem LayoutProblem(Spec s, const StateLayout& l) {
+  s.HV = s.H * l.group;
+  s.V = l.v;
+  s.state_v_first = l.v_first;
+  Problem p = MakeProblem(s);
+  if (l.dtype == DType::kBF16) RoundInputsToBF16(p);
+  if (l.dtype == DType::kF16) RoundInputsToF16(p);
+  return p;
+}
+
+// x rounded once to dt (F32: x itself), as fp32.
+float RoundedOnce(DType dt, float x) {
+  if (dt == DType::kBF16) return RoundBF16(x);
+  if (dt == DType::kF16) return RoundF16(x);
+  return x;
+}
+
+// The dtype rule: a run with q/k/v/o in dt is the fp32 run on the same input
+// values, its states identical and its output rounded once.
+void ExpectFp32RunRounded(const Result& got, const Result& f32, DType dt) {
+  ASSERT_EQ(got.o.size(), f32.o.size());
+  ASSERT_EQ(got.state.size(), f32.state.size());
+  EXPECT_TRUE(BitEqual(got.state.data(), f32.state.data(), f32.state.size())) << "states";
+  for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(got.o[i], RoundedOnce(dt, f32.o[i])) << "output " << i;
+}
+
 TEST_P(KdaChunkTest, AliasedInitialAndFinalStateMatchSeparate) {
-  const Problem p = MakeProblem({.lengths = {0, 65, 1, 0, 130}, .H = 2, .K = 64, .gate = kStress, .seed = 281});
-  ExpectBitEqual(Run(p, {.alias = true}), Run(p));
+  // In every state layout: the same bits as separate buffers; in fp32 against
+  // the float64 recurrence, in half precision the fp32 run rounded once.
+  for (const StateLayout& l : kStateLayouts) {
+    SCOPED_TRACE(LayoutName(l));
+    const Problem p = LayoutProblem({.lengths = {0, 65, 1, 0, 130}, .H = 2, .K = 64, .gate = kStress, .seed = 281}, l);
+    const Result aliased = Run(p, {.qkv = l.dtype, .gb = l.dtype, .alias = true});
+    ExpectBitEqual(aliased, Run(p, {.qkv = l.dtype, .gb = l.dtype}));
+    const Result f32 = l.dtype == DType::kF32 ? aliased : Run(p, {.alias = true});
+    ExpectFp32RunRounded(aliased, f32, l.dtype);
+    ExpectClose(f32, NaiveRecurrenceF64(p));
+  }
 }
 
 TEST_P(KdaChunkTest, EmptySequencesKeepTheirStateExactly) {
-  const Problem p = MakeProblem({.lengths = {0, 5, 0}, .H = 2, .K = 32, .seed = 291});
-  const size_t per_seq = static_cast<size_t>(p.H) * p.K * p.K;
-  for (bool alias : {false, true}) {
-    const Result r = Run(p, {.alias = alias});
-    for (int64_t n : {0, 2}) {
-      EXPECT_TRUE(BitEqual(r.state.data() + n * per_seq, p.h0.data() + n * per_seq, per_seq))
-          << "sequence " << n << (alias ? " (aliased)" : "");
+  for (const StateLayout& l : kStateLayouts) {
+    SCOPED_TRACE(LayoutName(l));
+    const Problem p = LayoutProblem({.lengths = {0, 5, 0}, .H = 2, .K = 32, .seed = 291}, l);
+    const size_t per_seq = static_cast<size_t>(p.HV) * p.HeadState();
+    for (bool alias : {false, true}) {
+      const Result r = Run(p, {.qkv = l.dtype, .gb = l.dtype, .alias = alias});
+      for (int64_t n : {0, 2}) {
+        EXPECT_TRUE(BitEqual(r.state.data() + n * per_seq, p.h0.data() + n * per_seq, per_seq))
+            << "sequence " << n << (alias ? " (aliased)" : "");
+      }
     }
-  }
-  // A null initial state is zero.
-  Problem no_h0 = p;
-  no_h0.h0.clear();
-  const Result r = Run(no_h0);
-  for (int64_t n : {0, 2}) {
-    for (size_t i = 0; i < per_seq; ++i) ASSERT_EQ(r.state[n * per_seq + i], 0.0F);
+    // A null initial state is zero.
+    Problem no_h0 = p;
+    no_h0.h0.clear();
+    const Result r = Run(no_h0, {.qkv = l.dtype, .gb = l.dtype});
+    for (int64_t n : {0, 2}) {
+      for (size_t i = 0; i < per_seq; ++i) ASSERT_EQ(r.state[n * per_seq + i], 0.0F);
+    }
   }
 }
 
@@ -705,14 +678,14 @@ int64_t NumChunks(const Problem& p, int chunk_size) {
 }
 
 // Mid-sequence state snapshots of a chunk_kda call: sequence n's at the
-// offsets per_sequence[n], into `states` [total, H, K, V] (kSentinel at first).
+// offsets per_sequence[n], into `states` [total, HV, K, V] (kSentinel at first).
 struct Snapshots {
   Snapshots(const Problem& p, const std::vector<std::vector<int64_t>>& per_sequence) {
     for (const auto& o : per_sequence) {
       offsets.insert(offsets.end(), o.begin(), o.end());
       cu.push_back(static_cast<int64_t>(offsets.size()));
     }
-    const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+    const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
     states.assign(offsets.size() * per, kSentinel);
     for (size_t j = 0; j < offsets.size(); ++j) dst.push_back(states.data() + j * per);
   }
@@ -730,7 +703,7 @@ struct Snapshots {
   std::vector<void*> dst;
 };
 
-// chunk_kda's outputs and its whole [S, H, K, V] state pool after a pool-form call.
+// chunk_kda's outputs and its whole [S, HV, K, V] state pool after a pool-form call.
 struct PoolResult {
   std::vector<float> o;
   std::vector<float> pool;
@@ -738,15 +711,16 @@ struct PoolResult {
 
 // chunk_kda in the pool form: sequence n in slot idx[n] (< 0: padding) of a
 // pool of num_states slots, with `snapshots` when given, and with h given its
-// intermediate states of chunk_size tokens (h [1, NT, H, K, V] in qkv).
+// intermediate states of chunk_size tokens (h [1, NT, HV, K, V] in qkv; V-first
+// with state_v_first); q, k, v and o in qkv, g and beta in gb.
 // Slots start as kSentinel; a sequence that reads its initial state (has_init
 // empty or 1) finds p.h0[n] in its slot. Fresh sequences' slots keep the
 // sentinel, which must never be read.
 PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<int32_t>& idx,
                         const std::vector<uint8_t>& has_init, int64_t num_states, DType qkv = DType::kF32,
                         const Snapshots* snapshots = nullptr, int64_t fused_pad = -1, Typed* h = nullptr,
-                        int chunk_size = 64) {
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+                        int chunk_size = 64, DType gb = DType::kF32) {
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
   PoolResult r;
   r.pool.assign(static_cast<size_t>(num_states) * per, kSentinel);
   for (int64_t n = 0; n < p.N; ++n) {
@@ -754,8 +728,8 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
       std::copy_n(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per), per, r.pool.begin() + idx[n] * per);
     }
   }
-  const TypedInputs in(p, qkv, DType::kF32);
-  Typed o(p.q.size(), qkv, kSentinel);
+  const TypedInputs in(p, qkv, gb);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), qkv, kSentinel);
   ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
   c.state = testing::MutStatesView(p, r.pool.data(), num_states);
   c.state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
@@ -764,7 +738,9 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
   if (h != nullptr) {
     c.chunk_size = chunk_size;
     c.return_intermediate_states = true;
-    c.intermediate_states = ContiguousView<void*>(h->Mut().data, qkv, {1, NumChunks(p, chunk_size), p.H, p.K, p.K});
+    const int64_t nt = NumChunks(p, chunk_size);
+    c.intermediate_states = p.state_v_first ? ContiguousView<void*>(h->Mut().data, qkv, {1, nt, p.HV, p.V, p.K})
+                                            : ContiguousView<void*>(h->Mut().data, qkv, {1, nt, p.HV, p.K, p.V});
   }
   std::optional<testing::FusedQkv> fused;  // q, k, v as slices of a fused projection
   if (fused_pad >= 0) fused.emplace(c, fused_pad);
@@ -775,7 +751,7 @@ PoolResult RunChunkPool(const Variant& v, const Problem& p, const std::vector<in
 
 // p with the initial states of fresh sequences (has_init[n] == 0) zeroed.
 Problem ZeroFreshStates(const Problem& p, const std::vector<uint8_t>& has_init) {
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
   Problem r = p;
   for (int64_t n = 0; n < p.N; ++n) {
     if (!has_init.empty() && has_init[n] == 0) {
@@ -786,27 +762,38 @@ Problem ZeroFreshStates(const Problem& p, const std::vector<uint8_t>& has_init) 
 }
 
 // The pool-form call against the contiguous form of the same kernel (initial
-// states of fresh sequences zeroed), bit for bit: live sequences' outputs and
-// final states (in their slots), padding outputs zero, every other slot
-// untouched.
+// states of fresh sequences zeroed), bit for bit, with q, k, v, o, g and beta
+// in dt: live sequences' outputs and final states (in their slots), padding
+// outputs zero, every other slot untouched. In fp32 also against the float64
+// recurrence; in half precision the fp32 pool-form run rounded once.
 void ExpectPoolMatchesContiguous(const Variant& v, const Problem& p, const std::vector<int32_t>& idx,
-                                 const std::vector<uint8_t>& has_init, int64_t num_states) {
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
-  const Result want = RunChunk(v, ZeroFreshStates(p, has_init));
-  const PoolResult got = RunChunkPool(v, p, idx, has_init, num_states);
+                                 const std::vector<uint8_t>& has_init, int64_t num_states, DType dt = DType::kF32) {
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
+  const size_t row = p.ValueRow();
+  const Problem fresh_zeroed = ZeroFreshStates(p, has_init);
+  const Result want = RunChunk(v, fresh_zeroed, {.qkv = dt, .gb = dt});
+  const PoolResult got = RunChunkPool(v, p, idx, has_init, num_states, dt, nullptr, -1, nullptr, 64, dt);
+  const PoolResult f32 = dt == DType::kF32 ? got : RunChunkPool(v, p, idx, has_init, num_states);
+  const Result exact = NaiveRecurrenceF64(fresh_zeroed);
   std::vector<bool> used(static_cast<size_t>(num_states), false);
   for (int64_t n = 0; n < p.N; ++n) {
     SCOPED_TRACE("sequence " + std::to_string(n) + " slot " + std::to_string(idx[n]));
-    const size_t rows = static_cast<size_t>(p.cu[n + 1] - p.cu[n]) * hk;
-    const float* o = got.o.data() + p.cu[n] * hk;
+    const size_t rows = static_cast<size_t>(p.cu[n + 1] - p.cu[n]) * row;
+    const float* o = got.o.data() + p.cu[n] * row;
     if (idx[n] < 0) {
       for (size_t i = 0; i < rows; ++i) ASSERT_EQ(o[i], 0.0F) << "padding output";
       continue;
     }
     used[idx[n]] = true;
-    EXPECT_TRUE(BitEqual(o, want.o.data() + p.cu[n] * hk, rows)) << "outputs";
-    EXPECT_TRUE(BitEqual(got.pool.data() + idx[n] * per, want.state.data() + n * per, per)) << "final state";
+    EXPECT_TRUE(BitEqual(o, want.o.data() + p.cu[n] * row, rows)) << "outputs";
+    const float* slot = got.pool.data() + idx[n] * per;
+    EXPECT_TRUE(BitEqual(slot, want.state.data() + n * per, per)) << "final state";
+    EXPECT_TRUE(BitEqual(slot, f32.pool.data() + idx[n] * per, per)) << "final state against the fp32 run";
+    const float* o32 = f32.o.data() + p.cu[n] * row;
+    for (size_t i = 0; i < rows; ++i) ASSERT_EQ(o[i], RoundedOnce(dt, o32[i])) << "the fp32 output rounded, " << i;
+    EXPECT_TRUE(AllCloseF32(o32, exact.o.data() + p.cu[n] * row, rows)) << "outputs against the float64 recurrence";
+    EXPECT_TRUE(AllCloseF32(f32.pool.data() + idx[n] * per, exact.state.data() + n * per, per))
+        << "final state against the float64 recurrence";
   }
   for (int64_t slot = 0; slot < num_states; ++slot) {
     if (used[slot]) continue;
@@ -817,17 +804,24 @@ void ExpectPoolMatchesContiguous(const Variant& v, const Problem& p, const std::
 TEST_P(KdaChunkTest, PoolFormMatchesContiguousForm) {
   // Permuted slots, fresh sequences (their slots hold sentinels), empty
   // sequences fresh and continuing; slots 0 and 4 belong to no sequence.
-  const Problem p = MakeProblem({.lengths = {0, 5, 70, 33, 1, 0}, .H = 3, .K = 32, .gate = kStress, .seed = 401});
-  const std::vector<int32_t> idx = {3, 7, 1, 5, 2, 6};
-  ExpectPoolMatchesContiguous(variant(), p, idx, {1, 0, 1, 1, 0, 0}, 8);
-  ExpectPoolMatchesContiguous(variant(), p, idx, {}, 8);
+  for (const StateLayout& l : kStateLayouts) {
+    SCOPED_TRACE(LayoutName(l));
+    const Problem p =
+        LayoutProblem({.lengths = {0, 5, 70, 33, 1, 0}, .H = 3, .K = 32, .gate = kStress, .seed = 401}, l);
+    const std::vector<int32_t> idx = {3, 7, 1, 5, 2, 6};
+    ExpectPoolMatchesContiguous(variant(), p, idx, {1, 0, 1, 1, 0, 0}, 8, l.dtype);
+    ExpectPoolMatchesContiguous(variant(), p, idx, {}, 8, l.dtype);
+  }
 }
 
 TEST_P(KdaChunkTest, PoolPaddingWritesZerosAndTouchesNoState) {
   // Padding sequences with and without tokens (indices -1 and -3), mixed with
   // live ones; slot 0, the dummy slot, is never used.
-  const Problem p = MakeProblem({.lengths = {4, 0, 7, 3, 40}, .H = 2, .K = 16, .seed = 411});
-  ExpectPoolMatchesContiguous(variant(), p, {2, -1, 5, -3, 1}, {1, 1, 0, 1, 1}, 6);
+  for (const StateLayout& l : kStateLayouts) {
+    SCOPED_TRACE(LayoutName(l));
+    const Problem p = LayoutProblem({.lengths = {4, 0, 7, 3, 40}, .H = 2, .K = 16, .seed = 411}, l);
+    ExpectPoolMatchesContiguous(variant(), p, {2, -1, 5, -3, 1}, {1, 1, 0, 1, 1}, 6, l.dtype);
+  }
 }
 
 TEST_P(KdaChunkTest, PoolFormReadsTokenStridedQkv) {
@@ -853,8 +847,8 @@ TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
   RoundInputsToBF16(p);
   const std::vector<int32_t> idx = {4, 9, -1, 1, 6};
   const std::vector<uint8_t> has_init = {1, 0, 0, 1, 0};
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
+  const size_t hk = p.ValueRow();
   // The exact output of the bf16 run: the fp32 run on the same (bf16-exact) inputs.
   const Result exact = RunDecode(kReference, ZeroFreshStates(p, has_init), DType::kF32, DType::kF32);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -876,18 +870,18 @@ TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
 }
 
 struct SnapshotRun {
-  Result result;                 // outputs and final states ([N, H, K, V], contiguous form)
-  std::vector<float> snapshots;  // [snapshot_cu[N], H, K, V]
+  Result result;                 // outputs and final states ([N, HV, K, V], contiguous form)
+  std::vector<float> snapshots;  // [snapshot_cu[N], HV, K, V]
 };
 
 // The kernel in the contiguous form (has_init: as has_initial_state, unless
 // empty), with snapshots at offsets[n] of sequence n (none when empty), the
-// initial state buffer also the final one with `alias`.
+// initial state buffer also the final one with `alias`; q, k, v, o, g and beta in dt.
 SnapshotRun RunContiguous(const Variant& v, const Problem& p, const std::vector<std::vector<int64_t>>& offsets,
-                          const std::vector<uint8_t>& has_init = {}, bool alias = false) {
+                          const std::vector<uint8_t>& has_init = {}, bool alias = false, DType dt = DType::kF32) {
   const Snapshots snapshots(p, offsets);
-  const TypedInputs in(p, DType::kF32, DType::kF32);
-  Typed o(p.q.size(), DType::kF32, kSentinel);
+  const TypedInputs in(p, dt, dt);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), dt, kSentinel);
   SnapshotRun r;
   r.result.state = alias ? p.h0 : std::vector<float>(p.StateSize(), kSentinel);
   ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
@@ -903,19 +897,22 @@ SnapshotRun RunContiguous(const Variant& v, const Problem& p, const std::vector<
 TEST_P(KdaChunkTest, HasInitialStateInContiguousForm) {
   // has_initial_state[n] == 0 starts sequence n from zeros whatever its
   // initial_state holds, aliased or not; same bits as a zeroed initial state.
-  const Problem p = MakeProblem({.lengths = {5, 0, 40, 0}, .H = 2, .K = 32, .seed = 431});
-  const std::vector<uint8_t> has_init = {0, 0, 1, 1};
-  const Result want = Run(ZeroFreshStates(p, has_init));
-  for (bool alias : {false, true}) {
-    SCOPED_TRACE(alias ? "aliased" : "separate");
-    ExpectBitEqual(RunContiguous(variant(), p, {}, has_init, alias).result, want);
+  for (const StateLayout& l : kStateLayouts) {
+    SCOPED_TRACE(LayoutName(l));
+    const Problem p = LayoutProblem({.lengths = {5, 0, 40, 0}, .H = 2, .K = 32, .seed = 431}, l);
+    const std::vector<uint8_t> has_init = {0, 0, 1, 1};
+    const Result want = Run(ZeroFreshStates(p, has_init), {.qkv = l.dtype, .gb = l.dtype});
+    for (bool alias : {false, true}) {
+      SCOPED_TRACE(alias ? "aliased" : "separate");
+      ExpectBitEqual(RunContiguous(variant(), p, {}, has_init, alias, l.dtype).result, want);
+    }
   }
 }
 
 // Sequence n's first len tokens with its initial state, as a one-sequence problem.
 Problem SequencePrefix(const Problem& p, int64_t n, int64_t len) {
   Problem r = Slice(p, p.cu[n], len);
-  const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+  const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
   if (!p.h0.empty())
     r.h0.assign(p.h0.begin() + static_cast<std::ptrdiff_t>(n * per),
                 p.h0.begin() + static_cast<std::ptrdiff_t>((n + 1) * per));
@@ -953,7 +950,7 @@ TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
     }
     const SnapshotRun got = RunContiguous(variant(), p, offsets);
     ExpectBitEqual(got.result, Run(p));
-    const size_t per = static_cast<size_t>(p.H) * p.K * p.K;
+    const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
     size_t j = 0;
     for (int64_t n = 0; n < p.N; ++n) {
       for (int64_t off : offsets[n]) {
@@ -1237,6 +1234,52 @@ TEST_P(KdaChunkTest, IntermediateStatesAreValidated) {
   EXPECT_EQ(CheckChunkKdaShapes(call(3, DType::kF32, 32, true, true)).num_chunks, 3);
 }
 
+TEST_P(KdaChunkTest, SafeGateNeedsALowerBoundInTheSafeRange) {
+  // fla's safe_gate with use_gate_in_kernel: lower_bound given and in [-5, 0),
+  // else an error naming lower_bound (and safe_gate), from the bind and from
+  // the shape check alike, nothing written. In range: fla's sigmoid gate,
+  // against the float64 recurrence.
+  Problem p =
+      MakeProblem({.lengths = {3, 40}, .H = 1, .K = 16, .gate_in_kernel = true, .seed = 1401, .HV = 2, .V = 24});
+  const TypedInputs in(p, DType::kF32, DType::kF32);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+  std::vector<float> state(p.StateSize(), kSentinel);
+  const auto call = [&](std::optional<float> lower_bound, bool gate_in_kernel = true) {
+    ChunkKdaCall c = ChunkCallFor(p, in, o.Mut());
+    SetStates(p, c, p.h0.data(), state.data());
+    c.safe_gate = true;
+    c.use_gate_in_kernel = gate_in_kernel;
+    c.lower_bound = lower_bound;
+    return c;
+  };
+  const struct {
+    std::optional<float> lower_bound;
+    const char* error;
+  } refused[] = {
+      {std::nullopt, "chunk_kda: lower_bound must be specified when safe_gate=True and use_gate_in_kernel=True"},
+      {-6.0F, "chunk_kda: lower_bound must be in the safe range [-5, 0), got -6"},
+      {-5.001F, "chunk_kda: lower_bound must be in the safe range [-5, 0), got -5.00"},
+      {0.0F, "chunk_kda: lower_bound must be in the safe range [-5, 0), got 0"},
+      {-0.0F, "chunk_kda: lower_bound must be in the safe range [-5, 0), got -0"},
+      {0.5F, "chunk_kda: lower_bound: must be a finite number <= 0 (a log decay bound), got 0.5"},
+  };
+  for (const auto& r : refused) {
+    SCOPED_TRACE(r.error);
+    testing::ExpectErrorContaining([&] { RunChunkCall(variant(), call(r.lower_bound)); }, r.error);
+    testing::ExpectErrorContaining([&] { CheckChunkKdaShapes(call(r.lower_bound)); }, r.error);
+  }
+  for (float x : o.ToF32()) ASSERT_EQ(x, kSentinel);
+  for (float x : state) ASSERT_EQ(x, kSentinel);
+  // Without use_gate_in_kernel safe_gate asks nothing (fla's check is on the in-kernel gate).
+  EXPECT_NO_THROW(CheckChunkKdaShapes(call(std::nullopt, false)));
+  for (float lower_bound : {-5.0F, -0.001F}) {
+    SCOPED_TRACE("lower_bound " + std::to_string(lower_bound));
+    RunChunkCall(variant(), call(lower_bound));
+    p.lower_bound = lower_bound;
+    ExpectClose({o.ToF32(), state}, NaiveRecurrenceF64(p));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kda, KdaChunkTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
 
 // ------------------------------------------------- recurrent kernels (decode)
@@ -1518,6 +1561,93 @@ TEST_P(KdaRecurrentTest, TokenStridedQkvWithSeveralTokensPerSequence) {
     const Result want = run(-1);
     EXPECT_FALSE(BitEqual(want.state.data(), pool0.data(), pool0.size()));
     for (int64_t pad : {0, 5}) ExpectBitEqual(run(pad), want);
+  }
+}
+
+// 1-D ssm_state_indices [N] with several tokens per sequence, a documented
+// deviation from fla (which reads and writes slot [n + t], docs/fla-api.md):
+// sequence n reads slot idx[n] and writes its state after its last token
+// there and nowhere else (not slot idx[n] + t, not sequence n + t's slot),
+// against the float64 recurrence; a padding sequence (negative index) has
+// zero outputs; an empty one leaves its slot as it was. With
+// inplace_final_state=False the state after every token goes to row bos + t
+// of final_state and the pool is only read. Sequences of 9 and 17 tokens take
+// the optimized kernel's chunk form (8 tokens at a time).
+TEST_P(KdaRecurrentTest, OneDimensionalIndicesWriteTheFinalStateToSlotN) {
+  const Problem p = MakeProblem({.lengths = {3, 0, 9, 2, 4, 17},
+                                 .H = 2,
+                                 .K = 20,
+                                 .gate = kStress,
+                                 .initial_state = false,
+                                 .seed = 691,
+                                 .HV = 4,
+                                 .V = 12,
+                                 .state_v_first = true});
+  const std::vector<int32_t> idx = {5, 0, 2, 8, -1, 10};
+  constexpr int64_t kSlots = 12;
+  const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
+  std::vector<float> pool0(kSlots * per_slot);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0F, 0.5F);
+  for (float& x : pool0) x = normal(rng);
+  // The float64 recurrence from each sequence's slot (padding: zeros, unchecked).
+  Problem from_slots = p;
+  from_slots.h0.assign(p.StateSize(), 0.0F);
+  for (int64_t n = 0; n < p.N; ++n) {
+    if (idx[n] >= 0) {
+      std::copy_n(pool0.begin() + static_cast<std::ptrdiff_t>(idx[n] * per_slot), per_slot,
+                  from_slots.h0.begin() + static_cast<std::ptrdiff_t>(n * per_slot));
+    }
+  }
+  std::vector<float> token_states_want;
+  const Result want = NaiveRecurrenceF64(from_slots, 64, nullptr, &token_states_want);
+  for (bool inplace : {true, false}) {
+    SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
+    const TypedInputs in(p, DType::kF32, DType::kF32);
+    Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+    RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), 1, p.T);
+    c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+    std::vector<float> pool = pool0;
+    std::vector<float> token_states(static_cast<size_t>(p.T) * per_slot, kSentinel);
+    c.initial_state = testing::MutStatesView(p, pool.data(), kSlots);
+    c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
+    c.inplace_final_state = inplace;
+    if (!inplace) {
+      c.output_final_state = true;
+      c.final_state = testing::MutStatesView(p, token_states.data(), p.T);
+    }
+    RecurrentFn(variant())(BindRecurrentKda(c));
+    const std::vector<float> out = o.ToF32();
+    std::vector<bool> written(kSlots, false);
+    for (int64_t n = 0; n < p.N; ++n) {
+      SCOPED_TRACE("sequence " + std::to_string(n) + " slot " + std::to_string(idx[n]));
+      const size_t rows = static_cast<size_t>(p.cu[n + 1] - p.cu[n]);
+      const size_t first = static_cast<size_t>(p.cu[n]);
+      if (idx[n] < 0) {
+        for (size_t i = 0; i < rows * p.ValueRow(); ++i) ASSERT_EQ(out[first * p.ValueRow() + i], 0.0F);
+        for (size_t i = 0; i < rows * per_slot; ++i) ASSERT_EQ(token_states[first * per_slot + i], kSentinel);
+        continue;
+      }
+      EXPECT_TRUE(
+          AllCloseF32(out.data() + first * p.ValueRow(), want.o.data() + first * p.ValueRow(), rows * p.ValueRow()))
+          << "outputs";
+      if (inplace && rows > 0) {
+        written[idx[n]] = true;
+        EXPECT_TRUE(AllCloseF32(pool.data() + idx[n] * per_slot, want.state.data() + n * per_slot, per_slot))
+            << "final state in slot idx[n]";
+      }
+      if (!inplace) {
+        EXPECT_TRUE(AllCloseF32(token_states.data() + first * per_slot, token_states_want.data() + first * per_slot,
+                                rows * per_slot))
+            << "state after every token";
+      }
+    }
+    for (int64_t slot = 0; slot < kSlots; ++slot) {
+      if (!written[slot]) {
+        EXPECT_TRUE(BitEqual(pool.data() + slot * per_slot, pool0.data() + slot * per_slot, per_slot))
+            << "slot " << slot << " written";
+      }
+    }
   }
 }
 
