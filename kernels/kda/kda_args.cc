@@ -170,7 +170,7 @@ void CheckChunkValues(const std::string& who, const ChunkKdaArgs& a) {
   }
   if (a.output_final_state && a.initial_state != nullptr && a.initial_state != a.final_state) {
     // Aliasing is supported only as the very same buffer: a shifted overlap would read states already written.
-    const size_t bytes = static_cast<size_t>(a.N) * static_cast<size_t>(a.H) * static_cast<size_t>(a.K) *
+    const size_t bytes = static_cast<size_t>(a.N) * static_cast<size_t>(a.HV) * static_cast<size_t>(a.K) *
                          static_cast<size_t>(a.V) * sizeof(float);
     const auto in = reinterpret_cast<uintptr_t>(a.initial_state);
     const auto out = reinterpret_cast<uintptr_t>(a.final_state);
