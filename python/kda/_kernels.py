@@ -30,7 +30,9 @@ from ._arrays import (
 )
 
 # Keywords fla's entries take that only steer how its GPU kernels are launched or recomputed: accepted
-# (kda has one way to run them) and otherwise ignored.
+# (kda has one way to run them) and otherwise ignored. chunk_kda names them in its signature; fla's
+# recurrent entries take them through **kwargs (and drop them), so kda's accept them there too.
+# cu_seqlens_cpu is more than a hint in chunk_kda: see host_cu_seqlens.
 _HINTS = ("disable_recompute", "cu_seqlens_cpu", "use_graph", "max_num_seqs")
 
 
@@ -51,6 +53,34 @@ def _refuse_unknown(who: str, kwargs: dict, known) -> None:
         if name not in known:
             raise TypeError(f"{who}() got an unexpected keyword argument '{name}' (kda does not implement it; "
                             f"see docs/fla-api.md)")
+
+
+def host_cu_seqlens(who: str, cu_seqlens_cpu, cu_seqlens, known: bool = True) -> list[int] | None:
+    """fla's ``cu_seqlens_cpu`` (cu_seqlens' values on the host) as a list of ints; None when it is not
+    given or there is no ``cu_seqlens`` (fla reads it only with cu_seqlens). With ``known`` (cu_seqlens'
+    values at hand, not traced) it must hold the same values: a ValueError naming it otherwise, since
+    the front ends that size h from it (kda.torch under torch.compile, kda.jax under jit) would
+    otherwise return a wrongly sized result."""
+    if cu_seqlens_cpu is None or cu_seqlens is None:
+        return None
+    host = int_array(cu_seqlens_cpu, "cu_seqlens_cpu", np.int64)
+    if host.ndim != 1:
+        raise ValueError(f"{who}: cu_seqlens_cpu: expected shape [N + 1], got {list(host.shape)}")
+    host = [int(x) for x in host]
+    if known:
+        dev = [int(x) for x in int_array(cu_seqlens, "cu_seqlens", np.int64).reshape(-1)]
+        if len(host) != len(dev):
+            raise ValueError(f"{who}: cu_seqlens_cpu: expected cu_seqlens' {len(dev)} values, got {len(host)}")
+        for i, (a, b) in enumerate(zip(host, dev)):
+            if a != b:
+                raise ValueError(f"{who}: cu_seqlens_cpu: must hold cu_seqlens' values: cu_seqlens_cpu[{i}] = {a}, "
+                                 f"cu_seqlens[{i}] = {b}")
+    return host
+
+
+def chunk_count(cu: list, chunk_size: int):
+    """NT of the intermediate states for packed sequences: the sum of ceil(length / chunk_size)."""
+    return sum((b - a + chunk_size - 1) // chunk_size for a, b in zip(cu[:-1], cu[1:]))
 
 
 def _check_grad(who: str, **tensors) -> None:
@@ -87,7 +117,7 @@ def _chunk_keywords(state_v_first, cp_context, return_intermediate_states, disab
 def _fwd_keywords(state_v_first, kwargs, **tensors) -> bool:
     """fused_recurrent_kda_fwd's keyword handling (numpy and torch entries); returns state_v_first."""
     state_v_first = _state_v_first(state_v_first, kwargs)
-    _refuse_unknown("fused_recurrent_kda_fwd", kwargs, ("kernel",))
+    _refuse_unknown("fused_recurrent_kda_fwd", kwargs, ("kernel", *_HINTS))
     _check_grad("fused_recurrent_kda_fwd", **tensors)
     return state_v_first
 
@@ -98,7 +128,7 @@ def public_recurrent(fwd, q, k, v, g, beta, A_log, dt_bias, scale, initial_state
     """fla's public fused_recurrent_kda as a call of a front end's ``fwd`` entry: contiguous states
     (inplace_final_state=False) unless the pool keywords, honoured with _fwd's meaning, are given."""
     state_v_first = _state_v_first(state_v_first, kwargs)
-    _refuse_unknown("fused_recurrent_kda", kwargs, (*_POOL_KEYWORDS, "kernel"))
+    _refuse_unknown("fused_recurrent_kda", kwargs, (*_POOL_KEYWORDS, "kernel", *_HINTS))
     if not any(name in kwargs for name in _POOL_KEYWORDS):
         kwargs["inplace_final_state"] = False
     return fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=initial_state, scale=scale,
@@ -177,7 +207,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     padding) makes ``initial_state`` a pool ``[S, HV, K, V]`` that sequence n reads and writes at
     ``state_indices[n]`` in place (returned as the final state), and ``kernel`` ("auto" |
     "reference" | "optimized"). Any other keyword is a TypeError; ``cp_context`` (context
-    parallelism) is refused.
+    parallelism) is refused. ``cu_seqlens_cpu`` (fla's host copy of cu_seqlens), given with
+    ``cu_seqlens``, must hold its values (a ValueError otherwise); kda.torch sizes h from it under
+    torch.compile.
 
     Returns ``(o, final_state or None)``, or ``(o, final_state or None, h)`` with
     ``return_intermediate_states``; o ``[B, T, HV, V]`` has q's dtype, in q's framework (torch in,
@@ -185,6 +217,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """
     state_v_first = _chunk_keywords(state_v_first, cp_context, return_intermediate_states, disable_recompute, kwargs,
                                     q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    host_cu_seqlens("chunk_kda", cu_seqlens_cpu, cu_seqlens)
     A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
     state_indices = kwargs.get("state_indices")
     args = _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
@@ -232,7 +265,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
     returned. The pool keywords of :func:`fused_recurrent_kda_fwd` (``ssm_state_indices``,
     ``num_accepted_tokens``, ``inplace_final_state``, ``out``), which fla's public function would
     ignore, are honoured with that entry's meaning and defaults. ``transpose_state_layout``
-    (deprecated) and ``kernel`` are accepted; any other keyword is a TypeError.
+    (deprecated), ``kernel`` and fla's hints (``disable_recompute``, ``cu_seqlens_cpu``,
+    ``use_graph``, ``max_num_seqs``: ignored, as fla's **kwargs drops them) are accepted; any other
+    keyword is a TypeError.
 
     Returns ``(o, final_state or None)``.
     """
@@ -258,8 +293,8 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     to slot ``[n]``, and without indices state n of an ``[N, HV, K, V]`` buffer. Otherwise, with
     ``output_final_state``, a new buffer receives them: ``[N, HV, K, V]`` without indices, and with
     indices the state after every token (row ``bos + t`` of ``[B * T, HV, K, V]``; zeros for padding
-    sequences). ``out``: o's
-    buffer (v's shape, q's dtype), written in place.
+    sequences). ``out``: o's buffer (v's shape, q's dtype), written in place. ``transpose_state_layout``
+    (deprecated), ``kernel`` and fla's hints (ignored) are accepted; any other keyword is a TypeError.
 
     Returns ``(o, final_state)`` (final_state: initial_state itself with inplace_final_state, else
     the new buffer or None).

@@ -1,6 +1,9 @@
 """fla's KDA API (fla-core 0.6.0) through kda's entries: signatures, keywords passed through **kwargs,
 every option against a float64 recurrence written here (independent of the kernels), numpy and torch."""
 
+import re
+import subprocess
+import sys
 import warnings
 
 import ml_dtypes
@@ -425,6 +428,71 @@ def test_hints_and_deprecated_keywords_are_accepted():
         kda.fused_recurrent_kda(q, k, v, g, beta)  # nothing deprecated: no warning
 
 
+FLA_DEPRECATION = "`transpose_state_layout` is deprecated and renamed to `state_v_first`."  # fla's text
+
+
+def _front_end(name):
+    """(chunk_kda, fused_recurrent_kda, fused_recurrent_kda_fwd, array conversion) of a front end."""
+    if name == "numpy":
+        return kda.chunk_kda, kda.fused_recurrent_kda, kda.fused_recurrent_kda_fwd, lambda x: x
+    if name == "torch":
+        torch = pytest.importorskip("torch", reason="torch is not installed")
+        import kda.torch as kt
+
+        return kt.chunk_kda, kt.fused_recurrent_kda, kt.fused_recurrent_kda_fwd, torch.from_numpy
+    jnp = pytest.importorskip("jax.numpy", reason="jax is not installed")
+    import kda.jax as kj
+
+    return kj.chunk_kda, kj.fused_recurrent_kda, kj.fused_recurrent_kda_fwd, jnp.asarray
+
+
+@pytest.mark.parametrize("front_end", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("entry", ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd"])
+def test_fla_keywords_in_every_front_end(front_end, entry):
+    # fla's launch hints are accepted by every entry (fla's recurrent entries take them through **kwargs), the
+    # deprecated transpose_state_layout is state_v_first with fla's warning, and other keywords stay refused.
+    chunk, recurrent, fwd, conv = _front_end(front_end)
+    fn = {"chunk_kda": chunk, "fused_recurrent_kda": recurrent, "fused_recurrent_kda_fwd": fwd}[entry]
+    extra = dict(inplace_final_state=False) if entry == "fused_recurrent_kda_fwd" else {}
+    q, k, v, g, beta = problem(T=9, seed=30)
+    cu = np.array([0, 4, 9])
+    h0 = np.random.default_rng(31).standard_normal((2, 4, 20, 12)).astype(np.float32)  # V-first
+    arrays = [conv(x) for x in (q, k, v, g, beta)]
+
+    def run(**kw):
+        o, s = fn(*arrays, initial_state=conv(h0.copy()), output_final_state=True, cu_seqlens=conv(cu), **extra, **kw)
+        return np.asarray(o), np.asarray(s)
+
+    want_o, want_s = recurrence_f64(q, k, v, g, beta, initial_state=h0, state_v_first=True, cu_seqlens=cu)
+    o, s = run(state_v_first=True)
+    close(o, want_o, "o")
+    close(s, want_s, "state")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no hint warns
+        hinted = run(state_v_first=True, disable_recompute=True, cu_seqlens_cpu=conv(cu), use_graph=False,
+                     max_num_seqs=2)
+    for x, y in zip(hinted, (o, s)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.warns(DeprecationWarning, match=re.escape(FLA_DEPRECATION)):
+        deprecated = run(transpose_state_layout=True)
+    for x, y in zip(deprecated, (o, s)):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(ValueError, match="Cannot pass both `state_v_first` and the deprecated"):
+        run(state_v_first=True, transpose_state_layout=True)
+    with pytest.raises(TypeError, match=rf"{entry}\(\) got an unexpected keyword argument 'foo'"):
+        run(state_v_first=True, foo=1)
+    if entry == "chunk_kda":
+        # chunk_kda reads cu_seqlens_cpu (kda.torch and kda.jax size h from it): it must be cu_seqlens' values.
+        with pytest.raises(ValueError, match=r"chunk_kda: cu_seqlens_cpu: must hold cu_seqlens' values: "
+                                             r"cu_seqlens_cpu\[1\] = 5, cu_seqlens\[1\] = 4"):
+            run(state_v_first=True, cu_seqlens_cpu=conv(np.array([0, 5, 9])))
+        with pytest.raises(ValueError, match=r"cu_seqlens_cpu: expected cu_seqlens' 3 values, got 2"):
+            run(state_v_first=True, cu_seqlens_cpu=conv(np.array([0, 9])))
+    else:
+        # A hint there, as in fla (whose **kwargs drops it): not read.
+        run(state_v_first=True, cu_seqlens_cpu=conv(np.array([0, 5, 9])))
+
+
 def test_fla_argument_order_of_fused_recurrent_kda():
     # fla's public order: q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state.
     rng = np.random.default_rng(7)
@@ -552,3 +620,171 @@ def test_fla_chunk_kda_returns_intermediate_states():
     assert h.shape == (1, 1 + 2, 4, 12, 20)
     for a, b in zip((o, s, h), want):
         np.testing.assert_array_equal(a.numpy(), b)
+
+
+def test_fla_fused_recurrent_kda_fwd_speculative_through_the_backend(monkeypatch):
+    # fla's dispatched fused_recurrent_kda_fwd (vLLM's entry) with 2-D slots and accepted counts: kda takes it and
+    # gives its own call's results, the pool updated in place.
+    import torch
+
+    _fla()
+    import kda.torch as kt
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as fla_fwd
+
+    calls = []
+    real = kt.fused_recurrent_kda_fwd
+    monkeypatch.setattr(kt, "fused_recurrent_kda_fwd", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, g, beta = problem(T=7, H=1, HV=2, K=8, V=12, seed=13)
+    cu = np.array([0, 3, 5, 7])
+    idx = np.array([[0, 1, 2], [3, 4, -1], [-1, 5, 6]], np.int32)
+    accepted = np.array([2, 1, 1], np.int32)
+    pool0 = np.random.default_rng(14).standard_normal((8, 2, 8, 12)).astype(np.float32)
+    want_pool = pool0.copy()
+    want_o, _ = kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=want_pool, cu_seqlens=cu,
+                                            ssm_state_indices=idx, num_accepted_tokens=accepted)
+    pool = torch.from_numpy(pool0.copy())
+    t = [torch.from_numpy(x) for x in (q, k, v, g, beta)]
+    o, s = fla_fwd(*t, initial_state=pool, cu_seqlens=torch.from_numpy(cu), ssm_state_indices=torch.from_numpy(idx),
+                   num_accepted_tokens=torch.from_numpy(accepted), inplace_final_state=True)
+    assert calls == [1] and s is pool
+    np.testing.assert_array_equal(o.numpy(), want_o)
+    np.testing.assert_array_equal(pool.numpy(), want_pool)
+    assert not np.array_equal(want_pool, pool0)
+    # fla's public fused_recurrent_kda drops the pool keywords (its **kwargs) before dispatching, so the backend
+    # sees the contiguous call: the indices are ignored there, as fla does (kda's own public entry honours them).
+    fk = _fla()
+    h0 = torch.randn(3, 2, 8, 12)
+    want = fk.fused_recurrent_kda(*t, initial_state=h0, output_final_state=True, cu_seqlens=torch.from_numpy(cu))
+    got = fk.fused_recurrent_kda(*t, initial_state=h0, output_final_state=True, cu_seqlens=torch.from_numpy(cu),
+                                 ssm_state_indices=torch.tensor([2, 0, 1], dtype=torch.int32))
+    assert len(calls) == 3
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.fixture
+def fla_spy():
+    """A backend after kda's (priority 2) on fla's chunk_kda and its kda operations, recording the calls that
+    reach it (the calls kda passes on), removed afterwards."""
+    _fla()
+    from inspect import unwrap
+
+    import torch
+    from fla import backends as fb
+    from fla.ops.kda.chunk import chunk_kda as fla_chunk
+
+    calls = []
+
+    class Spy(fb.BaseBackend):
+        backend_type = "kda_test_spy"
+        priority = 2
+
+        def chunk_kda(self, *args, **kwargs):
+            calls.append("chunk_kda")
+            return torch.zeros(1), None
+
+        def fused_recurrent_kda_fwd(self, *args, **kwargs):
+            calls.append("fused_recurrent_kda_fwd")
+            return torch.zeros(1), None
+
+        def fused_kda_gate(self, *args, **kwargs):
+            calls.append("fused_kda_gate")
+            return torch.zeros(1)
+
+    fb.register(fla_chunk)(Spy)
+    fb.register("kda")(Spy)
+    yield calls
+    for registry in (fb._function_registries[unwrap(fla_chunk)], fb._operation_registries["kda"]):
+        registry._backends.pop(Spy.backend_type)
+
+
+def _fla_calls(fk, t, gate=True):
+    """fla's dispatched entries on the tensors t (q, k, v, g, beta): chunk_kda, fused_recurrent_kda (through
+    fused_recurrent_kda_fwd) and, with ``gate``, fused_kda_gate on g."""
+    from fla.ops.kda.gate import fused_kda_gate
+
+    fk.chunk_kda(*t)
+    fk.fused_recurrent_kda(*t)
+    if gate:
+        fused_kda_gate(t[3], t[3].new_zeros(t[3].shape[2]), None)
+
+
+def test_fla_backend_passes_on_grad_and_cp_context(fla_spy, monkeypatch):
+    # Calls kda cannot take go on to fla's next backend (here the spy), never to kda.
+    import torch
+
+    import kda.fla
+    import kda.torch as kt
+
+    fk = _fla()
+    for name in ("chunk_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"):
+        monkeypatch.setattr(kt, name, lambda *a, _n=name, **kw: pytest.fail(f"kda took {_n}"))
+    t = [torch.from_numpy(x) for x in problem(T=5, seed=15)]
+    t[0].requires_grad_()
+    _fla_calls(fk, t, gate=False)
+    assert fla_spy == ["chunk_kda", "fused_recurrent_kda_fwd"]
+    assert kda.fla.KdaCpuBackend().chunk_kda_verifier(*t) == (False, "kda_cpu: forward-only (a tensor requires grad)")
+    t[3].requires_grad_()  # the gate's input
+    fla_spy.clear()
+    _fla_calls(fk, t)
+    assert fla_spy == ["chunk_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
+    t = [x.detach() for x in t]
+    fla_spy.clear()
+    fk.chunk_kda(*t, cp_context=object())
+    assert fla_spy == ["chunk_kda"]
+    assert kda.fla.KdaCpuBackend().chunk_kda_verifier(*t, cp_context=object()) == (
+        False, "kda_cpu: no context parallelism (cp_context)")
+
+
+def test_fla_backend_takes_inference_calls(fla_spy):
+    # The same tensors under no_grad (or without grad) are kda's: the spy sees nothing, the results are kda's.
+    import torch
+
+    fk = _fla()
+    t = [torch.from_numpy(x) for x in problem(T=5, seed=16)]
+    t[0].requires_grad_()
+    with torch.no_grad():
+        o, _ = fk.chunk_kda(*t)
+        _fla_calls(fk, t)
+    assert fla_spy == []
+    want, _ = kda.chunk_kda(*(x.detach().numpy() for x in t))
+    np.testing.assert_array_equal(o.numpy(), want)
+
+
+def test_fla_kda_cpu_0_disables_the_backend(fla_spy, monkeypatch):
+    # fla reads the switch at every call: with FLA_KDA_CPU=0 the calls go on to the next backend.
+    import torch
+
+    fk = _fla()
+    t = [torch.from_numpy(x) for x in problem(T=5, seed=17)]
+    monkeypatch.setenv("FLA_KDA_CPU", "0")
+    _fla_calls(fk, t)
+    assert fla_spy == ["chunk_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
+    monkeypatch.setenv("FLA_KDA_CPU", "1")
+    fla_spy.clear()
+    _fla_calls(fk, t)
+    assert fla_spy == []
+
+
+def test_fla_kda_cpu_0_at_startup():
+    # Set before the process starts (the usual way): kda registers but is not enabled, and fla's registries
+    # have no active backend on this machine (fla's own kernels run; enabled, kda_cpu is the active one).
+    _fla()
+    code = """if True:
+        from inspect import unwrap
+        import kda.fla
+        from fla.backends import _function_registries, _operation_registries
+        from fla.ops.kda.chunk import chunk_kda
+        for registry in (_function_registries[unwrap(chunk_kda)], _operation_registries["kda"]):
+            kda_cpu = [b for b in registry._backends.values() if b.backend_type == "kda_cpu"]
+            active = registry.get_active()
+            print(len(kda_cpu), kda_cpu[0].is_enabled(), active and active.backend_type)
+    """
+    import os
+
+    env = dict(os.environ, FLA_KDA_CPU="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["1 False None", "1 False None"]
+    from fla.backends import _operation_registries
+
+    assert _operation_registries["kda"].get_active().backend_type == "kda_cpu"  # this process: enabled

@@ -806,6 +806,32 @@ def test_intermediate_states_refusals(backend):
         jax.block_until_ready(run(cu))
 
 
+def test_intermediate_states_sized_by_cu_seqlens_cpu_under_jit(backend):
+    """fla's cu_seqlens_cpu (concrete, host values) gives the static num_chunks of a traced cu_seqlens; given
+    with a concrete cu_seqlens it must hold its values."""
+    arrays, _, _ = _problem(72, B=1, T=70)
+    q, k, v, g, beta = (jnp.asarray(x) for x in arrays)
+    cu_host = np.array([0, 5, 40, 70], np.int32)  # 1 + 2 + 1 chunks of 32
+    run = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cu_host,
+                                          return_intermediate_states=True, chunk_size=32, kernel=backend))
+    o, _, h = run(jnp.asarray(cu_host))
+    want = kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu_host, return_intermediate_states=True, chunk_size=32,
+                        num_chunks=4, kernel=backend)
+    assert h.shape == (1, 4) + want[2].shape[2:]
+    np.testing.assert_array_equal(o, want[0])
+    np.testing.assert_array_equal(h, want[2])
+    assert np.asarray(h[0, 2]).any()
+    with pytest.raises(ValueError, match=r"cu_seqlens_cpu: must hold cu_seqlens' values: cu_seqlens_cpu\[2\] = 41"):
+        kj.chunk_kda(q, k, v, g, beta, cu_seqlens=jnp.asarray(cu_host), cu_seqlens_cpu=[0, 5, 41, 70],
+                     return_intermediate_states=True, kernel=backend)
+    # A host copy whose count (3) disagrees with the traced values (4): refused when the call runs.
+    bad = jax.jit(lambda cu: kj.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=[0, 70, 70, 70],
+                                          return_intermediate_states=True, chunk_size=32, kernel=backend))
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match="intermediate_states" if backend == "ffi" else "num_chunks must be the number of chunks"):
+        jax.block_until_ready(bad(jnp.asarray(cu_host)))
+
+
 # --- fused_kda_gate ---------------------------------------------------------------------------------
 
 

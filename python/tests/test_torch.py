@@ -23,10 +23,12 @@ def tensors(B=1, T=6, seed=0, dtype=torch.float32):
 def test_ops_registered():
     assert hasattr(torch.ops.kda, "chunk_kda") and hasattr(torch.ops.kda, "fused_recurrent_kda_fwd")
     schema = str(torch.ops.kda.chunk_kda.default._schema)
-    # The state pool is declared mutated; nothing else is.
+    # The state pool is declared mutated; nothing else is. cu_seqlens_cpu: host ints the fake sizes h from.
     assert "Tensor(a6!)? initial_state" in schema and schema.count("!") == 1
+    assert schema.endswith("str kernel, SymInt[]? cu_seqlens_cpu=None) -> (Tensor, Tensor, Tensor)")
+    # The recurrent op writes the states and o (out) in place.
     schema = str(torch.ops.kda.fused_recurrent_kda_fwd.default._schema)
-    assert "Tensor(a7!)? initial_state" in schema and schema.count("!") == 1
+    assert "Tensor(a7!)? initial_state" in schema and "Tensor(a21!)? out=None" in schema and schema.count("!") == 2
 
 
 def test_golden_case_through_the_ops():
@@ -77,7 +79,7 @@ def _chunk_args(pool_form, **options):
              output_final_state=True, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
              use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False, lower_bound=None,
              state_v_first=False, cu_seqlens=torch.tensor([0, 3, 7]), A_log=None, dt_bias=None, chunk_size=64,
-             state_indices=None, return_intermediate_states=False, kernel="reference")
+             state_indices=None, return_intermediate_states=False, kernel="reference", cu_seqlens_cpu=None)
     if pool_form:
         a.update(scale=None, initial_state=torch.randn(3, H, K, K), use_qk_l2norm_in_kernel=True,
                  state_indices=torch.tensor([2, 0], dtype=torch.int32), kernel="auto")
@@ -98,9 +100,9 @@ def test_opcheck_chunk_kda_fla_options():
 
 
 @pytest.mark.parametrize("options", [
-    dict(),  # cu_seqlens: NT depends on its values (a data-dependent size in the fake)
-    dict(cu_seqlens=None, initial_state=torch.randn(1, H, K, K), state_v_first=True, chunk_size=32),  # static NT
-    dict(pool_form=True),
+    dict(cu_seqlens_cpu=[0, 3, 7]),  # cu_seqlens: NT from its host copy
+    dict(cu_seqlens=None, initial_state=torch.randn(1, H, K, K), state_v_first=True, chunk_size=32),  # NT from T
+    dict(pool_form=True, cu_seqlens_cpu=[0, 3, 7]),
 ], ids=["varlen", "rows", "pool"])
 def test_opcheck_chunk_kda_intermediate_states(options):
     options = dict(options)
@@ -128,23 +130,79 @@ def test_intermediate_states_through_the_op_match_numpy():
         kt.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True)
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["rows", "varlen"])
-def test_torch_compile_intermediate_states(varlen):
-    # With cu_seqlens the chunk count is a data-dependent size; the graph stays whole (fullgraph).
+def _shapes_of_the_op(record, then):
+    """A torch.compile backend that records the shapes the kda::chunk_kda node's fake gives, then compiles
+    the graph with the backend ``then``."""
+    def backend(gm, inputs):
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target in (torch.ops.kda.chunk_kda, torch.ops.kda.chunk_kda.default):
+                record.append([tuple(x.shape) for x in n.meta["example_value"]])
+        return torch._dynamo.lookup_backend(then)(gm, inputs)
+
+    return backend
+
+
+@pytest.mark.parametrize("form,compiler", [("rows", "aot_eager"), ("varlen-ints", "aot_eager"),
+                                           ("varlen-tensor", "aot_eager"), ("varlen-ints", "inductor")])
+def test_torch_compile_intermediate_states(form, compiler):
+    # h's chunk count under torch.compile: from T without cu_seqlens, else from cu_seqlens_cpu: Python ints give
+    # a static size, a tensor's values are read in the graph (a size in terms of them). The graph stays whole.
+    # Inductor compiles C++ for the elementwise ops around the op (about 20 s on a 2-core host, cold).
     torch._dynamo.reset()
 
-    def step(q, k, v, g, beta, cu):
-        o, _, h = kt.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, return_intermediate_states=True, chunk_size=32)
+    def step(q, k, v, g, beta, cu, cpu):
+        o, _, h = kt.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cpu, return_intermediate_states=True,
+                               chunk_size=32)
         return o + 1, h * 2, h.shape[1]
 
     q, k, v, g, beta = tensors(B=1, T=70, seed=7)
-    cu = torch.tensor([0, 5, 40, 70]) if varlen else None
-    want = step(q, k, v, g, beta, cu)
-    got = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, cu)
-    assert want[2] == (1 + 2 + 1 if varlen else 3)
+    cu = None if form == "rows" else torch.tensor([0, 5, 40, 70])
+    cpu = {"rows": None, "varlen-ints": [0, 5, 40, 70], "varlen-tensor": torch.tensor([0, 5, 40, 70])}[form]
+    want = step(q, k, v, g, beta, cu, None)  # eager: no host copy needed
+    shapes = []
+    got = torch.compile(step, backend=_shapes_of_the_op(shapes, compiler), fullgraph=True)(q, k, v, g, beta, cu, cpu)
+    assert want[2] == (3 if form == "rows" else 1 + 2 + 1)
     assert got[2] == want[2]
     for a, b in zip(got[:2], want[:2]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert len(shapes) == 1
+    h_shape = shapes[0][2]
+    if form == "varlen-tensor":
+        assert isinstance(h_shape[1], torch.SymInt)  # an expression of the values read in the graph
+    else:
+        assert h_shape == (1, want[2], H, K, K) and all(isinstance(d, int) for d in h_shape)  # static
+
+
+def test_torch_compile_intermediate_states_need_cu_seqlens_cpu():
+    torch._dynamo.reset()
+    q, k, v, g, beta = tensors(B=1, T=20, seed=9)
+    cu = torch.tensor([0, 7, 20])
+
+    def step(q, k, v, g, beta, cu, cpu=None):
+        return kt.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, cu_seqlens_cpu=cpu, return_intermediate_states=True)[2]
+
+    assert step(q, k, v, g, beta, cu).shape == (1, 2, H, K, K)  # eager: read from cu_seqlens
+    with pytest.raises(RuntimeError, match=r"needs cu_seqlens_cpu= \(cu_seqlens' values on the host"):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, cu)
+    # Any fake-tensor trace: the fake refuses, naming it.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(x) for x in (q, k, v, g, beta, cu)]
+        with pytest.raises(ValueError, match="needs cu_seqlens_cpu="):
+            step(*fake)
+        assert step(*fake, cpu=[0, 7, 20]).shape == (1, 2, H, K, K)
+        with pytest.raises(ValueError, match=r"cu_seqlens_cpu: expected cu_seqlens' 3 values, got 2"):
+            step(*fake, cpu=[0, 20])
+    # Values that disagree with cu_seqlens: refused when the op runs, eagerly or compiled.
+    with pytest.raises(ValueError, match=r"cu_seqlens_cpu: must hold cu_seqlens' values: cu_seqlens_cpu\[1\] = 8, "
+                                         r"cu_seqlens\[1\] = 7"):
+        step(q, k, v, g, beta, cu, cpu=[0, 8, 20])
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match=r"cu_seqlens_cpu\[1\] = 8"):
+        torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, cu, [0, 8, 20])
+    with pytest.raises(ValueError, match="cu_seqlens_cpu: expected a 1-D integer tensor"):
+        step(q, k, v, g, beta, cu, cpu=torch.tensor([0.0, 7.0, 20.0]))
 
 
 def _recurrent_args(**options):
@@ -154,7 +212,7 @@ def _recurrent_args(**options):
              scale=None, output_final_state=False, inplace_final_state=True, state_v_first=False,
              cu_seqlens=torch.arange(4), ssm_state_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
              num_accepted_tokens=None, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=False,
-             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, kernel="auto")
+             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, kernel="auto", out=None)
     a.update(options)
     return tuple(a.values())
 
@@ -172,6 +230,143 @@ def test_opcheck_fused_recurrent_kda_fwd():
                                           output_final_state=True,
                                           ssm_state_indices=torch.tensor([[0, 1], [2, -1]], dtype=torch.int32),
                                           num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32)))
+    # o written into out (declared mutated).
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
+                          _recurrent_args(out=torch.full((1, 3, H, K), float("nan"))))
+
+
+def test_fused_recurrent_out_is_written_in_place():
+    q, k, v, g, beta = tensors(B=2, T=3, seed=10, dtype=torch.float16)
+    start = torch.randn(4, H, K, K)
+    pools = [start.clone(), start.clone()]
+    idx = torch.tensor([3, 0], dtype=torch.int32)
+    want_o, _ = kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pools[0], ssm_state_indices=idx)
+    out = torch.full_like(v, float("nan"))
+    ptr = out.data_ptr()
+    o, s = kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pools[1], ssm_state_indices=idx, out=out)
+    assert o is out and o.data_ptr() == ptr and s is pools[1]
+    assert torch.equal(out, want_o) and torch.equal(pools[1], pools[0])
+    assert out.abs().sum() > 0
+    # The op writes o into out itself (no o allocated and copied): its own o result is empty.
+    o_op, _ = torch.ops.kda.fused_recurrent_kda_fwd(
+        q, k, v, g, beta, None, None, start.clone(), None, False, True, False, None, idx, None, False, False, False,
+        False, None, "auto", out=out)
+    assert o_op.numel() == 0 and out.data_ptr() == ptr and torch.equal(out, want_o)
+    # fla's public entry honours out too (with the pool keywords' defaults: inplace_final_state=True unless given).
+    out2 = torch.zeros_like(v)
+    h0 = torch.randn(2, H, K, K)
+    want2 = kt.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o2, s2 = kt.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, out=out2,
+                                    inplace_final_state=False)
+    assert o2 is out2 and torch.equal(out2, want2[0]) and torch.equal(s2, want2[1])
+    # Under torch.compile the write into out survives functionalization.
+    torch._dynamo.reset()
+
+    def step(q, k, v, g, beta, pool, out):
+        o, _ = kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx, out=out)
+        return o.float() * 2
+
+    pool_e, pool_c, out_c = start.clone(), start.clone(), torch.zeros_like(v)
+    want_step = step(q, k, v, g, beta, pool_e, torch.zeros_like(v))
+    got_step = torch.compile(step, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, pool_c, out_c)
+    assert torch.equal(got_step, want_step) and torch.equal(out_c.float() * 2, want_step)
+    assert torch.equal(pool_c, pool_e) and torch.equal(pool_e, pools[0])
+    # out must have v's shape and q's dtype; refused by name before anything is written.
+    bad = torch.zeros(2, 3, H, K)
+    with pytest.raises(ValueError, match=r"fused_recurrent_kda_fwd: out: expected shape \[2, 3, 2, 16\] and dtype "
+                                         r"torch.float16"):
+        kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pools[1], ssm_state_indices=idx, out=bad)
+    with pytest.raises(TypeError, match="out: expected a torch tensor"):
+        kt.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pools[1], ssm_state_indices=idx,
+                                   out=np.zeros((2, 3, H, K), np.float16))
+    assert not bad.any()
+
+
+# --- opcheck over fla's options -------------------------------------------------------------------------
+
+def _operands(B, T, H_, HV, K_, V, dtype, seed, beta_per_value=False, raw_gate=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H_, K_, generator=gen).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H_, K_, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    g = torch.randn(B, T, HV, K_, generator=gen) if raw_gate else -0.2 * torch.rand(B, T, HV, K_, generator=gen)
+    beta = torch.rand((B, T, HV, V) if beta_per_value else (B, T, HV), generator=gen)
+    return q, k, v, g, beta
+
+
+# Each case: one of fla's options over a base of 2 packed sequences (2 key heads, K = V = 16); "all" combines them.
+OP_CASES = {
+    "grouped-heads": dict(HV=4),
+    "float16": dict(dtype=torch.float16),
+    "k60-v100": dict(K=60, V=100),
+    "lower-bound-gate": dict(gate=True),
+    "state-v-first": dict(state_v_first=True, K=12, V=20),
+    "all": dict(HV=4, dtype=torch.float16, K=60, V=100, gate=True, state_v_first=True),
+}
+
+
+def _case(name, seed, beta_per_value=False):
+    c = dict(HV=2, dtype=torch.float32, K=16, V=16, gate=False, state_v_first=False)
+    c.update(OP_CASES[name])
+    q, k, v, g, beta = _operands(1, 7, 2, c["HV"], c["K"], c["V"], c["dtype"], seed, beta_per_value, c["gate"])
+    gen = torch.Generator().manual_seed(seed + 1)
+    gate = {}
+    if c["gate"]:
+        gate = dict(A_log=torch.log(torch.rand(c["HV"], generator=gen) + 1),
+                    dt_bias=torch.randn(c["HV"] * c["K"], generator=gen), lower_bound=-3.0)
+    inner = (c["V"], c["K"]) if c["state_v_first"] else (c["K"], c["V"])
+    return c, (q, k, v, g, beta), gate, inner, gen
+
+
+@pytest.mark.parametrize("name", OP_CASES)
+def test_opcheck_chunk_kda_options(name):
+    c, (q, k, v, g, beta), gate, inner, gen = _case(name, seed=40)
+    a = dict(q=q, k=k, v=v, g=g, beta=beta, scale=None, initial_state=torch.randn(2, c["HV"], *inner, generator=gen),
+             output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=c["gate"],
+             use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=c["gate"],
+             lower_bound=gate.get("lower_bound"), state_v_first=c["state_v_first"], cu_seqlens=torch.tensor([0, 3, 7]),
+             A_log=gate.get("A_log"), dt_bias=gate.get("dt_bias"), chunk_size=32, state_indices=None,
+             return_intermediate_states=True, kernel="auto", cu_seqlens_cpu=[0, 3, 7])
+    torch.library.opcheck(torch.ops.kda.chunk_kda.default, tuple(a.values()))
+    # The op's results are the numpy entry's.
+    o, s, h = torch.ops.kda.chunk_kda(*a.values())
+    want = kda.chunk_kda(q, k, v, g, beta, initial_state=a["initial_state"], output_final_state=True,
+                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=c["gate"], safe_gate=c["gate"],
+                         state_v_first=c["state_v_first"], cu_seqlens=a["cu_seqlens"], chunk_size=32,
+                         return_intermediate_states=True, **gate)
+    assert o.dtype == c["dtype"] and s.shape == (2, c["HV"], *inner) and h.shape == (1, 2, c["HV"], *inner)
+    for x, y in zip((o, s, h), want):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", [*OP_CASES, "beta-per-value"])
+def test_opcheck_fused_recurrent_kda_fwd_options(name):
+    per_value = name in ("beta-per-value", "all")
+    c, (q, k, v, g, beta), gate, inner, gen = _case("grouped-heads" if name == "beta-per-value" else name, seed=41,
+                                                     beta_per_value=per_value)
+    assert beta.dim() == (4 if per_value else 3)
+    # 2-D slots and accepted counts (speculative decoding) into a pool, o into out.
+    a = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=gate.get("A_log"), dt_bias=gate.get("dt_bias"),
+             initial_state=torch.randn(9, c["HV"], *inner, generator=gen), scale=0.5, output_final_state=False,
+             inplace_final_state=True, state_v_first=c["state_v_first"], cu_seqlens=torch.tensor([0, 3, 7]),
+             ssm_state_indices=torch.tensor([[0, 1, 2, -1], [3, 4, 5, 6]], dtype=torch.int32),
+             num_accepted_tokens=torch.tensor([2, 1], dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+             use_gate_in_kernel=c["gate"], use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+             lower_bound=gate.get("lower_bound"), kernel="auto", out=torch.zeros_like(v))
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default, tuple(a.values()))
+    # The op's results are the numpy entry's, pool and out updated in place.
+    pool, out = a["initial_state"].clone(), a["out"]
+    torch.ops.kda.fused_recurrent_kda_fwd(*a.values())
+    want_pool = pool.clone()
+    want_o, _ = kda.fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=want_pool, scale=0.5,
+                                            state_v_first=c["state_v_first"], cu_seqlens=a["cu_seqlens"],
+                                            ssm_state_indices=a["ssm_state_indices"],
+                                            num_accepted_tokens=a["num_accepted_tokens"],
+                                            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=c["gate"], **gate)
+    assert out.dtype == c["dtype"] and out.abs().sum() > 0
+    torch.testing.assert_close(out, want_o, rtol=0, atol=0)
+    torch.testing.assert_close(a["initial_state"], want_pool, rtol=0, atol=0)
+    assert not torch.equal(want_pool, pool)
 
 
 def fused(q, k, v, pad=3):

@@ -35,7 +35,8 @@ them in place; otherwise XLA copies them first. Use the returned arrays.
 ``chunk_kda(return_intermediate_states=True)`` returns (o, final_state, h), h [B, NT, HV, K, V] in k's
 dtype, chunk j of a sequence the state before its token j * chunk_size (with ``cu_seqlens`` B = 1 and
 NT the chunks of all sequences). Its size must be static: a traced ``cu_seqlens`` needs the static
-keyword ``num_chunks`` (kda.jax's own; checked against the values as they are, below).
+keyword ``num_chunks`` (kda.jax's own; checked against the values as they are, below), or fla's
+``cu_seqlens_cpu`` with concrete values (numpy, a list), from which the count is taken.
 
 Bad arguments raise ValueError / TypeError naming the argument at trace time (for an eager call: at
 the call), for both backends: the C++ call description's checks (kda/kernels/kda_args.h, through
@@ -61,6 +62,7 @@ import logging
 import os
 
 import jax
+import numpy as np
 
 from .. import _kernels
 from . import _args, ffi, naive
@@ -146,7 +148,9 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     ``state_indices`` ([N] int; negative: padding): ``initial_state`` is a pool [S, HV, K, V] that
     sequence n reads and writes at ``state_indices[n]``, returned updated as the second result;
     ``num_chunks`` (static NT of the intermediate states) and ``kernel`` ("auto" | "ffi" | "naive").
-    Any other keyword is a TypeError; ``cp_context`` is refused.
+    Any other keyword is a TypeError; ``cp_context`` is refused. ``cu_seqlens_cpu`` (cu_seqlens' values
+    on the host), where concrete, must hold cu_seqlens' values when those are concrete too, and gives
+    ``num_chunks`` when cu_seqlens is traced; fla's other hints are accepted and ignored.
 
     Returns ``(o, final_state or None)``, or ``(o, final_state, h)`` with ``return_intermediate_states``.
     """
@@ -155,6 +159,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
                                              kwargs)
     impl = backend(kwargs.get("kernel"))
     state_indices = kwargs.get("state_indices")
+    if _args.is_concrete(cu_seqlens_cpu):  # traced: no values to read, a hint like the others
+        host = _kernels.host_cu_seqlens("chunk_kda", cu_seqlens_cpu, cu_seqlens, known=_args.is_concrete(cu_seqlens))
+        chunk_size = kwargs.get("chunk_size", 64)
+        if (host is not None and return_intermediate_states and num_chunks is None
+                and isinstance(chunk_size, (int, np.integer)) and not isinstance(chunk_size, bool)):
+            num_chunks = _kernels.chunk_count(host, int(chunk_size))
     call = _args.check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                              use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                              return_intermediate_states, state_v_first, cu_seqlens, kwargs.get("A_log"),

@@ -233,7 +233,8 @@ def _num_chunks(who: str, s: dict, num_chunks) -> int:
     if nt < 0:
         if num_chunks is None:
             raise ValueError(f"{who}: return_intermediate_states with a traced cu_seqlens needs num_chunks=, the "
-                             "total number of chunks over the sequences (static: the size of the result)")
+                             "total number of chunks over the sequences (static: the size of the result), or "
+                             "cu_seqlens_cpu= with concrete values")
         if num_chunks < 0:
             raise ValueError(f"{who}: num_chunks must be >= 0, got {num_chunks}")
         return int(num_chunks)
