@@ -341,9 +341,11 @@ bool Scheduler::Step() {
                 static_cast<const uint8_t*>(out.data()) + static_cast<size_t>(row) * row_bytes,
                 static_cast<size_t>(n) * row_bytes);
     if (verify) {
-      for (int64_t j = 0; j + 1 < n && !r.result.token_ids.empty(); ++j) {
-        const int32_t id = draft_ids[id_at + static_cast<size_t>(j)];
-        if (id >= 0) r.result.token_ids[static_cast<size_t>(r.done + 1 + j)] = id;
+      if (!r.result.token_ids.empty()) {
+        for (int64_t j = 0; j + 1 < n; ++j) {
+          const int32_t id = draft_ids[id_at + static_cast<size_t>(j)];
+          if (id >= 0) r.result.token_ids[static_cast<size_t>(r.done + 1 + j)] = id;
+        }
       }
       id_at += static_cast<size_t>(draft_counts[m]);
     }

@@ -1286,6 +1286,50 @@ INSTANTIATE_TEST_SUITE_P(Kda, KdaChunkTest, ::testing::ValuesIn(AllVariants()), 
 
 class KdaRecurrentTest : public VariantTest {};
 
+// A pool of `slots` random states for p (normal, sd 0.5, from `seed`).
+std::vector<float> RandomPool(const Problem& p, int64_t slots, uint32_t seed) {
+  std::vector<float> pool(static_cast<size_t>(slots) * p.HV * p.HeadState());
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0F, 0.5F);
+  for (float& x : pool) x = normal(rng);
+  return pool;
+}
+
+// What a pool-form fused_recurrent_kda call on p (fp32, packed) left: its
+// outputs [T, HV, V], the pool, and the states after every token
+// [T, HV, ...] (kSentinel where none was written).
+struct PoolRun {
+  std::vector<float> out, pool, token_states;
+};
+
+// Runs p's tokens through `variant` from the pool `pool0` ([slots, HV, ...])
+// with `idx` ([N], or [N, cols] with cols > 0) and, if given, `accepted`
+// ([N]): the final states in place with `inplace`, else the state after every
+// token into token_states.
+PoolRun RunRecurrentPool(const Variant& variant, const Problem& p, const std::vector<float>& pool0, int64_t slots,
+                         const std::vector<int32_t>& idx, int64_t cols, const std::vector<int32_t>* accepted,
+                         bool inplace) {
+  const TypedInputs in(p, DType::kF32, DType::kF32);
+  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
+  RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), 1, p.T);
+  c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
+  PoolRun r{.out = {},
+            .pool = pool0,
+            .token_states = std::vector<float>(static_cast<size_t>(p.T) * p.HV * p.HeadState(), kSentinel)};
+  c.initial_state = testing::MutStatesView(p, r.pool.data(), slots);
+  c.ssm_state_indices = cols > 0 ? ContiguousView<const void*>(idx.data(), DType::kI32, {p.N, cols})
+                                 : ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
+  if (accepted != nullptr) c.num_accepted_tokens = ContiguousView<const void*>(accepted->data(), DType::kI32, {p.N});
+  c.inplace_final_state = inplace;
+  if (!inplace) {
+    c.output_final_state = true;
+    c.final_state = testing::MutStatesView(p, r.token_states.data(), p.T);
+  }
+  RecurrentFn(variant)(BindRecurrentKda(c));
+  r.out = o.ToF32();
+  return r;
+}
+
 TEST_P(KdaRecurrentTest, PaddingWritesZerosAndTouchesNoState) {
   // Mixed padding / live entries in one call, on the parallel path.
   Problem shape;  // the head shape and (default) options of the call
@@ -1450,32 +1494,15 @@ TEST_P(KdaRecurrentTest, SlotsPerTokenForSpeculativeDecoding) {
   const std::vector<int32_t> idx = {1, 2, 3, 4, /* */ 5, 6, -1, -1, /* */ 7, 8, 9, 10, /* */ -1, 11, -1, -1};
   const std::vector<int32_t> accepted = {2, 1, 3, 1};  // sequence 3 reads idx[3][0] = -1: padding
   const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
-  std::vector<float> pool0(kSlots * per_slot);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0F, 0.5F);
-  for (float& x : pool0) x = normal(rng);
+  const std::vector<float> pool0 = RandomPool(p, kSlots, 7);
   auto slot = [&](const std::vector<float>& pool, int64_t i) {
     return std::vector<float>(pool.begin() + static_cast<std::ptrdiff_t>(i * per_slot),
                               pool.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_slot));
   };
   for (bool inplace : {true, false}) {
     SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
-    const TypedInputs in(p, DType::kF32, DType::kF32);
-    Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
-    RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), 1, p.T);
-    c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
-    std::vector<float> pool = pool0;
-    std::vector<float> token_states(static_cast<size_t>(p.T) * per_slot, kSentinel);
-    c.initial_state = testing::MutStatesView(p, pool.data(), kSlots);
-    c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N, kCols});
-    c.num_accepted_tokens = ContiguousView<const void*>(accepted.data(), DType::kI32, {p.N});
-    c.inplace_final_state = inplace;
-    if (!inplace) {
-      c.output_final_state = true;
-      c.final_state = testing::MutStatesView(p, token_states.data(), p.T);
-    }
-    RecurrentFn(variant())(BindRecurrentKda(c));
-    const std::vector<float> out = o.ToF32();
+    const auto [out, pool, token_states] =
+        RunRecurrentPool(variant(), p, pool0, kSlots, idx, kCols, &accepted, inplace);
     std::vector<bool> written(kSlots, false);
     for (int64_t n = 0; n < p.N; ++n) {
       const int32_t read = idx[n * kCols + accepted[n] - 1];
@@ -1533,11 +1560,7 @@ TEST_P(KdaRecurrentTest, TokenStridedQkvWithSeveralTokensPerSequence) {
                                          ? std::vector<int32_t>{1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, -1, 11, -1, -1}
                                          : std::vector<int32_t>{4, 9, 2};
     const std::vector<int32_t> accepted = {2, 1, 3, 1};
-    const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
-    std::vector<float> pool0(kSlots * per_slot);
-    std::mt19937 rng(8);
-    std::normal_distribution<float> normal(0.0F, 0.5F);
-    for (float& x : pool0) x = normal(rng);
+    const std::vector<float> pool0 = RandomPool(p, kSlots, 8);
     auto run = [&](int64_t pad) {
       const TypedInputs in(p, DType::kBF16, DType::kF32);
       Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kBF16, kSentinel);
@@ -1586,10 +1609,7 @@ TEST_P(KdaRecurrentTest, OneDimensionalIndicesWriteTheFinalStateToSlotN) {
   const std::vector<int32_t> idx = {5, 0, 2, 8, -1, 10};
   constexpr int64_t kSlots = 12;
   const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
-  std::vector<float> pool0(kSlots * per_slot);
-  std::mt19937 rng(9);
-  std::normal_distribution<float> normal(0.0F, 0.5F);
-  for (float& x : pool0) x = normal(rng);
+  const std::vector<float> pool0 = RandomPool(p, kSlots, 9);
   // The float64 recurrence from each sequence's slot (padding: zeros, unchecked).
   Problem from_slots = p;
   from_slots.h0.assign(p.StateSize(), 0.0F);
@@ -1603,21 +1623,7 @@ TEST_P(KdaRecurrentTest, OneDimensionalIndicesWriteTheFinalStateToSlotN) {
   const Result want = NaiveRecurrenceF64(from_slots, 64, nullptr, &token_states_want);
   for (bool inplace : {true, false}) {
     SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
-    const TypedInputs in(p, DType::kF32, DType::kF32);
-    Typed o(static_cast<size_t>(p.T) * p.ValueRow(), DType::kF32, kSentinel);
-    RecurrentKdaCall c = testing::TokenCall<RecurrentKdaCall>(p, in, o.Mut(), 1, p.T);
-    c.cu_seqlens = ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1});
-    std::vector<float> pool = pool0;
-    std::vector<float> token_states(static_cast<size_t>(p.T) * per_slot, kSentinel);
-    c.initial_state = testing::MutStatesView(p, pool.data(), kSlots);
-    c.ssm_state_indices = ContiguousView<const void*>(idx.data(), DType::kI32, {p.N});
-    c.inplace_final_state = inplace;
-    if (!inplace) {
-      c.output_final_state = true;
-      c.final_state = testing::MutStatesView(p, token_states.data(), p.T);
-    }
-    RecurrentFn(variant())(BindRecurrentKda(c));
-    const std::vector<float> out = o.ToF32();
+    const auto [out, pool, token_states] = RunRecurrentPool(variant(), p, pool0, kSlots, idx, 0, nullptr, inplace);
     std::vector<bool> written(kSlots, false);
     for (int64_t n = 0; n < p.N; ++n) {
       SCOPED_TRACE("sequence " + std::to_string(n) + " slot " + std::to_string(idx[n]));

@@ -470,13 +470,23 @@ TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
   bad.draft.propose = [](int64_t, int64_t max_k, void*, int32_t*) { return max_k + 1; };
   ServeRequest good{.id = 2, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
   good.draft = SeededDraftSource(good.input, hidden, 2, 0.5, 3);
+  ServeRequest bad_id{.id = 4, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
+  bad_id.draft.propose = [hidden](int64_t, int64_t, void* rows, int32_t* ids) -> int64_t {
+    std::memset(rows, 0, static_cast<size_t>(hidden) * sizeof(float));
+    ids[0] = -7;  // below -1
+    return 1;
+  };
   sched.Submit(bad);
+  sched.Submit(bad_id);
   sched.Submit(good);
   EXPECT_NE(ErrorOf([&] { sched.RunToCompletion(); }).find("request 1: draft source: proposed 3 drafts"),
             std::string::npos);
+  EXPECT_NE(ErrorOf([&] { sched.RunToCompletion(); }).find("request 4: draft source: draft 0: token id -7"),
+            std::string::npos);
   sched.RunToCompletion();
-  ASSERT_EQ(sched.failed().size(), 1U);
+  ASSERT_EQ(sched.failed().size(), 2U);
   EXPECT_EQ(sched.failed()[0].id, 1);
+  EXPECT_EQ(sched.failed()[1].id, 4);
   ASSERT_EQ(sched.finished().size(), 1U);
   EXPECT_EQ(pool.num_free(), 2);
 }
@@ -527,27 +537,6 @@ TEST(SpecScheduler, AcceptedDraftIdsKeyThePrefixCache) {
   const Served cached_c = Serve(model, {c}, 1, {}, &cache);
   EXPECT_EQ(cached_c.results.at(2).cached_tokens, 5);  // the prompt's snapshot, not the drafted request's
   EXPECT_TRUE(SameResult(cached_c.results.at(2), plain_c.results.at(2), hidden));
-}
-
-TEST(SpecScheduler, ADraftTokenIdBelowMinusOneFailsItsRequest) {
-  const KdaModel model = KdaModel::Random(SpecShape(), 1, DType::kF32, 8);
-  const int64_t hidden = model.shape.hidden;
-  const std::vector<float> x = RandomRows(6, hidden, 1);
-  RecurrentStatePool pool(1, 1, model.shape, DType::kF32, {.max_draft_tokens = 2});
-  HybridReqToTokenPool req(&pool);
-  ModelRunner runner(model, {&pool, &req});
-  Scheduler sched(runner, {});
-  ServeRequest bad{.id = 4, .input = {x.data(), DType::kF32}, .length = 6, .decode_tokens = 4};
-  bad.draft.propose = [hidden](int64_t, int64_t, void* rows, int32_t* ids) -> int64_t {
-    std::memset(rows, 0, static_cast<size_t>(hidden) * sizeof(float));
-    ids[0] = -7;
-    return 1;
-  };
-  sched.Submit(bad);
-  EXPECT_NE(ErrorOf([&] { sched.RunToCompletion(); }).find("request 4: draft source: draft 0: token id -7"),
-            std::string::npos);
-  ASSERT_EQ(sched.failed().size(), 1U);
-  EXPECT_EQ(pool.num_free(), 1);
 }
 
 // Many more requests than slots, random k (0 included) and random
