@@ -454,7 +454,10 @@ inline ::testing::AssertionResult AllFinite(const std::vector<float>& x) {
 }
 
 // Bit-for-bit equality of two float arrays (unlike ==, tells -0 from 0 and compares NaNs).
-inline bool BitEqual(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+// Empty arrays are equal, whatever their pointers (an empty vector's may be null).
+inline bool BitEqual(const float* a, const float* b, size_t n) {
+  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
+}
 
 // Outputs and final states finite and within the fp32 tolerance.
 inline void ExpectClose(const Result& got, const Result& want) {
