@@ -414,6 +414,15 @@ TEST(KdaValidation, ChunkRejectsBadCallsWithoutWriting) {
        "final_state: required with output_final_state (shape [N, HV, K, V])", kBind},
       {"shifted alias", [](C& c) { c.initial_state.data = static_cast<float*>(c.final_state.data) + 1; },
        "initial_state and final_state overlap without being the same buffer", kBind},
+      // With grouped heads a state has HV (not H) heads: a shift of N * H * K * V still overlaps.
+      {"shifted alias, grouped heads",
+       [](C& c) {
+         static float scratch[3 * 2 * kStateElems];
+         c.q.shape[2] = c.k.shape[2] = 1;
+         c.initial_state.data = scratch;
+         c.final_state.data = scratch + kStateElems;
+       },
+       "initial_state and final_state overlap without being the same buffer", kBind},
       // Their shapes, layouts and dtypes.
       {"initial_state shape", [](C& c) { c.initial_state.shape[0] = 3; },
        "initial_state: expected shape [N, HV, K, V] = [2, 2, 16, 16], got [3, 2, 16, 16]"},
@@ -790,6 +799,48 @@ TEST(KdaValidation, RecurrentAcceptsEquivalentForms) {
   empty.ssm_state_indices = ContiguousView<const void*>(nullptr, DType::kI32, {0});
   EXPECT_NO_THROW(fused_recurrent_kda_reference(BindRecurrentKda(empty)));
   EXPECT_NO_THROW(fused_recurrent_kda_optimized(BindRecurrentKda(empty)));
+  // An empty batch against a pool that has states: its empty indices and
+  // accepted counts may be null, and the pool is left as it is.
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    SCOPED_TRACE(KernelImplName(impl));
+    RecurrentFixture f;
+    SetTokenDim(f.call, 0, 0);
+    f.call.o.data = nullptr;
+    f.call.q.data = f.call.k.data = f.call.v.data = f.call.g.data = f.call.beta.data = nullptr;
+    f.call.ssm_state_indices = ContiguousView<const void*>(nullptr, DType::kI32, {0, 2});
+    f.call.num_accepted_tokens = ContiguousView<const void*>(nullptr, DType::kI32, {0});
+    EXPECT_NO_THROW(fused_recurrent_kda(f.call, impl));
+    EXPECT_TRUE(f.Untouched());
+  }
+}
+
+// Indices [N, 1] are one slot per sequence, as [N] is, for any number of
+// tokens, and take num_accepted_tokens (every count 1, the only column).
+TEST(KdaValidation, RecurrentIndicesOfOneColumnAreOneSlotPerSequence) {
+  static const int64_t kCu[] = {0, 2, 3};
+  static const int32_t kSlots[] = {3, 1};
+  static const int32_t kOnes[] = {1, 1};
+  const auto run = [](KernelImpl impl, bool two_d, bool accepted) {
+    RecurrentFixture f;
+    for (size_t i = 0; i < f.state.size(); ++i) f.state[i] = 0.01F * static_cast<float>(i % 97);
+    PackTokens(f.call);
+    f.call.cu_seqlens = ContiguousView<const void*>(kCu, DType::kI64, {3});
+    f.call.ssm_state_indices =
+        two_d ? ContiguousView<const void*>(kSlots, DType::kI32, {2, 1}) : ContiguousView<const void*>(kSlots, DType::kI32, {2});
+    if (accepted) f.call.num_accepted_tokens = ContiguousView<const void*>(kOnes, DType::kI32, {2});
+    EXPECT_NO_THROW(CheckRecurrentKdaShapes(f.call));
+    fused_recurrent_kda(f.call, impl);
+    return Result{f.o, f.state};
+  };
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    SCOPED_TRACE(KernelImplName(impl));
+    const Result want = run(impl, false, false);
+    // The final states went to slots 3 and 1; slots 0 and 2 are as they were.
+    EXPECT_NE(want.state[3 * kStateElems], 0.01F * static_cast<float>((3 * kStateElems) % 97));
+    for (size_t i : {size_t{5}, 2 * kStateElems + 5}) EXPECT_EQ(want.state[i], 0.01F * static_cast<float>(i % 97));
+    testing::ExpectBitEqual(run(impl, true, false), want);
+    testing::ExpectBitEqual(run(impl, true, true), want);
+  }
 }
 
 TEST(KdaValidation, ShapeCheckNeedsNoData) {

@@ -302,8 +302,6 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a) {
     Check(!a.write_slots || a.token_states == nullptr,
           [&] { return who + ": token_states (a state per token) excludes write_slots"; });
     Check(a.index_cols >= 1, [&] { return who + ": index_cols must be >= 1"; });
-    Check(a.num_accepted_tokens == nullptr || a.index_cols > 1 || a.N == 0,
-          [&] { return who + ": num_accepted_tokens needs 2-D ssm_state_indices [N, C] (a slot per token)"; });
   } else {
     Check(a.state == nullptr && a.token_states == nullptr && a.num_accepted_tokens == nullptr,
           [&] { return who + ": state, token_states and num_accepted_tokens (pool form) require state_indices"; });
@@ -817,6 +815,16 @@ void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.options = OptionsOf(call);
 }
 
+// A view's data, or for an empty view without data (an empty batch: N = 0, or
+// a pool of no states) a valid address: the pool form is told apart by its
+// index pointer, so an empty one must not read as absent. Nothing is read
+// through it.
+template <class T, class View>
+T* DataOrEmpty(const View& v) {
+  static T empty{};
+  return v.data != nullptr ? static_cast<T*>(v.data) : &empty;
+}
+
 }  // namespace
 
 bool ReadsTokensInPlace(const TensorView& v) { return v.ndim != 4 || TokenStrideOf(v) >= 0; }
@@ -832,8 +840,10 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.cu_seqlens = BoundariesOf(call, s, cu);
   a.final_state = static_cast<float*>(call.final_state.data);
   a.initial_state = static_cast<const float*>(call.initial_state.data);
-  a.state = static_cast<float*>(call.state.data);
-  a.state_indices = static_cast<const int32_t*>(call.state_indices.data);
+  if (call.state_indices.present()) {
+    a.state = DataOrEmpty<float>(call.state);
+    a.state_indices = DataOrEmpty<const int32_t>(call.state_indices);
+  }
   a.num_states = s.num_states;
   a.has_initial_state = static_cast<const uint8_t*>(call.has_initial_state.data);
   a.output_final_state = call.state_indices.present() || call.output_final_state;
@@ -855,11 +865,11 @@ RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
   a.beta_per_value = call.beta.ndim == 4;
   auto* initial = static_cast<float*>(call.initial_state.data);
   if (call.ssm_state_indices.present()) {
-    a.state = initial;
-    a.state_indices = static_cast<const int32_t*>(call.ssm_state_indices.data);
+    a.state = DataOrEmpty<float>(call.initial_state);
+    a.state_indices = DataOrEmpty<const int32_t>(call.ssm_state_indices);
     a.index_cols = call.ssm_state_indices.ndim == 2 ? call.ssm_state_indices.shape[1] : 1;
     a.num_states = s.num_states;
-    a.num_accepted_tokens = static_cast<const int32_t*>(call.num_accepted_tokens.data);
+    if (call.num_accepted_tokens.present()) a.num_accepted_tokens = DataOrEmpty<const int32_t>(call.num_accepted_tokens);
     a.write_slots = call.inplace_final_state;
     if (!call.inplace_final_state && call.output_final_state)
       a.token_states = static_cast<float*>(call.final_state.data);

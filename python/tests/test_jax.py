@@ -628,6 +628,8 @@ RECURRENT_OPTIONS = [
     dict(entry="fwd", cu=True, idx="2d", accepted=True, inplace_final_state=False, output_final_state=True,
          state_v_first=True),
     dict(entry="fwd", cu=True, idx="1d", inplace_final_state=False, output_final_state=True, out=True),
+    # [N, 1]: one slot per sequence, as 1-D indices, with accepted counts of 1.
+    dict(entry="fwd", cu=True, idx="2d1", accepted=True),
 ]
 
 
@@ -650,6 +652,9 @@ def _recurrent_case(opts, seed):
         arrays["initial_state"] = rng.standard_normal((8, 4, *state_dims)).astype(np.float32)
         if idx == "1d":
             arrays["ssm_state_indices"] = np.array([6, -1, 1], np.int32)
+        elif idx == "2d1":
+            arrays["ssm_state_indices"] = np.array([[6], [-1], [1]], np.int32)
+            arrays["num_accepted_tokens"] = np.ones(3, np.int32)
         else:
             arrays["ssm_state_indices"] = np.array([[0, 1, 2], [3, 4, -1], [-1, 5, 6]], np.int32)
             if accepted:  # sequence 2 reads slot [2, 0] = -1: padding

@@ -125,7 +125,8 @@ def run(c: _args.Call):
     per_token = st.kind == "recurrent" and pool and not st.inplace_final_state
     if per_token:  # the pool is only read; the state after every token is a result
         write_t = jnp.full_like(t, none)
-    elif st.kind == "recurrent" and pool and c.indices.ndim == 2:  # the state after token t to slot [n, t]
+    elif st.kind == "recurrent" and pool and c.indices.ndim == 2 and c.indices.shape[1] > 1:
+        # A slot per token: the state after token t to slot [n, t] ([N, 1] is one slot per sequence, as [N] is).
         cols = c.indices.shape[1]
         w = c.indices[seq, jnp.minimum(pos, cols - 1)]
         write_t = jnp.where(valid & (pos < cols) & (w >= 0), w, none)
