@@ -9,8 +9,9 @@
 // V-first states). Token views are often token-strided as a fused
 // projection's slices (accepted for q, k, v; now and then with a token stride
 // short of the row or a batch stride out of step). The call is shape-checked
-// (data null), then bound and run on the reference kernels: a kda::Error, or
-// a call that stays in bounds.
+// (data null), then bound and run on the reference kernels or the optimized
+// ones (in an instruction set the CPU has, chosen by the input): a
+// kda::Error, or a call that stays in bounds.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,8 @@
 #include "kda/kernels/chunk_kda_reference.h"
 #include "kda/kernels/fused_recurrent_kda_reference.h"
 #include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_optimized.h"
+#include "kda/kernels/kernel_isa.h"
 
 namespace {
 
@@ -267,6 +270,17 @@ Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DTy
   return call;
 }
 
+// Which kernels run a bound call: the reference, or the optimized ones in an
+// instruction set the CPU has.
+bool ChooseOptimized(Choices& c) {
+  static constexpr kda::KernelIsa kIsas[] = {kda::KernelIsa::kGeneric, kda::KernelIsa::kAvx2,
+                                             kda::KernelIsa::kAvx512, kda::KernelIsa::kAvx512Shape};
+  if (c.OneIn(2)) return false;
+  const kda::KernelIsa isa = kIsas[c.Below(4)];
+  kda::SetKernelIsa(kda::CpuSupportsKernelIsa(isa) ? isa : kda::KernelIsa::kGeneric);
+  return true;
+}
+
 void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   auto call = TokensAndOptions<kda::ChunkKdaCall>(c, b, s, act, gb);
   const bool packed = s.B == 1 && c.OneIn(2);
@@ -300,8 +314,11 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
   shapes.final_state.data = nullptr;
   shapes.state.data = nullptr;
   shapes.intermediate_states.data = nullptr;
-  Exercise(call, shapes, kda::CheckChunkKdaShapes,
-           [](const kda::ChunkKdaCall& c) { kda::chunk_kda_reference(kda::BindChunkKda(c)); });
+  const bool optimized = ChooseOptimized(c);
+  Exercise(call, shapes, kda::CheckChunkKdaShapes, [optimized](const kda::ChunkKdaCall& c) {
+    const kda::ChunkKdaArgs a = kda::BindChunkKda(c);
+    optimized ? kda::chunk_kda_optimized(a) : kda::chunk_kda_reference(a);
+  });
 }
 
 void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
@@ -339,8 +356,11 @@ void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType g
   kda::RecurrentKdaCall shapes = WithoutTokenData(call);
   shapes.initial_state.data = nullptr;
   shapes.final_state.data = nullptr;
-  Exercise(call, shapes, kda::CheckRecurrentKdaShapes,
-           [](const kda::RecurrentKdaCall& c) { kda::fused_recurrent_kda_reference(kda::BindRecurrentKda(c)); });
+  const bool optimized = ChooseOptimized(c);
+  Exercise(call, shapes, kda::CheckRecurrentKdaShapes, [optimized](const kda::RecurrentKdaCall& c) {
+    const kda::RecurrentKdaArgs a = kda::BindRecurrentKda(c);
+    optimized ? kda::fused_recurrent_kda_optimized(a) : kda::fused_recurrent_kda_reference(a);
+  });
 }
 
 }  // namespace
