@@ -18,6 +18,8 @@
   mutated) receives the states with ``inplace_final_state``; otherwise ``final_state`` is a new buffer
   when ``output_final_state`` (else empty). With ``out`` (declared mutated) o is written there and the
   returned o is empty.
+- ``torch.ops.kda.fused_kda_gate(g, A_log, dt_bias, lower_bound) -> g_activated``: fla's gate alone
+  (see kda.fused_kda_gate), float32 of g's shape; :func:`fused_kda_gate` casts it to ``output_dtype``.
 
 They are ``torch.library.custom_op``s over kda's C++ kernels (CPU tensors, read and written in place
 through DLPack; no build against torch's headers), with fake implementations so ``torch.compile``
@@ -35,7 +37,6 @@ from . import _kernels
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
 
-fused_kda_gate = _kernels.fused_kda_gate
 
 
 def _empty_state(like: torch.Tensor) -> torch.Tensor:
@@ -136,6 +137,26 @@ def _(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state
         return o, _empty_state(q)
     rows = B * T if ssm_state_indices is not None else (cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B)
     return o, q.new_empty((rows, HV, V, K) if state_v_first else (rows, HV, K, V), dtype=torch.float32)
+
+
+@torch.library.custom_op("kda::fused_kda_gate", mutates_args=(), device_types="cpu")
+def _fused_kda_gate(g: torch.Tensor, A_log: Optional[torch.Tensor], dt_bias: Optional[torch.Tensor],
+                    lower_bound: Optional[float]) -> torch.Tensor:
+    return _kernels.fused_kda_gate(g, A_log, dt_bias, lower_bound=lower_bound)
+
+
+@_fused_kda_gate.register_fake
+def _(g, A_log, dt_bias, lower_bound):
+    return g.new_empty(g.shape, dtype=torch.float32)
+
+
+def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=torch.float32):
+    """fla's ``fused_kda_gate`` through ``torch.ops.kda.fused_kda_gate`` (see kda.fused_kda_gate): the
+    activated gate, float32 math, returned as ``output_dtype``."""
+    if A_log is None and lower_bound is None:
+        raise ValueError("fused_kda_gate: A_log is required when lower_bound is not set")
+    y = torch.ops.kda.fused_kda_gate(g, A_log, dt_bias, _float(lower_bound))
+    return y if output_dtype is None else y.to(output_dtype)
 
 
 def _float(x):

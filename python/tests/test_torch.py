@@ -235,6 +235,29 @@ def test_opcheck_fused_recurrent_kda_fwd():
                           _recurrent_args(out=torch.full((1, 3, H, K), float("nan"))))
 
 
+@pytest.mark.parametrize("form", ["softplus", "lower_bound", "lower_bound without A_log"])
+def test_fused_kda_gate_op(form):
+    """The gate as a custom op: opcheck, the numpy entry's values, output_dtype, and a graph without breaks."""
+    gen = torch.Generator().manual_seed(11)
+    g = torch.randn(2, 3, H, K, generator=gen).to(torch.bfloat16)
+    a_log = None if form == "lower_bound without A_log" else torch.randn(H, generator=gen)
+    bias = torch.randn(H * K, generator=gen)
+    lb = None if form == "softplus" else -5.0
+    torch.library.opcheck(torch.ops.kda.fused_kda_gate.default, (g, a_log, bias, lb))
+    want = kda.fused_kda_gate(g.float().numpy(), None if a_log is None else a_log.numpy(), bias.numpy(),
+                              lower_bound=lb)
+    got = kt.fused_kda_gate(g, a_log, bias, lower_bound=lb)
+    assert got.dtype == torch.float32 and got.shape == g.shape
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=0, atol=0)
+    assert kt.fused_kda_gate(g, a_log, bias, lower_bound=lb, output_dtype=torch.bfloat16).dtype == torch.bfloat16
+    compiled = torch.compile(lambda g: kt.fused_kda_gate(g, a_log, bias, lower_bound=lb), backend="eager",
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(g), got, rtol=0, atol=0)
+    if a_log is None:
+        with pytest.raises(ValueError, match="A_log is required when lower_bound is not set"):
+            kt.fused_kda_gate(g, None, bias)
+
+
 def test_fused_recurrent_out_is_written_in_place():
     q, k, v, g, beta = tensors(B=2, T=3, seed=10, dtype=torch.float16)
     start = torch.randn(4, H, K, K)
