@@ -46,6 +46,8 @@ class KimiDeltaAttention:
     conv_size = property(lambda self: self._core.conv_size)
     dtype = property(lambda self: self._core.dtype)
     weights = property(lambda self: self._core.weights)
+    pool_capacity = property(lambda self: self._core.pool_capacity)  # requests the state pool holds
+    pool_bytes = property(lambda self: self._core.pool_bytes)  # its bytes, the dummy slot included
 
     def forward(self, hidden_states, cu_seqlens=None, initial_recurrent_state=None, initial_conv_state=None):
         """The layer over a packed batch: hidden_states ``[T, hidden]`` in the layer's dtype, cu_seqlens
@@ -88,13 +90,18 @@ class Engine:
     up to k draft rows per step (TARGET_VERIFY) and keep the accepted ones; requests pass a draft
     source to :meth:`submit`. ``verify_method``: "recompute" (the default: the commit reruns the kept
     positions from their saved projections) or "token_states" (keeps the state after every position,
-    2 MiB per position and layer at Kimi-Linear's shapes)."""
+    2 MiB per position and layer at Kimi-Linear's shapes).
+
+    ``state_budget_bytes`` (0: no limit) bounds the state pool's bytes, every slot's recurrent and
+    conv states and its verify area included: the pool holds as many requests as fit, at most
+    ``max_running`` (a ValueError if not even one fits). ``pool_capacity`` and ``pool_bytes`` tell
+    what was allocated."""
 
     def __init__(self, path, max_running=16, prefill_chunk=0, dtype="bfloat16", step_token_budget=4096,
-                 kernel="auto", weights="bf16", max_draft_tokens=0, verify_method="recompute"):
+                 kernel="auto", weights="bf16", max_draft_tokens=0, verify_method="recompute", state_budget_bytes=0):
         self._core = _core.Engine(os.fspath(path), str(dtype), int(max_running), int(prefill_chunk),
                                   int(step_token_budget), str(kernel), str(weights), int(max_draft_tokens),
-                                  str(verify_method))
+                                  str(verify_method), int(state_budget_bytes))
         self._ids = itertools.count()
         self._like = {}
         #: Requests that ended without a result in the last run(): id -> error message.
@@ -105,6 +112,8 @@ class Engine:
     hidden_size = property(lambda self: self._core.hidden_size)
     dtype = property(lambda self: self._core.dtype)
     weights = property(lambda self: self._core.weights)
+    pool_capacity = property(lambda self: self._core.pool_capacity)  # requests the state pool holds
+    pool_bytes = property(lambda self: self._core.pool_bytes)  # its bytes, the dummy slot included
 
     def submit(self, hidden_states, decode_tokens=0, initial_recurrent_state=None, initial_conv_state=None,
                request_id=None, draft=None, accept=None, seeded_drafts=None) -> int:

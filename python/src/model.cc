@@ -10,6 +10,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -168,7 +169,7 @@ class Engine {
  public:
   Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
          int64_t step_token_budget, const std::string& kernel, const std::string& weights, int64_t max_draft_tokens,
-         const std::string& verify_method) {
+         const std::string& verify_method, int64_t state_budget_bytes) {
     const KernelImpl impl = ParseKernelImpl(kernel);
     const DType act = ParseActivationDType(dtype);
     const WeightFormat format = ParseWeightFormat(weights);
@@ -184,6 +185,10 @@ class Engine {
     if (max_draft_tokens < 0) {
       throw nb::value_error(("max_draft_tokens must be >= 0, got " + std::to_string(max_draft_tokens)).c_str());
     }
+    if (state_budget_bytes < 0) {
+      throw nb::value_error(
+          ("state_budget_bytes must be >= 0 (0: no limit), got " + std::to_string(state_budget_bytes)).c_str());
+    }
     if (verify_method != "recompute" && verify_method != "token_states") {
       throw nb::value_error(
           ("verify_method must be 'recompute' or 'token_states', got '" + verify_method + "'").c_str());
@@ -193,11 +198,17 @@ class Engine {
         .method = verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates};
     nb::gil_scoped_release release;
     model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act, std::nullopt, nullptr, format));
-    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), max_running, model_->shape, act, verify);
+    // The budget counts every slot's bytes, the verify area's included: the pool holds as many requests as fit.
+    int64_t capacity = max_running;
+    if (state_budget_bytes > 0) {
+      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(state_budget_bytes, model_->num_layers(),
+                                                                             model_->shape, act, verify));
+    }
+    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), capacity, model_->shape, act, verify);
     req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
     runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
     SchedulerConfig config;
-    config.max_running = max_running;
+    config.max_running = capacity;
     config.prefill_chunk = prefill_chunk;
     config.step_token_budget = step_token_budget;
     scheduler_ = std::make_unique<Scheduler>(*runner_, config);
@@ -320,6 +331,8 @@ class Engine {
   const KdaModel& model() const { return *model_; }
   int64_t num_waiting() const { return scheduler_->num_waiting(); }
   int64_t num_running() const { return scheduler_->num_running(); }
+  int64_t pool_capacity() const { return pool_->capacity(); }
+  int64_t pool_bytes() const { return pool_->total_bytes(); }
 
  private:
   struct Kept {
@@ -360,16 +373,18 @@ void BindModel(nb::module_& m) {
 
   nb::class_<Engine> engine(m, "Engine");
   engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&,
-                      const std::string&, int64_t, const std::string&>(),
+                      const std::string&, int64_t, const std::string&, int64_t>(),
              nb::arg("path"), nb::arg("dtype"), nb::arg("max_running"), nb::arg("prefill_chunk"),
              nb::arg("step_token_budget"), nb::arg("kernel"), nb::arg("weights"), nb::arg("max_draft_tokens"),
-             nb::arg("verify_method"));
+             nb::arg("verify_method"), nb::arg("state_budget_bytes"));
   engine.def("submit", &Engine::Submit, nb::arg("id"), nb::arg("hidden_states"), nb::arg("decode_tokens"),
              nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none(), nb::arg("draft").none(),
              nb::arg("accept").none(), nb::arg("seeded").none());
   engine.def("run", &Engine::Run);
   engine.def_prop_ro("num_waiting", &Engine::num_waiting);
   engine.def_prop_ro("num_running", &Engine::num_running);
+  engine.def_prop_ro("pool_capacity", &Engine::pool_capacity);
+  engine.def_prop_ro("pool_bytes", &Engine::pool_bytes);
   ShapeProperties(engine);
 }
 

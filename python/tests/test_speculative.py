@@ -77,3 +77,32 @@ def test_engine_draft_errors_fail_their_request():
     wrong = eng.submit(x, decode_tokens=4, draft=lambda c, m: x[c + 1:c + 1 + m].astype(np.float64))
     eng.run()
     assert "draft rows: dtype must be float32, got float64" in eng.failed[wrong]
+
+
+def test_engine_state_budget_counts_the_verify_area():
+    """state_budget_bytes bounds the pool, the verify area included: as many requests as fit run at once,
+    the rest queue, and the results are the unbounded engine's."""
+    path = golden_set_dir("kda-mini")
+    two = kda.Engine(path, max_running=2, dtype="float32", max_draft_tokens=3, verify_method="token_states")
+    assert two.pool_capacity == 2
+    budget = two.pool_bytes
+    eng = kda.Engine(path, max_running=8, dtype="float32", max_draft_tokens=3, verify_method="token_states",
+                     state_budget_bytes=budget)
+    assert (eng.pool_capacity, eng.pool_bytes) == (2, budget)
+    assert kda.Engine(path, max_running=8, dtype="float32", max_draft_tokens=3, verify_method="token_states",
+                      state_budget_bytes=budget - 1).pool_capacity == 1
+    # Without a verify area (or with the smaller one of the recompute method) the same bytes hold more.
+    assert kda.Engine(path, max_running=8, dtype="float32", state_budget_bytes=budget).pool_capacity > 2
+    assert kda.Engine(path, max_running=8, dtype="float32", max_draft_tokens=3,
+                      state_budget_bytes=budget).pool_capacity > 2
+    xs = [_rows(10, 20 + i) for i in range(3)]
+    ids = [eng.submit(x, decode_tokens=5, seeded_drafts=(3, 0.7, i)) for i, x in enumerate(xs)]
+    got = eng.run()
+    assert eng.failed == {}
+    for rid, w in zip(ids, _plain(path, xs, 5)):
+        check_f32(got[rid].out, w.out, what=f"request {rid} out")
+        check_state_f32(got[rid].final_recurrent_state, w.final_recurrent_state, what=f"request {rid} recurrent")
+    with pytest.raises(ValueError, match="state_budget_bytes must be >= 0"):
+        kda.Engine(path, state_budget_bytes=-1)
+    with pytest.raises(ValueError, match="budget"):
+        kda.Engine(path, max_draft_tokens=3, state_budget_bytes=1024)
