@@ -273,8 +273,8 @@ Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DTy
 // Which kernels run a bound call: the reference, or the optimized ones in an
 // instruction set the CPU has.
 bool ChooseOptimized(Choices& c) {
-  static constexpr kda::KernelIsa kIsas[] = {kda::KernelIsa::kGeneric, kda::KernelIsa::kAvx2,
-                                             kda::KernelIsa::kAvx512, kda::KernelIsa::kAvx512Shape};
+  static constexpr kda::KernelIsa kIsas[] = {kda::KernelIsa::kGeneric, kda::KernelIsa::kAvx2, kda::KernelIsa::kAvx512,
+                                             kda::KernelIsa::kAvx512Shape};
   if (c.OneIn(2)) return false;
   const kda::KernelIsa isa = kIsas[c.Below(4)];
   kda::SetKernelIsa(kda::CpuSupportsKernelIsa(isa) ? isa : kda::KernelIsa::kGeneric);

@@ -825,8 +825,8 @@ TEST(KdaValidation, RecurrentIndicesOfOneColumnAreOneSlotPerSequence) {
     for (size_t i = 0; i < f.state.size(); ++i) f.state[i] = 0.01F * static_cast<float>(i % 97);
     PackTokens(f.call);
     f.call.cu_seqlens = ContiguousView<const void*>(kCu, DType::kI64, {3});
-    f.call.ssm_state_indices =
-        two_d ? ContiguousView<const void*>(kSlots, DType::kI32, {2, 1}) : ContiguousView<const void*>(kSlots, DType::kI32, {2});
+    f.call.ssm_state_indices = two_d ? ContiguousView<const void*>(kSlots, DType::kI32, {2, 1})
+                                     : ContiguousView<const void*>(kSlots, DType::kI32, {2});
     if (accepted) f.call.num_accepted_tokens = ContiguousView<const void*>(kOnes, DType::kI32, {2});
     EXPECT_NO_THROW(CheckRecurrentKdaShapes(f.call));
     fused_recurrent_kda(f.call, impl);

@@ -869,7 +869,8 @@ RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
     a.state_indices = DataOrEmpty<const int32_t>(call.ssm_state_indices);
     a.index_cols = call.ssm_state_indices.ndim == 2 ? call.ssm_state_indices.shape[1] : 1;
     a.num_states = s.num_states;
-    if (call.num_accepted_tokens.present()) a.num_accepted_tokens = DataOrEmpty<const int32_t>(call.num_accepted_tokens);
+    if (call.num_accepted_tokens.present())
+      a.num_accepted_tokens = DataOrEmpty<const int32_t>(call.num_accepted_tokens);
     a.write_slots = call.inplace_final_state;
     if (!call.inplace_final_state && call.output_final_state)
       a.token_states = static_cast<float*>(call.final_state.data);
