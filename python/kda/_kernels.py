@@ -328,6 +328,12 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     return o, (initial_state if inplace_final_state else final)
 
 
+def check_gate_form(A_log, lower_bound):
+    """fused_kda_gate's forms: the softplus one needs A_log; the sigmoid one (lower_bound) may omit it."""
+    if A_log is None and lower_bound is None:
+        raise ValueError("fused_kda_gate: A_log is required when lower_bound is not set")
+
+
 def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=None):
     """fla's ``fused_kda_gate``: the activated forget gate alone (the in-kernel gate's formula).
 
@@ -336,8 +342,7 @@ def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=N
     (``A_log`` None, with ``lower_bound`` only: ``lower_bound * sigmoid(x)``). Computed in float32,
     returned as ``output_dtype`` (default float32), in g's framework.
     """
-    if A_log is None and lower_bound is None:
-        raise ValueError("fused_kda_gate: A_log is required when lower_bound is not set")
+    check_gate_form(A_log, lower_bound)
     torch_in = is_torch(g)
     if torch_in:
         _check_grad("fused_kda_gate", g=g, A_log=A_log, dt_bias=dt_bias)

@@ -46,8 +46,6 @@ class KimiDeltaAttention:
     conv_size = property(lambda self: self._core.conv_size)
     dtype = property(lambda self: self._core.dtype)
     weights = property(lambda self: self._core.weights)
-    pool_capacity = property(lambda self: self._core.pool_capacity)  # requests the state pool holds
-    pool_bytes = property(lambda self: self._core.pool_bytes)  # its bytes, the dummy slot included
 
     def forward(self, hidden_states, cu_seqlens=None, initial_recurrent_state=None, initial_conv_state=None):
         """The layer over a packed batch: hidden_states ``[T, hidden]`` in the layer's dtype, cu_seqlens

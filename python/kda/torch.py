@@ -38,7 +38,6 @@ from . import _kernels
 __all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
 
 
-
 def _empty_state(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,), dtype=torch.float32)  # outputs may not alias an input
 
@@ -153,8 +152,7 @@ def _(g, A_log, dt_bias, lower_bound):
 def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=torch.float32):
     """fla's ``fused_kda_gate`` through ``torch.ops.kda.fused_kda_gate`` (see kda.fused_kda_gate): the
     activated gate, float32 math, returned as ``output_dtype``."""
-    if A_log is None and lower_bound is None:
-        raise ValueError("fused_kda_gate: A_log is required when lower_bound is not set")
+    _kernels.check_gate_form(A_log, lower_bound)  # before the op, which a trace runs only as its fake
     y = torch.ops.kda.fused_kda_gate(g, A_log, dt_bias, _float(lower_bound))
     return y if output_dtype is None else y.to(output_dtype)
 

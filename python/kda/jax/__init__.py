@@ -225,8 +225,7 @@ def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=N
     float32, returned as ``output_dtype`` (default float32).
     """
     who = "fused_kda_gate"
-    if A_log is None and lower_bound is None:
-        raise ValueError(f"{who}: A_log is required when lower_bound is not set")
+    _kernels.check_gate_form(A_log, lower_bound)
     g = _args.as_array(who, "g", g)
     if g.ndim < 2:
         raise ValueError(f"{who}: g: expected shape [..., HV, K], got {list(g.shape)}")
