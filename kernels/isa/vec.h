@@ -357,15 +357,28 @@ KDA_INLINE float Softplus(float x) {
 
 // ---------------------------------------------------------------- bf16
 
-// kLanes bf16 values as fp32 (exact).
+// kLanes bf16 values as fp32 (exact). On the x86 targets one vpmovzxwd and a
+// shift: g++ 12 lowers the generic widening below to two half-width
+// extensions and an insert, four shuffles per register, which bounded the
+// bf16 small-M products (docs/projections.md).
 template <class Vt>
 KDA_INLINE typename Vt::Reg LoadBF16(const BF16* p) {
   if constexpr (Vt::kLanes == 1) {
     return Vt::FromBits(static_cast<uint32_t>(p->bits) << 16);
   } else {
+#if KDA_TARGET == KDA_TARGET_AVX512 || KDA_TARGET == KDA_TARGET_AVX2
+    if constexpr (Vt::kLanes == 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+#else
     typename Vt::U16 h;
     __builtin_memcpy(&h, p, sizeof(h));
     return Vt::FromBits(__builtin_convertvector(h, typename Vt::U32) << 16);
+#endif
   }
 }
 
