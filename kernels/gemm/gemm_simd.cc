@@ -277,7 +277,7 @@ KDA_INLINE void Rows(const GemvArgs& a, int64_t n, int64_t m0 = 0) {
   }
 }
 
-// Batches of 8 or more input rows on 16-register targets, which hold one
+// Q8 batches of 8 or more input rows on 16-register targets, which hold one
 // output row's 8 accumulators: every output row of a tile reads the 8 input
 // rows in full (74 KB in fp32 at hidden 2304, from L2), which bounds the
 // step. So a group of up to kGroupRows output rows is walked in spans of
@@ -314,11 +314,14 @@ void GemvRange(const GemvArgs& a, int64_t n0, int64_t n1) {
     // 16 registers and Q8 weights: a tile of 4 output rows x 4 input rows
     // would hold 16 accumulators beside the dequantization; 2 x 4 fits.
     for (; n + 2 <= n1; n += 2) Rows<W, 2>(a, n);
-  } else if (kRegisters < 32 && a.m >= 3 && a.m <= 4) {
+  } else if (kRegisters < 32 && !W<1>::kDequantizes && a.m >= 3) {
     // Dense weights: 3 x 4 (12 accumulators, 3 weight registers and an
     // input's: all 16) spills nothing where 4 x 4 does; the bf16 product at
     // M = 4 measured 12-16% faster than in tiles of 4, fp32 within the noise
     // (tiles of 2, which stream half as many rows at once, were slower).
+    // From 8 input rows on, each tile of 4 widens the weight rows again,
+    // which costs less than GroupRows' accumulators in memory (bf16 M = 8
+    // 13% faster, fp32 within the noise: docs/projections.md).
     for (; n + 3 <= n1; n += 3) Rows<W, 3>(a, n);
   } else if (a.m <= 4) {
     for (; n + 4 <= n1; n += 4) Rows<W, 4>(a, n);
