@@ -85,6 +85,13 @@ int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_l
   return slots - 1;
 }
 
+int64_t RecurrentStatePool::CapacityWithinBudget(int64_t max_requests, int64_t budget_bytes, int num_layers,
+                                                 const KdaLayerShape& shape, DType conv_dtype,
+                                                 const VerifyConfig& verify) {
+  if (budget_bytes <= 0) return max_requests;
+  return std::min(max_requests, MaxRequestsForBudget(budget_bytes, num_layers, shape, conv_dtype, verify));
+}
+
 int64_t RecurrentStatePool::total_bytes() const {
   return (max_requests_ + 1) * BytesPerRequest(num_layers_, shape_, conv_dtype_, verify_);
 }

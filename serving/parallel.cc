@@ -263,11 +263,9 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
   ParallelServeResult res;
   if (!mine.empty()) {
     const auto share = static_cast<int64_t>(mine.size());
-    int64_t capacity = options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share;
-    if (options.state_budget_bytes > 0) {
-      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(options.state_budget_bytes, L, model.shape,
-                                                                             model.act_dtype, options.verify));
-    }
+    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(
+        options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share,
+        options.state_budget_bytes, L, model.shape, model.act_dtype, options.verify);
     RecurrentStatePool pool(L, capacity, model.shape, model.act_dtype, options.verify);
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};

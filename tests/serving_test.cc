@@ -131,6 +131,12 @@ TEST(RecurrentStatePool, SizedFromAByteBudget) {
   EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(10 * small + small / 2, 2, kSmall, DType::kF32), 9);
   EXPECT_NE(ErrorOf([&] { RecurrentStatePool::MaxRequestsForBudget(small, 2, kSmall, DType::kF32); }).find("budget"),
             std::string::npos);
+  // A server's capacity: its max_requests, bounded by a budget where one is set (0: none).
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(4, 10 * small + small / 2, 2, kSmall, DType::kF32), 4);
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 10 * small + small / 2, 2, kSmall, DType::kF32), 9);
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 0, 2, kSmall, DType::kF32), 16);
+  EXPECT_NE(ErrorOf([&] { RecurrentStatePool::CapacityWithinBudget(4, small, 2, kSmall, DType::kF32); }).find("budget"),
+            std::string::npos);
 }
 
 TEST(HybridReqToTokenPool, MapsRequestsToSlots) {

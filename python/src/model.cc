@@ -199,11 +199,8 @@ class Engine {
     nb::gil_scoped_release release;
     model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act, std::nullopt, nullptr, format));
     // The budget counts every slot's bytes, the verify area's included: the pool holds as many requests as fit.
-    int64_t capacity = max_running;
-    if (state_budget_bytes > 0) {
-      capacity = std::min(capacity, RecurrentStatePool::MaxRequestsForBudget(state_budget_bytes, model_->num_layers(),
-                                                                             model_->shape, act, verify));
-    }
+    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(max_running, state_budget_bytes,
+                                                                      model_->num_layers(), model_->shape, act, verify);
     pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), capacity, model_->shape, act, verify);
     req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
     runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);

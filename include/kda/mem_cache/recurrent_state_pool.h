@@ -82,6 +82,10 @@ class RecurrentStatePool {
   // kda::Error if not even one request fits.
   static int64_t MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
                                       DType conv_dtype, const VerifyConfig& verify = {});
+  // max_requests bounded by MaxRequestsForBudget where budget_bytes > 0 (0:
+  // no limit): the capacity a server gives its pool under a memory budget.
+  static int64_t CapacityWithinBudget(int64_t max_requests, int64_t budget_bytes, int num_layers,
+                                      const KdaLayerShape& shape, DType conv_dtype, const VerifyConfig& verify = {});
 
   // A free slot, zeroed in every layer; PoolExhaustedError when none is free.
   int32_t Alloc();
