@@ -319,9 +319,9 @@ void GemvRange(const GemvArgs& a, int64_t n0, int64_t n1) {
     // input's: all 16) spills nothing where 4 x 4 does; the bf16 product at
     // M = 4 measured 12-16% faster than in tiles of 4, fp32 within the noise
     // (tiles of 2, which stream half as many rows at once, were slower).
-    // From 8 input rows on, each tile of 4 widens the weight rows again,
-    // which costs less than GroupRows' accumulators in memory (bf16 M = 8
-    // 13% faster, fp32 within the noise: docs/projections.md).
+    // From 5 input rows on, each tile of 4 widens the weight rows again,
+    // which costs less than GroupRows' accumulators in memory (M = 8 on a
+    // Zen 3: bf16 13-15% faster, fp32 about 5%; docs/projections.md).
     for (; n + 3 <= n1; n += 3) Rows<W, 3>(a, n);
   } else if (a.m <= 4) {
     for (; n + 4 <= n1; n += 4) Rows<W, 4>(a, n);
