@@ -195,7 +195,12 @@ KDA_INLINE void PrefetchBlock(const W& rows, int64_t b, int64_t ahead) {
 // [m0, m0 + MT) into acc: each weight register loaded (and widened or
 // dequantized) once and used MT times, each input register loaded once and
 // used R times. The blocks `ahead` of the current ones are prefetched (to
-// the cache level kLocality names).
+// the cache level kLocality names). Q8 weights with several input rows on
+// 16-register targets walk a block one weight row at a time instead, the
+// inputs read from L1 by each row's FMAs: the MT x R accumulators leave no
+// room for all R rows' dequantized registers and scales, which spilled
+// (M = 2 and 4 on a Zen 3 about 10% and 7% faster; docs/projections.md).
+// Every accumulator adds the same products in the same order either way.
 template <template <int> class W, int R, int MT, int kLocality>
 KDA_INLINE void TileSpan(const GemvArgs& a, int64_t n, int64_t m0, int64_t b0, int64_t b1, int64_t ahead,
                          Vec::Reg (&acc)[R][MT]) {
@@ -204,6 +209,15 @@ KDA_INLINE void TileSpan(const GemvArgs& a, int64_t n, int64_t m0, int64_t b0, i
   for (int64_t b = b0; b < b1; ++b) {
     rows.Block(b);
     PrefetchBlock<R, kLocality>(rows, b, ahead * W<R>::kBlockBytes);
+    if constexpr (W<R>::kDequantizes && MT > 1 && kRegisters < 32) {
+      for (int r = 0; r < R; ++r) {
+        for (int64_t j = 0; j < kBlock; j += kLanes) {
+          const Vec::Reg w = rows.Load(r, b, j);
+          for (int i = 0; i < MT; ++i) acc[r][i] = Vec::Fma(w, Vec::Load(x + i * a.k + b * kBlock + j), acc[r][i]);
+        }
+      }
+      continue;
+    }
     for (int64_t j = 0; j < kBlock; j += kLanes) {
       const int64_t k = b * kBlock + j;
       if constexpr (MT == 1) {
