@@ -1,5 +1,7 @@
 // Random KDA kernel problems shared by the kernel tests: packed varlen
-// batches with ragged lengths, mild or stress gates (down to -250 per step),
+// batches with ragged lengths, mild, loud (down to -60 per step) or stress
+// gates (down to -250 per step), a gate per key dimension (KDA) or one per
+// value head (GDN),
 // optional initial states and in-kernel norm/gate options, stored as F32 or
 // BF16 on demand.
 #pragma once
@@ -30,7 +32,8 @@ constexpr float kSentinel = -12345.0F;
 
 // ---------------------------------------------------------------- problems
 
-enum class GateKind { kMild, kStress, kNone };
+// kLoud: trained-like GDN gates (as the gdn-loud golden set: median about -8.7, down to -60 per step).
+enum class GateKind { kMild, kStress, kNone, kLoud };
 
 struct Spec {
   std::vector<int64_t> lengths;
@@ -51,6 +54,7 @@ struct Spec {
   bool no_a_log = false;        // the sigmoid gate without A_log
   bool beta_per_value = false;  // beta [T, HV, V] (fused_recurrent_kda only)
   bool state_v_first = false;   // states [.., HV, V, K]
+  bool scalar_gate = false;     // g [T, HV]: one decay per value head (GDN); else [T, HV, K]
 };
 
 // Inputs as fp32 values (q/k/v/g/beta may be stored as BF16 later).
@@ -64,10 +68,10 @@ struct Problem {
   std::vector<int64_t> cu;            // [N + 1]
   std::vector<float> q, k;            // [T, H, K]
   std::vector<float> v;               // [T, HV, V]
-  std::vector<float> g;               // [T, HV, K] (raw with gate_in_kernel)
+  std::vector<float> g;               // [T, HV, K] ([T, HV] with scalar_gate; raw with gate_in_kernel)
   std::vector<float> beta;            // [T, HV] ([T, HV, V] with beta_per_value; logits with beta_sigmoid)
   std::vector<float> h0;              // [N, HV, K, V] (V-first with state_v_first), empty for zeros
-  std::vector<float> a_log, dt_bias;  // [HV] (empty with no_a_log), [HV*K] with gate_in_kernel
+  std::vector<float> a_log, dt_bias;  // [HV] (empty with no_a_log), [HV*K] ([HV]) with gate_in_kernel
   bool l2norm_in_kernel = false;
   bool gate_in_kernel = false;
   float scale = 0.0F;
@@ -76,12 +80,14 @@ struct Problem {
   float lower_bound = 0.0F;
   bool beta_per_value = false;
   bool state_v_first = false;
+  bool scalar_gate = false;
 
   size_t HeadState() const { return static_cast<size_t>(K) * V; }
   size_t StateSize() const { return static_cast<size_t>(N) * HV * HeadState(); }
-  size_t KeyRow() const { return static_cast<size_t>(H) * K; }     // q, k of one token
-  size_t GateRow() const { return static_cast<size_t>(HV) * K; }   // g of one token
-  size_t ValueRow() const { return static_cast<size_t>(HV) * V; }  // v, o of one token
+  size_t KeyRow() const { return static_cast<size_t>(H) * K; }              // q, k of one token
+  int GateWidth() const { return scalar_gate ? 1 : K; }                     // g of one value head and token
+  size_t GateRow() const { return static_cast<size_t>(HV) * GateWidth(); }  // g of one token
+  size_t ValueRow() const { return static_cast<size_t>(HV) * V; }           // v, o of one token
   size_t BetaRow() const { return beta_per_value ? ValueRow() : static_cast<size_t>(HV); }
 };
 
@@ -106,6 +112,7 @@ inline Problem MakeProblem(const Spec& s) {
   p.lower_bound = s.lower_bound;
   p.beta_per_value = s.beta_per_value;
   p.state_v_first = s.state_v_first;
+  p.scalar_gate = s.scalar_gate;
   p.cu.push_back(0);
   for (int64_t len : s.lengths) p.cu.push_back(p.cu.back() + len);
   p.T = p.cu.back();
@@ -143,7 +150,9 @@ inline Problem MakeProblem(const Spec& s) {
       const float u = uniform(rng);
       if (s.gate == GateKind::kStress && u < 0.05F) {
         x = 20.0F + 5.0F * uniform(rng);  // the linear branch of softplus: g down to -250
-      } else if (s.gate == GateKind::kStress && u < 0.25F) {
+      } else if (s.gate == GateKind::kLoud && u < 0.6F) {
+        x = 1.0F + 4.0F * uniform(rng);  // with A in [1, 10] (a_log below): g down to about -50
+      } else if ((s.gate == GateKind::kStress || s.gate == GateKind::kLoud) && u < 0.25F) {
         x = normal(rng);
       } else {
         x = -6.0F + normal(rng);
@@ -156,6 +165,9 @@ inline Problem MakeProblem(const Spec& s) {
       const float u = uniform(rng);
       if (s.gate == GateKind::kMild) {
         x = -std::exp(-3.5F + normal(rng));
+      } else if (s.gate == GateKind::kLoud) {
+        // Log-uniform over [0.001, 60]: median about -0.25, a fifth below -8.7, down to -60.
+        x = u < 0.6F ? -std::exp(std::log(0.001F) + std::log(60000.0F) * uniform(rng)) : -60.0F * uniform(rng);
       } else if (u < 0.05F) {
         x = -250.0F;
       } else if (u < 0.10F) {
@@ -235,7 +247,7 @@ inline void SetOptions(const Problem& p, KdaCallCommon& c) {
   c.state_v_first = p.state_v_first;
   if (p.gate_in_kernel) {
     if (!p.a_log.empty()) c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.HV});
-    c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.HV * p.K});
+    c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {static_cast<int64_t>(p.GateRow())});
     if (p.lower_bound < 0.0F) c.lower_bound = p.lower_bound;
   }
 }
@@ -250,7 +262,7 @@ Call TokenCall(const Problem& p, const TypedInputs& in, MutBuf o, int64_t rows, 
   c.q = in.q.View({rows, t, p.H, p.K});
   c.k = in.k.View({rows, t, p.H, p.K});
   c.v = in.v.View({rows, t, p.HV, p.V});
-  c.g = in.g.View({rows, t, p.HV, p.K});
+  c.g = p.scalar_gate ? in.g.View({rows, t, p.HV}) : in.g.View({rows, t, p.HV, p.K});
   c.beta = p.beta_per_value ? in.beta.View({rows, t, p.HV, p.V}) : in.beta.View({rows, t, p.HV});
   SetOptions(p, c);
   return c;
@@ -483,7 +495,10 @@ inline std::string Describe(const Spec& s) {
   if (s.V > 0) r = "V=" + std::to_string(s.V) + " " + r;
   for (int64_t len : s.lengths) r += std::to_string(len) + ",";
   r += "} gate=";
-  r += s.gate == GateKind::kStress ? "stress" : (s.gate == GateKind::kMild ? "mild" : "none");
+  r += s.gate == GateKind::kStress ? "stress"
+       : s.gate == GateKind::kMild ? "mild"
+       : s.gate == GateKind::kLoud ? "loud"
+                                   : "none";
   r += s.l2norm_in_kernel ? " l2norm" : "";
   r += s.gate_in_kernel ? " gate_in_kernel" : "";
   r += s.initial_state ? " h0" : " no-h0";
@@ -491,6 +506,7 @@ inline std::string Describe(const Spec& s) {
   r += s.lower_bound < 0.0F ? " lower_bound=" + std::to_string(s.lower_bound) + (s.no_a_log ? " no-A_log" : "") : "";
   r += s.beta_per_value ? " beta-per-value" : "";
   r += s.state_v_first ? " v-first" : "";
+  r += s.scalar_gate ? " scalar-gate" : "";
   return r;
 }
 

@@ -137,7 +137,8 @@ inline Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vec
           store(s, chunk_states->data() + (static_cast<size_t>(chunk) * p.HV + h) * p.HeadState());
         }
         const size_t key_row = (static_cast<size_t>(t) * p.H + h / group) * kd;
-        const size_t gate_row = (static_cast<size_t>(t) * p.HV + h) * kd;
+        const int gw = p.GateWidth();  // g: a value per key dimension, or one per value head
+        const size_t gate_row = (static_cast<size_t>(t) * p.HV + h) * gw;
         const size_t value_row = (static_cast<size_t>(t) * p.HV + h) * vd;
         std::vector<double> q(p.q.begin() + key_row, p.q.begin() + key_row + kd);
         std::vector<double> k(p.k.begin() + key_row, p.k.begin() + key_row + kd);
@@ -154,9 +155,10 @@ inline Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vec
           beta[j] = b;
         }
         for (int d = 0; d < kd; ++d) {
-          double g = p.g[gate_row + d];
+          const int gd = p.scalar_gate ? 0 : d;
+          double g = p.g[gate_row + gd];
           if (p.gate_in_kernel) {
-            const double x = g + (p.dt_bias.empty() ? 0.0 : p.dt_bias[static_cast<size_t>(h) * kd + d]);
+            const double x = g + (p.dt_bias.empty() ? 0.0 : p.dt_bias[static_cast<size_t>(h) * gw + gd]);
             if (p.lower_bound < 0.0F) {
               const double a = p.a_log.empty() ? 1.0 : std::exp(static_cast<double>(p.a_log[h]));
               g = p.lower_bound / (1.0 + std::exp(-a * x));

@@ -104,6 +104,13 @@ Result RunDecode(const Variant& v, const Problem& p, DType qkv = DType::kF32, DT
 
 const Variant kReference{KernelImpl::kReference, KernelIsa::kAuto};
 
+// x rounded once to dt (F32: x itself), as fp32.
+float RoundedOnce(DType dt, float x) {
+  if (dt == DType::kBF16) return RoundBF16(x);
+  if (dt == DType::kF16) return RoundF16(x);
+  return x;
+}
+
 // ------------------------------------------------- both kernels
 
 enum class Kernel { kChunk, kRecurrent };
@@ -473,6 +480,146 @@ TEST_P(KdaKernelTest, ResultsDoNotDependOnThreadCountOrTaskSplit) {
   }
 }
 
+// ------------------------------------------------- a scalar gate (Gated DeltaNet)
+
+// Gated DeltaNet's gate: one decay per value head, g [T, HV], never broadcast
+// over K. Grouped value heads 1..4 (Qwen3-Next 2, Qwen3.5-27B 3, Qwen3.5-397B 4)
+// with K != V, loud gates (down to -60 per step, as the gdn-loud golden set:
+// any factorised form overflows), stress gates (-250: decays underflow to 0),
+// mild and no decay, the in-kernel gate (dt_bias [HV]), head dims off the
+// register width, head groups, and hundreds of tokens (the optimized
+// prefill's state materialised many times over).
+std::vector<OracleCase> ScalarGateCases() {
+  std::vector<OracleCase> r;
+  uint32_t seed = 700;
+  for (int m : {1, 2, 3, 4}) {
+    r.push_back({"grouped value heads, loud gates",
+                 {.lengths = kRagged,
+                  .H = 2,
+                  .K = 64,
+                  .gate = GateKind::kLoud,
+                  .initial_state = m % 2 == 0,
+                  .seed = ++seed,
+                  .HV = 2 * m,
+                  .V = m == 3 ? 48 : 64,
+                  .scalar_gate = true}});
+  }
+  for (GateKind gate : {kMild, kStress, GateKind::kNone}) {
+    r.push_back(
+        {"gate kinds",
+         {.lengths = {1, 64, 70, 130}, .H = 2, .K = 128, .gate = gate, .seed = ++seed, .HV = 4, .scalar_gate = true}});
+  }
+  r.push_back({"in-kernel norm and gate",
+               {.lengths = kRagged,
+                .H = 2,
+                .K = 64,
+                .gate = GateKind::kLoud,
+                .l2norm_in_kernel = true,
+                .gate_in_kernel = true,
+                .seed = ++seed,
+                .HV = 6,
+                .V = 32,
+                .beta_sigmoid = true,
+                .scalar_gate = true}});
+  for (int k : {16, 48, 100, 256}) {
+    const std::vector<int64_t> lengths = k == 256 ? std::vector<int64_t>{5, 40} : std::vector<int64_t>{3, 0, 64, 100};
+    r.push_back({"head dim",
+                 {.lengths = lengths,
+                  .H = 1,
+                  .K = k,
+                  .gate = GateKind::kLoud,
+                  .seed = ++seed,
+                  .HV = 2,
+                  .V = k == 100 ? 60 : k,
+                  .scalar_gate = true}});
+  }
+  r.push_back(
+      {"head groups",
+       {.lengths = {40, 1, 0, 75}, .H = 5, .K = 32, .gate = kStress, .seed = ++seed, .HV = 10, .scalar_gate = true}});
+  for (GateKind gate : {kMild, GateKind::kLoud}) {
+    r.push_back({"long sequence",
+                 {.lengths = {1100}, .H = 1, .K = 128, .gate = gate, .seed = ++seed, .HV = 2, .scalar_gate = true}});
+  }
+  return r;
+}
+
+TEST_P(KdaKernelTest, ScalarGateMatchesOracleAndFloat64Recurrence) {
+  for (const OracleCase& c : ScalarGateCases()) {
+    SCOPED_TRACE(c.what);
+    SCOPED_TRACE(Describe(c.spec));
+    const Problem p = MakeProblem(c.spec);
+    const Result got = Run(p);
+    ExpectClose(got, Oracle(p));
+    ExpectClose(got, NaiveRecurrenceF64(p));
+  }
+}
+
+// The scalar gate is the per-dimension gate with g broadcast over K (and dt_bias
+// likewise): the two paths of every kernel agree to the fp32 tolerance.
+TEST_P(KdaKernelTest, ScalarGateEqualsItsBroadcastOverK) {
+  for (bool in_kernel : {false, true}) {
+    const Spec s{.lengths = {0, 1, 33, 65, 130},
+                 .H = 2,
+                 .K = 48,
+                 .gate = GateKind::kLoud,
+                 .gate_in_kernel = in_kernel,
+                 .seed = 740,
+                 .HV = 6,
+                 .V = 40,
+                 .scalar_gate = true};
+    SCOPED_TRACE(Describe(s));
+    const Problem p = MakeProblem(s);
+    Problem wide = p;
+    wide.scalar_gate = false;
+    wide.g.clear();
+    for (float g : p.g) wide.g.insert(wide.g.end(), static_cast<size_t>(p.K), g);
+    if (in_kernel) {
+      wide.dt_bias.clear();
+      for (float b : p.dt_bias) wide.dt_bias.insert(wide.dt_bias.end(), static_cast<size_t>(p.K), b);
+    }
+    ExpectClose(Run(p), Run(wide));
+  }
+}
+
+// bfloat16 and float16 storage with a scalar gate: the fp32 run on the same
+// values, its state identical and its output rounded once; with g and beta alone
+// in half precision, the fp32 output.
+TEST_P(KdaKernelTest, ScalarGateInHalfPrecision) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const Spec s{.lengths = {0, 1, 33, 100},
+                 .H = 2,
+                 .K = 64,
+                 .gate = GateKind::kLoud,
+                 .l2norm_in_kernel = true,
+                 .seed = 750,
+                 .HV = 6,
+                 .V = 32,
+                 .scalar_gate = true};
+    SCOPED_TRACE(Describe(s) + " " + DTypeName(dt));
+    Problem p = MakeProblem(s);
+    if (dt == DType::kBF16) RoundInputsToBF16(p);
+    if (dt == DType::kF16) RoundInputsToF16(p);
+    const Result f32 = Run(p);
+    const Result half = Run(p, dt, dt);
+    EXPECT_TRUE(BitEqual(half.state.data(), f32.state.data(), f32.state.size()));
+    for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(half.o[i], RoundedOnce(dt, f32.o[i])) << i;
+    ExpectClose(f32, NaiveRecurrenceF64(p));
+    ExpectClose(Run(p, DType::kF32, dt), f32);
+  }
+}
+
+// Token-strided q, k, v (a fused projection's columns) and every thread split
+// give the bits of the contiguous one-thread run.
+TEST_P(KdaKernelTest, ScalarGateGivesTheSameBitsStridedAndInEverySplit) {
+  const Spec s{
+      .lengths = {70, 0, 33, 5}, .H = 2, .K = 128, .gate = GateKind::kLoud, .seed = 760, .HV = 4, .scalar_gate = true};
+  SCOPED_TRACE(Describe(s));
+  const Problem p = MakeProblem(s);
+  const Result one = Run(p);
+  for (int threads : {2, 3, 8}) ExpectBitEqual(Run(p, DType::kF32, DType::kF32, threads), one);
+  for (int64_t pad : {0, 7}) ExpectBitEqual(Run(p, DType::kF32, DType::kF32, 3, pad), one);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kda, KdaKernelTest, ::testing::ValuesIn(AllKdaParams()), KdaParamName);
 
 // ------------------------------------------------- chunk kernels (prefill)
@@ -487,22 +634,25 @@ class KdaChunkTest : public VariantTest {
 // Kimi-Linear's head shape (HV = H, K = V, K-major states) in fp32, and fla's
 // others: grouped value heads with K != V in V-first states and float16
 // tokens, and grouped value heads with V = 24 (K != V) in K-major states and
-// bfloat16.
+// bfloat16; and Gated DeltaNet's (a gate per value head) with four value heads
+// per key head, K != V, in bfloat16.
 struct StateLayout {
   int group = 1;  // HV / H
   int v = 0;      // V (0: K)
   bool v_first = false;
   DType dtype = DType::kF32;  // q, k, v, o, g and beta (the inputs rounded to it)
+  bool scalar_gate = false;   // g [T, HV] (GDN)
 };
 const StateLayout kStateLayouts[] = {
     {1, 0, false, DType::kF32},
     {3, 40, true, DType::kF16},
     {2, 24, false, DType::kBF16},
+    {4, 40, false, DType::kBF16, true},
 };
 
 std::string LayoutName(const StateLayout& l) {
   return "HV = " + std::to_string(l.group) + " H, V = " + (l.v > 0 ? std::to_string(l.v) : std::string("K")) +
-         (l.v_first ? ", V-first, " : ", K-major, ") + DTypeName(l.dtype);
+         (l.v_first ? ", V-first, " : ", K-major, ") + DTypeName(l.dtype) + (l.scalar_gate ? ", scalar gate" : "");
 }
 
 // The problem of spec s in layout l, its inputs rounded to l's dtype.
@@ -510,17 +660,11 @@ Problem LayoutProblem(Spec s, const StateLayout& l) {
   s.HV = s.H * l.group;
   s.V = l.v;
   s.state_v_first = l.v_first;
+  s.scalar_gate = l.scalar_gate;
   Problem p = MakeProblem(s);
   if (l.dtype == DType::kBF16) RoundInputsToBF16(p);
   if (l.dtype == DType::kF16) RoundInputsToF16(p);
   return p;
-}
-
-// x rounded once to dt (F32: x itself), as fp32.
-float RoundedOnce(DType dt, float x) {
-  if (dt == DType::kBF16) return RoundBF16(x);
-  if (dt == DType::kF16) return RoundF16(x);
-  return x;
 }
 
 // The dtype rule: a run with q/k/v/o in dt is the fp32 run on the same input
@@ -600,16 +744,15 @@ TEST_P(KdaChunkTest, NoFinalStateWhenNotRequested) {
 // The tokens [begin, begin + len) of a single-sequence problem.
 Problem Slice(const Problem& p, int64_t begin, int64_t len) {
   Problem r = p;
-  const size_t hk = static_cast<size_t>(p.H) * p.K;
   auto cut = [&](std::vector<float>& x, size_t row) {
     x = std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(begin * row),
                            x.begin() + static_cast<std::ptrdiff_t>((begin + len) * row));
   };
-  cut(r.q, hk);
-  cut(r.k, hk);
-  cut(r.v, hk);
-  cut(r.g, hk);
-  cut(r.beta, static_cast<size_t>(p.H));
+  cut(r.q, p.KeyRow());
+  cut(r.k, p.KeyRow());
+  cut(r.v, p.ValueRow());
+  cut(r.g, p.GateRow());
+  cut(r.beta, p.BetaRow());
   r.T = len;
   r.N = 1;
   r.cu = {0, len};
@@ -1226,7 +1369,7 @@ TEST_P(KdaChunkTest, IntermediateStatesAreValidated) {
   EXPECT_THROW(RunChunkCall(variant(), call(2, DType::kBF16, 64, true, true)), DTypeError);
   expect_error(call(2, DType::kF32, 64, false, true), "intermediate_states given without return_intermediate_states");
   expect_error(call(2, DType::kF32, 64, true, false), "intermediate_states: required with return_intermediate_states");
-  expect_error(call(2, DType::kF32, 48, true, true), "chunk_size must be either 32 or 64");
+  expect_error(call(2, DType::kF32, 48, true, true), "`chunk_size` must be either 32 or 64");
   for (float x : o.ToF32()) ASSERT_EQ(x, kSentinel);
   for (float x : h) ASSERT_EQ(x, kSentinel);
   EXPECT_NO_THROW(RunChunkCall(variant(), call(2, DType::kF32, 64, true, true)));
@@ -1479,63 +1622,68 @@ TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
 // inplace_final_state=False into row bos + t of the returned buffer; a
 // padding sequence (negative read slot) writes zeros and touches no state.
 TEST_P(KdaRecurrentTest, SlotsPerTokenForSpeculativeDecoding) {
-  const Spec s{.lengths = {4, 2, 3, 2},
-               .H = 1,
-               .K = 20,
-               .gate = kStress,
-               .initial_state = false,
-               .seed = 641,
-               .HV = 2,
-               .V = 28,
-               .state_v_first = true};
-  const Problem p = MakeProblem(s);
-  constexpr int64_t kCols = 4;
-  constexpr int64_t kSlots = 12;
-  const std::vector<int32_t> idx = {1, 2, 3, 4, /* */ 5, 6, -1, -1, /* */ 7, 8, 9, 10, /* */ -1, 11, -1, -1};
-  const std::vector<int32_t> accepted = {2, 1, 3, 1};  // sequence 3 reads idx[3][0] = -1: padding
-  const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
-  const std::vector<float> pool0 = RandomPool(p, kSlots, 7);
-  auto slot = [&](const std::vector<float>& pool, int64_t i) {
-    return std::vector<float>(pool.begin() + static_cast<std::ptrdiff_t>(i * per_slot),
-                              pool.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_slot));
-  };
-  for (bool inplace : {true, false}) {
-    SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
-    const auto [out, pool, token_states] =
-        RunRecurrentPool(variant(), p, pool0, kSlots, idx, kCols, &accepted, inplace);
-    std::vector<bool> written(kSlots, false);
-    for (int64_t n = 0; n < p.N; ++n) {
-      const int32_t read = idx[n * kCols + accepted[n] - 1];
-      const int64_t len = p.cu[n + 1] - p.cu[n];
-      for (int64_t t = 0; t < len; ++t) {
-        const size_t row = static_cast<size_t>(p.cu[n] + t) * p.ValueRow();
-        if (read < 0) {
-          for (size_t j = 0; j < p.ValueRow(); ++j) EXPECT_EQ(out[row + j], 0.0F) << "padding output";
-          continue;
+  // A gate per key dimension (KDA), and one per value head (GDN, three value heads per key head).
+  for (bool scalar_gate : {false, true}) {
+    const Spec s{.lengths = {4, 2, 3, 2},
+                 .H = 1,
+                 .K = 20,
+                 .gate = scalar_gate ? GateKind::kLoud : kStress,
+                 .initial_state = false,
+                 .seed = 641,
+                 .HV = scalar_gate ? 3 : 2,
+                 .V = 28,
+                 .state_v_first = true,
+                 .scalar_gate = scalar_gate};
+    SCOPED_TRACE(Describe(s));
+    const Problem p = MakeProblem(s);
+    constexpr int64_t kCols = 4;
+    constexpr int64_t kSlots = 12;
+    const std::vector<int32_t> idx = {1, 2, 3, 4, /* */ 5, 6, -1, -1, /* */ 7, 8, 9, 10, /* */ -1, 11, -1, -1};
+    const std::vector<int32_t> accepted = {2, 1, 3, 1};  // sequence 3 reads idx[3][0] = -1: padding
+    const size_t per_slot = static_cast<size_t>(p.HV) * p.HeadState();
+    const std::vector<float> pool0 = RandomPool(p, kSlots, 7);
+    auto slot = [&](const std::vector<float>& pool, int64_t i) {
+      return std::vector<float>(pool.begin() + static_cast<std::ptrdiff_t>(i * per_slot),
+                                pool.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_slot));
+    };
+    for (bool inplace : {true, false}) {
+      SCOPED_TRACE(inplace ? "inplace_final_state" : "a state per token");
+      const auto [out, pool, token_states] =
+          RunRecurrentPool(variant(), p, pool0, kSlots, idx, kCols, &accepted, inplace);
+      std::vector<bool> written(kSlots, false);
+      for (int64_t n = 0; n < p.N; ++n) {
+        const int32_t read = idx[n * kCols + accepted[n] - 1];
+        const int64_t len = p.cu[n + 1] - p.cu[n];
+        for (int64_t t = 0; t < len; ++t) {
+          const size_t row = static_cast<size_t>(p.cu[n] + t) * p.ValueRow();
+          if (read < 0) {
+            for (size_t j = 0; j < p.ValueRow(); ++j) EXPECT_EQ(out[row + j], 0.0F) << "padding output";
+            continue;
+          }
+          const Result want = NaiveRecurrenceF64(Prefix(p, n, t + 1, slot(pool0, read)));
+          const size_t last = static_cast<size_t>(t) * p.ValueRow();
+          EXPECT_TRUE(AllCloseF32(out.data() + row, want.o.data() + last, p.ValueRow())) << n << "," << t;
+          const float* got = nullptr;
+          if (inplace) {
+            const int32_t dst = idx[n * kCols + t];
+            if (dst < 0) continue;
+            written[dst] = true;
+            got = pool.data() + static_cast<size_t>(dst) * per_slot;
+          } else {
+            got = token_states.data() + static_cast<size_t>(p.cu[n] + t) * per_slot;
+          }
+          EXPECT_TRUE(AllCloseF32(got, want.state.data(), per_slot)) << "state after token " << t << " of " << n;
         }
-        const Result want = NaiveRecurrenceF64(Prefix(p, n, t + 1, slot(pool0, read)));
-        const size_t last = static_cast<size_t>(t) * p.ValueRow();
-        EXPECT_TRUE(AllCloseF32(out.data() + row, want.o.data() + last, p.ValueRow())) << n << "," << t;
-        const float* got = nullptr;
-        if (inplace) {
-          const int32_t dst = idx[n * kCols + t];
-          if (dst < 0) continue;
-          written[dst] = true;
-          got = pool.data() + static_cast<size_t>(dst) * per_slot;
-        } else {
-          got = token_states.data() + static_cast<size_t>(p.cu[n] + t) * per_slot;
+      }
+      for (int64_t i = 0; i < kSlots; ++i) {
+        if (!written[i]) {
+          EXPECT_TRUE(BitEqual(pool.data() + i * per_slot, pool0.data() + i * per_slot, per_slot)) << i;
         }
-        EXPECT_TRUE(AllCloseF32(got, want.state.data(), per_slot)) << "state after token " << t << " of " << n;
       }
-    }
-    for (int64_t i = 0; i < kSlots; ++i) {
-      if (!written[i]) {
-        EXPECT_TRUE(BitEqual(pool.data() + i * per_slot, pool0.data() + i * per_slot, per_slot)) << i;
+      if (!inplace) {
+        const size_t pad_rows = static_cast<size_t>(p.cu[3]) * per_slot;  // sequence 3's rows stay unwritten
+        for (size_t i = pad_rows; i < token_states.size(); ++i) ASSERT_EQ(token_states[i], kSentinel) << i;
       }
-    }
-    if (!inplace) {
-      const size_t pad_rows = static_cast<size_t>(p.cu[3]) * per_slot;  // sequence 3's rows stay unwritten
-      for (size_t i = pad_rows; i < token_states.size(); ++i) ASSERT_EQ(token_states[i], kSentinel) << i;
     }
   }
 }

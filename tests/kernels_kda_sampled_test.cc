@@ -12,9 +12,14 @@
 // 1..3); K and V in [1, 256] (register-width edges, 60 and 100 among them,
 // mostly K != V); packed sequences with cu_seqlens (int64 or int32; empty and
 // one-token sequences, lengths around the kernels' blocks) or [B, T] rows;
+// the gate's width: a decay per key dimension (KDA, g [T, HV, K]) or, in
+// about two cases of five, one per value head (GDN, g [T, HV]: then m in
+// 1..4 and loud gates too, down to -60 per step; these draws come from a
+// stream of their own, so the KDA cases are those drawn before it existed);
 // the log gate (mild, stress: down to -250 per step, or zero) or the in-kernel
 // gate (softplus with A_log, fla's sigmoid gate with lower_bound with or
-// without A_log, dt_bias [HV*K], [HV, K] or absent; chunk_kda's safe_gate);
+// without A_log, dt_bias [HV*K], [HV, K], [HV] (a scalar gate) or absent;
+// chunk_kda's safe_gate);
 // beta as given, its sigmoid, 2 sigmoid (allow_neg_eigval), per value
 // (fused_recurrent_kda); the in-kernel L2 norm; an explicit scale;
 // state_v_first; the thread count; q, k, v as slices of a fused projection.
@@ -203,6 +208,18 @@ void DrawCommon(Draw& d, bool recurrent, Common& c) {
   c.fused_pad = d.Chance(0.2) ? d.Pick({0, 3, 8}) : -1;
   c.cu_dtype = d.Chance(0.3) ? DType::kI32 : DType::kI64;
   s.seed = d.Seed();
+  // The gate's width, from a stream of its own (see the file comment).
+  Draw w(0x6D4E5EEDU + static_cast<uint32_t>(c.index) * 7919U + (recurrent ? 1U : 0U));
+  s.scalar_gate = w.Chance(0.4);
+  if (s.scalar_gate) {
+    s.HV = s.H * w.Int(1, 4);
+    if (s.gate_in_kernel) {
+      s.gate = w.Pick({GateKind::kMild, GateKind::kLoud, GateKind::kLoud, GateKind::kStress});
+    } else {
+      s.gate = w.Pick({GateKind::kMild, GateKind::kLoud, GateKind::kLoud, GateKind::kStress, GateKind::kNone});
+    }
+    c.dt_bias_2d = false;  // one bias per value head: [HV]
+  }
 }
 
 // The tokens a case may have: its work within kWorkBudget.
@@ -286,7 +303,12 @@ std::string DescribeCommon(const char* kernel, const Common& c) {
   std::string r = std::string("case ") + std::to_string(c.index) + " (KDA_MATRIX_CASE=" + std::to_string(c.index) +
                   "): " + kernel + " " + spec;
   if (c.spec.scale > 0) r += " scale=" + std::to_string(c.spec.scale);
-  if (c.spec.gate_in_kernel) r += c.dt_bias ? (c.dt_bias_2d ? " dt_bias[HV,K]" : " dt_bias[HV*K]") : " no-dt_bias";
+  if (c.spec.gate_in_kernel) {
+    r += !c.dt_bias           ? " no-dt_bias"
+         : c.dt_bias_2d       ? " dt_bias[HV,K]"
+         : c.spec.scalar_gate ? " dt_bias[HV]"
+                              : " dt_bias[HV*K]";
+  }
   r +=
       std::string(" seed=") + std::to_string(c.spec.seed) + " q/k/v=" + DTypeName(c.qkv) + " g/beta=" + DTypeName(c.gb);
   r += c.rows ? " [B,T]-rows" : std::string(" cu_seqlens=") + DTypeName(c.cu_dtype);

@@ -17,6 +17,13 @@
 // gates of the span instead of subtracting two cumulative sums: after a -250
 // step the cumulative sums are large and their difference would lose the small
 // decays that follow to cancellation.
+//
+// A scalar gate (GDN: g_t one value per value head) has one Gamma per row, so
+// the decay leaves the dot products: L[r,c] = beta_r (k_r . k_c) e^{Gamma_r-Gamma_c}
+// and A[r,c] = (scale q_r . k_c) e^{Gamma_r-Gamma_c}, plain products of the
+// chunk's rows times a C x C decay mask (causal entries only). The gate is
+// never broadcast over K: the per-dimension arrays below hold one value per
+// row then (width 1, read at index 0 for every d).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -56,11 +63,11 @@ struct ChunkWorkspace {
         snapshot(static_cast<size_t>(k_dim) * v_dim) {}
 
   std::vector<float> state;              // [K][V], the running state S
-  std::vector<float> q, k, g, gamma, w;  // [C][K]
+  std::vector<float> q, k, g, gamma, w;  // [C][K] (g and gamma: [C][gate width])
   std::vector<float> v, u, v_new;        // [C][V]
   std::vector<float> beta;               // [C]
   std::vector<float> l, a;               // [C][C], lower triangles used
-  std::vector<float> span;               // [K], a running sum of gates over a span of rows
+  std::vector<float> span;               // [gate width], a running sum of gates over a span of rows
   std::vector<float> row;                // [max(K, V)], one output row
   std::vector<float> snapshot;           // [K][V], the state within a chunk
 };
@@ -72,6 +79,9 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
   const int v_dim = a.V;
   const KdaOptions& opt = a.options;
   float* s = ws.state.data();
+  // Gate rows are gw wide; dimension d of a row reads element d * gs (a scalar gate: element 0).
+  const int gw = internal::GateWidth(a);
+  const int gs = a.scalar_gate ? 0 : 1;
 
   const int kh = internal::KeyHeadOf(h, a.H, a.HV);
   for (int r = 0; r < rows; ++r) {
@@ -80,16 +90,16 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
     internal::LoadQ(a.q, internal::QOffset(a, t, kh), k_dim, opt, scale, &ws.q[static_cast<size_t>(r) * k_dim]);
     internal::LoadK(a.k, internal::KOffset(a, t, kh), k_dim, opt, &ws.k[static_cast<size_t>(r) * k_dim]);
     internal::LoadRow(a.v, internal::VOffset(a, t, h), v_dim, &ws.v[static_cast<size_t>(r) * v_dim]);
-    internal::LoadGate(a.g, t, h, a.HV, k_dim, opt, &ws.g[static_cast<size_t>(r) * k_dim]);
+    internal::LoadGate(a.g, t, h, a.HV, gw, opt, &ws.g[static_cast<size_t>(r) * gw]);
     ws.beta[r] = internal::LoadBeta(a.beta, value_row, opt);
   }
 
   // Gamma: inclusive prefix sums from the chunk start (gates of one sign: no cancellation).
-  for (int d = 0; d < k_dim; ++d) {
+  for (int d = 0; d < gw; ++d) {
     float acc = 0.0F;
     for (int r = 0; r < rows; ++r) {
-      acc += ws.g[static_cast<size_t>(r) * k_dim + d];
-      ws.gamma[static_cast<size_t>(r) * k_dim + d] = acc;
+      acc += ws.g[static_cast<size_t>(r) * gw + d];
+      ws.gamma[static_cast<size_t>(r) * gw + d] = acc;
     }
   }
 
@@ -103,15 +113,26 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
     // span[d] = Gamma_r[d] - Gamma_c[d] = sum_{i=c+1..r} g_i[d] <= 0, grown as c walks back from r.
     std::fill(ws.span.begin(), ws.span.end(), 0.0F);
     for (int c = r - 1; c >= 0; --c) {
-      const float* g_next = &ws.g[static_cast<size_t>(c + 1) * k_dim];
+      const float* g_next = &ws.g[static_cast<size_t>(c + 1) * gw];
       const float* k_c = &ws.k[static_cast<size_t>(c) * k_dim];
       float kk = 0.0F;
       float qk = 0.0F;
-      for (int d = 0; d < k_dim; ++d) {
-        ws.span[d] += g_next[d];
-        const float decay = std::exp(ws.span[d]);
-        kk += k_r[d] * k_c[d] * decay;
-        qk += q_r[d] * k_c[d] * decay;
+      if (a.scalar_gate) {  // the plain products times the mask entry e^{Gamma_r - Gamma_c}
+        ws.span[0] += g_next[0];
+        for (int d = 0; d < k_dim; ++d) {
+          kk += k_r[d] * k_c[d];
+          qk += q_r[d] * k_c[d];
+        }
+        const float decay = std::exp(ws.span[0]);
+        kk *= decay;
+        qk *= decay;
+      } else {
+        for (int d = 0; d < k_dim; ++d) {
+          ws.span[d] += g_next[d];
+          const float decay = std::exp(ws.span[d]);
+          kk += k_r[d] * k_c[d] * decay;
+          qk += q_r[d] * k_c[d] * decay;
+        }
       }
       ws.l[static_cast<size_t>(r) * kChunk + c] = ws.beta[r] * kk;
       ws.a[static_cast<size_t>(r) * kChunk + c] = qk;
@@ -126,9 +147,9 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
     float* w_r = &ws.w[static_cast<size_t>(r) * k_dim];
     const float* v_r = &ws.v[static_cast<size_t>(r) * v_dim];
     const float* k_r = &ws.k[static_cast<size_t>(r) * k_dim];
-    const float* gamma_r = &ws.gamma[static_cast<size_t>(r) * k_dim];
+    const float* gamma_r = &ws.gamma[static_cast<size_t>(r) * gw];
     for (int j = 0; j < v_dim; ++j) u_r[j] = ws.beta[r] * v_r[j];
-    for (int d = 0; d < k_dim; ++d) w_r[d] = ws.beta[r] * k_r[d] * std::exp(gamma_r[d]);
+    for (int d = 0; d < k_dim; ++d) w_r[d] = ws.beta[r] * k_r[d] * std::exp(gamma_r[d * gs]);
     for (int c = 0; c < r; ++c) {
       const float l_rc = ws.l[static_cast<size_t>(r) * kChunk + c];
       const float* u_c = &ws.u[static_cast<size_t>(c) * v_dim];
@@ -154,10 +175,10 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
   float* o_row = ws.row.data();
   for (int r = 0; r < rows; ++r) {
     const float* q_r = &ws.q[static_cast<size_t>(r) * k_dim];
-    const float* gamma_r = &ws.gamma[static_cast<size_t>(r) * k_dim];
+    const float* gamma_r = &ws.gamma[static_cast<size_t>(r) * gw];
     std::fill(o_row, o_row + v_dim, 0.0F);
     for (int d = 0; d < k_dim; ++d) {
-      const float qe = q_r[d] * std::exp(gamma_r[d]);
+      const float qe = q_r[d] * std::exp(gamma_r[d * gs]);
       const float* s_d = s + static_cast<size_t>(d) * v_dim;
       for (int j = 0; j < v_dim; ++j) o_row[j] += qe * s_d[j];
     }
@@ -178,9 +199,11 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
 void AdvanceState(const ChunkKdaArgs& a, int last, ChunkWorkspace& ws, float* s) {
   const int k_dim = a.K;
   const int v_dim = a.V;
-  const float* gamma_last = &ws.gamma[static_cast<size_t>(last) * k_dim];
+  const int gw = internal::GateWidth(a);
+  const int gs = a.scalar_gate ? 0 : 1;
+  const float* gamma_last = &ws.gamma[static_cast<size_t>(last) * gw];
   for (int d = 0; d < k_dim; ++d) {
-    const float decay = std::exp(gamma_last[d]);
+    const float decay = std::exp(gamma_last[d * gs]);
     float* s_d = s + static_cast<size_t>(d) * v_dim;
     for (int j = 0; j < v_dim; ++j) s_d[j] *= decay;
   }
@@ -190,12 +213,12 @@ void AdvanceState(const ChunkKdaArgs& a, int last, ChunkWorkspace& ws, float* s)
     const float* k_c = &ws.k[static_cast<size_t>(c) * k_dim];
     const float* vn_c = &ws.v_new[static_cast<size_t>(c) * v_dim];
     for (int d = 0; d < k_dim; ++d) {
-      const float kd = k_c[d] * std::exp(ws.span[d]);
+      const float kd = k_c[d] * std::exp(ws.span[d * gs]);
       float* s_d = s + static_cast<size_t>(d) * v_dim;
       for (int j = 0; j < v_dim; ++j) s_d[j] += kd * vn_c[j];
     }
-    const float* g_c = &ws.g[static_cast<size_t>(c) * k_dim];
-    for (int d = 0; d < k_dim; ++d) ws.span[d] += g_c[d];
+    const float* g_c = &ws.g[static_cast<size_t>(c) * gw];
+    for (int d = 0; d < gw; ++d) ws.span[d] += g_c[d];
   }
 }
 

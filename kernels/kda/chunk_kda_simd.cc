@@ -90,10 +90,11 @@ KDA_INLINE int ListTokenLines(const internal::ChunkTask& task, int64_t t, const 
   const size_t width = static_cast<size_t>(v_end - task.v_begin);
   const size_t qkv = DTypeSize(a.q.dtype);
   const size_t gate = DTypeSize(a.g.dtype);
+  const size_t gw = a.scalar_gate ? 1 : kd;  // the gate's width
   const size_t v_at = internal::VOffset(a, t, task.h) + static_cast<size_t>(task.v_begin);
   int n = AppendLines(static_cast<const char*>(a.q.data) + internal::QOffset(a, t, kh) * qkv, kd * qkv, out);
   n += AppendLines(static_cast<const char*>(a.k.data) + internal::KOffset(a, t, kh) * qkv, kd * qkv, out + n);
-  n += AppendLines(static_cast<const char*>(a.g.data) + value_row * kd * gate, kd * gate, out + n);
+  n += AppendLines(static_cast<const char*>(a.g.data) + value_row * gw * gate, gw * gate, out + n);
   n += AppendLines(static_cast<const char*>(a.v.data) + v_at * qkv, width * qkv, out + n);
   n += AppendLines(static_cast<const char*>(a.beta.data) + value_row * DTypeSize(a.beta.dtype), 1, out + n);
   // The output row, where the update passes store it with plain stores (Streams): each store to a line
@@ -121,6 +122,8 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 //   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
 //   mfac = c' on materialised rows, else 1; mat = the row groups (kPassRowGroup rows) holding one,
 //   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
+// A scalar gate (GDN) is one e^g for all rows: one exponential per token, every row scale the same, and
+// rows materialised all together.
 template <class Vt>
 void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
   using Reg = typename Vt::Reg;
@@ -147,10 +150,18 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   // its result is written).
   LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, key_head), kin, kd, qh);
   LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, key_head), kin, kd, kh);
-  LoadRowPadded<Vt>(a.g, value_row * kin, kin, kd, mf);
-  if (opt.use_gate_in_kernel) {
-    ActivateGate(opt, task.h, kin, mf);
-    for (int d = kin; d < kd; ++d) mf[d] = 0.0F;
+  const bool scalar_gate = a.scalar_gate;
+  Reg scalar_decay = Vt::Zero();  // e^g of a scalar gate
+  if (scalar_gate) {
+    float g = LoadScalar(a.g, value_row);
+    if (opt.use_gate_in_kernel) ActivateGate(opt, task.h, 1, &g);
+    scalar_decay = Exp<Vt>(Vt::Set1(g));
+  } else {
+    LoadRowPadded<Vt>(a.g, value_row * kin, kin, kd, mf);
+    if (opt.use_gate_in_kernel) {
+      ActivateGate(opt, task.h, kin, mf);
+      for (int d = kin; d < kd; ++d) mf[d] = 0.0F;
+    }
   }
   float q_mul = task.scale;
   float k_mul = 1.0F;
@@ -170,8 +181,7 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   for (int d = 0; d < kd; d += kL) {
     const Reg q = Vt::Mul(Vt::Load(qh + d), q_scale);
     const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
-    const Reg g = Vt::Load(mf + d);
-    Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(g));
+    Reg c = Vt::Mul(Vt::Load(c_row + d), scalar_gate ? scalar_decay : Exp<Vt>(Vt::Load(mf + d)));
     const Reg pre = Vt::Mul(k, c);
     Vt::Store(kp + d, pre);
     if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma

@@ -1,6 +1,6 @@
 // Reference fused_recurrent_kda: the recurrence of design §2.5, token by
 // token, on a working [K][V] copy of each (sequence, value head) state:
-//   S <- diag(exp(g)) S
+//   S <- diag(exp(g)) S          (a scalar gate: S <- exp(g) S)
 //   S <- S + k (beta * (v - S^T k))^T
 //   o  = S^T (scale q)
 // The states are read and written as RecurrentKdaArgs describes (contiguous
@@ -70,7 +70,8 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
         LoadQ(a.q, QOffset(a, t, kh), k_dim, a.options, scale, q);
         LoadK(a.k, KOffset(a, t, kh), k_dim, a.options, k);
         LoadRow(a.v, VOffset(a, t, h), v_dim, v);
-        LoadGate(a.g, t, h, a.HV, k_dim, a.options, g);
+        LoadGate(a.g, t, h, a.HV, GateWidth(a), a.options, g);
+        const float scalar_decay = a.scalar_gate ? std::exp(g[0]) : 0.0F;  // GDN: one decay for every row
         const float head_beta = a.beta_per_value ? 0.0F : LoadBeta(a.beta, value_row, a.options);
         for (int j = 0; j < v_dim; ++j) {
           beta[j] = a.beta_per_value ? LoadBeta(a.beta, value_row * v_dim + j, a.options) : head_beta;
@@ -78,7 +79,7 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
         // Decay, then S^T k of the decayed state.
         for (int j = 0; j < v_dim; ++j) delta[j] = 0.0F;
         for (int d = 0; d < k_dim; ++d) {
-          const float decay = std::exp(g[d]);
+          const float decay = a.scalar_gate ? scalar_decay : std::exp(g[d]);
           float* s_d = s + static_cast<size_t>(d) * v_dim;
           for (int j = 0; j < v_dim; ++j) {
             s_d[j] *= decay;

@@ -26,13 +26,31 @@ namespace {
 
 // ------------------------------------------------------------------- decode
 
+// One token's prepared rows (PrepareToken), zero-padded: q (scaled), k, e =
+// e^g (row d at e[d * e_step]: e_step 0 for a scalar gate, whose one decay
+// serves every row), ke = k e, v, beta.
+struct TokenRows {
+  const float* q;
+  const float* k;
+  const float* e;
+  int e_step;
+  const float* ke;
+  const float* v;
+  const float* beta;
+};
+
 // Columns [col, col + NV*lanes) of one token's step from state `in` to state
 // `out` ([K][V] each, row stride vd; in may be out):
 //   p = sum_d (k_d e^{g_d}) S[d,:];  delta = beta (v - p)
 //   S'[d,:] = e^{g_d} S[d,:] + k_d delta;  o = sum_d q_d S'[d,:]
 template <class Vt, int NV>
-void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const float* q, const float* k, const float* e,
-                   const float* ke, const float* v, const float* beta, const MutBuf& o_buf, size_t out_off) {
+void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const TokenRows& r, const MutBuf& o_buf,
+                   size_t out_off) {
+  const float* q = r.q;
+  const float* k = r.k;
+  const float* ke = r.ke;
+  const float* v = r.v;
+  const float* beta = r.beta;
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   Reg p[NV];
@@ -50,7 +68,7 @@ void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const f
     o[j] = Vt::Zero();
   }
   for (int d = 0; d < kd; ++d) {
-    const Reg ed = Vt::Set1(e[d]);
+    const Reg ed = Vt::Set1(r.e[d * r.e_step]);
     const Reg kv = Vt::Set1(k[d]);
     const Reg qv = Vt::Set1(q[d]);
     const float* sd = in + static_cast<size_t>(d) * vd + col;
@@ -73,15 +91,12 @@ void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const f
 // One token's step over all V columns: blocks of NV registers, then single
 // registers, then single columns (V not a multiple of the lanes).
 template <class Vt, int NV>
-void DecodeStep(const float* in, float* out, int kd, int vd, const float* q, const float* k, const float* e,
-                const float* ke, const float* v, const float* beta, const MutBuf& o_buf, size_t out_off) {
+void DecodeStep(const float* in, float* out, int kd, int vd, const TokenRows& r, const MutBuf& o_buf, size_t out_off) {
   constexpr int kL = Vt::kLanes;
   int col = 0;
-  for (; col + NV * kL <= vd; col += NV * kL) {
-    DecodeColumns<Vt, NV>(in, out, kd, vd, col, q, k, e, ke, v, beta, o_buf, out_off);
-  }
-  for (; col + kL <= vd; col += kL) DecodeColumns<Vt, 1>(in, out, kd, vd, col, q, k, e, ke, v, beta, o_buf, out_off);
-  for (; col < vd; ++col) DecodeColumns<Scalar, 1>(in, out, kd, vd, col, q, k, e, ke, v, beta, o_buf, out_off);
+  for (; col + NV * kL <= vd; col += NV * kL) DecodeColumns<Vt, NV>(in, out, kd, vd, col, r, o_buf, out_off);
+  for (; col + kL <= vd; col += kL) DecodeColumns<Vt, 1>(in, out, kd, vd, col, r, o_buf, out_off);
+  for (; col < vd; ++col) DecodeColumns<Scalar, 1>(in, out, kd, vd, col, r, o_buf, out_off);
 }
 
 // A head's state between its stored layout (K-major, or V-first [V][K]) and a [K][V] working copy; src null:
@@ -121,9 +136,10 @@ constexpr int kShortTokens = 8;
 constexpr int kProjectGroup = kVecRegisters >= 32 ? 8 : 4;
 
 // A chunk's prepared token rows ([kShortTokens][kMaxHeadDim], zero-padded
-// past K and V): q (scaled), k, e = e^g, v, beta; and the vectors the state
-// passes read and write.
+// past K and V): q (scaled), k, e = e^g (a scalar gate: e[t][0] alone), v,
+// beta; and the vectors the state passes read and write.
 struct ShortRows {
+  bool scalar_gate = false;
   alignas(64) float q[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float k[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float e[kShortTokens][kc::kMaxHeadDim];
@@ -133,7 +149,7 @@ struct ShortRows {
   alignas(64) float qc[kShortTokens][kc::kMaxHeadDim];  // c_t q_t
   alignas(64) float p[kShortTokens][kc::kMaxHeadDim];   // (c_t k_t)^T S0; then delta_t
   alignas(64) float o[kShortTokens][kc::kMaxHeadDim];   // (c_t q_t)^T S0; then o_t
-  alignas(64) float c[kc::kMaxHeadDim];                 // c_L
+  alignas(64) float c[kc::kMaxHeadDim];                 // c_L (a scalar gate: c[0] alone)
 };
 
 // Columns [col, col + lanes) of the projections of G tokens on state rows
@@ -198,9 +214,10 @@ void WriteColumns(const float* s, float* out, int kd, int vd, int col, const Sho
   using Reg = typename Vt::Reg;
   Reg delta[L];
   for (int t = 0; t < L; ++t) delta[t] = Vt::Load(r.p[t] + col);
+  const int c_step = r.scalar_gate ? 0 : 1;
   for (int d = 0; d < kd; ++d) {
     const size_t at = static_cast<size_t>(d) * vd + col;
-    Reg x = s != nullptr ? Vt::Mul(Vt::Load(s + at), Vt::Set1(r.c[d])) : Vt::Zero();
+    Reg x = s != nullptr ? Vt::Mul(Vt::Load(s + at), Vt::Set1(r.c[d * c_step])) : Vt::Zero();
 #pragma GCC unroll 8
     for (int t = 0; t < L; ++t) x = Vt::Fma(Vt::Set1(r.kc[t][d]), delta[t], x);
     Vt::Store(out + at, x);
@@ -233,7 +250,8 @@ KDA_INLINE float Dot(const float* x, const float* y, int kp) {
 // One chunk of L <= kShortTokens prepared tokens t = 1..L (rows r.q, r.k,
 // r.e, r.v, r.beta; kp and vp multiples of Vt's lanes) from state s
 // ([kd][vd]; null: zeros) in chunk form, with c_t = prod_{u<=t} e_u and
-// E_{r,t} = prod_{r<u<=t} e_u (products, no divisions):
+// E_{r,t} = prod_{r<u<=t} e_u (products, no divisions; with a scalar gate,
+// scalars that multiply the plain dot products k_t . k_r and q_t . k_r):
 //   p_t = (c_t k_t)^T S0 + sum_{r<t} A_tr delta_r,  A_tr = sum_d k_t[d] E_{r,t}[d] k_r[d]
 //   delta_t = beta_t (v_t - p_t)
 //   o_t = (c_t q_t)^T S0 + sum_{r<=t} B_tr delta_r,  B_tr = sum_d q_t[d] E_{r,t}[d] k_r[d]
@@ -248,11 +266,13 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
                 size_t out_off, size_t o_stride, const float* next) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
+  const bool scalar_gate = r.scalar_gate;
   for (int d = 0; d < kp; ++d) r.c[d] = 1.0F;
   for (int t = 0; t < L; ++t) {
+    if (scalar_gate) r.c[0] *= r.e[t][0];
     for (int d = 0; d < kp; d += kL) {
-      const Reg c = Vt::Mul(Vt::Load(r.c + d), Vt::Load(r.e[t] + d));
-      Vt::Store(r.c + d, c);
+      const Reg c = scalar_gate ? Vt::Set1(r.c[0]) : Vt::Mul(Vt::Load(r.c + d), Vt::Load(r.e[t] + d));
+      if (!scalar_gate) Vt::Store(r.c + d, c);
       Vt::Store(r.kc[t] + d, Vt::Mul(c, Vt::Load(r.k[t] + d)));
       Vt::Store(r.qc[t] + d, Vt::Mul(c, Vt::Load(r.q[t] + d)));
     }
@@ -271,8 +291,19 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
   float b_tr[kShortTokens][kShortTokens];
   for (int t = 0; t < L; ++t) {
     float* w = r.kc[t];
+    b_tr[t][t] = Dot<Vt>(r.q[t], r.k[t], kp);
+    if (scalar_gate) {  // E_{t,u} a scalar: the dot products times the mask
+      float decay = 1.0F;
+      for (int u = t + 1; u < L; ++u) {
+        decay *= r.e[u][0];
+        a_tr[u][t] = decay * Dot<Vt>(r.k[u], r.k[t], kp);
+        b_tr[u][t] = decay * Dot<Vt>(r.q[u], r.k[t], kp);
+      }
+      const Reg e = Vt::Set1(decay);
+      for (int d = 0; d < kp; d += kL) Vt::Store(w + d, Vt::Mul(e, Vt::Load(r.k[t] + d)));
+      continue;
+    }
     for (int d = 0; d < kp; ++d) w[d] = r.k[t][d];
-    b_tr[t][t] = Dot<Vt>(r.q[t], w, kp);
     for (int u = t + 1; u < L; ++u) {
       for (int d = 0; d < kp; d += kL) Vt::Store(w + d, Vt::Mul(Vt::Load(w + d), Vt::Load(r.e[u] + d)));
       a_tr[u][t] = Dot<Vt>(r.k[u], w, kp);
@@ -307,9 +338,9 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
 
 // Token t's rows of value head h (key head kh) for the step, zero-padded to
 // kp / vp: q (times the scale and, with the in-kernel L2 norm, its inverse
-// norm), k (normalised likewise), e = e^g (after the in-kernel gate), ke = k e
-// (null: not wanted; the chunk form does without it), v and beta (activated;
-// per value dim or broadcast).
+// norm), k (normalised likewise), e = e^g (after the in-kernel gate; a scalar
+// gate: e[0] alone), ke = k e (null: not wanted; the chunk form does without
+// it), v and beta (activated; per value dim or broadcast).
 template <class Vt>
 KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int kh, int kp, int vp, float* q, float* k,
                              float* e, float* ke, float* v, float* beta) {
@@ -318,10 +349,21 @@ KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int
   const RecurrentKdaArgs& a = *task.args;
   const int kd = a.K;
   const int vd = a.V;
+  const bool scalar_gate = a.scalar_gate;
   const size_t value_row = static_cast<size_t>(t * a.HV + task.h);
   LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, kh), kd, kp, q);
   LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, kh), kd, kp, k);
-  LoadRowPadded<Vt>(a.g, value_row * kd, kd, kp, e);
+  Reg scalar_decay = Vt::Zero();
+  if (scalar_gate) {
+    float g = LoadScalar(a.g, value_row);
+    if (a.options.use_gate_in_kernel) ActivateGate(a.options, task.h, 1, &g);
+    scalar_decay = Exp<Vt>(Vt::Set1(g));
+    alignas(64) float lanes[kL];
+    Vt::Store(lanes, scalar_decay);
+    e[0] = lanes[0];
+  } else {
+    LoadRowPadded<Vt>(a.g, value_row * kd, kd, kp, e);
+  }
   LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h), vd, vp, v);
   if (a.beta_per_value) {
     LoadRowPadded<Vt>(a.beta, value_row * vd, vd, vp, beta);
@@ -330,7 +372,7 @@ KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int
     const float b = ActivateBeta(a.options, LoadScalar(a.beta, value_row));
     for (int j = 0; j < vp; ++j) beta[j] = b;
   }
-  if (a.options.use_gate_in_kernel) {
+  if (a.options.use_gate_in_kernel && !scalar_gate) {
     ActivateGate(a.options, task.h, kd, e);
     for (int d = kd; d < kp; ++d) e[d] = 0.0F;
   }
@@ -343,9 +385,9 @@ KDA_INLINE void PrepareToken(const internal::RecurrentTask& task, int64_t t, int
   const Reg q_scale = Vt::Set1(q_mul);
   const Reg k_scale = Vt::Set1(k_mul);
   for (int d = 0; d < kp; d += kL) {
-    const Reg decay = Exp<Vt>(Vt::Load(e + d));
+    const Reg decay = scalar_gate ? scalar_decay : Exp<Vt>(Vt::Load(e + d));
     const Reg kv = Vt::Mul(Vt::Load(k + d), k_scale);
-    Vt::Store(e + d, decay);
+    if (!scalar_gate) Vt::Store(e + d, decay);
     Vt::Store(k + d, kv);
     if (ke != nullptr) Vt::Store(ke + d, Vt::Mul(kv, decay));
     Vt::Store(q + d, Vt::Mul(Vt::Load(q + d), q_scale));
@@ -383,6 +425,7 @@ template <class Vt>
   float* dst = internal::TokenStateDestination(a, task.n, eos - bos - 1, eos - bos);
   if (dst != nullptr) dst += head_off;
   ShortRows rows;
+  rows.scalar_gate = a.scalar_gate;
   for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
     const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
     for (int t = 0; t < len; ++t) {
@@ -469,7 +512,8 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
       LoadWorking(nullptr, kd, vd, false, out);
       cur = out;
     }
-    DecodeStep<Vt, NV>(cur, out, kd, vd, q, k, e, ke, v, beta, a.o, value_row * static_cast<size_t>(vd));
+    const TokenRows rows{q, k, e, a.scalar_gate ? 0 : 1, ke, v, beta};
+    DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
     if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
     cur = out;
   }

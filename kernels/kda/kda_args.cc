@@ -244,14 +244,17 @@ void CheckRecurrentValues(const std::string& who, const RecurrentKdaArgs& a) {
   if (a.state_indices != nullptr) CheckRecurrentSlots(who, a);
 }
 
-const std::string& ChunkWho() {
-  static const std::string who = "chunk_kda";  // built once: a good call allocates nothing
-  return who;
+// The names of the entries (built once: a good call allocates nothing).
+const std::string& ChunkWho(DeltaRuleEntry entry = DeltaRuleEntry::kKda) {
+  static const std::string kda = "chunk_kda";
+  static const std::string gdn = "chunk_gated_delta_rule";
+  return entry == DeltaRuleEntry::kGatedDeltaRule ? gdn : kda;
 }
 
-const std::string& RecurrentWho() {
-  static const std::string who = "fused_recurrent_kda";
-  return who;
+const std::string& RecurrentWho(DeltaRuleEntry entry = DeltaRuleEntry::kKda) {
+  static const std::string kda = "fused_recurrent_kda";
+  static const std::string gdn = "fused_recurrent_gated_delta_rule";
+  return entry == DeltaRuleEntry::kGatedDeltaRule ? gdn : kda;
 }
 
 }  // namespace
@@ -504,7 +507,16 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
   const int64_t vd = call.v.shape[3];
   c.Shape(call.k, {s.B, s.T, h, kd}, "k", "[B, T, H, K] (q's shape)");
   c.Shape(call.v, {s.B, s.T, hv, vd}, "v", "[B, T, HV, V] (B, T of q)");
-  c.Shape(call.g, {s.B, s.T, hv, kd}, "g", "[B, T, HV, K] (HV of v, K of q)");
+  // g's width: a decay per key dimension (KDA), or one per value head (GDN; the only form of
+  // chunk_gated_delta_rule).
+  const bool gdn_chunk = call.entry == DeltaRuleEntry::kGatedDeltaRule && min_sequences > 0;
+  s.scalar_gate = call.g.ndim == 3 || gdn_chunk;
+  if (s.scalar_gate) {
+    c.Shape(call.g, {s.B, s.T, hv}, "g",
+            gdn_chunk ? "[B, T, HV] (HV of v)" : "[B, T, HV] (a gate per value head) or [B, T, HV, K]");
+  } else {
+    c.Shape(call.g, {s.B, s.T, hv, kd}, "g", "[B, T, HV, K] (HV of v, K of q) or [B, T, HV]");
+  }
   if (beta_per_value_allowed && call.beta.ndim == 4) {
     c.Shape(call.beta, {s.B, s.T, hv, vd}, "beta", "[B, T, HV] or [B, T, HV, V]");
   } else {
@@ -558,7 +570,9 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
       c.Present(call.A_log, "A_log", "required with use_gate_in_kernel=True when lower_bound is not set (shape [HV])");
     }
     if (call.A_log.present()) c.Param(call.A_log, s.HV, "HV", "A_log", "[HV]");
-    if (call.dt_bias.present()) {
+    if (call.dt_bias.present() && s.scalar_gate) {
+      c.Param(call.dt_bias, s.HV, "HV", "dt_bias", "[HV], one per value head with a scalar gate g");
+    } else if (call.dt_bias.present()) {
       c.Param(call.dt_bias, static_cast<int64_t>(s.HV) * s.K, "HV*K", "dt_bias", "[HV*K] or [HV, K]");
     }
   }
@@ -648,11 +662,21 @@ void CheckIntermediateStates(const ViewChecker& c, const ChunkKdaCall& call, con
 }
 
 KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
-  const std::string& who = ChunkWho();
+  const std::string& who = ChunkWho(call.entry);
   const ViewChecker c(who, full);
   KdaCallShapes s = CheckTokens(c, call, false, 1);
-  Check(call.chunk_size == 32 || call.chunk_size == 64,
-        [&] { return who + ": chunk_size must be either 32 or 64 for KDA, got " + std::to_string(call.chunk_size); });
+  // fla's rules and wording: 32 or 64 for KDA; 16, 32 or 64 for Gated DeltaNet (which has no intermediate
+  // states to size: the kernels' results do not depend on it).
+  if (call.entry == DeltaRuleEntry::kGatedDeltaRule) {
+    const int cs = call.chunk_size;
+    Check(cs == 16 || cs == 32 || cs == 64, [&] {
+      return who + ": `chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got " + std::to_string(cs) + ".";
+    });
+  } else {
+    Check(call.chunk_size == 32 || call.chunk_size == 64, [&] {
+      return who + ": `chunk_size` must be either 32 or 64 for KDA, got " + std::to_string(call.chunk_size) + ".";
+    });
+  }
   if (call.safe_gate && call.use_gate_in_kernel) {
     Check(call.lower_bound.has_value(),
           [&] { return who + ": lower_bound must be specified when safe_gate=True and use_gate_in_kernel=True"; });
@@ -726,7 +750,7 @@ void CheckGivenSlots(const std::string& who, const RecurrentKdaCall& call, const
 }
 
 KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
-  const std::string& who = RecurrentWho();
+  const std::string& who = RecurrentWho(call.entry);
   const ViewChecker c(who, full);
   KdaCallShapes s = CheckTokens(c, call, true, 0);
   const bool vf = call.state_v_first;
@@ -804,6 +828,7 @@ void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.v = Buf(call.v);
   a.g = Buf(call.g);
   a.beta = Buf(call.beta);
+  a.scalar_gate = s.scalar_gate;
   a.token_strides = s.token_strides;
   a.H = s.H;
   a.HV = s.HV;
@@ -851,8 +876,8 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   a.snapshot_offsets = call.snapshot_offsets;
   if (call.return_intermediate_states) a.intermediate_states = {call.intermediate_states.data, call.k.dtype};
   a.chunk_size = call.chunk_size;
-  a.snapshot_states = call.snapshot_states;  // fp32: the arguments' default snapshot_dtype
-  CheckChunkValues(ChunkWho(), a);           // the structure was checked on the views
+  a.snapshot_states = call.snapshot_states;   // fp32: the arguments' default snapshot_dtype
+  CheckChunkValues(ChunkWho(call.entry), a);  // the structure was checked on the views
   return a;
 }
 
@@ -878,7 +903,7 @@ RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
     a.initial_state = initial;
     a.final_state = call.inplace_final_state ? initial : static_cast<float*>(call.final_state.data);
   }
-  CheckRecurrentValues(RecurrentWho(), a);
+  CheckRecurrentValues(RecurrentWho(call.entry), a);
   return a;
 }
 

@@ -60,15 +60,22 @@ inline float ActivatedGate(float raw_plus_bias, int h, const KdaOptions& opt) {
   return KdaGate(raw_plus_bias, opt.A_log[h]);
 }
 
-// Log-decay row of value head h of token t ([T, HV, K]): as given, or
-// activated in the kernel from the raw gate with A_log[h] and dt_bias[h * K + d].
-inline void LoadGate(const ConstBuf& g, int64_t t, int h, int value_heads, int k_dim, const KdaOptions& opt,
+// The gate's width: K values per value head and token (KDA), or 1 (GDN, a scalar gate).
+template <class Args>
+int GateWidth(const Args& a) {
+  return a.scalar_gate ? 1 : a.K;
+}
+
+// Log-decay row of value head h of token t (`width` values, [T, HV, width]):
+// as given, or activated in the kernel from the raw gate with A_log[h] and
+// dt_bias[h * width + d].
+inline void LoadGate(const ConstBuf& g, int64_t t, int h, int value_heads, int width, const KdaOptions& opt,
                      float* out) {
-  LoadRow(g, (static_cast<size_t>(t) * value_heads + h) * k_dim, k_dim, out);
+  LoadRow(g, (static_cast<size_t>(t) * value_heads + h) * width, width, out);
   if (!opt.use_gate_in_kernel) return;
   const float* bias =
-      opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(k_dim) : nullptr;
-  for (int d = 0; d < k_dim; ++d) out[d] = ActivatedGate(bias != nullptr ? out[d] + bias[d] : out[d], h, opt);
+      opt.dt_bias != nullptr ? opt.dt_bias + static_cast<size_t>(h) * static_cast<size_t>(width) : nullptr;
+  for (int d = 0; d < width; ++d) out[d] = ActivatedGate(bias != nullptr ? out[d] + bias[d] : out[d], h, opt);
 }
 
 // beta as the kernel uses it: the stored value, or beta_scale * sigmoid(logit).

@@ -132,7 +132,16 @@ nb::dict ShapesDict(const KdaCallShapes& s) {
   d["V"] = s.V;
   d["num_states"] = s.num_states;
   d["num_chunks"] = s.num_chunks;
+  d["scalar_gate"] = s.scalar_gate;
   return d;
+}
+
+// The entry a call names in its errors: "kda" (chunk_kda, fused_recurrent_kda) or "gated_delta_rule"
+// (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule; see DeltaRuleEntry).
+DeltaRuleEntry ParseEntry(const std::string& entry) {
+  if (entry == "kda") return DeltaRuleEntry::kKda;
+  if (entry == "gated_delta_rule") return DeltaRuleEntry::kGatedDeltaRule;
+  throw nb::value_error(("entry: expected 'kda' or 'gated_delta_rule', got '" + entry + "'").c_str());
 }
 
 // The options both kernels share (fla's names), as the bindings take them.
@@ -189,9 +198,11 @@ std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, con
                                  bool safe_gate, std::optional<float> lower_bound, bool state_v_first,
                                  const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, int chunk_size,
                                  const OutArg& state, const InArg& state_indices, bool return_intermediate_states,
-                                 const OutArg& intermediate_states, const std::string& kernel, bool check_only) {
+                                 const OutArg& intermediate_states, const std::string& kernel, bool check_only,
+                                 const std::string& entry) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   ChunkKdaCall c;
+  c.entry = ParseEntry(entry);
   SetCommon(c, o, q, k, v, g, beta,
             {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
              lower_bound, state_v_first},
@@ -217,9 +228,10 @@ std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const OutArg& final_s
                                           const InArg& num_accepted_tokens, bool use_qk_l2norm_in_kernel,
                                           bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
                                           bool allow_neg_eigval, std::optional<float> lower_bound,
-                                          const std::string& kernel, bool check_only) {
+                                          const std::string& kernel, bool check_only, const std::string& entry) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   RecurrentKdaCall c;
+  c.entry = ParseEntry(entry);
   SetCommon(c, o, q, k, v, g, beta,
             {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
              lower_bound, state_v_first},
@@ -249,11 +261,14 @@ void BindKernels(nb::module_& m) {
         nb::arg("dt_bias").none() = nb::none(), nb::arg("chunk_size") = 64, nb::arg("state").none() = nb::none(),
         nb::arg("state_indices").none() = nb::none(), nb::arg("return_intermediate_states") = false,
         nb::arg("intermediate_states").none() = nb::none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
+        nb::arg("entry") = "kda",
         "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, HV, V] and final_state [N, HV, K, V], or "
         "the pool `state` [S, HV, K, V] through state_indices [N] int32, and with return_intermediate_states the "
-        "intermediate_states [B, NT, HV, K, V] in k's dtype. With check_only, returns {B, T, N, H, HV, K, V, "
-        "num_states, num_chunks} (else None; num_chunks -1 when cu_seqlens has no data). bf16 arrays may come as "
-        "DLPack bfloat16 or as uint16 bit views.");
+        "intermediate_states [B, NT, HV, K, V] in k's dtype. g is [B, T, HV, K] (KDA) or [B, T, HV] (GDN's scalar "
+        "gate; dt_bias [HV]). entry: 'kda' or 'gated_delta_rule' (chunk_gated_delta_rule: g [B, T, HV] only, "
+        "chunk_size 16, 32 or 64), the name errors carry. With check_only, returns {B, T, N, H, HV, K, V, "
+        "num_states, num_chunks, scalar_gate} (else None; num_chunks -1 when cu_seqlens has no data). bf16 arrays "
+        "may come as DLPack bfloat16 or as uint16 bit views.");
   m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"),
         nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none() = nb::none(),
         nb::arg("dt_bias").none() = nb::none(), nb::arg("initial_state").none() = nb::none(),
@@ -263,10 +278,12 @@ void BindKernels(nb::module_& m) {
         nb::arg("num_accepted_tokens").none() = nb::none(), nb::arg("use_qk_l2norm_in_kernel") = false,
         nb::arg("use_gate_in_kernel") = false, nb::arg("use_beta_sigmoid_in_kernel") = false,
         nb::arg("allow_neg_eigval") = false, nb::arg("lower_bound").none() = nb::none(), nb::arg("kernel") = "auto",
-        nb::arg("check_only") = false,
+        nb::arg("check_only") = false, nb::arg("entry") = "kda",
         "fused_recurrent_kda_fwd (RecurrentKdaCall): the recurrence token by token; with ssm_state_indices ([N] or "
         "[N, C] int32, negative: padding) the states live in the pool initial_state, otherwise [N, HV, K, V]; "
-        "inplace_final_state writes them back there, else final_state receives them (with output_final_state).");
+        "inplace_final_state writes them back there, else final_state receives them (with output_final_state). g is "
+        "[B, T, HV, K] (KDA) or [B, T, HV] (GDN's scalar gate; dt_bias [HV]); entry 'kda' or 'gated_delta_rule' "
+        "names the call in errors.");
   m.def(
       "reads_in_place", [](const nb::ndarray<nb::ro>& a) { return ReadsTokensInPlace(ArrayView<TensorView>(a, "x")); },
       nb::arg("x"),

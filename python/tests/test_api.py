@@ -62,7 +62,7 @@ def run_refused(exc, match, fn, *args, **kwargs):
     (lambda a: a.update(use_gate_in_kernel=True, A_log=np.zeros(H), dt_bias=np.zeros(5)), ValueError,
      r"dt_bias: expected HV\*K = 32"),
     (lambda a: a.update(allow_neg_eigval=True), ValueError, r"allow_neg_eigval=True requires use_beta_sigmoid_in_kernel"),
-    (lambda a: a.update(chunk_size=16), ValueError, r"chunk_size must be either 32 or 64 for KDA, got 16"),
+    (lambda a: a.update(chunk_size=16), ValueError, r"`chunk_size` must be either 32 or 64 for KDA, got 16"),
     (lambda a: a.update(use_gate_in_kernel=True, safe_gate=True, A_log=np.zeros(H)), ValueError,
      r"lower_bound must be specified when safe_gate=True"),
     (lambda a: a.update(use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0), ValueError,

@@ -380,7 +380,7 @@ def test_intermediate_states_refusals_and_empty_batches():
     q, k, v, g, beta = problem(T=5, seed=24)
     with pytest.raises(ValueError, match="return_intermediate_states must be used with disable_recompute=False"):
         kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, disable_recompute=True)
-    with pytest.raises(ValueError, match="chunk_size must be either 32 or 64"):
+    with pytest.raises(ValueError, match="`chunk_size` must be either 32 or 64"):
         kda.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, chunk_size=16)
     # Zero tokens: no chunks.
     o, s, h = kda.chunk_kda(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0], return_intermediate_states=True)

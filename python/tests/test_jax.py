@@ -409,7 +409,7 @@ BAD_CHUNK = [
     (lambda q, k, v, g, b: dict(kernel="fast"), ValueError, "kernel must be one of auto, ffi, naive"),
     (lambda q, k, v, g, b: dict(allow_neg_eigval=True), ValueError,
      "allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True"),
-    (lambda q, k, v, g, b: dict(chunk_size=48), ValueError, "chunk_size must be either 32 or 64 for KDA, got 48"),
+    (lambda q, k, v, g, b: dict(chunk_size=48), ValueError, "`chunk_size` must be either 32 or 64 for KDA, got 48"),
     (lambda q, k, v, g, b: dict(chunk_size=32.0), TypeError, "chunk_size must be a Python int"),
     (lambda q, k, v, g, b: dict(safe_gate=True, use_gate_in_kernel=True, A_log=jnp.zeros(2)), ValueError,
      "lower_bound must be specified when safe_gate=True and use_gate_in_kernel=True"),

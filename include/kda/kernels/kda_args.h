@@ -17,8 +17,13 @@
 //   S <- diag(exp(g_t)) S
 //   S <- S + k_t (beta_t * (v_t - S^T k_t))^T
 //   o_t = S^T (scale * q_t)
-// with g_t <= 0 the per-key-dim log decay and beta_t a scalar per value head
-// (or, in fused_recurrent_kda, a [V] vector). All arithmetic is fp32; q/k/v
+// with g_t <= 0 the log decay and beta_t a scalar per value head (or, in
+// fused_recurrent_kda, a [V] vector). The decay has one of two widths (the
+// arguments' scalar_gate):
+// - KDA (Kimi Delta Attention): g_t in R^K, one decay per key dimension;
+// - Gated DeltaNet (GDN): g_t in R, one decay per value head (diag(exp(g_t))
+//   = exp(g_t) I), g stored [T, HV] and never broadcast over K.
+// All arithmetic is fp32; q/k/v
 // are fp32, bf16 or fp16 (one dtype), g and beta any of the three, and the
 // output o has the dtype of q (rounded once).
 #pragma once
@@ -35,12 +40,13 @@ struct KdaOptions {
   float scale = 0.0F;  // multiplies q; <= 0 means K^-0.5
   // L2-normalise q and k over K inside the kernel: x / sqrt(sum x^2 + 1e-6).
   bool use_qk_l2norm_in_kernel = false;
-  // g holds the raw gate; the kernel applies, with x = g_raw + dt_bias[h*K + d],
+  // g holds the raw gate; the kernel applies, with x = g_raw + dt_bias[h*K + d]
+  // (a scalar gate: dt_bias[h]),
   //   g = -exp(A_log[h]) * softplus(x)  (softplus(x) = x for x > 20), or, with use_lower_bound,
   //   g = lower_bound * sigmoid(exp(A_log[h]) * x)  (A_log null: lower_bound * sigmoid(x)).
   bool use_gate_in_kernel = false;
   const float* A_log = nullptr;    // [HV]; required with use_gate_in_kernel unless use_lower_bound
-  const float* dt_bias = nullptr;  // [HV*K], optional with use_gate_in_kernel
+  const float* dt_bias = nullptr;  // [HV*K] ([HV] with a scalar gate), optional with use_gate_in_kernel
   bool use_lower_bound = false;
   float lower_bound = 0.0F;  // < 0
   // beta holds logits: the kernel uses beta_scale * sigmoid(beta), beta_scale
@@ -76,8 +82,9 @@ struct ChunkKdaArgs {
   // Inputs.
   ConstBuf q, k;                         // [T, H, K]
   ConstBuf v;                            // [T, HV, V]
-  ConstBuf g;                            // [T, HV, K] log decay (or raw gate, see options)
+  ConstBuf g;                            // [T, HV, K] ([T, HV] with scalar_gate) log decay (or raw gate, see options)
   ConstBuf beta;                         // [T, HV]
+  bool scalar_gate = false;              // g is one decay per value head (GDN), see above
   QkvTokenStrides token_strides;         // of q, k, v
   const int64_t* cu_seqlens = nullptr;   // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
   const float* initial_state = nullptr;  // [N, HV, K, V] or null (zeros); may alias final_state
@@ -148,8 +155,9 @@ struct RecurrentKdaArgs {
   // Inputs.
   ConstBuf q, k;                  // [T, H, K]
   ConstBuf v;                     // [T, HV, V]
-  ConstBuf g;                     // [T, HV, K]
+  ConstBuf g;                     // [T, HV, K] ([T, HV] with scalar_gate)
   ConstBuf beta;                  // [T, HV], or [T, HV, V] with beta_per_value
+  bool scalar_gate = false;       // g is one decay per value head (GDN)
   QkvTokenStrides token_strides;  // of q, k, v
   bool beta_per_value = false;
   const int64_t* cu_seqlens = nullptr;  // [N + 1], 0 = cu[0] <= ... <= cu[N] = T
@@ -178,17 +186,26 @@ void ValidateRecurrentKda(const RecurrentKdaArgs& a);
 
 // ------------------------------------------------------------------ calls
 
+// The entry a call is made through, which names it in error messages: KDA's
+// (chunk_kda, fused_recurrent_kda) or Gated DeltaNet's
+// (chunk_gated_delta_rule, whose g must be [B, T, HV];
+// fused_recurrent_gated_delta_rule).
+enum class DeltaRuleEntry : uint8_t { kKda, kGatedDeltaRule };
+
 // What both calls share: the tokens, the output, the sequences and the
 // options, in fla's names. B batch rows of T tokens; with cu_seqlens B = 1 and
 // the T tokens are N packed sequences, without it the rows are N = B
 // sequences of T tokens.
 struct KdaCallCommon {
+  DeltaRuleEntry entry = DeltaRuleEntry::kKda;
   MutTensorView o;  // [B, T, HV, V], q's dtype (absent in a shape check)
   // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, one dtype. C-contiguous, or
   // token-strided (read in place, see QkvTokenStrides): strides [T * s, s, K, 1] ([T * s, s, V, 1] for v)
   // with s >= the row, any stride on a unit dimension. The other tensors are C-contiguous.
   TensorView q, k, v;
-  TensorView g;                // [B, T, HV, K]: log decay, or the raw gate with use_gate_in_kernel
+  // [B, T, HV, K] (KDA: a decay per key dimension) or [B, T, HV] (GDN: a scalar gate per value head):
+  // log decay, or the raw gate with use_gate_in_kernel.
+  TensorView g;
   TensorView beta;             // [B, T, HV] (fused_recurrent_kda also [B, T, HV, V])
   std::optional<float> scale;  // none: K^-0.5; else finite and > 0
   bool use_qk_l2norm_in_kernel = false;
@@ -200,7 +217,7 @@ struct KdaCallCommon {
   bool state_v_first = false;
   TensorView cu_seqlens;  // [N + 1] i64 or i32, optional
   TensorView A_log;       // [HV] f32: required with use_gate_in_kernel unless lower_bound is set (else ignored, as fla)
-  TensorView dt_bias;     // [HV * K] or [HV, K] f32, optional with use_gate_in_kernel
+  TensorView dt_bias;     // [HV * K] or [HV, K] ([HV] with a scalar gate) f32, optional with use_gate_in_kernel
 };
 
 // chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.
@@ -260,6 +277,7 @@ struct RecurrentKdaCall : KdaCallCommon {
 struct KdaCallShapes {
   int64_t B = 0, T = 0, N = 0;
   int H = 0, HV = 0, K = 0, V = 0;
+  bool scalar_gate = false;       // g is [B, T, HV] (GDN)
   int64_t num_states = 0;         // S of the pool form (0 otherwise)
   QkvTokenStrides token_strides;  // of q, k, v (0: contiguous)
   // chunk_kda: NT, the chunks of chunk_size tokens (intermediate_states is
