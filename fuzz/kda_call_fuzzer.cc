@@ -6,7 +6,8 @@
 // view absent, of the wrong rank, shape or dtype, strided, or null, and with
 // random index values, over fla's options (grouped value heads, any head dims,
 // float16, several tokens per sequence, slots per token and accepted counts,
-// V-first states). Token views are often token-strided as a fused
+// V-first states) and both gate widths (KDA's per key dimension, Gated
+// DeltaNet's per value head, through either entry). Token views are often token-strided as a fused
 // projection's slices (accepted for q, k, v; now and then with a token stride
 // short of the row or a batch stride out of step). The call is shape-checked
 // (data null), then bound and run on the reference kernels or the optimized
@@ -212,7 +213,10 @@ void SetTokens(Call& call, Choices& c, CaseBuilder& b, const Sizes& s, DType act
   call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
   call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
   call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat, false, true);
-  call.g = b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat, false, c.OneIn(8));
+  // A gate per key dimension (KDA), or one per value head (Gated DeltaNet) one time in 3.
+  call.g = c.OneIn(3) ? b.Make<TensorView>({s.B, s.T, s.HV}, gb, Fill::kFloat)
+                      : b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat, false, c.OneIn(8));
+  if (c.OneIn(4)) call.entry = kda::DeltaRuleEntry::kGatedDeltaRule;
   // A beta per value: fused_recurrent_kda's option (chunk_kda refuses it).
   call.beta = c.OneIn(6) ? b.Make<TensorView>({s.B, s.T, s.HV, s.V}, gb, Fill::kFloat, false, c.OneIn(8))
                          : b.Make<TensorView>({s.B, s.T, s.HV}, gb, Fill::kFloat);
@@ -229,7 +233,8 @@ void SetOptions(Call& call, Choices& c, CaseBuilder& b, const Sizes& s) {
   if (c.OneIn(4)) call.lower_bound = c.OneIn(8) ? 0.5F : -0.5F * static_cast<float>(1 + c.Below(10));
   if (call.use_gate_in_kernel) {
     call.A_log = b.Make<TensorView>({s.HV}, DType::kF32, Fill::kFloat, call.lower_bound.has_value());
-    call.dt_bias = b.Make<TensorView>({s.HV * s.K}, DType::kF32, Fill::kFloat, true);
+    const bool scalar_gate = call.g.ndim == 3;  // one bias per value head (one time in 8 the other width)
+    call.dt_bias = b.Make<TensorView>({scalar_gate != c.OneIn(8) ? s.HV : s.HV * s.K}, DType::kF32, Fill::kFloat, true);
   }
 }
 
@@ -289,8 +294,8 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
     call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
   }
   call.safe_gate = c.OneIn(8);
-  if (c.OneIn(8)) call.chunk_size = c.OneIn(2) ? 32 : 48;
-  if (c.OneIn(2)) {  // pool form
+  if (c.OneIn(8)) call.chunk_size = 16 * (1 + c.Below(3));  // 16 (GDN's only), 32, 48 (refused)
+  if (c.OneIn(2)) {                                         // pool form
     call.state = States<MutTensorView>(b, call, s, s.S);
     call.state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
     call.has_initial_state = b.Make<TensorView>({n}, DType::kU8, Fill::kFlags, true);

@@ -298,7 +298,7 @@ struct Machine {
 
 // One measurement. The fixed fields first, then kernel-specific ones in order.
 struct BenchRow {
-  std::string kernel;      // chunk | recurrent | layer | decode_layer | projections | fla option rows
+  std::string kernel;      // chunk | recurrent | layer | decode_layer | projections | fla option rows | gdn rows
   std::string impl;        // reference | optimized
   std::string isa;         // the optimized kernels' ISA variant; "none" for the reference
   std::string dtype;       // float32 | bfloat16 | float16
@@ -677,6 +677,122 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
   return rows;
 }
 
+// ------------------------------------------------------------ Gated DeltaNet
+
+// Qwen3-Next's linear layers (delta-rule-family.md §2): 16 key heads, 32 value heads, K = V = 128.
+constexpr int kGdnKeyHeads = 16;
+constexpr int kGdnValueHeads = 32;
+constexpr int kGdnHeadDim = 128;
+
+// The steps of `call` over `layers` copies of its state buffer (initial_state: [rows, HV, K, V] each, in
+// place), one copy per step in turn, so that every step reads its states from memory as a model's layers do:
+// the median step time in seconds over `steps` steps after one pass over the copies.
+double StreamedStepSeconds(RecurrentKdaCall call, int layers, int64_t steps) {
+  const auto per_layer = static_cast<size_t>(call.initial_state.numel());
+  std::vector<float> states = bench::TokenInputs::Random(static_cast<int64_t>(per_layer) * layers, 7, 0.1F);
+  const auto step = [&](int64_t i) {
+    call.initial_state.data = states.data() + static_cast<size_t>(i % layers) * per_layer;
+    fused_recurrent_kda(call, KernelImpl::kOptimized);
+  };
+  for (int i = 0; i < layers; ++i) step(i);  // warm-up: one pass over the copies
+  std::vector<double> t;
+  t.reserve(static_cast<size_t>(steps));
+  for (int64_t i = 0; i < steps; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    step(i);
+    t.push_back(Seconds(t0));
+  }
+  return Median(t);
+}
+
+// Gated DeltaNet (a gate per value head, g [T, HV]) at Qwen3-Next's shapes, optimized kernels, each against
+// the same run's floors:
+// - the prefill of one sequence of 2048 tokens (fp32 and bf16), beside KDA at the same H, HV, K, V (a gate
+//   per key dimension) and GDN with three value heads per key head (16 / 48, Qwen3.5-27B), the three timed
+//   alternately; the flop floor is the recurrence's 7 K V flops per token and value head, as KDA's rows;
+// - a decode step of 32 sequences (one token each, bf16 tokens, the states in place) and a speculative
+//   verification step of 8 sequences of 4 tokens (a pool slot per token through 2-D indices), their states
+//   streamed from memory (StreamedStepSeconds). The read-write floor moves each state read (one per
+//   sequence) and written (one per token) at the in-place read-modify-write rate, which moves each byte
+//   twice: bytes read + written over 2 rmw_gbps (a decode step: its states' bytes over rmw_gbps).
+std::vector<BenchRow> GdnRows(const Machine& m, int repeats) {
+  struct ChunkCase {
+    const char* kernel;
+    int HV;
+    bool scalar_gate;
+  };
+  const ChunkCase chunk_cases[] = {
+      {"gdn_chunk", kGdnValueHeads, true},
+      {"kda_chunk", kGdnValueHeads, false},
+      {"gdn_chunk_gva3", 3 * kGdnKeyHeads, true},
+  };
+  constexpr int kh = kGdnKeyHeads;
+  constexpr int kd = kGdnHeadDim;
+  std::vector<BenchRow> rows;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    std::vector<std::unique_ptr<bench::FlaProblem>> problems;
+    std::vector<std::function<void(int64_t)>> calls;
+    for (const ChunkCase& c : chunk_cases) {
+      problems.push_back(
+          std::make_unique<bench::FlaProblem>(std::vector<int64_t>{2048}, kh, c.HV, kd, kd, dtype, 1, c.scalar_gate));
+      bench::FlaProblem& p = *problems.back();
+      chunk_kda(p.chunk, KernelImpl::kOptimized);  // warm-up
+      calls.emplace_back([&p](int64_t) { chunk_kda(p.chunk, KernelImpl::kOptimized); });
+    }
+    const std::vector<std::vector<double>> seconds = bench::TimeAlternately(repeats, calls);
+    std::vector<double> us(std::size(chunk_cases));
+    for (size_t i = 0; i < us.size(); ++i) us[i] = Median(seconds[i]) * 1e6 / static_cast<double>(problems[i]->T());
+    for (size_t i = 0; i < us.size(); ++i) {
+      const ChunkCase& c = chunk_cases[i];
+      BenchRow r = Row(m, c.kernel, KernelImpl::kOptimized, dtype, problems[i]->N(), problems[i]->T(), repeats);
+      r.H = kh;
+      r.K = kd;
+      r.us_per_token = us[i];
+      const double floor_us = 7.0 * kd * kd * c.HV / (m.fma_peak_gflops * 1e3);
+      r.extra = {{"HV", c.HV},
+                 {"V", kd},
+                 {"us_per_value_head", us[i] / c.HV},
+                 {"flop_floor_us_per_token", floor_us},
+                 {"ratio_to_flop_floor", us[i] / floor_us}};
+      if (i == 0) r.extra.emplace_back("ratio_to_kda_chunk", us[0] / us[1]);
+      if (i == 2) r.extra.emplace_back("per_value_head_ratio_to_gva2", (us[2] / c.HV) / (us[0] / kGdnValueHeads));
+      rows.push_back(r);
+    }
+  }
+  // Decode and speculative verification, states streamed.
+  struct StepCase {
+    const char* kernel;
+    int64_t sequences, tokens;
+  };
+  for (const StepCase& c : {StepCase{"gdn_recurrent", 32, 1}, StepCase{"gdn_recurrent_spec", 8, 4}}) {
+    bench::FlaProblem p(std::vector<int64_t>(static_cast<size_t>(c.sequences), c.tokens), kh, kGdnValueHeads, kd, kd,
+                        DType::kBF16, 1, true);
+    const bool speculative = c.tokens > 1;
+    const RecurrentKdaCall& call = speculative ? p.speculative : p.recurrent;
+    const auto per_layer = static_cast<int64_t>(call.initial_state.numel() * sizeof(float));
+    const int layers = static_cast<int>(std::max<int64_t>(2, (m.stream_bytes + per_layer - 1) / per_layer));
+    const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
+    const double step_us = StreamedStepSeconds(call, layers, steps) * 1e6;
+    const double state_bytes = static_cast<double>(kGdnValueHeads) * kd * kd * sizeof(float);
+    const double moved = state_bytes * static_cast<double>(c.sequences) * static_cast<double>(1 + c.tokens);
+    const double floor_us = moved / (2.0 * m.rmw_gbps * 1e3);
+    BenchRow r = Row(m, c.kernel, KernelImpl::kOptimized, DType::kBF16, p.N(), p.T(), static_cast<int>(steps));
+    r.H = kh;
+    r.K = kd;
+    r.us_per_token = step_us / static_cast<double>(p.T());
+    r.extra = {{"HV", kGdnValueHeads},
+               {"V", kd},
+               {"tokens_per_sequence", static_cast<double>(c.tokens)},
+               {"step_us", step_us},
+               {"rmw_gbps", m.rmw_gbps},
+               {"rw_floor_us", floor_us},
+               {"ratio_to_rw_floor", step_us / floor_us},
+               {"streamed_bytes", static_cast<double>(per_layer) * layers}};
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 }  // namespace
 
 CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
@@ -688,7 +804,7 @@ CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
   cmd->add_option("--repeats", opt.repeats, "Timed runs per measurement (median; the reference chunk kernel: R/3)");
   cmd->add_option("--only", opt.only, "Row groups to run (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options"}));
+      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options", "gdn"}));
   return cmd;
 }
 
@@ -742,6 +858,9 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   }
   if (run("options")) {
     for (const BenchRow& r : FlaOptionRows(m, opt.repeats)) PrintRow(r, opt.json);
+  }
+  if (run("gdn")) {
+    for (const BenchRow& r : GdnRows(m, opt.repeats)) PrintRow(r, opt.json);
   }
   return 0;
 }

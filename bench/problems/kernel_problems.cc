@@ -104,12 +104,12 @@ int DecodeProblem::LayersFor(int64_t n, int heads, int k_dim, int64_t bytes) {
 }
 
 FlaProblem::FlaProblem(const std::vector<int64_t>& lengths, int heads, int value_heads, int k_dim, int v_dim,
-                       DType dtype, uint32_t seed)
+                       DType dtype, uint32_t seed, bool scalar_gate)
     : cu(ChunkProblem::CuSeqlens(lengths)),
       q(TokenInputs::Random(cu.back() * heads * k_dim, seed, 1.0F), dtype),
       k(TokenInputs::Random(cu.back() * heads * k_dim, seed + 1, 1.0F), dtype),
       v(TokenInputs::Random(cu.back() * value_heads * v_dim, seed + 2, 1.0F), dtype),
-      g(TokenInputs::Gates(cu.back() * value_heads * k_dim, seed + 3), DType::kF32),
+      g(TokenInputs::Gates(cu.back() * value_heads * (scalar_gate ? 1 : k_dim), seed + 3), DType::kF32),
       beta(TokenInputs::Betas(cu.back() * value_heads, seed + 4), DType::kF32),
       o(std::vector<float>(static_cast<size_t>(cu.back() * value_heads * v_dim), 0.0F), dtype),
       initial(TokenInputs::Random(N() * value_heads * k_dim * v_dim, seed + 5, 0.1F)),
@@ -121,7 +121,7 @@ FlaProblem::FlaProblem(const std::vector<int64_t>& lengths, int heads, int value
     c.q = q.View({1, t, heads, k_dim});
     c.k = k.View({1, t, heads, k_dim});
     c.v = v.View({1, t, value_heads, v_dim});
-    c.g = g.View({1, t, value_heads, k_dim});
+    c.g = scalar_gate ? g.View({1, t, value_heads}) : g.View({1, t, value_heads, k_dim});
     c.beta = beta.View({1, t, value_heads});
     c.use_qk_l2norm_in_kernel = true;
     c.cu_seqlens = ContiguousView<const void*>(cu.data(), DType::kI64, {n + 1});

@@ -122,10 +122,11 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 //   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
 //   mfac = c' on materialised rows, else 1; mat = the row groups (kPassRowGroup rows) holding one,
 //   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
-// A scalar gate (GDN) is one e^g for all rows: one exponential per token, every row scale the same, and
-// rows materialised all together.
-template <class Vt>
-void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
+// A scalar gate (GDN, kScalarGate) is one e^g for all rows: one exponential per token, one row scale for
+// every row (c'' and its reciprocal computed once, so khat is k times a scalar), all rows materialised
+// together.
+template <class Vt, bool kScalarGate>
+void PrepareTokenOf(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
   using Reg = typename Vt::Reg;
   using Mask = typename Vt::Mask;
   constexpr int kL = Vt::kLanes;
@@ -150,12 +151,21 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   // its result is written).
   LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, key_head), kin, kd, qh);
   LoadRowPadded<Vt>(a.k, internal::KOffset(a, t, key_head), kin, kd, kh);
-  const bool scalar_gate = a.scalar_gate;
-  Reg scalar_decay = Vt::Zero();  // e^g of a scalar gate
-  if (scalar_gate) {
+  // A scalar gate's row scale: c' = c e^g (every row's), then c'' and 1 / c'', the materialisation factor.
+  float c_pre = 1.0F;
+  float c_post = 1.0F;
+  float c_inv = 1.0F;
+  float m_fac = 1.0F;
+  if constexpr (kScalarGate) {
     float g = LoadScalar(a.g, value_row);
     if (opt.use_gate_in_kernel) ActivateGate(opt, task.h, 1, &g);
-    scalar_decay = Exp<Vt>(Vt::Set1(g));
+    alignas(64) float e[kL];
+    Vt::Store(e, Exp<Vt>(Vt::Set1(g)));
+    c_pre = c_row[0] * e[0];
+    const bool low = c_pre < kc::kStateRowMinScale;
+    m_fac = low ? c_pre : 1.0F;
+    c_post = low ? 1.0F : c_pre;
+    c_inv = 1.0F / c_post;
   } else {
     LoadRowPadded<Vt>(a.g, value_row * kin, kin, kd, mf);
     if (opt.use_gate_in_kernel) {
@@ -178,10 +188,31 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   // The row groups of a vector's rows [d, d + kL) (d is a multiple of kL; kL divides kPassRowGroup or is a
   // multiple of it).
   constexpr uint32_t kVecGroups = (1U << ((kL + kPassRowGroup - 1) / kPassRowGroup)) - 1U;
-  for (int d = 0; d < kd; d += kL) {
+  if constexpr (kScalarGate) {
+    const Reg pre_mul = Vt::Set1(c_pre);
+    const Reg k_mul_post = Vt::Set1(c_inv);
+    const Reg q_mul_post = Vt::Mul(q_scale, Vt::Set1(c_post));
+    const Reg m = Vt::Set1(m_fac);
+    const Reg c = Vt::Set1(c_post);
+    for (int d = 0; d < kd; d += kL) {
+      const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
+      const Reg pre = Vt::Mul(k, pre_mul);
+      Vt::Store(kp + d, pre);
+      if (kh_prev != nullptr) {
+        Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
+        gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
+      }
+      Vt::Store(mf + d, m);
+      Vt::Store(kh + d, Vt::Mul(k, k_mul_post));
+      Vt::Store(qh + d, Vt::Mul(Vt::Load(qh + d), q_mul_post));
+      Vt::Store(c_row + d, c);
+    }
+    if (m_fac != 1.0F) mat = ~0U;
+  }
+  for (int d = 0; d < kd && !kScalarGate; d += kL) {
     const Reg q = Vt::Mul(Vt::Load(qh + d), q_scale);
     const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
-    Reg c = Vt::Mul(Vt::Load(c_row + d), scalar_gate ? scalar_decay : Exp<Vt>(Vt::Load(mf + d)));
+    Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(Vt::Load(mf + d)));
     const Reg pre = Vt::Mul(k, c);
     Vt::Store(kp + d, pre);
     if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma
@@ -203,6 +234,15 @@ void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& 
   const int real = (task.v_end < a.V ? task.v_end : a.V) - task.v_begin;
   LoadRowPadded<Vt>(a.v, internal::VOffset(a, t, task.h) + static_cast<size_t>(task.v_begin), real, width,
                     b.vrow + static_cast<size_t>(i) * width);
+}
+
+template <class Vt>
+void PrepareToken(const internal::ChunkTask& task, const internal::PrepBuffers& b, int64_t t, int i) {
+  if (task.args->scalar_gate) {
+    PrepareTokenOf<Vt, true>(task, b, t, i);
+  } else {
+    PrepareTokenOf<Vt, false>(task, b, t, i);
+  }
 }
 
 // The work done alongside the sweeps of one token block: preparing the next

@@ -452,9 +452,12 @@ template <class Vt>
 // K-major states are stepped from where they are to where the token's state
 // goes (in place in a pool slot for plain decode), through the worker's
 // scratch for tokens whose state is not written; V-first states are stepped
-// in the scratch and copied out where written. Sequences of two or more
-// tokens that write at most their final state go kShortTokens tokens at a
-// time through ShortChunk (RunShortChunks).
+// in the scratch and copied out where written. (Stepping a verification's
+// tokens in the scratch and streaming each state out with non-temporal stores,
+// which spares the read of a slot written but not read, measured 5–20% slower
+// on a Xeon, family 6 model 207: 8 sequences of 4 tokens, states from memory.)
+// Sequences of two or more tokens that write at most their final state go
+// kShortTokens tokens at a time through ShortChunk (RunShortChunks).
 template <class Vt, int NV>
 void RunRecurrentTask(const internal::RecurrentTask& task) {
   constexpr int kL = Vt::kLanes;

@@ -108,10 +108,11 @@ struct DecodeProblem {
 // chunk_kda call, a fused_recurrent_kda call (several tokens per sequence,
 // the final states back into the initial ones), and a speculative
 // verification step (a pool slot per token through 2-D indices, every draft
-// accepted).
+// accepted). g is [T, HV, K] (KDA), or [T, HV] with `scalar_gate` (Gated
+// DeltaNet: one decay per value head).
 struct FlaProblem {
   FlaProblem(const std::vector<int64_t>& lengths, int heads, int value_heads, int k_dim, int v_dim, DType dtype,
-             uint32_t seed = 1);
+             uint32_t seed = 1, bool scalar_gate = false);
   FlaProblem(const FlaProblem&) = delete;
   FlaProblem& operator=(const FlaProblem&) = delete;
   int64_t T() const { return cu.back(); }
