@@ -234,9 +234,13 @@ struct BadCase {
   const char* shape_message = nullptr;  // the shape check's, where it differs from the bind's
 };
 
-// What every refusal of a kernel's calls starts with.
-const char* Who(const ChunkKdaCall& /*c*/) { return "chunk_kda: "; }
-const char* Who(const RecurrentKdaCall& /*c*/) { return "fused_recurrent_kda: "; }
+// What every refusal of a kernel's calls starts with: the name of the call's entry.
+const char* Who(const ChunkKdaCall& c) {
+  return c.entry == DeltaRuleEntry::kGatedDeltaRule ? "chunk_gated_delta_rule: " : "chunk_kda: ";
+}
+const char* Who(const RecurrentKdaCall& c) {
+  return c.entry == DeltaRuleEntry::kGatedDeltaRule ? "fused_recurrent_gated_delta_rule: " : "fused_recurrent_kda: ";
+}
 
 // Expects fn to throw a kda::Error that starts with `who` and contains
 // `what`, a DTypeError exactly when `dtype`.
@@ -299,7 +303,14 @@ std::vector<BadCase<C>> TokenCases() {
       {"v shape", [](C& c) { c.v.shape[0] = 2; }, "v: expected shape [B, T, HV, V] (B, T of q) ="},
       {"HV = 3 with H = 2", [](C& c) { SetValueHeads(c, 3); },
        "v: the value heads HV = 3 must be a multiple of the query/key heads H = 2 (grouped value heads)"},
-      {"g shape", [](C& c) { c.g.shape[3] = 8; }, "g: expected shape [B, T, HV, K] (HV of v, K of q) ="},
+      {"g shape", [](C& c) { c.g.shape[3] = 8; },
+       "g: expected shape [B, T, HV, K] (HV of v, K of q; [B, T, HV]: a gate per value head) ="},
+      {"scalar g shape",
+       [](C& c) {
+         c.g.ndim = 3;
+         c.g.shape[2] = 3;
+       },
+       "g: expected shape [B, T, HV] (HV of v: a gate per value head; [B, T, HV, K]: one per key dimension) ="},
       {"beta shape", [](C& c) { c.beta.shape[2] = 3; }, "beta: expected shape [B, T, HV]"},
       {"o shape", [](C& c) { c.o.shape[3] = 32; }, "o: expected shape [B, T, HV, V] ="},
       {"H = 0", [](C& c) { SetTokenDim(c, 2, 0); }, "H must be >= 1, got 0"},
@@ -379,6 +390,14 @@ std::vector<BadCase<C>> TokenCases() {
          c.dt_bias = ContiguousView<const void*>(kALog, DType::kF32, {2, 15});
        },
        "dt_bias: expected HV*K = 32 elements ([HV*K] or [HV, K]), got shape [2, 15]"},
+      {"dt_bias [HV * K] with a scalar gate",
+       [](C& c) {
+         c.g.ndim = 3;
+         c.use_gate_in_kernel = true;
+         c.A_log = ContiguousView<const void*>(kALog, DType::kF32, {2});
+         c.dt_bias = ContiguousView<const void*>(kALog, DType::kF32, {2, 16});
+       },
+       "dt_bias: expected HV = 2 elements ([HV], one per value head with a scalar gate g), got shape [2, 16]"},
   };
 }
 
@@ -399,6 +418,18 @@ TEST(KdaValidation, ChunkRejectsBadCallsWithoutWriting) {
       {"v shape", [](C& c) { c.v.shape[1] = 3; },
        "v: expected shape [B, T, HV, V] (B, T of q) = [1, 4, 2, 16], got [1, 3, 2, 16]"},
       {"beta shape", [](C& c) { c.beta.ndim = 4; }, "beta: expected shape [B, T, HV] = [1, 4, 2], got [1, 4, 2, 0]"},
+      // Gated DeltaNet's entry: g one decay per value head only, fla's chunk sizes and wording.
+      {"GDN entry, g [B, T, HV, K]", [](C& c) { c.entry = DeltaRuleEntry::kGatedDeltaRule; },
+       "chunk_gated_delta_rule: g: expected shape [B, T, HV] (HV of v) = [1, 4, 2], got [1, 4, 2, 16]"},
+      {"GDN entry, chunk_size 48",
+       [](C& c) {
+         c.entry = DeltaRuleEntry::kGatedDeltaRule;
+         c.g.ndim = 3;
+         c.chunk_size = 48;
+       },
+       "chunk_gated_delta_rule: `chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got 48."},
+      {"KDA chunk_size 16", [](C& c) { c.chunk_size = 16; },
+       "chunk_kda: `chunk_size` must be either 32 or 64 for KDA, got 16."},
       {"q heads transposed",
        [](C& c) {
          SetStrides(c.q, {128, 32, 1, 2});
@@ -517,6 +548,35 @@ TEST(KdaValidation, ChunkPoolFormRejectsBadCallsWithoutWriting) {
   });
 }
 
+// Gated DeltaNet's entry runs what KDA's does with the same scalar gate, its chunk sizes (16 too) included:
+// the entry names a call, it does not change its results.
+TEST(KdaValidation, GatedDeltaRuleEntryRunsTheScalarGate) {
+  for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
+    ChunkFixture kda;
+    kda.call.g.ndim = 3;
+    RunCall(kda.call, impl);
+    for (int chunk_size : {16, 32, 64}) {
+      ChunkFixture gdn;
+      gdn.call.g.ndim = 3;
+      gdn.call.entry = DeltaRuleEntry::kGatedDeltaRule;
+      gdn.call.chunk_size = chunk_size;
+      RunCall(gdn.call, impl);
+      EXPECT_EQ(gdn.o, kda.o) << chunk_size;
+      EXPECT_EQ(gdn.final_state, kda.final_state) << chunk_size;
+    }
+    RecurrentFixture rk;
+    rk.call.g.ndim = 3;
+    RunCall(rk.call, impl);
+    RecurrentFixture rg;
+    rg.call.g.ndim = 3;
+    rg.call.entry = DeltaRuleEntry::kGatedDeltaRule;
+    RunCall(rg.call, impl);
+    EXPECT_EQ(rg.o, rk.o);
+    EXPECT_EQ(rg.state, rk.state);
+    EXPECT_FALSE(rk.Untouched());
+  }
+}
+
 TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
   ExpectCasesRefused<RecurrentFixture>(TokenCases<RecurrentKdaCall>());
   static const int32_t kOutOfRange[] = {1, -1, 4};
@@ -530,6 +590,15 @@ TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
   const Refusal kDType = Refusal::kDType;
   ExpectCasesRefused<RecurrentFixture, C>({
       {"q 3-D", [](C& c) { c.q.ndim = 3; }, "q: expected a 4-D array [B, T, H, K], got shape [3, 1, 2]"},
+      // Gated DeltaNet's entry names its calls; it takes both gate widths.
+      {"GDN entry, scalar g shape",
+       [](C& c) {
+         c.entry = DeltaRuleEntry::kGatedDeltaRule;
+         c.g.ndim = 3;
+         c.g.shape[1] = 2;
+       },
+       "fused_recurrent_gated_delta_rule: g: expected shape [B, T, HV] (HV of v: a gate per value head; [B, T, HV, "
+       "K]: one per key dimension) = [3, 1, 2], got [3, 2, 2]"},
       {"beta shape", [](C& c) { c.beta.shape[0] = 2; },
        "beta: expected shape [B, T, HV] or [B, T, HV, V] = [3, 1, 2], got [2, 1, 2]"},
       // The pool and its indices.

@@ -513,9 +513,10 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
   s.scalar_gate = call.g.ndim == 3 || gdn_chunk;
   if (s.scalar_gate) {
     c.Shape(call.g, {s.B, s.T, hv}, "g",
-            gdn_chunk ? "[B, T, HV] (HV of v)" : "[B, T, HV] (a gate per value head) or [B, T, HV, K]");
+            gdn_chunk ? "[B, T, HV] (HV of v)"
+                      : "[B, T, HV] (HV of v: a gate per value head; [B, T, HV, K]: one per key dimension)");
   } else {
-    c.Shape(call.g, {s.B, s.T, hv, kd}, "g", "[B, T, HV, K] (HV of v, K of q) or [B, T, HV]");
+    c.Shape(call.g, {s.B, s.T, hv, kd}, "g", "[B, T, HV, K] (HV of v, K of q; [B, T, HV]: a gate per value head)");
   }
   if (beta_per_value_allowed && call.beta.ndim == 4) {
     c.Shape(call.beta, {s.B, s.T, hv, vd}, "beta", "[B, T, HV] or [B, T, HV, V]");

@@ -2,9 +2,11 @@
 
 - Kernels with fla's signatures (fla-core 0.6.0; docs/fla-api.md): :func:`chunk_kda` (prefill),
   :func:`fused_recurrent_kda` (the recurrence token by token), :func:`fused_recurrent_kda_fwd` (the
-  pool and speculative-decoding entry) and :func:`fused_kda_gate`, over numpy arrays (bfloat16 as
-  ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors, JAX arrays), read in
-  place.
+  pool and speculative-decoding entry) and :func:`fused_kda_gate`; for Gated DeltaNet (a scalar gate
+  per value head) :func:`chunk_gated_delta_rule`, :func:`fused_recurrent_gated_delta_rule`,
+  :func:`fused_recurrent_gated_delta_rule_fwd` (vLLM's) and :func:`fused_gdn_gate`. Over numpy
+  arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors,
+  JAX arrays), read in place.
 - :class:`KimiDeltaAttention`: one KDA layer of a Kimi-Linear checkpoint.
 - :class:`Engine`: the state pool and scheduler serving requests through all KDA layers.
 
@@ -13,7 +15,16 @@ kernels. Neither is imported here (both frameworks are optional).
 """
 
 from . import _core
-from ._kernels import chunk_kda, fused_kda_gate, fused_recurrent_kda, fused_recurrent_kda_fwd
+from ._kernels import (
+    chunk_gated_delta_rule,
+    chunk_kda,
+    fused_gdn_gate,
+    fused_kda_gate,
+    fused_recurrent_gated_delta_rule,
+    fused_recurrent_gated_delta_rule_fwd,
+    fused_recurrent_kda,
+    fused_recurrent_kda_fwd,
+)
 from ._model import Engine, KimiDeltaAttention, RequestResult
 
 __version__ = "0.1.0"
@@ -43,6 +54,10 @@ __all__ = [
     "fused_recurrent_kda",
     "fused_recurrent_kda_fwd",
     "fused_kda_gate",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_fwd",
+    "fused_gdn_gate",
     "KimiDeltaAttention",
     "Engine",
     "RequestResult",

@@ -1,12 +1,19 @@
-"""kda as flash-linear-attention's (fla ≥ 0.6) CPU backend for KDA: ``import kda.fla`` registers it.
+"""kda as flash-linear-attention's (fla ≥ 0.6) CPU backend for KDA and Gated DeltaNet: ``import kda.fla``
+registers it.
 
 After the import, fla's own entries run kda on CPU tensors: ``fla.ops.kda.chunk_kda``,
-``fla.ops.kda.fused_recurrent_kda`` (through fla's dispatched ``fused_recurrent_kda_fwd``) and
-``fla.ops.kda.gate.fused_kda_gate`` (so HF transformers' Kimi-Linear and fla's layers run on the CPU
-with one import). The backend (``backend_type = "kda_cpu"``, disabled with ``FLA_KDA_CPU=0``) takes a
-call when its tensors are CPU tensors that do not require grad under grad mode (kda is
-forward-only) and the call asks for nothing kda refuses (``cp_context``); every other check is
-kda's own, whose errors name the argument.
+``fla.ops.kda.fused_recurrent_kda`` (through fla's dispatched ``fused_recurrent_kda_fwd``),
+``fla.ops.kda.gate.fused_kda_gate``, ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` and
+``fla.ops.gated_delta_rule.gate.fused_gdn_gate`` (through fla's dispatched ``gdn_gate_fwd``; its
+``gdn_gate_chunk_cumsum`` too), so HF transformers' Kimi-Linear and fla's layers run on the CPU with
+one import. fla's ``fused_recurrent_gated_delta_rule`` is not dispatched (it launches its Triton
+kernel directly), so it stays fla's: call ``kda.torch.fused_recurrent_gated_delta_rule`` instead.
+
+The backend (``backend_type = "kda_cpu"``, disabled with ``FLA_KDA_CPU=0``) takes a call when its
+tensors are CPU tensors and the call asks for nothing kda refuses (``cp_context``); the chunk entries
+and the gates, which fla differentiates, also need tensors that do not require grad under grad mode
+(kda is forward-only), while the recurrent entry, which has no backward in fla either, takes them and
+returns results without a graph. Every other check is kda's own, whose errors name the argument.
 Other calls (CUDA tensors, training) go on to fla's other backends and its Triton kernels.
 """
 
@@ -18,7 +25,7 @@ from fla.ops.kda.chunk import chunk_kda as _fla_chunk_kda
 
 from . import torch as _kt
 
-__all__ = ["KdaCpuBackend", "KdaCpuOpsBackend"]
+__all__ = ["KdaCpuBackend", "KdaCpuOpsBackend", "KdaCpuGatedDeltaRuleBackend"]
 
 
 def _tensors(args, kwargs):
@@ -27,19 +34,30 @@ def _tensors(args, kwargs):
             yield x
 
 
-def _cpu_inference(args, kwargs) -> tuple[bool, str | None]:
-    """Whether kda can take the call: CPU tensors, nothing needing a gradient."""
+def _cpu(args, kwargs, inference: bool = True) -> tuple[bool, str | None]:
+    """Whether kda can take the call: CPU tensors, no context parallelism, and with ``inference``
+    nothing needing a gradient."""
     tensors = list(_tensors(args, kwargs))
     if not tensors:
         return False, "kda_cpu: no tensor arguments"
     for t in tensors:
         if t.device.type != "cpu":
             return False, f"kda_cpu: takes CPU tensors, got one on {t.device}"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if inference and torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False, "kda_cpu: forward-only (a tensor requires grad)"
     if kwargs.get("cp_context") is not None:
         return False, "kda_cpu: no context parallelism (cp_context)"
     return True, None
+
+
+def _cpu_inference(args, kwargs) -> tuple[bool, str | None]:
+    """The chunk entries' and the gates' verifier: CPU tensors, nothing needing a gradient."""
+    return _cpu(args, kwargs)
+
+
+def _cpu_recurrent(args, kwargs) -> tuple[bool, str | None]:
+    """The recurrent entry's verifier: CPU tensors, which may require grad (fla's entry has no backward)."""
+    return _cpu(args, kwargs, inference=False)
 
 
 class _KdaCpu(BaseBackend):
@@ -66,7 +84,7 @@ class KdaCpuOpsBackend(_KdaCpu):
     """fla's ``kda`` operation entries: ``fused_recurrent_kda_fwd`` and ``fused_kda_gate``."""
 
     def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
+        return _cpu_recurrent(args, kwargs)
 
     def fused_recurrent_kda_fwd(self, *args, **kwargs):
         return _kt.fused_recurrent_kda_fwd(*args, **kwargs)
@@ -76,3 +94,51 @@ class KdaCpuOpsBackend(_KdaCpu):
 
     def fused_kda_gate(self, g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=torch.float32):
         return _kt.fused_kda_gate(g, A_log, dt_bias, lower_bound=lower_bound, output_dtype=output_dtype)
+
+
+def gdn_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seqlens=None, chunk_indices=None,
+                          output_dtype=torch.float):
+    """fla's ``gdn_gate_chunk_cumsum`` (forward): the GDN gate ``-exp(A_log) * softplus(g + dt_bias)`` of
+    g [B, T, HV], summed cumulatively within each chunk of ``chunk_size`` tokens (of each sequence with
+    ``cu_seqlens``, B = 1), times ``scale`` when given; float32 math, returned as ``output_dtype`` (None:
+    g's dtype). ``chunk_indices`` (fla's chunks of cu_seqlens) is a hint: the chunks follow cu_seqlens."""
+    y = _kt.fused_gdn_gate(g, A_log, dt_bias)
+    B, T, HV = y.shape
+    rows = [(b, 0, T) for b in range(B)]
+    if cu_seqlens is not None:
+        cu = [int(x) for x in cu_seqlens.tolist()]
+        rows = [(0, a, e) for a, e in zip(cu[:-1], cu[1:])]
+    o = torch.empty_like(y)
+    for b, bos, eos in rows:
+        n = eos - bos
+        pad = -n % chunk_size
+        x = torch.nn.functional.pad(y[b, bos:eos], (0, 0, 0, pad)).view(-1, chunk_size, HV)
+        o[b, bos:eos] = x.cumsum(dim=1).view(-1, HV)[:n]
+    if scale is not None:
+        o *= scale
+    return o.to(output_dtype or g.dtype)
+
+
+@register("gated_delta_rule")
+class KdaCpuGatedDeltaRuleBackend(_KdaCpu):
+    """fla's ``gated_delta_rule`` operation entries: ``chunk_gated_delta_rule``, ``gdn_gate_fwd`` (the
+    forward of ``fused_gdn_gate``, whose backward ``gdn_gate_bwd`` stays fla's) and
+    ``gdn_gate_chunk_cumsum``."""
+
+    def chunk_gated_delta_rule_verifier(self, *args, **kwargs):
+        return _cpu_inference(args, kwargs)
+
+    def chunk_gated_delta_rule(self, *args, **kwargs):
+        return _kt.chunk_gated_delta_rule(*args, **kwargs)
+
+    def gdn_gate_fwd_verifier(self, *args, **kwargs):
+        return _cpu_inference(args, kwargs)
+
+    def gdn_gate_fwd(self, g, A_log, dt_bias=None, output_dtype=torch.float32):
+        return _kt.fused_gdn_gate(g, A_log, dt_bias, output_dtype=output_dtype)
+
+    def gdn_gate_chunk_cumsum_verifier(self, *args, **kwargs):
+        return _cpu_inference(args, kwargs)
+
+    def gdn_gate_chunk_cumsum(self, *args, **kwargs):
+        return gdn_gate_chunk_cumsum(*args, **kwargs)

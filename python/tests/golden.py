@@ -110,13 +110,21 @@ def read_checkpoint_tensors(model_dir: Path, names: list[str]) -> dict[str, np.n
     return out
 
 
+def model_type(set_dir: Path) -> str:
+    """The ``model_type`` of a golden set's config.json ("" when it names none)."""
+    with open(set_dir / "config.json") as f:
+        return str(json.load(f).get("model_type", ""))
+
+
 def golden_cases() -> list[tuple[str, str]]:
-    """(set, case) for every case file of every set under golden_dir(), plus generated/kda-real when
-    it has been generated. Empty when the golden directory is missing (the tests then skip or fail)."""
+    """(set, case) for every case file of every KDA set (model_type kimi_linear) under golden_dir(),
+    plus generated/kda-real when it has been generated. Empty when the golden directory is missing (the
+    tests then skip or fail). The Gated DeltaNet sets (gdn-*) are test_gdn.py's."""
     cases = []
     root = golden_dir()
     if root.is_dir():
-        for d in sorted(p for p in root.iterdir() if (p / "config.json").exists()):
+        sets = (p for p in root.iterdir() if (p / "config.json").exists() and model_type(p) == "kimi_linear")
+        for d in sorted(sets):
             for f in sorted(d.glob("*.safetensors")):
                 if f.name != "model.safetensors" and not f.name.startswith("model-"):
                     cases.append((d.name, f.stem))

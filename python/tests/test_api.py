@@ -235,7 +235,7 @@ def test_core_writes_into_the_given_output():
                 use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, cu_seqlens=np.array([0, 4]), A_log=None,
                 dt_bias=None, state=None, state_indices=None)
     sizes = _core.chunk_kda(o=None, final_state=None, check_only=True, **args)
-    assert sizes == dict(B=1, T=4, N=1, H=H, HV=H, K=K, V=K, num_states=0, num_chunks=1)
+    assert sizes == dict(B=1, T=4, N=1, H=H, HV=H, K=K, V=K, num_states=0, num_chunks=1, scalar_gate=False)
     assert np.isnan(o).all()  # a check writes nothing
     assert _core.chunk_kda(o=o, final_state=fs, **args) is None
     assert o.ctypes.data == o_ptr and fs.ctypes.data == fs_ptr
@@ -293,13 +293,17 @@ def test_torch_tensors_in_torch_out_in_place():
                                      ssm_state_indices=[4, -1, 0])
     assert ob.dtype == torch.bfloat16 and sb.shape == (3, H, K, K) and not ob[1].float().any()
     np.testing.assert_array_equal(pool, before)
-    # kda is forward-only: a tensor that requires grad is refused under grad mode, read under no_grad.
+    # kda is forward-only: the chunk entry refuses a tensor that requires grad under grad mode and reads it under
+    # no_grad; the recurrent entries (no backward in fla either) read it and return results without a graph.
     qg = torch.from_numpy(q).requires_grad_()
     ins = [torch.from_numpy(x) for x in (k, v, g, beta)]
     with pytest.raises(RuntimeError, match="q requires grad, but kda is forward-only"):
         kda.chunk_kda(qg, *ins)
     with torch.no_grad():
         kda.chunk_kda(qg, *ins)
+    og, sg = kda.fused_recurrent_kda(qg, *ins, output_final_state=True)
+    assert not og.requires_grad and not sg.requires_grad
+    np.testing.assert_array_equal(og.numpy(), kda.fused_recurrent_kda(q, k, v, g, beta)[0])
 
 
 def test_threads_and_kernel_switches():

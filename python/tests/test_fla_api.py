@@ -709,24 +709,29 @@ def _fla_calls(fk, t, gate=True):
 
 
 def test_fla_backend_passes_on_grad_and_cp_context(fla_spy, monkeypatch):
-    # Calls kda cannot take go on to fla's next backend (here the spy), never to kda.
+    # Calls kda cannot take go on to fla's next backend (here the spy), never to kda: the chunk entry and the gate
+    # with a tensor that requires grad (fla differentiates them), cp_context. The recurrent entry, which has no
+    # backward in fla either, stays kda's and returns results without a graph.
     import torch
 
     import kda.fla
     import kda.torch as kt
 
     fk = _fla()
-    for name in ("chunk_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"):
+    for name in ("chunk_kda", "fused_kda_gate"):
         monkeypatch.setattr(kt, name, lambda *a, _n=name, **kw: pytest.fail(f"kda took {_n}"))
     t = [torch.from_numpy(x) for x in problem(T=5, seed=15)]
     t[0].requires_grad_()
     _fla_calls(fk, t, gate=False)
-    assert fla_spy == ["chunk_kda", "fused_recurrent_kda_fwd"]
+    assert fla_spy == ["chunk_kda"]
     assert kda.fla.KdaCpuBackend().chunk_kda_verifier(*t) == (False, "kda_cpu: forward-only (a tensor requires grad)")
     t[3].requires_grad_()  # the gate's input
     fla_spy.clear()
     _fla_calls(fk, t)
-    assert fla_spy == ["chunk_kda", "fused_recurrent_kda_fwd", "fused_kda_gate"]
+    assert fla_spy == ["chunk_kda", "fused_kda_gate"]
+    o, s = fk.fused_recurrent_kda(*t, output_final_state=True)
+    assert not o.requires_grad and not s.requires_grad
+    np.testing.assert_array_equal(o.numpy(), kda.fused_recurrent_kda(*(x.detach().numpy() for x in t))[0])
     t = [x.detach() for x in t]
     fla_spy.clear()
     fk.chunk_kda(*t, cp_context=object())

@@ -1,19 +1,22 @@
-// XLA FFI handlers of the KDA kernels for JAX on the CPU platform (kda.jax):
-// the typed FFI calls into kda::chunk_kda / kda::fused_recurrent_kda (the
-// dispatcher: optimized kernels unless KDA_KERNEL says otherwise) on the
-// buffers XLA hands over, as the C++ call description (kda/kernels/kda_args.h),
-// which checks them: the same checks kda.jax ran at trace time through kda._core
-// (shape-only), and here the values too, so that a direct call cannot read out
-// of bounds. Python registers the two symbols with jax.ffi.register_ffi_target
+// XLA FFI handlers of the KDA and Gated DeltaNet kernels for JAX on the CPU
+// platform (kda.jax): the typed FFI calls into kda::chunk_kda /
+// kda::fused_recurrent_kda (the dispatcher: optimized kernels unless
+// KDA_KERNEL says otherwise) on the buffers XLA hands over, as the C++ call
+// description (kda/kernels/kda_args.h), which checks them: the same checks
+// kda.jax ran at trace time through kda._core (shape-only), and here the
+// values too, so that a direct call cannot read out of bounds. Python
+// registers the four symbols with jax.ffi.register_ffi_target
 // (python/kda/jax/ffi.py).
 //
 // Targets (inputs in this order, results; q, k [B,T,H,K], v [B,T,HV,V],
-// g [B,T,HV,K], beta [B,T,HV] (or [B,T,HV,V] in the recurrent target), q/k/v
-// one of f32/bf16/f16; states f32 [.., HV, K, V], or [.., HV, V, K] with
-// state_v_first; absent optional operands are [0] buffers):
+// g [B,T,HV,K] (KDA) or [B,T,HV] (a scalar gate per value head: GDN; the
+// call description takes the width from g's rank), beta [B,T,HV] (or
+// [B,T,HV,V] in the recurrent target), q/k/v one of f32/bf16/f16; states f32
+// [.., HV, K, V], or [.., HV, V, K] with state_v_first; absent optional
+// operands are [0] buffers):
 //   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32 or [0] (B rows), state,
 //               state_indices [N] s32 or [0], A_log [HV] f32 or [0],
-//               dt_bias [HV*K] f32 or [0])
+//               dt_bias [HV*K] ([HV] with a scalar gate) f32 or [0])
 //     -> (o [B,T,HV,V] dtype of q, final_state f32, intermediate_states)
 //     Contiguous form (pool = false): state is the initial state [N,HV,K,V]
 //     or [0] (zeros); final_state is [N,HV,K,V] when output_final_state, else
@@ -36,6 +39,10 @@
 // the chunk target also safe_gate, chunk_size (s32), pool and
 // return_intermediate_states, the recurrent
 // one inplace_final_state.
+// KdaChunkGatedDeltaRule and KdaFusedRecurrentGatedDeltaRule are the same two
+// targets for Gated DeltaNet's entries (DeltaRuleEntry::kGatedDeltaRule: errors
+// name chunk_gated_delta_rule / fused_recurrent_gated_delta_rule; the chunk
+// one takes g [B,T,HV] only and chunk_size 16, 32 or 64).
 // cu_seqlens and the indices are int32 (JAX's default integer type; the
 // Python side casts int64 inputs); the bind widens cu_seqlens for the kernels.
 #include <cstdint>
@@ -51,11 +58,13 @@
 
 namespace ffi = xla::ffi;
 
-// The two handler symbols are the library's only exports (built with hidden
+// The four handler symbols are the library's only exports (built with hidden
 // visibility; the static kda library's symbols are not re-exported).
 extern "C" {
 __attribute__((visibility("default"))) XLA_FFI_Error* KdaChunkKda(XLA_FFI_CallFrame* call_frame);
 __attribute__((visibility("default"))) XLA_FFI_Error* KdaFusedRecurrentKda(XLA_FFI_CallFrame* call_frame);
+__attribute__((visibility("default"))) XLA_FFI_Error* KdaChunkGatedDeltaRule(XLA_FFI_CallFrame* call_frame);
+__attribute__((visibility("default"))) XLA_FFI_Error* KdaFusedRecurrentGatedDeltaRule(XLA_FFI_CallFrame* call_frame);
 }
 
 namespace kda {
@@ -160,13 +169,16 @@ void SetCommon(KdaCallCommon& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& 
   c.dt_bias = ViewOf<TensorView>(dt_bias, true);
 }
 
-ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta,
-                        ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer state, ffi::AnyBuffer state_indices,
-                        ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
-                        ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
-                        const ChunkAttrs& a) {
+// The chunk target of an entry (KDA's or Gated DeltaNet's: the name its errors carry).
+template <DeltaRuleEntry kEntry>
+ffi::Error ChunkImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g, ffi::AnyBuffer beta,
+                     ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer state, ffi::AnyBuffer state_indices,
+                     ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
+                     ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
+                     const ChunkAttrs& a) {
   return Run([&] {
     ChunkKdaCall c;
+    c.entry = kEntry;
     SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
     c.safe_gate = a.safe_gate;
     c.chunk_size = a.chunk_size;
@@ -185,14 +197,17 @@ ffi::Error ChunkKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ff
   });
 }
 
-ffi::Error FusedRecurrentKdaImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
-                                 ffi::AnyBuffer beta, ffi::AnyBuffer initial_state, ffi::AnyBuffer state_indices,
-                                 ffi::AnyBuffer num_accepted_tokens, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer a_log,
-                                 ffi::AnyBuffer dt_bias, ffi::AnyBuffer /*out: aliased to o when given*/,
-                                 ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states,
-                                 const RecurrentAttrs& a) {
+// The recurrent target of an entry.
+template <DeltaRuleEntry kEntry>
+ffi::Error FusedRecurrentImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer g,
+                              ffi::AnyBuffer beta, ffi::AnyBuffer initial_state, ffi::AnyBuffer state_indices,
+                              ffi::AnyBuffer num_accepted_tokens, ffi::AnyBuffer cu_seqlens, ffi::AnyBuffer a_log,
+                              ffi::AnyBuffer dt_bias, ffi::AnyBuffer /*out: aliased to o when given*/,
+                              ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states,
+                              const RecurrentAttrs& a) {
   return Run([&] {
     RecurrentKdaCall c;
+    c.entry = kEntry;
     SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
     c.output_final_state = a.output_final_state;
     c.inplace_final_state = a.inplace_final_state;
@@ -244,27 +259,38 @@ auto BindQKVGBeta() {
       .Arg<ffi::AnyBuffer>();  // beta
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkKdaImpl,
-                              BindQKVGBeta()
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // initial state or pool
-                                  .Arg<ffi::AnyBuffer>()  // state_indices
-                                  .Arg<ffi::AnyBuffer>()  // A_log
-                                  .Arg<ffi::AnyBuffer>()  // dt_bias
-                                  .Ret<ffi::AnyBuffer>()  // o
-                                  .Ret<ffi::AnyBuffer>()  // final state or pool
-                                  .Ret<ffi::AnyBuffer>()  // intermediate states
-                                  .Attrs<kda::ChunkAttrs>());
+// Each target's operands, results and attributes (the same for both entries).
+auto BindChunk() {
+  return BindQKVGBeta()
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens
+      .Arg<ffi::AnyBuffer>()  // initial state or pool
+      .Arg<ffi::AnyBuffer>()  // state_indices
+      .Arg<ffi::AnyBuffer>()  // A_log
+      .Arg<ffi::AnyBuffer>()  // dt_bias
+      .Ret<ffi::AnyBuffer>()  // o
+      .Ret<ffi::AnyBuffer>()  // final state or pool
+      .Ret<ffi::AnyBuffer>()  // intermediate states
+      .Attrs<kda::ChunkAttrs>();
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentKdaImpl,
-                              BindQKVGBeta()
-                                  .Arg<ffi::AnyBuffer>()  // initial_state
-                                  .Arg<ffi::AnyBuffer>()  // ssm_state_indices
-                                  .Arg<ffi::AnyBuffer>()  // num_accepted_tokens
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens
-                                  .Arg<ffi::AnyBuffer>()  // A_log
-                                  .Arg<ffi::AnyBuffer>()  // dt_bias
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // o
-                                  .Ret<ffi::AnyBuffer>()  // states
-                                  .Attrs<kda::RecurrentAttrs>());
+auto BindRecurrent() {
+  return BindQKVGBeta()
+      .Arg<ffi::AnyBuffer>()  // initial_state
+      .Arg<ffi::AnyBuffer>()  // ssm_state_indices
+      .Arg<ffi::AnyBuffer>()  // num_accepted_tokens
+      .Arg<ffi::AnyBuffer>()  // cu_seqlens
+      .Arg<ffi::AnyBuffer>()  // A_log
+      .Arg<ffi::AnyBuffer>()  // dt_bias
+      .Arg<ffi::AnyBuffer>()  // out
+      .Ret<ffi::AnyBuffer>()  // o
+      .Ret<ffi::AnyBuffer>()  // states
+      .Attrs<kda::RecurrentAttrs>();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkKda, kda::ChunkImpl<kda::DeltaRuleEntry::kKda>, BindChunk());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentKda, kda::FusedRecurrentImpl<kda::DeltaRuleEntry::kKda>,
+                              BindRecurrent());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaChunkGatedDeltaRule, kda::ChunkImpl<kda::DeltaRuleEntry::kGatedDeltaRule>,
+                              BindChunk());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(KdaFusedRecurrentGatedDeltaRule,
+                              kda::FusedRecurrentImpl<kda::DeltaRuleEntry::kGatedDeltaRule>, BindRecurrent());

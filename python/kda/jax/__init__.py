@@ -1,11 +1,16 @@
-"""KDA kernels for JAX, with fla's signatures (fla-core 0.6.0; docs/fla-api.md).
+"""KDA and Gated DeltaNet kernels for JAX, with fla's signatures (fla-core 0.6.0; docs/fla-api.md).
 
 - :func:`chunk_kda` (prefill over a batch, or packed variable-length with ``cu_seqlens``),
   :func:`fused_recurrent_kda` (fla's public entry: the recurrence token by token) and
   :func:`fused_recurrent_kda_fwd` (vLLM's pool and speculative-decoding entry) take the arguments,
   order, defaults and refusals of kda's numpy entries (:func:`kda.chunk_kda` etc.), and
-  :func:`fused_kda_gate` computes the in-kernel gate alone. The kernel entries dispatch to one of two
-  backends:
+  :func:`fused_kda_gate` computes the in-kernel gate alone.
+- Gated DeltaNet (GDN: a scalar decay per value head, g [B, T, HV]): :func:`chunk_gated_delta_rule`,
+  :func:`fused_recurrent_gated_delta_rule` (fla's entries), :func:`fused_recurrent_gated_delta_rule_fwd`
+  (vLLM's pool and speculative-decoding entry, with the pool semantics of ``fused_recurrent_kda_fwd``)
+  and :func:`fused_gdn_gate`, on the same kernels and conventions.
+
+The kernel entries dispatch to one of two backends:
 
   - ``"ffi"``: the project's optimized C++ kernels as XLA FFI custom calls on the CPU platform
     (:mod:`kda.jax.ffi`; the library ``libkda_xla_ffi.so`` from ``$KDA_XLA_FFI_LIBRARY`` or the
@@ -17,17 +22,18 @@
   use. Choose per call with the keyword ``kernel="auto"|"ffi"|"naive"`` or process-wide with
   :func:`set_backend` (or the ``KDA_JAX_KERNEL`` environment variable, read at import).
 
-Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K]; beta [B, T, HV] (the recurrent entries
-also [B, T, HV, V]); HV a multiple of H; K, V <= 256. q, k, v float32, bfloat16 or float16 (one
-dtype); o [B, T, HV, V] in q's dtype. With ``cu_seqlens`` ([N + 1]) B = 1 and the T tokens are N
-packed sequences; without it each of the B rows is a sequence. States are float32 [N, HV, K, V]
-([.., HV, V, K] with ``state_v_first``); pools [S, HV, K, V]. All math is fp32. ``scale`` and
-``lower_bound`` are static Python floats, ``chunk_size`` and ``num_chunks`` static ints.
+Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K] (KDA) or [B, T, HV] (GDN, dt_bias [HV]);
+beta [B, T, HV] (the recurrent entries also [B, T, HV, V]); HV a multiple of H; K, V <= 256. q, k, v
+float32, bfloat16 or float16 (one dtype); o [B, T, HV, V] in q's dtype. With ``cu_seqlens`` ([N + 1])
+B = 1 and the T tokens are N packed sequences; without it each of the B rows is a sequence. States are
+float32 [N, HV, K, V] ([.., HV, V, K] with ``state_v_first``); pools [S, HV, K, V]. All math is fp32.
+``scale`` and ``lower_bound`` are static Python floats, ``chunk_size`` and ``num_chunks`` static ints.
 
-JAX arrays are immutable: what the other front ends update in place is returned. ``chunk_kda`` with
-``state_indices`` returns the updated pool as its second result (whatever ``output_final_state``
-says); ``fused_recurrent_kda_fwd`` with ``inplace_final_state`` (its default) returns the updated
-``initial_state``, and with ``out`` o in that buffer. Those arrays are donated by an eager call (it
+JAX arrays are immutable: what the other front ends update in place is returned. ``chunk_kda`` (and
+``chunk_gated_delta_rule``) with ``state_indices`` returns the updated pool as its second result (whatever
+``output_final_state`` says); ``fused_recurrent_kda_fwd`` (and ``fused_recurrent_gated_delta_rule_fwd``)
+with ``inplace_final_state`` (its default) returns the updated ``initial_state``, and with ``out`` o in
+that buffer. Those arrays are donated by an eager call (it
 consumes the array passed in; the result is the same buffer) and aliased to the result in the FFI
 call, so that under an outer ``jax.jit`` that donates them (``donate_argnums``) the kernel updates
 them in place; otherwise XLA copies them first. Use the returned arrays.
@@ -243,6 +249,135 @@ def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=N
     return y.astype(f32 if output_dtype is None else output_dtype)
 
 
+# --- Gated DeltaNet ---------------------------------------------------------------------------------------
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                           state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
+                           cp_context=None, **kwargs):
+    """Chunked Gated DeltaNet prefill: fla's ``chunk_gated_delta_rule`` (as :func:`kda.chunk_gated_delta_rule`):
+    the recurrence of :func:`chunk_kda` with a scalar decay per value head.
+
+    g [B, T, HV]: the log decay, or with ``use_gate_in_kernel`` the raw gate, ``-exp(A_log) * softplus(g +
+    dt_bias)``. Keywords beyond the signature, as fla takes them: ``use_gate_in_kernel``, ``A_log`` [HV],
+    ``dt_bias`` [HV], ``chunk_size`` (16, 32 or 64; the results do not depend on it),
+    ``transpose_state_layout`` (deprecated); kda's own, as chunk_kda's: ``state_indices`` ([N] int;
+    negative: padding): ``initial_state`` is a pool [S, HV, K, V] that sequence n reads and writes at
+    ``state_indices[n]``, returned updated as the second result; ``kernel`` ("auto" | "ffi" | "naive").
+    Any other keyword is a TypeError; ``cp_context`` is refused. ``chunk_indices`` is accepted as a hint;
+    ``cu_seqlens_cpu``, where concrete, must hold cu_seqlens' values when those are concrete too.
+
+    Returns ``(o, final_state or None)``.
+    """
+    state_v_first = _kernels._gdn_chunk_keywords(state_v_first, cp_context, kwargs)
+    impl = backend(kwargs.get("kernel"))
+    if _args.is_concrete(cu_seqlens_cpu):  # traced: no values to read, a hint like the others
+        _kernels.host_cu_seqlens("chunk_gated_delta_rule", cu_seqlens_cpu, cu_seqlens,
+                                 known=_args.is_concrete(cu_seqlens))
+    state_indices = kwargs.get("state_indices")
+    call = _args.check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                             kwargs.get("use_gate_in_kernel", False), use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                             False, None, False, state_v_first, cu_seqlens, kwargs.get("A_log"),
+                             kwargs.get("dt_bias"), kwargs.get("chunk_size", 64), state_indices, None,
+                             entry="gated_delta_rule")
+    return _run(call, impl, "chunk_gated_delta_rule", donate_state=state_indices is not None)
+
+
+# The gate arithmetic of fla's public GDN recurrence (no decay, beta ones, g and gk combined) in JAX arrays.
+_GATE_OPS = _kernels.GateOps(full=lambda shape, value: jax.numpy.full(shape, value, jax.numpy.float32),
+                             f32=lambda x: jax.numpy.asarray(x).astype(jax.numpy.float32),
+                             gate=lambda g, A_log, dt_bias: fused_gdn_gate(g, A_log, dt_bias))
+
+
+def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                     output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                     use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                                     use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, state_v_first=False,
+                                     cu_seqlens=None, **kwargs):
+    """fla's public ``fused_recurrent_gated_delta_rule`` (as :func:`kda.fused_recurrent_gated_delta_rule`):
+    the recurrence token by token with contiguous states, ``initial_state`` [N, HV, K, V] (None: zeros)
+    read and, with ``output_final_state``, a new [N, HV, K, V] returned.
+
+    The decay: ``g`` [B, T, HV] (a scalar per value head; the raw gate with ``use_gate_in_kernel``, which
+    needs ``A_log`` [HV]; ``dt_bias`` [HV] optional), ``gk`` [B, T, HV, K] (one per key dimension: KDA's
+    recurrence), both (their sum: fla multiplies the decays, g activated first with ``use_gate_in_kernel``),
+    or neither (no decay); ``gv`` is refused. ``beta`` None: ones. The pool keywords of
+    :func:`fused_recurrent_gated_delta_rule_fwd` (``ssm_state_indices``, ``num_accepted_tokens``,
+    ``inplace_final_state``, ``out``) are honoured with its meaning and defaults; ``kernel`` as chunk_kda;
+    ``transpose_state_layout`` and the hints ``cu_seqlens_cpu``, ``chunk_indices`` are accepted; any other
+    keyword is a TypeError.
+
+    Returns ``(o, final_state or None)``.
+    """
+    return _kernels.public_gdn_recurrent(fused_recurrent_gated_delta_rule_fwd, _GATE_OPS, q, k, v, g, gk, gv, beta,
+                                         scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                                         use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                                         allow_neg_eigval, state_v_first, cu_seqlens, kwargs)
+
+
+def fused_recurrent_gated_delta_rule_fwd(q, k, v, g, beta, scale=None, initial_state=None, inplace_final_state=True,
+                                         cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None,
+                                         retrieve_parent_token=None, use_qk_l2norm_in_kernel=False, *, A_log=None,
+                                         dt_bias=None, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                                         allow_neg_eigval=False, state_v_first=False, output_final_state=True,
+                                         out=None, **kwargs):
+    """vLLM's Gated DeltaNet pool and speculative-decoding entry (as
+    :func:`kda.fused_recurrent_gated_delta_rule_fwd`), with the semantics of :func:`fused_recurrent_kda_fwd`.
+
+    g [B, T, HV] (a scalar decay per value head; [B, T, HV, K] runs KDA's recurrence); beta [B, T, HV] or
+    [B, T, HV, V]. With ``ssm_state_indices`` ([N] or [N, C] int32; negative: padding) the states live in
+    the pool ``initial_state`` [S, HV, K, V]; sequence n starts from slot ``[n, num_accepted_tokens[n] -
+    1]`` (2-D) or ``[n]`` (1-D). With ``inplace_final_state`` (the default) the states go back into
+    ``initial_state`` (2-D: the state after token t to slot ``[n, t]``; 1-D: the final state to slot
+    ``[n]``; no indices: state n of [N, HV, K, V]) and the updated array is returned. Otherwise, with
+    ``output_final_state`` (default True here, as vLLM returns them), a new array: [N, HV, K, V], or with
+    indices the state after every token (row ``bos + t`` of [B * T, HV, K, V]). ``out``: o's buffer,
+    donated and returned as o. ``retrieve_parent_token`` (tree drafts) is refused. The keyword-only
+    arguments are kda's; ``kernel`` as chunk_kda; ``transpose_state_layout`` and the hints
+    ``cu_seqlens_cpu``, ``chunk_indices`` are accepted; any other keyword is a TypeError.
+
+    Returns ``(o, the updated initial_state, or the new states, or None)``.
+    """
+    who = "fused_recurrent_gated_delta_rule_fwd"
+    state_v_first = _kernels._fwd_keywords(state_v_first, kwargs, who=who, hints=_kernels._GDN_HINTS)
+    _kernels.refuse_tree(retrieve_parent_token)
+    impl = backend(kwargs.get("kernel"))
+    for name, x in (("g", g), ("beta", beta)):
+        if x is None:
+            raise TypeError(f"{who}: {name}: expected an array, got None")
+    call = _args.check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state,
+                                 inplace_final_state, state_v_first, cu_seqlens, ssm_state_indices,
+                                 num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                                 use_beta_sigmoid_in_kernel, allow_neg_eigval, None, out, entry="gated_delta_rule")
+    return _run(call, impl, who, donate_state=bool(inplace_final_state))
+
+
+def fused_gdn_gate(g, A_log, dt_bias=None, output_dtype=jax.numpy.float32):
+    """fla's ``fused_gdn_gate`` (as :func:`kda.fused_gdn_gate`): Gated DeltaNet's gate alone, pure JAX.
+
+    g [..., HV]; ``-exp(A_log) * softplus(g + dt_bias)`` (A_log [HV]; dt_bias [HV], optional; softplus(x) =
+    x above 20). Computed in float32, returned as ``output_dtype`` (default float32; None: float32).
+    """
+    who = "fused_gdn_gate"
+    if A_log is None:
+        raise ValueError(f"{who}: A_log is required")
+    g = _args.as_array(who, "g", g)
+    if g.ndim < 1:
+        raise ValueError(f"{who}: g: expected shape [..., HV], got {list(g.shape)}")
+    hv = int(g.shape[-1])
+    a = _args.as_array(who, "A_log", A_log)
+    if a.size != hv:
+        raise ValueError(f"{who}: A_log: expected HV = {hv} elements, got {list(a.shape)}")
+    bias = _args.as_array(who, "dt_bias", dt_bias)
+    if bias is not None and bias.size != hv:
+        raise ValueError(f"{who}: dt_bias: expected HV = {hv} elements, got {list(bias.shape)}")
+    f32 = jax.numpy.float32
+    y = naive.gdn_gate(g.astype(f32), a.astype(f32).reshape(hv),
+                       None if bias is None else bias.astype(f32).reshape(hv))
+    return y.astype(f32 if output_dtype is None else output_dtype)
+
+
 def _with_kernel(fn, kernel: str):
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -258,6 +393,12 @@ fused_recurrent_kda_fwd_ffi = _with_kernel(fused_recurrent_kda_fwd, "ffi")
 chunk_kda_jax_naive = _with_kernel(chunk_kda, "naive")
 fused_recurrent_kda_jax_naive = _with_kernel(fused_recurrent_kda, "naive")
 fused_recurrent_kda_fwd_jax_naive = _with_kernel(fused_recurrent_kda_fwd, "naive")
+chunk_gated_delta_rule_ffi = _with_kernel(chunk_gated_delta_rule, "ffi")
+fused_recurrent_gated_delta_rule_ffi = _with_kernel(fused_recurrent_gated_delta_rule, "ffi")
+fused_recurrent_gated_delta_rule_fwd_ffi = _with_kernel(fused_recurrent_gated_delta_rule_fwd, "ffi")
+chunk_gated_delta_rule_jax_naive = _with_kernel(chunk_gated_delta_rule, "naive")
+fused_recurrent_gated_delta_rule_jax_naive = _with_kernel(fused_recurrent_gated_delta_rule, "naive")
+fused_recurrent_gated_delta_rule_fwd_jax_naive = _with_kernel(fused_recurrent_gated_delta_rule_fwd, "naive")
 
 if os.environ.get("KDA_JAX_KERNEL"):
     set_backend(os.environ["KDA_JAX_KERNEL"])
@@ -265,11 +406,21 @@ if os.environ.get("KDA_JAX_KERNEL"):
 __all__ = [
     "KERNELS",
     "backend",
+    "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_ffi",
+    "chunk_gated_delta_rule_jax_naive",
     "chunk_kda",
     "chunk_kda_ffi",
     "chunk_kda_jax_naive",
     "ffi_load_error",
+    "fused_gdn_gate",
     "fused_kda_gate",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_ffi",
+    "fused_recurrent_gated_delta_rule_fwd",
+    "fused_recurrent_gated_delta_rule_fwd_ffi",
+    "fused_recurrent_gated_delta_rule_fwd_jax_naive",
+    "fused_recurrent_gated_delta_rule_jax_naive",
     "fused_recurrent_kda",
     "fused_recurrent_kda_ffi",
     "fused_recurrent_kda_fwd",

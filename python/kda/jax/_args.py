@@ -1,5 +1,9 @@
 """A kda.jax call checked once, and its arrays and static facts as the jitted cores take them.
 
+The same calls serve KDA's entries and Gated DeltaNet's (``entry``: "kda" or "gated_delta_rule", the name
+the core's messages carry); g's rank gives the gate's width ([B, T, HV, K] per key dimension, [B, T, HV] a
+scalar per value head).
+
 Both backends check a call the same way, when it is traced: by the C++ call description
 (kda/kernels/kda_args.h) through kda._core's shape check (``check_only``), whose messages surface
 unchanged. Shapes, dtypes and options are static under ``jax.jit``; the small index arrays
@@ -17,6 +21,8 @@ from dataclasses import dataclass, fields
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .. import _kernels
 
 
 def is_concrete(x) -> bool:
@@ -65,7 +71,8 @@ def _index(x):
 
 
 def _param(x, n: int):
-    """A float parameter (A_log [HV], dt_bias [HV * K] or [HV, K]) as float32 [n], or None."""
+    """A float parameter (A_log [HV], dt_bias [HV * K] or [HV, K], or [HV] with a scalar gate) as float32
+    [n], or None."""
     if x is None:
         return None
     x = x if isinstance(x, jax.Array) else jnp.asarray(np.asarray(x))
@@ -93,7 +100,7 @@ class ValueCheck:
     ``num_chunks``: the static NT of the intermediate states, checked against the count the values imply.
     """
 
-    entry: str  # kda._core's function, also the call's name in messages: "chunk_kda" or "fused_recurrent_kda"
+    entry: str  # kda._core's function: "chunk_kda" or "fused_recurrent_kda" (``args`` carry the entry's name)
     args: tuple
     fields: tuple
     num_chunks: int | None = None
@@ -104,7 +111,7 @@ class ValueCheck:
         kw.update({name: np.asarray(x) for (_, name), x in zip(self.fields, values)})
         s = getattr(_core(), self.entry)(**kw, check_only=True)
         if self.num_chunks is not None:
-            _num_chunks(self.entry, s, self.num_chunks)
+            _num_chunks(_kernels.CHUNK_NAMES[kw.get("entry", "kda")], s, self.num_chunks)
         return np.int32(0)
 
 
@@ -149,6 +156,14 @@ class Statics:
     beta_per_value: bool = False  # beta [B, T, HV, V]
     # The index values to check when the call runs (some traced), or None (checked at trace time).
     value_check: ValueCheck | None = None
+    # "kda" or "gated_delta_rule": the entry (the FFI target, the name in messages).
+    entry: str = "kda"
+    scalar_gate: bool = False  # g [B, T, HV]: one decay per value head (GDN)
+
+    @property
+    def gate_width(self) -> int:
+        """g's last dimension per value head: K, or 1 for a scalar gate."""
+        return 1 if self.scalar_gate else self.K
 
     @property
     def state_dims(self) -> tuple:
@@ -162,7 +177,8 @@ class Statics:
 
 @dataclass
 class Call:
-    """A checked call: the statics and the arrays (indices int32, A_log / dt_bias float32 [HV], [HV * K]).
+    """A checked call: the statics and the arrays (indices int32, A_log / dt_bias float32 [HV], [HV * K]
+    or, with a scalar gate g [B, T, HV], [HV]).
 
     ``state``: chunk_kda's initial state [N, HV, K, V] or pool [S, HV, K, V] (with ``indices``);
     fused_recurrent_kda_fwd's ``initial_state`` (the pool with ``indices``). ``indices``: chunk_kda's
@@ -246,9 +262,10 @@ def _num_chunks(who: str, s: dict, num_chunks) -> int:
 def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                 return_intermediate_states, state_v_first, cu_seqlens, A_log, dt_bias, chunk_size, state_indices,
-                num_chunks) -> Call:
-    """chunk_kda's arguments checked by the core (ChunkKdaCall) and converted for the cores."""
-    who = "chunk_kda"
+                num_chunks, entry: str = "kda") -> Call:
+    """chunk_kda's (or chunk_gated_delta_rule's, ``entry="gated_delta_rule"``) arguments checked by the core
+    (ChunkKdaCall) and converted for the cores."""
+    who = _kernels.CHUNK_NAMES[entry]
     q, k, v, g, beta, A_log, dt_bias, cu_seqlens = _tokens(who, q, k, v, g, beta, A_log, dt_bias, cu_seqlens)
     initial_state = as_array(who, "initial_state", initial_state)
     scale = static_float(who, "scale", scale)
@@ -266,7 +283,7 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         cu_seqlens=index_spec(cu_seqlens), A_log=spec(A_log, jnp.float32) if gate else None,
         dt_bias=spec(dt_bias, jnp.float32) if gate else None, chunk_size=int(chunk_size),
         state=spec(initial_state) if pool else None, state_indices=index_spec(state_indices),
-        return_intermediate_states=bool(return_intermediate_states))
+        return_intermediate_states=bool(return_intermediate_states), entry=entry)
     s = _core().chunk_kda(**kw, check_only=True)
     nt = 0
     if return_intermediate_states:
@@ -279,20 +296,23 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                                    allow_neg_eigval, lower_bound, state_v_first, output_final_state),
                  safe_gate=bool(safe_gate), chunk_size=int(chunk_size),
                  return_intermediate_states=bool(return_intermediate_states), num_chunks=nt,
-                 value_check=_value_check(who, kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
-                                                    "indices": ("state_indices", state_indices)},
-                                          nt if return_intermediate_states else None))
+                 value_check=_value_check("chunk_kda", kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
+                                                            "indices": ("state_indices", state_indices)},
+                                          nt if return_intermediate_states else None),
+                 entry=entry, scalar_gate=bool(s["scalar_gate"]))
     # As fla: A_log and dt_bias only matter with the gate in the kernel.
     return Call(st, q, k, v, g, beta, state=initial_state, cu_seqlens=_index(cu_seqlens),
                 indices=_index(state_indices), A_log=_param(A_log, st.HV) if gate else None,
-                dt_bias=_param(dt_bias, st.HV * st.K) if gate else None)
+                dt_bias=_param(dt_bias, st.HV * st.gate_width) if gate else None)
 
 
 def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state, inplace_final_state,
                     state_v_first, cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
-                    use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out) -> Call:
-    """fused_recurrent_kda_fwd's arguments checked by the core (RecurrentKdaCall) and converted."""
-    who = "fused_recurrent_kda"  # the core's name of the call
+                    use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out,
+                    entry: str = "kda") -> Call:
+    """fused_recurrent_kda_fwd's (or the Gated DeltaNet recurrent entries', ``entry="gated_delta_rule"``)
+    arguments checked by the core (RecurrentKdaCall) and converted."""
+    who = _kernels.RECURRENT_NAMES[entry]  # the core's name of the call
     q, k, v, g, beta, A_log, dt_bias, cu_seqlens = _tokens(who, q, k, v, g, beta, A_log, dt_bias, cu_seqlens)
     initial_state = as_array(who, "initial_state", initial_state)
     out = as_array(who, "out", out)
@@ -307,7 +327,7 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
         cu_seqlens=index_spec(cu_seqlens), ssm_state_indices=index_spec(ssm_state_indices),
         num_accepted_tokens=index_spec(num_accepted_tokens), use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
         use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
-        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound)
+        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound, entry=entry)
     s = _core().fused_recurrent_kda(**kw, check_only=True)
     if inplace_final_state and initial_state is None:
         # The shape check leaves this to the run (a caller learning N); here the run is traced next.
@@ -317,11 +337,12 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
                  **_common_statics(s, scale, use_qk_l2norm_in_kernel, gate, use_beta_sigmoid_in_kernel,
                                    allow_neg_eigval, lower_bound, state_v_first, output_final_state),
                  inplace_final_state=bool(inplace_final_state), beta_per_value=beta.ndim == 4,
-                 value_check=_value_check(who, kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
-                                                    "indices": ("ssm_state_indices", ssm_state_indices),
-                                                    "num_accepted_tokens": ("num_accepted_tokens",
-                                                                            num_accepted_tokens)}))
+                 value_check=_value_check("fused_recurrent_kda", kw,
+                                          {"cu_seqlens": ("cu_seqlens", cu_seqlens),
+                                           "indices": ("ssm_state_indices", ssm_state_indices),
+                                           "num_accepted_tokens": ("num_accepted_tokens", num_accepted_tokens)}),
+                 entry=entry, scalar_gate=bool(s["scalar_gate"]))
     return Call(st, q, k, v, g, beta, state=initial_state, out=out, cu_seqlens=_index(cu_seqlens),
                 indices=_index(ssm_state_indices), num_accepted_tokens=_index(num_accepted_tokens),
-                A_log=_param(A_log, st.HV) if gate else None, dt_bias=_param(dt_bias, st.HV * st.K) if gate else None)
-
+                A_log=_param(A_log, st.HV) if gate else None,
+                dt_bias=_param(dt_bias, st.HV * st.gate_width) if gate else None)

@@ -1,13 +1,20 @@
-"""The KDA kernels as XLA FFI custom calls on the CPU platform.
+"""The KDA and Gated DeltaNet kernels as XLA FFI custom calls on the CPU platform.
 
 The C++ handlers (python/xla_ffi/kda_xla_ffi.cc) live in the shared library
 ``libkda_xla_ffi.so``, found at ``$KDA_XLA_FFI_LIBRARY`` when that is set (for
 development: e.g. ``build/python/xla_ffi/libkda_xla_ffi.so``), else next to the
 installed package (``kda/libkda_xla_ffi.so``). :func:`load` opens it with ctypes
-and registers its two targets with ``jax.ffi.register_ffi_target``:
+and registers its four targets with ``jax.ffi.register_ffi_target``:
 
 - ``kda_chunk_kda`` (symbol ``KdaChunkKda``),
-- ``kda_fused_recurrent_kda`` (symbol ``KdaFusedRecurrentKda``).
+- ``kda_fused_recurrent_kda`` (symbol ``KdaFusedRecurrentKda``),
+- ``kda_chunk_gated_delta_rule`` (symbol ``KdaChunkGatedDeltaRule``),
+- ``kda_fused_recurrent_gated_delta_rule`` (symbol ``KdaFusedRecurrentGatedDeltaRule``).
+
+The Gated DeltaNet targets are the KDA ones with the entry's name in their errors
+(and chunk_gated_delta_rule's rules: g [B, T, HV] only, chunk_size 16, 32 or 64);
+both take g [B, T, HV, K] (a decay per key dimension) or [B, T, HV] (a scalar
+per value head), the width read from g's rank.
 
 Calling convention (see the C++ file for the full list): the token operands go
 as they are ([B, T, H, K] etc., float32, bfloat16 or float16); ``cu_seqlens``,
@@ -31,12 +38,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _kernels
 from . import _args
 
 LIBRARY_NAME = "libkda_xla_ffi.so"
 ENV_LIBRARY = "KDA_XLA_FFI_LIBRARY"
 CHUNK_TARGET = "kda_chunk_kda"
 RECURRENT_TARGET = "kda_fused_recurrent_kda"
+GDN_CHUNK_TARGET = "kda_chunk_gated_delta_rule"
+GDN_RECURRENT_TARGET = "kda_fused_recurrent_gated_delta_rule"
+# The targets of each entry (the core's ``entry``): (chunk, recurrent); and (target, symbol) to register.
+TARGETS = {"kda": (CHUNK_TARGET, RECURRENT_TARGET), "gated_delta_rule": (GDN_CHUNK_TARGET, GDN_RECURRENT_TARGET)}
+_SYMBOLS = ((CHUNK_TARGET, "KdaChunkKda"), (RECURRENT_TARGET, "KdaFusedRecurrentKda"),
+            (GDN_CHUNK_TARGET, "KdaChunkGatedDeltaRule"), (GDN_RECURRENT_TARGET, "KdaFusedRecurrentGatedDeltaRule"))
 
 _state = {"loaded": False, "tried": False, "error": None, "path": None, "lib": None}
 
@@ -74,9 +88,8 @@ def load() -> bool:
             continue
         try:
             lib = ctypes.CDLL(str(path))
-            jax.ffi.register_ffi_target(CHUNK_TARGET, jax.ffi.pycapsule(lib.KdaChunkKda), platform="cpu")
-            jax.ffi.register_ffi_target(RECURRENT_TARGET, jax.ffi.pycapsule(lib.KdaFusedRecurrentKda),
-                                        platform="cpu")
+            for target, symbol in _SYMBOLS:
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
         except (OSError, AttributeError, RuntimeError, ValueError) as e:
             errors.append(f"{path}: {e}")
             continue
@@ -144,7 +157,7 @@ def _o_type(c: _args.Call):
 
 def chunk(c: _args.Call):
     """The chunk target on a checked call: (o, final state or the pool or None[, intermediate states])."""
-    _require("chunk_kda")
+    _require(_kernels.CHUNK_NAMES[c.st.entry])
     st = c.st
     pool = c.indices is not None
     aliases = None
@@ -157,7 +170,7 @@ def chunk(c: _args.Call):
         s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
     inter = st.return_intermediate_states
     h_type = jax.ShapeDtypeStruct((st.B, st.num_chunks, st.HV, *st.state_dims) if inter else (0,), c.k.dtype)
-    call = jax.ffi.ffi_call(CHUNK_TARGET, (_o_type(c), s_type, h_type), input_output_aliases=aliases)
+    call = jax.ffi.ffi_call(TARGETS[st.entry][0], (_o_type(c), s_type, h_type), input_output_aliases=aliases)
     o, s, h = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.cu_seqlens, jnp.int32), _opt(c.state, jnp.float32),
                    _opt(c.indices, jnp.int32), _opt(c.A_log, jnp.float32), _opt(c.dt_bias, jnp.float32),
                    **_attributes(st), safe_gate=st.safe_gate, chunk_size=np.int32(st.chunk_size), pool=pool,
@@ -168,7 +181,7 @@ def chunk(c: _args.Call):
 
 def recurrent(c: _args.Call):
     """The recurrent target on a checked call: (o, the updated initial_state, or the new states, or None)."""
-    _require("fused_recurrent_kda")
+    _require(_kernels.RECURRENT_NAMES[c.st.entry])
     st = c.st
     aliases = {} if c.out is None else {11: 0}
     if st.inplace_final_state:
@@ -179,7 +192,7 @@ def recurrent(c: _args.Call):
         s_type = jax.ShapeDtypeStruct((rows, st.HV, *st.state_dims), jnp.float32)
     else:
         s_type = jax.ShapeDtypeStruct((0,), jnp.float32)
-    call = jax.ffi.ffi_call(RECURRENT_TARGET, (_o_type(c), s_type), input_output_aliases=aliases or None)
+    call = jax.ffi.ffi_call(TARGETS[st.entry][1], (_o_type(c), s_type), input_output_aliases=aliases or None)
     o, s = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.state, jnp.float32), _opt(c.indices, jnp.int32),
                 _opt(c.num_accepted_tokens, jnp.int32), _opt(c.cu_seqlens, jnp.int32), _opt(c.A_log, jnp.float32),
                 _opt(c.dt_bias, jnp.float32), _opt(c.out, c.q.dtype), **_attributes(st),

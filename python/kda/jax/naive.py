@@ -1,8 +1,9 @@
-"""Pure-JAX KDA kernels: the token-by-token recurrence of design §2.5 in fp32, every option of fla's API.
+"""Pure-JAX KDA and Gated DeltaNet kernels: the token-by-token recurrence of design §2.5 in fp32, every
+option of fla's API.
 
 Per value head, with the state S (K x V, indexed [k][v]) and each token t:
 
-    S <- diag(exp(g_t)) S
+    S <- diag(exp(g_t)) S                          (g_t in R^K: KDA; a scalar per value head: GDN)
     S <- S + k_t (beta_t * (v_t - S^T k_t))^T      (beta_t a scalar, or a [V] vector)
     o_t = S^T (scale * q_t)
 
@@ -33,9 +34,9 @@ def l2_normalize(x):
 
 
 def kda_gate(g_raw, A_log=None, dt_bias=None, lower_bound=None):
-    """The forget gate of raw g [..., HV, K] (fp32), x = g_raw + dt_bias ([HV * K] or None):
-    -exp(A_log) * softplus(x) (softplus(x) = x above 20), or with ``lower_bound``
-    lower_bound * sigmoid(exp(A_log) * x) (A_log None: lower_bound * sigmoid(x))."""
+    """The forget gate of raw g [..., HV, K] (fp32; [..., HV, 1] a scalar gate per value head), x = g_raw +
+    dt_bias ([HV * K], [HV] for the scalar gate, or None): -exp(A_log) * softplus(x) (softplus(x) = x above
+    20), or with ``lower_bound`` lower_bound * sigmoid(exp(A_log) * x) (A_log None: lower_bound * sigmoid(x))."""
     HV, K = g_raw.shape[-2:]
     x = g_raw if dt_bias is None else g_raw + dt_bias.reshape(HV, K)
     if lower_bound is not None:
@@ -45,15 +46,22 @@ def kda_gate(g_raw, A_log=None, dt_bias=None, lower_bound=None):
     return -jnp.exp(A_log)[:, None] * softplus
 
 
+def gdn_gate(g_raw, A_log, dt_bias=None):
+    """Gated DeltaNet's forget gate of raw g [..., HV] (fp32), dt_bias [HV] or None:
+    -exp(A_log) * softplus(g_raw + dt_bias) (softplus(x) = x above 20)."""
+    return kda_gate(g_raw[..., None], A_log, dt_bias)[..., 0]
+
+
 def _prepare(c: _args.Call):
     """Token operands as fp32 [tokens, HV, *] with the l2 norm, grouped heads, scale, gate and beta
-    activation applied; beta [tokens, HV, 1] or [tokens, HV, V]."""
+    activation applied; g [tokens, HV, K] or, a scalar gate, [tokens, HV, 1]; beta [tokens, HV, 1] or
+    [tokens, HV, V]."""
     st = c.st
     f32 = jnp.float32
     q = c.q.astype(f32).reshape(-1, st.H, st.K)
     k = c.k.astype(f32).reshape(-1, st.H, st.K)
     v = c.v.astype(f32).reshape(-1, st.HV, st.V)
-    g = c.g.astype(f32).reshape(-1, st.HV, st.K)
+    g = c.g.astype(f32).reshape(-1, st.HV, st.gate_width)
     beta = c.beta.astype(f32).reshape(q.shape[0], st.HV, -1)
     if st.use_qk_l2norm_in_kernel:
         q = l2_normalize(q)
@@ -69,7 +77,8 @@ def _prepare(c: _args.Call):
 
 
 def _step(S, q, k, v, g, beta):
-    """One token of every value head: S [HV, K, V]; q, k, g [HV, K]; v [HV, V]; beta [HV, 1] or [HV, V]."""
+    """One token of every value head: S [HV, K, V]; q, k [HV, K]; g [HV, K] or [HV, 1]; v [HV, V]; beta
+    [HV, 1] or [HV, V]."""
     S = S * jnp.exp(g)[..., None]
     kS = jnp.einsum("hk,hkv->hv", k, S, precision=_HIGHEST)
     S = S + k[..., :, None] * (beta * (v - kS))[..., None, :]
@@ -173,4 +182,4 @@ def run(c: _args.Call):
     return o, kv(states)
 
 
-__all__ = ["checked_values", "kda_gate", "l2_normalize", "run"]
+__all__ = ["checked_values", "gdn_gate", "kda_gate", "l2_normalize", "run"]
