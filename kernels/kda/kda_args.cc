@@ -735,10 +735,10 @@ void CheckGivenSlots(const std::string& who, const RecurrentKdaCall& call, const
   RecurrentKdaArgs a;
   a.N = s.N;
   a.state_indices = static_cast<const int32_t*>(idx.data);
-  a.index_cols = idx.ndim == 2 ? idx.shape[1] : 1;
+  a.index_cols = idx.ndim == 2 ? idx.shape[1] : 1;  // >= 1 (CheckRecurrentCall)
   a.num_states = s.num_states;
   a.write_slots = call.inplace_final_state;
-  if (a.index_cols > 1 || call.num_accepted_tokens.present()) {
+  if (a.index_cols != 1 || call.num_accepted_tokens.present()) {  // CheckRecurrentSlots reads the boundaries
     if ((call.num_accepted_tokens.present() && call.num_accepted_tokens.data == nullptr) ||
         (call.cu_seqlens.present() && call.cu_seqlens.data == nullptr)) {
       return;
