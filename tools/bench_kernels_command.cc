@@ -749,11 +749,16 @@ std::vector<BenchRow> GdnRows(const Machine& m, int repeats) {
       r.K = kd;
       r.us_per_token = us[i];
       const double floor_us = 7.0 * kd * kd * c.HV / (m.fma_peak_gflops * 1e3);
+      const double best_us =
+          *std::min_element(seconds[i].begin(), seconds[i].end()) * 1e6 / static_cast<double>(problems[i]->T());
       r.extra = {{"HV", c.HV},
                  {"V", kd},
                  {"us_per_value_head", us[i] / c.HV},
+                 {"fma_peak_gflops", m.fma_peak_gflops},
                  {"flop_floor_us_per_token", floor_us},
-                 {"ratio_to_flop_floor", us[i] / floor_us}};
+                 {"ratio_to_flop_floor", us[i] / floor_us},
+                 {"best_us_per_token", best_us},
+                 {"best_ratio_to_flop_floor", best_us / floor_us}};
       if (i == 0) r.extra.emplace_back("ratio_to_kda_chunk", us[0] / us[1]);
       if (i == 2) r.extra.emplace_back("per_value_head_ratio_to_gva2", (us[2] / c.HV) / (us[0] / kGdnValueHeads));
       rows.push_back(r);
