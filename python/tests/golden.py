@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -30,6 +31,22 @@ _DTYPES = {
 }
 
 GENERATED_PREFIX = "generated/"
+
+
+TOOLS = REPO.parent / "shared" / "tools"
+
+
+@pytest.fixture(scope="module")
+def gdn_ref():
+    """../shared/tools/gdn_ref.py, the float64 Gated DeltaNet reference, imported from there (never copied
+    here): recurrent(q, k, v, g, beta, S) applies the L2 norm and K^-0.5 itself (q, k [T, H, K], v
+    [T, HV, V], g, beta [T, HV], S [HV, K, V]). A fixture: import it into a test module to use it."""
+    require_golden(TOOLS / "gdn_ref.py")
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
+    import gdn_ref as module
+
+    return module
 
 
 def golden_dir() -> Path:

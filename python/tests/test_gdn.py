@@ -5,7 +5,6 @@ shared/tools/gdn_ref.py and the gdn-* golden cases (fp32 rules of design §5), t
 torch.compile), and kda as fla's CPU backend for GDN."""
 
 import re
-import sys
 import warnings
 
 import ml_dtypes
@@ -13,32 +12,18 @@ import numpy as np
 import pytest
 
 import kda
-from golden import (
-    REPO,
+from golden import (  # noqa: F401 (gdn_ref: a fixture)
     check_f32,
     check_state_f32,
+    gdn_ref,
     golden_dir,
     golden_set_dir,
     load_case,
     read_checkpoint_tensors,
-    require_golden,
 )
 
-TOOLS = REPO.parent / "shared" / "tools"
 
-
-@pytest.fixture(scope="module")
-def ref():
-    """shared/tools/gdn_ref.py: recurrent(q, k, v, g, beta, S), float64, L2 norm and K^-0.5 applied there."""
-    require_golden(TOOLS / "gdn_ref.py")
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    import gdn_ref
-
-    return gdn_ref
-
-
-def oracle(ref, q, k, v, g, beta, h0=None, cu=None, scale=None, normalized=False, v_first=False):
+def oracle(gdn_ref, q, k, v, g, beta, h0=None, cu=None, scale=None, normalized=False, v_first=False):
     """(o [B, T, HV, V], final states [N, HV, K, V]) of gdn_ref.recurrent per sequence; g and beta are the
     final log decays and betas [B, T, HV]. ``normalized``: q and k have unit rows and the kernel runs
     without its L2 norm (the oracle's norm of 1e3 x is x to 1e-12); ``scale`` replaces K^-0.5 (o is
@@ -56,7 +41,7 @@ def oracle(ref, q, k, v, g, beta, h0=None, cu=None, scale=None, normalized=False
         if v_first and h0 is not None:
             s0 = s0.transpose(0, 2, 1)
         sl = slice(bos, eos)
-        o[b, sl], finals[n] = ref.recurrent(q[b, sl], k[b, sl], v[b, sl], g[b, sl], beta[b, sl], s0.copy())
+        o[b, sl], finals[n] = gdn_ref.recurrent(q[b, sl], k[b, sl], v[b, sl], g[b, sl], beta[b, sl], s0.copy())
     if scale is not None:
         o *= scale * K ** 0.5
     return o, (finals.transpose(0, 1, 3, 2) if v_first else finals)
@@ -92,14 +77,14 @@ def softplus64(x):
 
 @pytest.mark.parametrize("r", [1, 2, 3, 4], ids=lambda r: f"gva{r}")
 @pytest.mark.parametrize("kernel", ["reference", "optimized"])
-def test_entries_match_float64(ref, r, kernel):
+def test_entries_match_float64(gdn_ref, r, kernel):
     # Grouped value heads 1-4, K != V, packed sequences (one empty) with initial states, gates down to -60; chunk
     # sizes 16, 32 and 64 over sequences longer than a chunk; the recurrent entry.
     q, k, v, g, beta = problem(T=40, H=2, r=r, K=12, V=20, seed=r, gmin=-60.0)
     g[0, :20] = np.maximum(g[0, :20] / 30, -2)  # the first sequence: long memories, the second: loud gates
     cu = np.array([0, 17, 17, 40])
     h0 = states(np.random.default_rng(10 + r), (3, 2 * r, 12, 20))
-    want_o, want_s = oracle(ref, q, k, v, g, beta, h0, cu)
+    want_o, want_s = oracle(gdn_ref, q, k, v, g, beta, h0, cu)
     for chunk_size in (16, 32, 64):
         o, s = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu, chunk_size=chunk_size,
@@ -125,7 +110,7 @@ GDN_OPTIONS = [
 
 
 @pytest.mark.parametrize("opts", GDN_OPTIONS, ids=lambda o: ",".join(o) or "plain")
-def test_options_match_float64(ref, opts):
+def test_options_match_float64(gdn_ref, opts):
     # fla's options, each against the oracle given the values the option computes (gate, betas, scale, layout),
     # batch rows without cu_seqlens.
     opts = dict(opts)
@@ -145,7 +130,7 @@ def test_options_match_float64(ref, opts):
         want_beta = (2.0 if opts.get("allow_neg_eigval") else 1.0) / (1 + np.exp(-beta.astype(np.float64)))
     v_first = opts.get("state_v_first", False)
     h0 = states(rng, (2, 4, 20, 12) if v_first else (2, 4, 12, 20))
-    want_o, want_s = oracle(ref, q, k, v, want_g, want_beta, h0, scale=opts.get("scale"), normalized=normalized,
+    want_o, want_s = oracle(gdn_ref, q, k, v, want_g, want_beta, h0, scale=opts.get("scale"), normalized=normalized,
                             v_first=v_first)
     o, s = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kw)
     close(o, want_o, "chunk o")
@@ -157,19 +142,19 @@ def test_options_match_float64(ref, opts):
     close(s, want_s, "recurrent state", state=True)
 
 
-def test_beta_per_value_in_the_recurrent_entries(ref):
+def test_beta_per_value_in_the_recurrent_entries(gdn_ref):
     # beta [B, T, HV, V]: each value column with its own scalar beta.
     q, k, v, g, beta = problem(T=6, r=2, seed=5, beta_per_value=True)
     o, s = kda.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, output_final_state=True,
                                                 use_qk_l2norm_in_kernel=True)
-    cols = [oracle(ref, q, k, v[..., j:j + 1], g, beta[..., j]) for j in range(v.shape[3])]
+    cols = [oracle(gdn_ref, q, k, v[..., j:j + 1], g, beta[..., j]) for j in range(v.shape[3])]
     close(o, np.concatenate([c[0] for c in cols], axis=-1), "o")
     close(s, np.concatenate([c[1] for c in cols], axis=-1), "state", state=True)
     with pytest.raises(ValueError, match=r"chunk_gated_delta_rule: beta: expected shape \[B, T, HV\]"):
         kda.chunk_gated_delta_rule(q, k, v, g, beta)
 
 
-def test_pools_with_padding_and_speculative_slots(ref):
+def test_pools_with_padding_and_speculative_slots(gdn_ref):
     # chunk's pool form (state_indices, padding), vLLM's 1-D indices (padding) and 2-D indices with accepted
     # counts: the state after every token into its slot, o from the accepted slot's state.
     rng = np.random.default_rng(6)
@@ -181,7 +166,7 @@ def test_pools_with_padding_and_speculative_slots(ref):
     pool = pool0.copy()
     o, s = kda.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=pool, output_final_state=True,
                                       state_indices=np.array([6, -1, 2]), **kw)
-    want_o, want_s = oracle(ref, q, k, v, g, beta, pool0[[6, 0, 2]], cu)
+    want_o, want_s = oracle(gdn_ref, q, k, v, g, beta, pool0[[6, 0, 2]], cu)
     assert s is pool and not o[0, 3:5].any()
     close(o[0, :3], want_o[0, :3], "o of sequence 0")
     close(o[0, 5:], want_o[0, 5:], "o of sequence 2")
@@ -205,7 +190,7 @@ def test_pools_with_padding_and_speculative_slots(ref):
     for n, read in ((0, 1), (1, 3)):
         for t in range(cu[n + 1] - cu[n]):
             sl = slice(cu[n], cu[n] + t + 1)
-            wo, ws = oracle(ref, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], pool0[read][None])
+            wo, ws = oracle(gdn_ref, q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], pool0[read][None])
             close(o2[0, cu[n] + t], wo[0, -1], f"o of sequence {n} token {t}")
             if idx[n, t] >= 0:
                 close(pool[idx[n, t]], ws[0], f"slot {idx[n, t]}", state=True)

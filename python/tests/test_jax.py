@@ -29,9 +29,9 @@ from kda.jax import ffi as kffi
 from golden import check_f32, golden_set_dir, load_case, read_safetensors, ulp_bf16
 from golden import check_state_f32 as check_state
 from golden import golden_cases as _all_golden_cases
+from jax_util import BACKENDS, backend, ffi_or_skip  # noqa: F401 (backend: a fixture)
 
 SETS = ("kda-mini", "kda-stress", "kda-loud")
-BACKENDS = ("ffi", "naive")
 
 
 def golden_cases() -> list[tuple[str, str]]:
@@ -47,24 +47,6 @@ def check_bf16_output(a, r, what=""):
     d = np.abs(a - r)
     bad = ~(d <= tol)
     assert not bad.any(), f"{what}: {int(bad.sum())} of {a.size} outside, max err/tol {np.nanmax(d / tol)}"
-
-
-# --- fixtures ------------------------------------------------------------------------------------
-
-
-def _ffi_or_skip():
-    if not kffi.load():
-        msg = f"kda XLA FFI library not available: {kffi.load_error()}"
-        if os.environ.get("KDA_REQUIRE_XLA_FFI") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    if request.param == "ffi":
-        _ffi_or_skip()
-    return request.param
 
 
 def _model_gate(set_name: str):
@@ -173,7 +155,7 @@ def _random(rng, B, T, H, K, dtype=jnp.float32, gate_scale=1.0):
 
 
 def test_ffi_matches_naive_batched_with_initial_state():
-    _ffi_or_skip()
+    ffi_or_skip()
     rng = np.random.default_rng(1)
     B, T, H, K = 3, 70, 2, 32
     q, k, v, g, beta = _random(rng, B, T, H, K, gate_scale=5.0)
@@ -201,7 +183,7 @@ def test_ffi_matches_naive_batched_with_initial_state():
 
 
 def test_ffi_matches_naive_bf16_and_default_scale():
-    _ffi_or_skip()
+    ffi_or_skip()
     rng = np.random.default_rng(2)
     B, T, H, K = 2, 40, 2, 64
     q, k, v, g, beta = _random(rng, B, T, H, K, dtype=jnp.bfloat16)
@@ -225,7 +207,7 @@ def test_ffi_matches_naive_bf16_and_default_scale():
 
 
 def test_gate_in_kernel_without_dt_bias_matches_naive():
-    _ffi_or_skip()
+    ffi_or_skip()
     rng = np.random.default_rng(3)
     B, T, H, K = 1, 33, 3, 16
     q, k, v, g, beta = _random(rng, B, T, H, K)
@@ -275,7 +257,7 @@ def test_chunk_pool_form_matches_contiguous(backend):
 
 
 def test_chunk_pool_ffi_matches_naive():
-    _ffi_or_skip()
+    ffi_or_skip()
     q, k, v, g, beta, cu, pool, idx, _ = _pool_problem(5)
     res = [kj.chunk_kda(q, k, v, g, beta, initial_state=jnp.array(pool), cu_seqlens=cu, state_indices=idx,
                         use_qk_l2norm_in_kernel=True, kernel=b) for b in BACKENDS]
@@ -444,7 +426,7 @@ def test_chunk_bad_arguments(make, exc, match, backend):
 
 def test_ffi_takes_any_head_dims():
     """The FFI kernels, like the naive ones, take K != V (here V = 32) and head dims off the register width."""
-    _ffi_or_skip()
+    ffi_or_skip()
     q, k, v, g, b = _ok()
     v32 = jnp.asarray(np.random.default_rng(3).standard_normal((1, 4, 2, 32)), jnp.float32)
     o, _ = kj.chunk_kda(q, k, v32, g, b, kernel="ffi")
@@ -968,7 +950,7 @@ print("OK", float(np.asarray(s).sum()))
 
 def test_library_found_next_to_the_package():
     """Installed layout: kda/libkda_xla_ffi.so beside kda/jax/, found without $KDA_XLA_FFI_LIBRARY."""
-    _ffi_or_skip()
+    ffi_or_skip()
     env = {k: v for k, v in os.environ.items() if k != kffi.ENV_LIBRARY}
     code = "import kda, kda.jax as kj; print(kj.backend(), kj.ffi.library_path(), kda.__file__)"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -980,7 +962,7 @@ def test_library_found_next_to_the_package():
 
 def test_ffi_kernels_follow_the_settings_of_the_kda_module():
     """One libkda in the process: kda.set_kernel_isa chooses the variant the FFI kernels run too."""
-    _ffi_or_skip()
+    ffi_or_skip()
     import kda
 
     rng = np.random.default_rng(7)

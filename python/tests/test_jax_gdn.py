@@ -12,8 +12,6 @@ reference tests skip (KDA_REQUIRE_GOLDEN=1 makes them fail).
 from __future__ import annotations
 
 import functools
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,40 +19,10 @@ import numpy as np
 import pytest
 
 import kda.jax as kj
-from kda.jax import ffi as kffi
 
-from golden import REPO, check_f32, require_golden, ulp_bf16
+from golden import check_f32, gdn_ref, ulp_bf16  # noqa: F401 (gdn_ref: a fixture)
+from jax_util import BACKENDS, backend, ffi_or_skip  # noqa: F401 (backend: a fixture)
 from golden import check_state_f32 as check_state
-
-BACKENDS = ("ffi", "naive")
-TOOLS = REPO.parent / "shared" / "tools"
-
-
-def _ffi_or_skip():
-    if not kffi.load():
-        msg = f"kda XLA FFI library not available: {kffi.load_error()}"
-        if os.environ.get("KDA_REQUIRE_XLA_FFI") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    if request.param == "ffi":
-        _ffi_or_skip()
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def gdn_ref():
-    """The float64 reference module (read from ../shared/tools, never copied here)."""
-    require_golden(TOOLS / "gdn_ref.py")
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    import gdn_ref
-
-    return gdn_ref
-
 
 # --- problems and the reference ---------------------------------------------------------------------------
 
@@ -406,7 +374,7 @@ def test_half_precision_against_reference(dtype, backend, gdn_ref):
 def test_ffi_matches_numpy_entries():
     """The options the reference cannot express (beta per value, the KDA decay) and the others: the FFI
     kernels' results are the numpy entries', bit for bit."""
-    _ffi_or_skip()
+    ffi_or_skip()
     import kda
 
     B, T, H, HV, K, V = 1, 9, 1, 2, 8, 12
