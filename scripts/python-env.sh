@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python environment of the tests: a venv outside the clone, made with the
 # system python3, holding kda built from this tree with its extras (jax, torch,
-# fla) and pytest. Prints the venv's directory.
+# fla, transformers) and pytest. Prints the venv's directory.
 #
 #   KDA_VENV   the venv (default ${XDG_CACHE_HOME:-$HOME/.cache}/kda/venv)
 #
@@ -21,5 +21,5 @@ import tomllib
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["build-system"]["requires"]))')
 "$venv/bin/python" -m pip install -q "${build_requires[@]}" pytest >&2
-"$venv/bin/python" -m pip install -q --no-build-isolation ".[jax,torch,fla]" >&2
+"$venv/bin/python" -m pip install -q --no-build-isolation ".[jax,torch,fla,transformers]" >&2
 echo "$venv"

@@ -125,12 +125,17 @@ void RequireDType(const A& a, DType want, const char* name) {
 }
 
 template <class A>
-void RequireCpuContiguous(const A& a, const char* name) {
+void RequireCpu(const A& a, const char* name) {
   if (a.device_type() != nb::device::cpu::value) {
     throw nb::type_error(
         (std::string(name) + ": must be a CPU array (DLPack device type " + std::to_string(a.device_type()) + ")")
             .c_str());
   }
+}
+
+template <class A>
+void RequireCpuContiguous(const A& a, const char* name) {
+  RequireCpu(a, name);
   if (a.size() == 0) return;  // no elements: any strides will do
   int64_t expected = 1;
   for (size_t i = a.ndim(); i-- > 0;) {

@@ -5,7 +5,8 @@
 
 namespace kda::python {
 
-void BindKernels(nanobind::module_& m);  // kernels.cc
-void BindModel(nanobind::module_& m);    // model.cc: KdaLayer, Engine
+void BindKernels(nanobind::module_& m);       // kernels.cc
+void BindModel(nanobind::module_& m);         // model.cc: KdaLayer, Engine
+void BindLayerKernels(nanobind::module_& m);  // layer_kernels.cc: short conv, gated RMSNorm
 
 }  // namespace kda::python

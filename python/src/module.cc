@@ -21,4 +21,5 @@ NB_MODULE(_core, m) {
   });
   kda::python::BindKernels(m);
   kda::python::BindModel(m);
+  kda::python::BindLayerKernels(m);
 }
