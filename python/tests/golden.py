@@ -9,6 +9,7 @@ The tolerance rules of design §5 (base/tolerance.cc) are ported here as numpy c
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import struct
@@ -36,17 +37,20 @@ GENERATED_PREFIX = "generated/"
 TOOLS = REPO.parent / "shared" / "tools"
 
 
-@pytest.fixture(scope="module")
-def gdn_ref():
-    """../shared/tools/gdn_ref.py, the float64 Gated DeltaNet reference, imported from there (never copied
-    here): recurrent(q, k, v, g, beta, S) applies the L2 norm and K^-0.5 itself (q, k [T, H, K], v
-    [T, HV, V], g, beta [T, HV], S [HV, K, V]). A fixture: import it into a test module to use it."""
-    require_golden(TOOLS / "gdn_ref.py")
+def shared_tool(name: str):
+    """A float64 reference of ../shared/tools (kda_ref, gdn_ref), imported from there (never copied here)."""
+    require_golden(TOOLS / f"{name}.py")
     if str(TOOLS) not in sys.path:
         sys.path.insert(0, str(TOOLS))
-    import gdn_ref as module
+    return importlib.import_module(name)
 
-    return module
+
+@pytest.fixture(scope="module")
+def gdn_ref():
+    """../shared/tools/gdn_ref.py, the float64 Gated DeltaNet reference: recurrent(q, k, v, g, beta, S)
+    applies the L2 norm and K^-0.5 itself (q, k [T, H, K], v [T, HV, V], g, beta [T, HV], S [HV, K, V]).
+    A fixture: import it into a test module to use it."""
+    return shared_tool("gdn_ref")
 
 
 def golden_dir() -> Path:

@@ -12,7 +12,7 @@ from golden import REPO, golden_set_dir
 
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
 # The framework each example needs beyond numpy.
-NEEDS = {"torch_example.py": "torch", "jax_example.py": "jax"}
+NEEDS = {"torch_example.py": "torch", "jax_example.py": "jax", "transformers_example.py": "transformers"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
