@@ -208,24 +208,25 @@ void PrepareTokenOf(const internal::ChunkTask& task, const internal::PrepBuffers
       Vt::Store(c_row + d, c);
     }
     if (m_fac != 1.0F) mat = ~0U;
-  }
-  for (int d = 0; d < kd && !kScalarGate; d += kL) {
-    const Reg q = Vt::Mul(Vt::Load(qh + d), q_scale);
-    const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
-    Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(Vt::Load(mf + d)));
-    const Reg pre = Vt::Mul(k, c);
-    Vt::Store(kp + d, pre);
-    if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma
-      Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
-      gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
+  } else {
+    for (int d = 0; d < kd; d += kL) {
+      const Reg q = Vt::Mul(Vt::Load(qh + d), q_scale);
+      const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
+      Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(Vt::Load(mf + d)));
+      const Reg pre = Vt::Mul(k, c);
+      Vt::Store(kp + d, pre);
+      if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma
+        Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
+        gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
+      }
+      const Mask low = Vt::Less(c, tau);
+      Vt::Store(mf + d, Vt::Select(low, c, one));
+      c = Vt::Select(low, one, c);
+      if (Vt::Any(low)) mat |= kVecGroups << (d / kPassRowGroup);
+      Vt::Store(kh + d, Vt::Div(k, c));
+      Vt::Store(qh + d, Vt::Mul(q, c));
+      Vt::Store(c_row + d, c);
     }
-    const Mask low = Vt::Less(c, tau);
-    Vt::Store(mf + d, Vt::Select(low, c, one));
-    c = Vt::Select(low, one, c);
-    if (Vt::Any(low)) mat |= kVecGroups << (d / kPassRowGroup);
-    Vt::Store(kh + d, Vt::Div(k, c));
-    Vt::Store(qh + d, Vt::Mul(q, c));
-    Vt::Store(c_row + d, c);
   }
   b.mat[i] = mat;
   b.gamma[i] = Vt::ReduceAdd(gamma);
