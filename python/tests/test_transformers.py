@@ -135,15 +135,7 @@ class ReferenceNorm(nn.Module):
         return y.to(hidden_states.dtype)
 
 
-class Repository:
-    def __init__(self, layer):
-        self.layer_name, self._layer = layer.__name__, layer
-
-    def load(self):
-        return self._layer
-
-
-REFERENCE = {name: {"cpu": {kernels.Mode.INFERENCE: Repository(layer)}} for name, layer in (
+REFERENCE = {name: {"cpu": {kernels.Mode.INFERENCE: kt._Repository(layer)}} for name, layer in (
     ("chunk_kda", ReferenceDeltaRule), ("chunk_gated_delta_rule", ReferenceDeltaRule),
     ("causal_conv1d_fn", ReferenceConv), ("RMSNormGated", ReferenceNorm))}
 
