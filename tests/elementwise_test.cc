@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -286,44 +287,169 @@ INSTANTIATE_TEST_SUITE_P(Kernels, GateRowTest, ::testing::ValuesIn(OptimizedVari
 
 // ------------------------------------------------------------ gated RMSNorm
 
-class GatedRmsNormTest : public VariantTest {};
+double SiluF64(double x) { return x * SigmoidF64(x); }
+
+double GateF64(GateActivation act, double z) { return act == GateActivation::kSilu ? SiluF64(z) : SigmoidF64(z); }
+
+// The float64 gated RMSNorm of rows [T*H, V] (the inputs as the kernels read them).
+std::vector<double> GatedRmsNormF64(const ActBuffer& o, const ActBuffer& gate, const std::vector<float>& w,
+                                    int64_t rows, int V, float eps, GateActivation act) {
+  std::vector<double> want(static_cast<size_t>(rows * V));
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int d = 0; d < V; ++d) ss += static_cast<double>(o.Get(r * V + d)) * o.Get(r * V + d);
+    const double rstd = 1.0 / std::sqrt(ss / V + eps);
+    for (int d = 0; d < V; ++d) {
+      want[r * V + d] = o.Get(r * V + d) * rstd * w[d] * GateF64(act, gate.Get(r * V + d));
+    }
+  }
+  return want;
+}
+
+constexpr GateActivation kGateActivations[] = {GateActivation::kSigmoid, GateActivation::kSilu};
+
+TEST(GateActivationTest, Names) {
+  EXPECT_STREQ(GateActivationName(GateActivation::kSigmoid), "sigmoid");
+  EXPECT_STREQ(GateActivationName(GateActivation::kSilu), "silu");
+}
+
+class GatedRmsNormTest : public VariantTest {
+ protected:
+  void Run(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
+           GateActivation act) const {
+    if (variant().optimized()) {
+      GatedRmsNorm(y, o, gate, w, T, H, V, eps, act);
+    } else {
+      GatedRmsNormReference(y, o, gate, w, T, H, V, eps, act);
+    }
+  }
+};
 
 TEST_P(GatedRmsNormTest, MatchesOracle) {
   const int H = 4;
   const int64_t T = 9;
-  for (int V : {64, 37}) {  // 37: not a whole number of vectors
-    for (DType dt : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(std::string(DTypeName(dt)) + " V " + std::to_string(V));
-      const ActBuffer o = ToAct(dt, Random(static_cast<size_t>(T * H * V), -2, 2, 7));
-      const ActBuffer gate = ToAct(dt, Random(static_cast<size_t>(T * H * V), -8, 8, 8));
-      const std::vector<float> w = Random(static_cast<size_t>(V), 0.5F, 1.5F, 9);
-      const float eps = 1e-5F;
-      ActBuffer y(dt, T * H * V);
-      if (variant().optimized()) {
-        GatedRmsNorm(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
-      } else {
-        GatedRmsNormReference(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
-      }
-      std::vector<double> want(static_cast<size_t>(T * H * V));
-      for (int64_t r = 0; r < T * H; ++r) {
-        double ss = 0;
-        for (int d = 0; d < V; ++d) ss += static_cast<double>(o.Get(r * V + d)) * o.Get(r * V + d);
-        const double rstd = 1.0 / std::sqrt(ss / V + eps);
-        for (int d = 0; d < V; ++d) {
-          want[r * V + d] = o.Get(r * V + d) * rstd * w[d] * SigmoidF64(gate.Get(r * V + d));
+  for (GateActivation act : kGateActivations) {
+    for (int V : {64, 37}) {  // 37: not a whole number of vectors
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(std::string(GateActivationName(act)) + " " + DTypeName(dt) + " V " + std::to_string(V));
+        const ActBuffer o = ToAct(dt, Random(static_cast<size_t>(T * H * V), -2, 2, 7));
+        const ActBuffer gate = ToAct(dt, Random(static_cast<size_t>(T * H * V), -8, 8, 8));
+        const std::vector<float> w = Random(static_cast<size_t>(V), 0.5F, 1.5F, 9);
+        const float eps = 1e-5F;
+        ActBuffer y(dt, T * H * V);
+        Run(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps, act);
+        const std::vector<double> want = GatedRmsNormF64(o, gate, w, T * H, V, eps, act);
+        EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
+        if (variant().optimized()) {
+          ActBuffer y_ref(dt, T * H * V);
+          GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, eps, act);
+          EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want));
         }
-      }
-      EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
-      if (variant().optimized()) {
-        ActBuffer y_ref(dt, T * H * V);
-        GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, eps);
-        EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want));
       }
     }
   }
 }
 
+// One row by hand: o = (1, -2, 3, 0.5), gate = (0.5, -1, 2, 0), w = (1, 0.5, 2, 1.5),
+// eps = 1e-6: mean(o^2) = 14.25 / 4 = 3.5625, rstd = 1 / sqrt(3.562501) = 0.52981287,
+// silu(gate) = (0.31122967, -0.26894142, 1.76159416, 0), so
+// y = o * rstd * w * silu(gate) = (0.16489348, 0.14248863, 5.59989152, 0); the
+// sigmoid gate gives (0.32978696, -0.14248863, 2.79994576, 0.19867983).
+TEST_P(GatedRmsNormTest, SiluOneRowByHand) {
+  const std::vector<float> ov = {1.0F, -2.0F, 3.0F, 0.5F};
+  const std::vector<float> gv = {0.5F, -1.0F, 2.0F, 0.0F};
+  const std::vector<float> w = {1.0F, 0.5F, 2.0F, 1.5F};
+  const float eps = 1e-6F;
+  const std::vector<float> by_hand_silu = {0.16489348F, 0.14248863F, 5.59989152F, 0.0F};
+  const std::vector<float> by_hand_sigmoid = {0.32978696F, -0.14248863F, 2.79994576F, 0.19867983F};
+  // The same values from the formula in float64 (all four inputs exact in fp32).
+  const double rstd = 1.0 / std::sqrt((1.0 + 4.0 + 9.0 + 0.25) / 4.0 + static_cast<double>(eps));
+  std::vector<float> formula_silu(4), formula_sigmoid(4);
+  for (size_t d = 0; d < 4; ++d) {
+    const double z = gv[d];
+    formula_silu[d] = static_cast<float>(ov[d] * rstd * w[d] * (z / (1.0 + std::exp(-z))));
+    formula_sigmoid[d] = static_cast<float>(ov[d] * rstd * w[d] / (1.0 + std::exp(-z)));
+  }
+  EXPECT_TRUE(AllCloseF32(by_hand_silu.data(), formula_silu.data(), 4, 1e-7, 1e-7));
+  EXPECT_TRUE(AllCloseF32(by_hand_sigmoid.data(), formula_sigmoid.data(), 4, 1e-7, 1e-7));
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const ActBuffer o = ToAct(dt, ov);
+    const ActBuffer gate = ToAct(dt, gv);
+    for (GateActivation act : kGateActivations) {
+      SCOPED_TRACE(GateActivationName(act));
+      const std::vector<float>& want = act == GateActivation::kSilu ? formula_silu : formula_sigmoid;
+      ActBuffer y(dt, 4);
+      Run(y.mut(), o.view(), gate.view(), w.data(), 1, 1, 4, eps, act);
+      const std::vector<float> got = y.ToFloat();
+      if (dt == DType::kF32) {
+        EXPECT_TRUE(AllCloseF32(got.data(), want.data(), 4, 1e-6, 1e-6));
+      } else {
+        // One rounding of the fp32 result: the bf16 value nearest the exact one
+        // (none of the four lies near a bf16 tie).
+        for (size_t d = 0; d < 4; ++d) EXPECT_EQ(got[d], RoundBF16(want[d])) << "d " << d;
+      }
+      if (act == GateActivation::kSilu) {
+        EXPECT_EQ(got[3], 0.0F);  // silu(0) = 0
+      }
+      // silu(-1) < 0 flips the sign that sigmoid(-1) > 0 keeps.
+      EXPECT_GT(got[1], act == GateActivation::kSilu ? 0.1F : -0.15F);
+      EXPECT_LT(got[1], act == GateActivation::kSilu ? 0.15F : -0.1F);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// The optimized kernel against the reference on random shapes (odd V, row
+// counts across the job boundaries), both activations, F32 and BF16.
+class GatedRmsNormShapesTest : public VariantTest {};
+
+TEST_P(GatedRmsNormShapesTest, MatchesReferenceOnRandomShapes) {
+  std::mt19937 rng(21);
+  const int odd_v[] = {1, 3, 7, 15, 17, 31, 33, 63, 65, 127, 129, 255};
+  for (int trial = 0; trial < 24; ++trial) {
+    // Half the trials an odd V of a vector's neighbourhood, half any V in [1, 300].
+    const int V = trial % 2 == 0 ? odd_v[rng() % std::size(odd_v)] : 1 + static_cast<int>(rng() % 300);
+    const int H = 1 + static_cast<int>(rng() % 6);
+    const int64_t T = 1 + static_cast<int64_t>(rng() % 40);  // up to 240 rows: several jobs of 64
+    const float eps = trial % 3 == 0 ? 1e-6F : 1e-5F;
+    const size_t n = static_cast<size_t>(T * H * V);
+    const std::vector<float> ov = Random(n, -3, 3, rng());
+    const std::vector<float> gv = Random(n, -12, 12, rng());
+    const std::vector<float> w = Random(static_cast<size_t>(V), -1.5F, 1.5F, rng());
+    for (GateActivation act : kGateActivations) {
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(std::string(GateActivationName(act)) + " " + DTypeName(dt) + " T " + std::to_string(T) + " H " +
+                     std::to_string(H) + " V " + std::to_string(V));
+        const ActBuffer o = ToAct(dt, ov);
+        const ActBuffer gate = ToAct(dt, gv);
+        ActBuffer y(dt, T * H * V);
+        ActBuffer y_ref(dt, T * H * V);
+        GatedRmsNorm(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps, act);
+        GatedRmsNormReference(y_ref.mut(), o.view(), gate.view(), w.data(), T, H, V, eps, act);
+        const std::vector<double> want = GatedRmsNormF64(o, gate, w, T * H, V, eps, act);
+        const std::vector<float> got = y.ToFloat();
+        EXPECT_TRUE(CloseToReference(dt, got, y_ref.ToFloat(), want));
+        EXPECT_TRUE(CloseToOracle(dt, got, want));
+        EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](float v) { return v != 0.0F; }));  // real outputs
+      }
+    }
+  }
+}
+
+TEST_P(GatedRmsNormShapesTest, RejectsAnUnknownActivation) {
+  const ActBuffer o = ToAct(DType::kF32, {1.0F, 2.0F});
+  ActBuffer y(DType::kF32, 2);
+  const std::vector<float> w = {1.0F, 1.0F};
+  const auto bad = static_cast<GateActivation>(7);
+  ExpectErrorContaining([&] { GatedRmsNorm(y.mut(), o.view(), o.view(), w.data(), 1, 1, 2, 1e-6F, bad); },
+                        "unknown gate activation 7");
+  ExpectErrorContaining([&] { GatedRmsNormReference(y.mut(), o.view(), o.view(), w.data(), 1, 1, 2, 1e-6F, bad); },
+                        "unknown gate activation 7");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormShapesTest, ::testing::ValuesIn(OptimizedVariants()), VariantParamName());
 
 // ------------------------------------------------------------ residual add
 

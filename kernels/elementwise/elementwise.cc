@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
@@ -20,6 +21,11 @@ using kc::kRowsPerJob;
 
 void CheckFloatBuf(DType t, const char* what) {
   Check(t == DType::kF32 || t == DType::kBF16, std::string(what) + " must be F32 or BF16");
+}
+
+void CheckGateActivation(GateActivation act) {
+  Check(act == GateActivation::kSigmoid || act == GateActivation::kSilu,
+        "gated RMSNorm: unknown gate activation " + std::to_string(static_cast<int>(act)));
 }
 
 }  // namespace
@@ -63,7 +69,19 @@ void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) {
   internal::ActiveKernels().gate_row(g, bias, -std::exp(A_log), len);
 }
 
-void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps) {
+const char* GateActivationName(GateActivation act) {
+  switch (act) {
+    case GateActivation::kSigmoid:
+      return "sigmoid";
+    case GateActivation::kSilu:
+      return "silu";
+  }
+  return "unknown";
+}
+
+void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
+                           GateActivation act) {
+  CheckGateActivation(act);
   for (int64_t r = 0; r < T * H; ++r) {
     float ss = 0.0F;
     for (int d = 0; d < V; ++d) {
@@ -74,25 +92,32 @@ void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, 
     for (int d = 0; d < V; ++d) {
       const auto i = static_cast<size_t>(r * V + d);
       const float gv = LoadAsFloat(gate.data, gate.dtype, i);
-      StoreFromFloat(y.data, y.dtype, i, LoadAsFloat(o.data, o.dtype, i) * rstd * w[d] / (1.0F + std::exp(-gv)));
+      const float ov = LoadAsFloat(o.data, o.dtype, i);
+      const float yv = act == GateActivation::kSilu ? ov * rstd * w[d] * (gv * (1.0F / (1.0F + std::exp(-gv))))
+                                                    : ov * rstd * w[d] / (1.0F + std::exp(-gv));
+      StoreFromFloat(y.data, y.dtype, i, yv);
     }
   }
 }
 
-void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps) {
+void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
+                  GateActivation act) {
   CheckFloatBuf(y.dtype, "RMSNorm output");
   Check(o.dtype == y.dtype && gate.dtype == y.dtype, "RMSNorm input, gate and output must share a dtype");
+  CheckGateActivation(act);
   const int64_t rows = T * H;
   const internal::KernelTable& kernels = internal::ActiveKernels();
+  const auto rms_norm_bf16 = kernels.rms_norm_bf16[static_cast<int>(act)];
+  const auto rms_norm_f32 = kernels.rms_norm_f32[static_cast<int>(act)];
   ParallelFor((rows + kRowsPerJob * 4 - 1) / (kRowsPerJob * 4), [&](int64_t job) {
     const int64_t r0 = job * kRowsPerJob * 4;
     const int64_t r1 = std::min(rows, r0 + kRowsPerJob * 4);
     if (y.dtype == DType::kBF16) {
-      kernels.rms_norm_bf16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data),
-                            static_cast<const BF16*>(gate.data), w, r0, r1, V, eps);
+      rms_norm_bf16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data), static_cast<const BF16*>(gate.data),
+                    w, r0, r1, V, eps);
     } else {
-      kernels.rms_norm_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data),
-                           static_cast<const float*>(gate.data), w, r0, r1, V, eps);
+      rms_norm_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data), static_cast<const float*>(gate.data),
+                   w, r0, r1, V, eps);
     }
   });
 }

@@ -4,13 +4,24 @@
 #include <cstdint>
 
 #include "kda/base/bf16.h"
+#include "kda/kernels/elementwise.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
 
 namespace kda::KDA_TARGET_NS {
 namespace {
 
-template <class T>
+// The gate factor of one lane: sigmoid(z), or silu(z) = z * sigmoid(z).
+template <GateActivation kAct>
+KDA_INLINE float Gate(float z) {
+  if constexpr (kAct == GateActivation::kSilu) {
+    return z * Sigmoid<Scalar>(z);
+  } else {
+    return Sigmoid<Scalar>(z);
+  }
+}
+
+template <GateActivation kAct, class T>
 KDA_INLINE void RmsNormRows(T* y, const T* o, const T* gate, const float* w, int64_t r0, int64_t r1, int V, float eps) {
   for (int64_t r = r0; r < r1; ++r) {  // r = t * H + h
     const T* orow = o + r * V;
@@ -24,17 +35,28 @@ KDA_INLINE void RmsNormRows(T* y, const T* o, const T* gate, const float* w, int
     }
     const float rstd = 1.0F / __builtin_sqrtf(ss / static_cast<float>(V) + eps);
 #pragma omp simd
-    for (int d = 0; d < V; ++d) StoreF(yrow + d, LoadF(orow[d]) * rstd * w[d] * Sigmoid<Scalar>(LoadF(grow[d])));
+    for (int d = 0; d < V; ++d) StoreF(yrow + d, LoadF(orow[d]) * rstd * w[d] * Gate<kAct>(LoadF(grow[d])));
   }
 }
 
 }  // namespace
 
+template <GateActivation kAct>
 void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps) {
-  RmsNormRows(y, o, gate, w, r0, r1, V, eps);
+  RmsNormRows<kAct>(y, o, gate, w, r0, r1, V, eps);
 }
+template <GateActivation kAct>
 void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V, float eps) {
-  RmsNormRows(y, o, gate, w, r0, r1, V, eps);
+  RmsNormRows<kAct>(y, o, gate, w, r0, r1, V, eps);
 }
+
+template void RmsNormF32<GateActivation::kSigmoid>(float*, const float*, const float*, const float*, int64_t, int64_t,
+                                                   int, float);
+template void RmsNormF32<GateActivation::kSilu>(float*, const float*, const float*, const float*, int64_t, int64_t, int,
+                                                float);
+template void RmsNormBF16<GateActivation::kSigmoid>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t,
+                                                    int, float);
+template void RmsNormBF16<GateActivation::kSilu>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t, int,
+                                                 float);
 
 }  // namespace kda::KDA_TARGET_NS

@@ -9,12 +9,18 @@
 #include <cstdint>
 
 #include "kda/base/bf16.h"
+#include "kda/kernels/elementwise.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/short_conv.h"
 #include "kernels/gemm/gemm_internal.h"
 #include "kernels/kda/kda_tasks.h"
 
 namespace kda::internal {
+
+// The gate activations (GateActivation, values 0 .. kGateActivationCount - 1): the
+// length of the gated RMSNorm's entries.
+inline constexpr int kGateActivationCount = 2;
+static_assert(static_cast<int>(GateActivation::kSigmoid) == 0 && static_cast<int>(GateActivation::kSilu) == 1);
 
 // What the vector-math probe evaluates (tests compare each ISA's primitives with libm).
 enum class VecMathOp : uint8_t { kExp, kSigmoid, kSilu, kSoftplus, kLog, kRoundBF16 };
@@ -42,11 +48,12 @@ struct KernelTable {
   // The gate of one row in place (bias or null).
   void (*gate_row)(float* g, const float* bias, float neg_a, int len) = nullptr;
 
-  // Gated RMSNorm over rows [r0, r1) of [T*H, V] (kernels/elementwise/gated_rms_norm_simd.cc).
-  void (*rms_norm_f32)(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V,
-                       float eps) = nullptr;
-  void (*rms_norm_bf16)(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V,
-                        float eps) = nullptr;
+  // Gated RMSNorm over rows [r0, r1) of [T*H, V] (kernels/elementwise/gated_rms_norm_simd.cc), one
+  // entry per gate activation, indexed by its value.
+  void (*rms_norm_f32[kGateActivationCount])(float* y, const float* o, const float* gate, const float* w, int64_t r0,
+                                             int64_t r1, int V, float eps) = {};
+  void (*rms_norm_bf16[kGateActivationCount])(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0,
+                                              int64_t r1, int V, float eps) = {};
 
   // Residual add and bf16 conversions over elements [i0, i1) (kernels/elementwise/residual_add_simd.cc).
   void (*add_f32)(float* acc, const float* x, int64_t i0, int64_t i1) = nullptr;

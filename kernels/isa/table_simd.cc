@@ -79,8 +79,10 @@ const internal::KernelTable& Table() {
     t.gate_beta_f32 = &GateBetaF32;
     t.gate_beta_bf16 = &GateBetaBF16;
     t.gate_row = &GateRow;
-    t.rms_norm_f32 = &RmsNormF32;
-    t.rms_norm_bf16 = &RmsNormBF16;
+    t.rms_norm_f32[static_cast<int>(GateActivation::kSigmoid)] = &RmsNormF32<GateActivation::kSigmoid>;
+    t.rms_norm_f32[static_cast<int>(GateActivation::kSilu)] = &RmsNormF32<GateActivation::kSilu>;
+    t.rms_norm_bf16[static_cast<int>(GateActivation::kSigmoid)] = &RmsNormBF16<GateActivation::kSigmoid>;
+    t.rms_norm_bf16[static_cast<int>(GateActivation::kSilu)] = &RmsNormBF16<GateActivation::kSilu>;
     t.add_f32 = &AddF32;
     t.add_bf16 = &AddBF16;
     t.to_bf16 = &ToBF16Range;

@@ -48,8 +48,10 @@ void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, co
                   int64_t t0, int64_t t1, int H, int K);
 void GateRow(float* g, const float* bias, float neg_a, int len);
 
-// kernels/elementwise/gated_rms_norm_simd.cc
+// kernels/elementwise/gated_rms_norm_simd.cc (instantiated for each GateActivation)
+template <GateActivation kAct>
 void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
+template <GateActivation kAct>
 void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
 
 // kernels/elementwise/residual_add_simd.cc (with the bf16 conversions)

@@ -197,7 +197,8 @@ void KimiDeltaAttention::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBack
 
   // Gated RMSNorm per token and head over V (sigmoid gate), then o_proj.
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * p);
-  GatedRmsNorm(normed.mut(), o.view(), pr.g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps));
+  GatedRmsNorm(normed.mut(), o.view(), pr.g_b.view(), o_norm_.data(), T, H, K, static_cast<float>(shape_.rms_norm_eps),
+               GateActivation::kSigmoid);
   if (tp_ == nullptr || tp_->size() == 1) {
     o_proj_->Forward(out, normed.view(), T);
   } else {

@@ -157,9 +157,9 @@ void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, 
   const auto* w = static_cast<const float*>(weight.data());
   nb::gil_scoped_release release;
   if (impl == KernelImpl::kReference) {
-    GatedRmsNormReference(yb, ob, gb, w, R, 1, static_cast<int>(V), eps);
+    GatedRmsNormReference(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, GateActivation::kSigmoid);
   } else {
-    GatedRmsNorm(yb, ob, gb, w, R, 1, static_cast<int>(V), eps);
+    GatedRmsNorm(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, GateActivation::kSigmoid);
   }
 }
 

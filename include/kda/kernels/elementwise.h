@@ -25,11 +25,21 @@ void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, 
 // element. g [len] holds the raw gate on entry; bias [len] or null.
 void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len);
 
-// Gated RMSNorm per token and head over V (design §2.6), fp32 arithmetic:
-//   y[t, h, :] = o * rsqrt(mean(o^2) + eps) * w * sigmoid(gate)
-// y, o, gate [T, H, V] F32 or BF16 (y rounded once); w [V].
-void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
-void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps);
+// The gate activation of the gated RMSNorm: sigmoid(z) = 1 / (1 + e^-z) (KDA),
+// or silu(z) = z * sigmoid(z) (Gated DeltaNet: Qwen3-Next, Qwen3.5).
+enum class GateActivation : uint8_t { kSigmoid, kSilu };
+// "sigmoid" or "silu".
+const char* GateActivationName(GateActivation act);
+
+// Gated RMSNorm per token and head over V (design §2.6), fp32 arithmetic in
+// one expression:
+//   y[t, h, :] = o * rsqrt(mean(o^2) + eps) * w * act(gate)
+// y, o, gate [T, H, V] F32 or BF16 (y rounded once); w [V]. act: sigmoid, or
+// silu computed as gate * sigmoid(gate) in fp32.
+void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
+                  GateActivation act);
+void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
+                           GateActivation act);
 
 // The residual add between layers: acc[i] = acc[i] + x[i] for i < n, summed
 // in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.
