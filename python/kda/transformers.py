@@ -11,8 +11,8 @@ mode (``{"cpu": {Mode.INFERENCE: repository}}``), under the names transformers h
   (``kda._core.short_conv_silu``); ``causal_conv1d_update`` (a decode step, the conv state updated
   in place): the same conv, in torch, summed in float32 and rounded once;
 - the layer ``RMSNormGated``: kda's gated RMSNorm (``kda._core.gated_rms_norm``) with the module's
-  own ``weight``, ``variance_epsilon`` and ``activation`` (a sigmoid gate, or silu: the sigmoid-gated
-  norm times the gate, in float32, rounded once).
+  own ``weight``, ``variance_epsilon`` and ``activation`` (a sigmoid gate, or silu: gate * sigmoid(gate)
+  in float32 inside the norm's one expression, rounded once).
 
 A model loaded afterwards with ``from_pretrained`` on the CPU is kernelized by transformers; an
 existing one takes ``kernels.kernelize(model, device="cpu", mode=Mode.INFERENCE)``. Packed
@@ -253,7 +253,7 @@ class CausalConv1dUpdate(nn.Module):
 class RMSNormGated(nn.Module):
     """transformers' ``RMSNormGated`` layer (every KDA and GDN family's output norm) on kda's gated
     RMSNorm: o * rsqrt(mean(o²) + variance_epsilon) * weight * act(gate) per head, float32
-    arithmetic, rounded once (silu: the sigmoid-gated result times the gate, both in float32)."""
+    arithmetic, rounded once (act: sigmoid, or silu = gate * sigmoid(gate), both in the kernel)."""
 
     def forward(self, hidden_states, gate=None):
         act = getattr(self, "activation", None)
@@ -266,14 +266,13 @@ class RMSNormGated(nn.Module):
             return _transformers(self, "RMSNormGated", hidden_states, gate)
         _COUNTS[("RMSNormGated", "kda")] += 1
         V = x.shape[-1]
-        # silu(gate) = gate * sigmoid(gate): the sigmoid-gated norm in float32 times the gate, rounded once.
-        dt = x.dtype if gate.dtype == x.dtype and act not in _SILU else torch.float32
+        # Mixed input and gate dtypes: both in float32, the result rounded once to x's dtype.
+        dt = x.dtype if gate.dtype == x.dtype else torch.float32
         o = x.detach().reshape(-1, V).to(dt).contiguous()
         z = gate.detach().reshape(-1, V).to(dt).contiguous()
         y = torch.empty_like(o)
-        _core.gated_rms_norm(y, o, z, weight.detach().to(torch.float32).contiguous(), float(self.variance_epsilon))
-        if act in _SILU:
-            y.mul_(z)
+        _core.gated_rms_norm(y, o, z, weight.detach().to(torch.float32).contiguous(), float(self.variance_epsilon),
+                             activation="silu" if act in _SILU else "sigmoid")
         return y.to(x.dtype).view(x.shape)
 
 

@@ -1,6 +1,6 @@
 // kda._core layer kernels beside the delta rule: the short causal conv + SiLU
 // over a packed batch (kda/kernels/short_conv.h) and the gated RMSNorm with a
-// sigmoid gate (kda/kernels/elementwise.h), writing into outputs the caller
+// sigmoid or silu gate (kda/kernels/elementwise.h), writing into outputs the caller
 // allocated. kda.transformers runs Hugging Face transformers' conv and gated
 // norm hooks on them. Every argument is checked here, naming it, before the
 // kernel runs without the GIL.
@@ -130,9 +130,18 @@ void ShortConvSilu(const OutArray& y, const InArray& x, const InArray& weight, c
   }
 }
 
-// gated_rms_norm: y = o * rsqrt(mean(o^2) + eps) * weight * sigmoid(gate) per row of V, fp32 arithmetic.
+// The gate activation named `name` ("sigmoid" or "silu"); ValueError naming it otherwise.
+GateActivation ParseGateActivation(const std::string& name) {
+  for (GateActivation act : {GateActivation::kSigmoid, GateActivation::kSilu}) {
+    if (name == GateActivationName(act)) return act;
+  }
+  throw nb::value_error(("activation: must be 'sigmoid' or 'silu', got '" + name + "'").c_str());
+}
+
+// gated_rms_norm: y = o * rsqrt(mean(o^2) + eps) * weight * act(gate) per row of V, fp32 arithmetic.
 void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, const InArray& weight, float eps,
-                      const std::string& kernel) {
+                      const std::string& activation, const std::string& kernel) {
+  const GateActivation act = ParseGateActivation(activation);
   const KernelImpl impl = ParseKernelImpl(kernel);
   RequireCpu(o, "o");
   RequireNdim(o, 2, "o", "[R, V]");
@@ -157,9 +166,9 @@ void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, 
   const auto* w = static_cast<const float*>(weight.data());
   nb::gil_scoped_release release;
   if (impl == KernelImpl::kReference) {
-    GatedRmsNormReference(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, GateActivation::kSigmoid);
+    GatedRmsNormReference(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, act);
   } else {
-    GatedRmsNorm(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, GateActivation::kSigmoid);
+    GatedRmsNorm(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, act);
   }
 }
 
@@ -177,10 +186,11 @@ void BindLayerKernels(nb::module_& m) {
         "rows before the sequence are zero; None: every tail is read). kernel: 'auto', 'optimized' or "
         "'reference'.");
   m.def("gated_rms_norm", &GatedRmsNormRows, nb::arg("y"), nb::arg("o"), nb::arg("gate"), nb::arg("weight"),
-        nb::arg("eps"), nb::arg("kernel") = "auto",
+        nb::arg("eps"), nb::arg("activation") = "sigmoid", nb::arg("kernel") = "auto",
         "The gated RMSNorm (kda/kernels/elementwise.h GatedRmsNorm): y = o * rsqrt(mean(o^2) + eps) * weight * "
-        "sigmoid(gate) per row, fp32 arithmetic, y rounded once. y, o, gate [R, V] C-contiguous, one dtype "
-        "(float32 or bfloat16); weight [V] float32. kernel: 'auto', 'optimized' or 'reference'.");
+        "act(gate) per row, fp32 arithmetic in one expression, y rounded once. activation: 'sigmoid', or 'silu' "
+        "(gate * sigmoid(gate) in fp32). y, o, gate [R, V] C-contiguous, one dtype (float32 or bfloat16); weight "
+        "[V] float32. kernel: 'auto', 'optimized' or 'reference'.");
 }
 
 }  // namespace kda::python

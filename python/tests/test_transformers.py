@@ -279,6 +279,7 @@ def norm_call(**change):
     (conv_call(x=torch.randn(6, 8, dtype=torch.float16)), "x: dtype must be float32 or bfloat16"),
     (norm_call(gate=torch.randn(6, 4)), "gate: "),
     (norm_call(eps=-1.0), "eps: must be >= 0"),
+    (norm_call(activation="gelu"), "activation: must be 'sigmoid' or 'silu', got 'gelu'"),
 ])
 def test_layer_kernels_name_bad_arguments(call, match):
     """The conv and norm kernels behind the hooks refuse bad arguments by name."""
