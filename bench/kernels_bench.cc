@@ -60,13 +60,16 @@
 #include "kda/kernels/linear.h"
 #include "kda/kernels/q8.h"
 #include "kda/kernels/short_conv.h"
+#include "kda/layers/delta_rule_geometry.h"
+#include "kda/models/layer_family.h"
 
 namespace kda {
 namespace {
 
-constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
-constexpr int kHeads = kShape.H;
-constexpr int kHeadDim = kShape.K;
+// Kimi-Linear-48B-A3B's KDA layer (the family's reference geometry).
+const DeltaRuleGeometry kShape = LayerFamilyFor("kimi_linear").reference;
+const int kHeads = kShape.H;
+const int kHeadDim = kShape.K;
 
 KernelImpl ImplArg(int64_t x) { return x == 0 ? KernelImpl::kReference : KernelImpl::kOptimized; }
 
@@ -145,7 +148,7 @@ void BM_ChunkKdaIntermediateStates(benchmark::State& state) {
 void BM_ShortConv(benchmark::State& state) {
   const bool reference = state.range(0) == 0;
   const int64_t T = 2048;
-  const int64_t p = kShape.P();
+  const int64_t p = kShape.key_dim();
   const int W = kShape.W;
   const std::vector<float> x_values = bench::TokenInputs::Random(T * 3 * p, 7, 1.0F);
   const bench::TypedBuffer x(x_values, DType::kBF16);
@@ -188,7 +191,7 @@ void BM_ShortConv(benchmark::State& state) {
 void BM_KdaLayer(benchmark::State& state) {
   const DType dtype = state.range(0) == 0 ? DType::kF32 : DType::kBF16;
   const bool gemms_only = state.range(1) != 0;
-  bench::LayerProblem p(dtype, KernelImpl::kOptimized, kShape, 1, 2048);
+  bench::LayerProblem p("kimi_linear", dtype, KernelImpl::kOptimized, kShape, 1, 2048);
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
   p.Forward();  // warm-up: GEMM primitives, scratch
   p.Gemms();
@@ -244,8 +247,8 @@ void BM_Linear(benchmark::State& state) {
 void BM_DecodeLayer(benchmark::State& state) {
   const WeightFormat weights = state.range(0) == 0 ? WeightFormat::kDense : WeightFormat::kInt8;
   const int64_t n = state.range(1);
-  const int64_t layer_bytes = bench::LayerProjectionBytes(DType::kBF16, weights, kShape);
-  bench::LayerDecodeProblem p(DType::kBF16, weights, kShape, n,
+  const int64_t layer_bytes = bench::LayerProjectionBytes("kimi_linear", DType::kBF16, weights, kShape);
+  bench::LayerDecodeProblem p("kimi_linear", DType::kBF16, weights, kShape, n,
                               bench::LayerDecodeProblem::LayersFor(layer_bytes, bench::DecodeStreamBytes()));
   state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
   for (int i = 0; i < p.model.num_layers(); ++i) p.Step(i);  // warm-up: one pass over the layers

@@ -20,6 +20,7 @@
 #include "fuzz/fuzz_util.h"
 #include "kda/base/error.h"
 #include "kda/io/safetensors.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "tools/run_input.h"
 
 namespace {
@@ -130,7 +131,7 @@ void FillCuSeqlens(FuzzedDataProvider& p, Built* t, int64_t T) {
 }
 
 // Writes the input file of the structured mode (a tensor that would exceed kMaxElements is left out).
-void BuildFile(FuzzedDataProvider& p, const kda::KdaLayerShape& shape, const std::string& path) {
+void BuildFile(FuzzedDataProvider& p, const kda::DeltaRuleGeometry& shape, const std::string& path) {
   const int64_t T = p.ConsumeIntegralInRange<int64_t>(0, 40);
   const int64_t N = p.ConsumeBool() ? p.ConsumeIntegralInRange<int64_t>(1, 6)
                                     : p.ConsumeIntegralInRange<int64_t>(1, 65536);  // many short sequences
@@ -151,10 +152,10 @@ void BuildFile(FuzzedDataProvider& p, const kda::KdaLayerShape& shape, const std
   tensors.reserve(4);
   if (Built* x = add("hidden_states", kda::DType::kF32, {T, shape.hidden}, true)) FillFloats(p, x);
   if (Built* cu = add("cu_seqlens", kda::DType::kI64, {N + 1}, true)) FillCuSeqlens(p, cu, T);
-  if (Built* r = add("initial_recurrent_state", kda::DType::kF32, {N, shape.H, shape.K, shape.K}, false)) {
+  if (Built* r = add("initial_recurrent_state", kda::DType::kF32, {N, shape.HV, shape.K, shape.V}, false)) {
     FillFloats(p, r);
   }
-  if (Built* c = add("initial_conv_state", kda::DType::kBF16, {N, shape.W - 1, shape.ConvChannels()}, false)) {
+  if (Built* c = add("initial_conv_state", kda::DType::kBF16, {N, shape.W - 1, shape.conv_channels()}, false)) {
     FillFloats(p, c);
   }
   std::vector<kda::TensorToWrite> to_write;
@@ -170,11 +171,15 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 4) return 0;
-  kda::KdaLayerShape shape;
-  shape.hidden = 1 + data[1] % 8;
-  shape.H = 1 + data[2] % 3;
-  shape.K = 1 + data[3] % 4;
-  shape.W = 1 + data[0] / 2 % 4;
+  // A KDA layer (H = HV heads of K = V dims) or a Gated DeltaNet one (HV = r H value heads, K != V).
+  const int heads = 1 + data[2] % 3;
+  const int head_dim = 1 + data[3] % 4;
+  const int64_t hidden = 1 + data[1] % 8;
+  const int conv = 1 + data[0] / 2 % 4;
+  const kda::DeltaRuleGeometry shape = (data[2] & 8) != 0
+                                           ? kda::DeltaRuleGeometry::Gdn(hidden, heads, heads * (1 + data[3] / 4 % 3),
+                                                                         head_dim, 1 + data[3] / 16 % 4, conv, 1e-6)
+                                           : kda::DeltaRuleGeometry::Kda(hidden, heads, head_dim, conv, 1e-5);
   const std::string path = (WorkDir().path() / "input.safetensors").string();
   try {
     if ((data[0] & 1) != 0) {
@@ -195,8 +200,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (!std::is_sorted(in.cu.begin(), in.cu.end())) std::abort();
     if (in.x.size() != static_cast<size_t>(in.T * shape.hidden)) std::abort();
-    if (!in.rec.empty() && in.rec.size() != static_cast<size_t>(in.N * shape.RecurrentStateSize())) std::abort();
-    if (!in.conv.empty() && in.conv.size() != static_cast<size_t>(in.N * shape.ConvStateSize())) std::abort();
+    const int64_t rec_size = shape.state_spec().recurrent_size();  // one sequence's [HV, K, V]
+    const int64_t conv_size = shape.state_spec().conv_size();      // [W-1, C]
+    if (!in.rec.empty() && in.rec.size() != static_cast<size_t>(in.N * rec_size)) std::abort();
+    if (!in.conv.empty() && in.conv.size() != static_cast<size_t>(in.N * conv_size)) std::abort();
     for (const std::vector<float>* v : {&in.x, &in.rec, &in.conv}) {
       if (!std::all_of(v->begin(), v->end(), [](float f) { return std::isfinite(f); })) std::abort();
     }

@@ -4,30 +4,26 @@
 #include <utility>
 
 #include "kda/base/error.h"
-#include "kda/layers/attention/linear/kda_backend.h"
 #include "kda/layers/attention/linear/linear_recurrent_backend.h"
 
 namespace kda {
 
-RadixLinearAttention::RadixLinearAttention(int layer_id, int num_heads, int head_k_dim, int head_v_dim, int conv_width,
+RadixLinearAttention::RadixLinearAttention(int layer_id, const DeltaRuleGeometry& geometry,
                                            std::vector<float> conv_weight, std::vector<float> A_log,
                                            std::vector<float> dt_bias, float scale)
     : layer_id_(layer_id),
-      num_heads_(num_heads),
-      head_k_dim_(head_k_dim),
-      head_v_dim_(head_v_dim),
-      conv_width_(conv_width),
+      geometry_(geometry),
       conv_weight_(std::move(conv_weight)),
       A_log_(std::move(A_log)),
       dt_bias_(std::move(dt_bias)),
       scale_(scale) {
-  Check(layer_id >= 0 && num_heads >= 1 && head_k_dim >= 1 && conv_width >= 1, "RadixLinearAttention: bad shape");
-  Check(head_k_dim == head_v_dim, "RadixLinearAttention: KDA needs head_k_dim == head_v_dim");
-  const int64_t p = projection_size();
-  Check(static_cast<int64_t>(conv_weight_.size()) == 3 * p * conv_width,
-        "RadixLinearAttention: conv weight must be [3, W, P]");
-  Check(static_cast<int64_t>(A_log_.size()) == num_heads, "RadixLinearAttention: A_log must be [H]");
-  Check(static_cast<int64_t>(dt_bias_.size()) == p, "RadixLinearAttention: dt_bias must be [P]");
+  Check(layer_id >= 0, "RadixLinearAttention: negative layer id");
+  geometry.Validate("RadixLinearAttention");
+  Check(static_cast<int64_t>(conv_weight_.size()) == geometry.conv_channels() * geometry.W,
+        "RadixLinearAttention: conv weight must be [W, C] per q, k and v group");
+  Check(static_cast<int64_t>(A_log_.size()) == geometry.HV, "RadixLinearAttention: A_log must be [HV]");
+  Check(static_cast<int64_t>(dt_bias_.size()) == geometry.gate_width(),
+        "RadixLinearAttention: dt_bias must have one entry per gate value (KDA [HV*K], GDN [HV])");
 }
 
 void RadixLinearAttention::Forward(LinearRecurrentAttnBackend& backend, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,

@@ -9,11 +9,11 @@
 
 namespace kda {
 
-RadixStateCache::RadixStateCache(int num_layers, const KdaLayerShape& shape, DType conv_dtype, int64_t budget_bytes)
+RadixStateCache::RadixStateCache(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype, int64_t budget_bytes)
     : num_layers_(num_layers),
-      shape_(shape),
+      spec_(spec),
       conv_dtype_(conv_dtype),
-      snapshot_bytes_(SnapshotBytes(num_layers, shape, conv_dtype)),
+      snapshot_bytes_(SnapshotBytes(num_layers, spec, conv_dtype)),
       capacity_(0) {
   Check(budget_bytes >= 0, "prefix cache: the budget must be >= 0 bytes, got " + std::to_string(budget_bytes));
   Check(snapshot_bytes_ > 0, "prefix cache: empty state shape");
@@ -24,8 +24,8 @@ RadixStateCache::RadixStateCache(int num_layers, const KdaLayerShape& shape, DTy
 
 RadixStateCache::~RadixStateCache() = default;
 
-int64_t RadixStateCache::SnapshotBytes(int num_layers, const KdaLayerShape& shape, DType conv_dtype) {
-  return RecurrentStatePool::BytesPerRequest(num_layers, shape, conv_dtype);
+int64_t RadixStateCache::SnapshotBytes(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype) {
+  return RecurrentStatePool::BytesPerRequest(num_layers, spec, conv_dtype);
 }
 
 RadixStateCache::Node& RadixStateCache::At(int32_t id, const char* who) {
@@ -121,7 +121,7 @@ std::optional<RadixStateCache::Snapshot> RadixStateCache::Match(const int32_t* t
   Node& node = nodes_[best];
   ++node.locks;
   node.last_use = ++clock_;
-  const int64_t rs = static_cast<int64_t>(num_layers_) * shape_.RecurrentStateSize();
+  const int64_t rs = static_cast<int64_t>(num_layers_) * spec_.recurrent_size();
   return Snapshot{best, node.depth, node.data.get(), reinterpret_cast<uint8_t*>(node.data.get() + rs)};
 }
 
@@ -176,7 +176,7 @@ std::optional<RadixStateCache::Snapshot> RadixStateCache::Reserve(const int32_t*
   if (num_snapshots_ >= capacity_ && !EvictOne()) return std::nullopt;
   const int32_t id = FindOrInsert(tokens, n);  // after eviction: pruning may have removed part of the path
   Node& node = nodes_[id];
-  const int64_t rs = static_cast<int64_t>(num_layers_) * shape_.RecurrentStateSize();
+  const int64_t rs = static_cast<int64_t>(num_layers_) * spec_.recurrent_size();
   const int64_t floats =
       (snapshot_bytes_ + static_cast<int64_t>(sizeof(float)) - 1) / static_cast<int64_t>(sizeof(float));
   try {

@@ -13,20 +13,13 @@ const char* VerifyMethodName(VerifyMethod method) {
   return method == VerifyMethod::kTokenStates ? "token_states" : "recompute";
 }
 
-namespace {
-
-// Conv-dtype elements of one position in a verify area: mixed_qkv | gate_raw | beta_logits.
-int64_t VerifyRowElems(const KdaLayerShape& shape) { return 4 * shape.P() + shape.H; }
-
-}  // namespace
-
-RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const KdaLayerShape& shape,
+RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const RecurrentStateSpec& spec,
                                        DType conv_dtype, const VerifyConfig& verify)
-    : num_layers_(num_layers), max_requests_(max_requests), shape_(shape), conv_dtype_(conv_dtype), verify_(verify) {
+    : num_layers_(num_layers), max_requests_(max_requests), spec_(spec), conv_dtype_(conv_dtype), verify_(verify) {
   Check(num_layers >= 1, "state pool: needs at least one layer");
   Check(max_requests >= 1, "state pool: needs at least one request slot");
   Check(max_requests < (int64_t{1} << 31) - 1, "state pool: too many slots");
-  Check(shape.H >= 1 && shape.K >= 1 && shape.W >= 1, "state pool: invalid state shape");
+  Check(spec.valid(), "state pool: invalid state shape");
   Check(conv_dtype == DType::kF32 || conv_dtype == DType::kBF16, "state pool: conv dtype must be F32 or BF16");
   Check(verify.max_draft_tokens >= 0 && verify.max_draft_tokens <= 64,
         "state pool: max_draft_tokens must be in [0, 64], got " + std::to_string(verify.max_draft_tokens));
@@ -36,15 +29,15 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
     recurrent_.resize(static_cast<size_t>(num_layers));
     conv_.resize(static_cast<size_t>(num_layers));
     for (int l = 0; l < num_layers; ++l) {
-      recurrent_[l].assign(slots * shape.RecurrentStateSize(), 0.0F);
-      conv_[l].assign(slots * shape.ConvStateSize() * DTypeSize(conv_dtype), 0);
+      recurrent_[l].assign(slots * spec.recurrent_size(), 0.0F);
+      conv_[l].assign(slots * spec.conv_size() * DTypeSize(conv_dtype), 0);
     }
     if (verify.rows() > 0) {
       verify_inputs_.resize(static_cast<size_t>(num_layers));
-      for (auto& v : verify_inputs_) v.resize(slots * verify.rows() * VerifyRowElems(shape) * DTypeSize(conv_dtype));
+      for (auto& v : verify_inputs_) v.resize(slots * verify.rows() * spec.verify_row * DTypeSize(conv_dtype));
       if (verify.method == VerifyMethod::kTokenStates) {
         verify_states_.resize(static_cast<size_t>(num_layers));
-        for (auto& v : verify_states_) v.resize(slots * verify.rows() * shape.RecurrentStateSize());
+        for (auto& v : verify_states_) v.resize(slots * verify.rows() * spec.recurrent_size());
       }
     }
     allocated_.assign(slots, 0);
@@ -54,30 +47,29 @@ RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, con
   } catch (const std::exception& e) {  // std::bad_alloc, or std::length_error beyond what a vector can hold
     throw Error("state pool: cannot allocate " + std::to_string(total_bytes()) + " bytes (" +
                 std::to_string(max_requests) + " slots + the dummy of " +
-                std::to_string(BytesPerRequest(num_layers, shape, conv_dtype, verify)) +
+                std::to_string(BytesPerRequest(num_layers, spec, conv_dtype, verify)) +
                 " bytes each): out of memory (" + e.what() + ")");
   }
   // Hand out low slots first: pop_back takes the smallest.
   for (auto s = static_cast<int32_t>(max_requests); s >= 1; --s) free_.push_back(s);
 }
 
-int64_t RecurrentStatePool::VerifyBytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+int64_t RecurrentStatePool::VerifyBytesPerRequest(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype,
                                                   const VerifyConfig& verify) {
-  int64_t per_row = VerifyRowElems(shape) * static_cast<int64_t>(DTypeSize(conv_dtype));
-  if (verify.method == VerifyMethod::kTokenStates) per_row += shape.RecurrentStateSize() * 4;
+  int64_t per_row = spec.verify_row * static_cast<int64_t>(DTypeSize(conv_dtype));
+  if (verify.method == VerifyMethod::kTokenStates) per_row += spec.recurrent_size() * 4;
   return num_layers * verify.rows() * per_row;
 }
 
-int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const KdaLayerShape& shape, DType conv_dtype,
+int64_t RecurrentStatePool::BytesPerRequest(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype,
                                             const VerifyConfig& verify) {
-  return num_layers *
-             (shape.RecurrentStateSize() * 4 + shape.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype))) +
-         VerifyBytesPerRequest(num_layers, shape, conv_dtype, verify);
+  return num_layers * (spec.recurrent_size() * 4 + spec.conv_size() * static_cast<int64_t>(DTypeSize(conv_dtype))) +
+         VerifyBytesPerRequest(num_layers, spec, conv_dtype, verify);
 }
 
-int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const KdaLayerShape& shape,
+int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_layers, const RecurrentStateSpec& spec,
                                                  DType conv_dtype, const VerifyConfig& verify) {
-  const int64_t per = BytesPerRequest(num_layers, shape, conv_dtype, verify);
+  const int64_t per = BytesPerRequest(num_layers, spec, conv_dtype, verify);
   Check(per > 0, "state pool: empty state shape");
   const int64_t slots = budget_bytes / per;  // the dummy slot costs one request's bytes
   Check(slots >= 2, "state pool: a budget of " + std::to_string(budget_bytes) + " bytes holds no request (" +
@@ -86,14 +78,14 @@ int64_t RecurrentStatePool::MaxRequestsForBudget(int64_t budget_bytes, int num_l
 }
 
 int64_t RecurrentStatePool::CapacityWithinBudget(int64_t max_requests, int64_t budget_bytes, int num_layers,
-                                                 const KdaLayerShape& shape, DType conv_dtype,
+                                                 const RecurrentStateSpec& spec, DType conv_dtype,
                                                  const VerifyConfig& verify) {
   if (budget_bytes <= 0) return max_requests;
-  return std::min(max_requests, MaxRequestsForBudget(budget_bytes, num_layers, shape, conv_dtype, verify));
+  return std::min(max_requests, MaxRequestsForBudget(budget_bytes, num_layers, spec, conv_dtype, verify));
 }
 
 int64_t RecurrentStatePool::total_bytes() const {
-  return (max_requests_ + 1) * BytesPerRequest(num_layers_, shape_, conv_dtype_, verify_);
+  return (max_requests_ + 1) * BytesPerRequest(num_layers_, spec_, conv_dtype_, verify_);
 }
 
 void RecurrentStatePool::SetPendingVerify(int32_t slot, int64_t positions) {
@@ -106,8 +98,8 @@ void RecurrentStatePool::SetPendingVerify(int32_t slot, int64_t positions) {
 }
 
 void RecurrentStatePool::ZeroSlot(int32_t slot) {
-  const int64_t rs = shape_.RecurrentStateSize();
-  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = spec_.recurrent_size();
+  const int64_t cs = spec_.conv_size() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   for (int l = 0; l < num_layers_; ++l) {
     std::fill_n(recurrent_[l].data() + slot * rs, rs, 0.0F);
     std::fill_n(conv_[l].data() + slot * cs, cs, uint8_t{0});  // +0.0 in F32 and BF16
@@ -180,8 +172,8 @@ LayerStateCache RecurrentStatePool::GetLayerCache(int layer) {
 void RecurrentStatePool::GetLayerState(int layer, int32_t slot, float* recurrent, void* conv) const {
   CheckLayer(layer);
   CheckAllocated(slot);
-  const int64_t rs = shape_.RecurrentStateSize();
-  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = spec_.recurrent_size();
+  const int64_t cs = spec_.conv_size() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   if (recurrent != nullptr) std::memcpy(recurrent, recurrent_[layer].data() + slot * rs, rs * sizeof(float));
   if (conv != nullptr && cs > 0) std::memcpy(conv, conv_[layer].data() + slot * cs, cs);
 }
@@ -190,10 +182,26 @@ void RecurrentStatePool::SetLayerState(int layer, int32_t slot, const float* rec
   CheckLayer(layer);
   CheckAllocated(slot);
   if (slot == 0) return;  // writes to the dummy slot are dropped
-  const int64_t rs = shape_.RecurrentStateSize();
-  const int64_t cs = shape_.ConvStateSize() * static_cast<int64_t>(DTypeSize(conv_dtype_));
+  const int64_t rs = spec_.recurrent_size();
+  const int64_t cs = spec_.conv_size() * static_cast<int64_t>(DTypeSize(conv_dtype_));
   if (recurrent != nullptr) std::memcpy(recurrent_[layer].data() + slot * rs, recurrent, rs * sizeof(float));
   if (conv != nullptr && cs > 0) std::memcpy(conv_[layer].data() + slot * cs, conv, cs);
+}
+
+void RecurrentStatePool::GetSlotState(int32_t slot, float* recurrent, void* conv) const {
+  const int64_t cs = conv_bytes_per_layer();
+  for (int l = 0; l < num_layers_; ++l) {
+    GetLayerState(l, slot, recurrent != nullptr ? recurrent + l * spec_.recurrent_size() : nullptr,
+                  conv != nullptr ? static_cast<uint8_t*>(conv) + l * cs : nullptr);
+  }
+}
+
+void RecurrentStatePool::SetSlotState(int32_t slot, const float* recurrent, const void* conv) {
+  const int64_t cs = conv_bytes_per_layer();
+  for (int l = 0; l < num_layers_; ++l) {
+    SetLayerState(l, slot, recurrent != nullptr ? recurrent + l * spec_.recurrent_size() : nullptr,
+                  conv != nullptr ? static_cast<const uint8_t*>(conv) + l * cs : nullptr);
+  }
 }
 
 }  // namespace kda

@@ -10,23 +10,21 @@
 
 namespace kda {
 
-ModelRunner::ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel)
+ModelRunner::ModelRunner(const DeltaRuleModel& model, MemoryPools pools, KernelImpl kernel)
     : model_(model), pools_(pools), backend_(pools, kernel) {
   const RecurrentStatePool& pool = *pools.state_pool;
-  const KdaLayerShape& s = model.shape;
   Check(pool.num_layers() == model.num_layers(), "state pool has " + std::to_string(pool.num_layers()) +
                                                      " layers, the model " + std::to_string(model.num_layers()));
-  Check(pool.shape().H == s.H && pool.shape().K == s.K && pool.shape().W == s.W,
-        "state pool shape differs from the model's");
+  Check(pool.spec() == model.state_spec(), "state pool's state spec differs from the model's");
   Check(pool.conv_dtype() == model.act_dtype, "state pool conv dtype differs from the model's activation dtype");
   // Each layer against the pool once, here, not at every step.
-  for (const KimiDeltaAttention& layer : model.layers) backend_.CheckLayer(layer.attn());
+  for (const auto& layer : model.layers) backend_.CheckLayer(layer->attn());
 }
 
 void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   backend_.InitForwardMetadata(batch);  // once per batch, shared by every layer
   const int64_t T = backend_.metadata().num_tokens;
-  const int64_t hidden = model_.shape.hidden;
+  const int64_t hidden = model_.geometry.hidden;
   const DType dt = model_.act_dtype;
   Check(x.dtype == dt && out.dtype == dt, "model runner: activations must be in the model's dtype");
   const int L = model_.num_layers();
@@ -40,7 +38,7 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   }
   for (int l = 0; l < L; ++l) {
     MaybeInjectFault(FaultPoint::kForward);
-    model_.layers[l].Forward(out, in, backend_);
+    model_.layers[l]->Forward(out, in, backend_);
     if (l + 1 < L) {
       AddInPlace(h.mut(), {out.data, dt}, T * hidden);
     }
@@ -50,7 +48,7 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
 
 void ModelRunner::CommitVerify(const std::vector<int64_t>& req_ids, const std::vector<int64_t>& keep) {
   backend_.InitCommit(req_ids, keep);
-  for (const KimiDeltaAttention& layer : model_.layers) backend_.CommitLayer(layer.attn());
+  for (const auto& layer : model_.layers) backend_.CommitLayer(layer->attn());
   backend_.EndCommit();
 }
 

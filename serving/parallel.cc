@@ -12,24 +12,37 @@
 namespace kda {
 namespace {
 
-// Copies the shard's head blocks between a full [rows, groups, H, block] and
-// a shard [rows, groups, Hs, block] layout, elements of `esz` bytes.
-void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, int groups, int H, int64_t block, size_t esz,
-               const KdaHeadShard& s, bool to_shard) {
+// Copies the shard's key-head blocks between a full and a shard layout of
+// `rows` rows, each the concatenation of parts, part p holding H blocks of
+// parts[p] elements (one per key head; Hs = shard.count in the shard's rows),
+// elements of `esz` bytes.
+void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, const std::vector<int64_t>& parts, int H, size_t esz,
+               const HeadShard& s, bool to_shard) {
   Check(s.total == H && s.begin >= 0 && s.count >= 1 && s.begin + s.count <= H, "head shard does not fit the states");
-  const auto run = static_cast<size_t>(s.count * block) * esz;
-  for (int64_t r = 0; r < rows * groups; ++r) {
-    const size_t full_off = static_cast<size_t>((r * H + s.begin) * block) * esz;
-    const size_t shard_off = static_cast<size_t>(r * s.count * block) * esz;
-    if (to_shard) {
-      std::memcpy(dst + shard_off, src + full_off, run);
-    } else {
-      std::memcpy(dst + full_off, src + shard_off, run);
+  int64_t full_row = 0;
+  for (int64_t u : parts) full_row += H * u;
+  const int64_t shard_row = full_row / H * s.count;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t full_base = r * full_row;
+    int64_t shard_base = r * shard_row;
+    for (int64_t u : parts) {
+      const size_t full_off = static_cast<size_t>(full_base + s.begin * u) * esz;
+      const size_t shard_off = static_cast<size_t>(shard_base) * esz;
+      const auto run = static_cast<size_t>(s.count * u) * esz;
+      if (to_shard) {
+        std::memcpy(dst + shard_off, src + full_off, run);
+      } else {
+        std::memcpy(dst + full_off, src + shard_off, run);
+      }
+      full_base += H * u;
+      shard_base += s.count * u;
     }
   }
 }
 
-int64_t RecurrentBlock(const KdaLayerShape& s) { return static_cast<int64_t>(s.K) * s.K; }
+// A key head's recurrent block (its value heads' states) and conv channels per part.
+std::vector<int64_t> RecurrentParts(const DeltaRuleGeometry& g) { return {int64_t{g.group()} * g.K * g.V}; }
+std::vector<int64_t> ConvParts(const DeltaRuleGeometry& g) { return {g.K, g.K, int64_t{g.group()} * g.V}; }
 
 // Byte serialization of request results for the gathers.
 class Writer {
@@ -86,7 +99,7 @@ void SortById(std::vector<RequestResult>& v) {
 // Collective over `tp`: the results (the same requests, by id, on every tp
 // rank) with the states of every head, at tp rank 0 (empty elsewhere).
 std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestResult> local, int L,
-                                          const KdaLayerShape& full, size_t esz) {
+                                          const DeltaRuleGeometry& full, size_t esz) {
   if (tp.size() == 1) return local;
   Writer w;
   for (const RequestResult& r : local) {
@@ -99,18 +112,19 @@ std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestR
   if (tp.rank() != 0) return {};
   std::vector<RequestResult> out = std::move(local);
   for (RequestResult& r : out) {
-    r.final_recurrent.assign(static_cast<size_t>(L * full.RecurrentStateSize()), 0.0F);
-    r.final_conv.assign(static_cast<size_t>(L * full.ConvStateSize()) * esz, 0);
+    r.final_recurrent.assign(static_cast<size_t>(L * full.state_spec().recurrent_size()), 0.0F);
+    r.final_conv.assign(static_cast<size_t>(L * full.state_spec().conv_size()) * esz, 0);
   }
   for (int rank = 0; rank < tp.size(); ++rank) {
-    const KdaHeadShard shard = MakeKdaHeadShard(full.H, rank, tp.size());
+    const HeadShard shard = MakeHeadShard(full.H, rank, tp.size());
+    const RecurrentStateSpec part = full.Shard(shard.begin, shard.count).state_spec();
     Reader rd(parts[rank]);
     for (RequestResult& r : out) {
       Check(rd.Get<int64_t>() == r.id, "tensor-parallel ranks finished different requests");
       const std::vector<float> rec = rd.GetVector<float>();
       const std::vector<uint8_t> conv = rd.GetVector<uint8_t>();
-      Check(rec.size() == static_cast<size_t>(L * RecurrentBlock(full) * shard.count) &&
-                conv.size() == static_cast<size_t>(L * (full.W - 1) * 3 * shard.count * full.K) * esz,
+      Check(rec.size() == static_cast<size_t>(L * part.recurrent_size()) &&
+                conv.size() == static_cast<size_t>(L * part.conv_size()) * esz,
             "tensor-parallel rank " + std::to_string(rank) + " sent states of the wrong size");
       PlaceRecurrentShard(rec.data(), r.final_recurrent.data(), L, full, shard);
       PlaceConvShard(conv.data(), r.final_conv.data(), esz, L, full, shard);
@@ -167,32 +181,34 @@ std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int
   return owner;
 }
 
-std::vector<float> ExtractRecurrentShard(const float* full, int L, const KdaLayerShape& shape,
-                                         const KdaHeadShard& shard) {
-  std::vector<float> out(static_cast<size_t>(L * shard.count * RecurrentBlock(shape)));
-  CopyHeads(reinterpret_cast<const uint8_t*>(full), reinterpret_cast<uint8_t*>(out.data()), L, 1, shape.H,
-            RecurrentBlock(shape), sizeof(float), shard, true);
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const DeltaRuleGeometry& geometry,
+                                         const HeadShard& shard) {
+  std::vector<float> out(
+      static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count).state_spec().recurrent_size()));
+  CopyHeads(reinterpret_cast<const uint8_t*>(full), reinterpret_cast<uint8_t*>(out.data()), L, RecurrentParts(geometry),
+            geometry.H, sizeof(float), shard, true);
   return out;
 }
 
-std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const KdaLayerShape& shape,
-                                      const KdaHeadShard& shard) {
-  std::vector<uint8_t> out(static_cast<size_t>(L * (shape.W - 1) * 3 * shard.count * shape.K) * elem_size);
-  CopyHeads(static_cast<const uint8_t*>(full), out.data(), static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K,
-            elem_size, shard, true);
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
+                                      const HeadShard& shard) {
+  std::vector<uint8_t> out(static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count).state_spec().conv_size()) *
+                           elem_size);
+  CopyHeads(static_cast<const uint8_t*>(full), out.data(), static_cast<int64_t>(L) * (geometry.W - 1),
+            ConvParts(geometry), geometry.H, elem_size, shard, true);
   return out;
 }
 
-void PlaceRecurrentShard(const float* shard_states, float* full, int L, const KdaLayerShape& shape,
-                         const KdaHeadShard& shard) {
-  CopyHeads(reinterpret_cast<const uint8_t*>(shard_states), reinterpret_cast<uint8_t*>(full), L, 1, shape.H,
-            RecurrentBlock(shape), sizeof(float), shard, false);
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const DeltaRuleGeometry& geometry,
+                         const HeadShard& shard) {
+  CopyHeads(reinterpret_cast<const uint8_t*>(shard_states), reinterpret_cast<uint8_t*>(full), L,
+            RecurrentParts(geometry), geometry.H, sizeof(float), shard, false);
 }
 
-void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const KdaLayerShape& shape,
-                    const KdaHeadShard& shard) {
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
+                    const HeadShard& shard) {
   CopyHeads(static_cast<const uint8_t*>(shard_states), static_cast<uint8_t*>(full),
-            static_cast<int64_t>(L) * (shape.W - 1), 3, shape.H, shape.K, elem_size, shard, false);
+            static_cast<int64_t>(L) * (geometry.W - 1), ConvParts(geometry), geometry.H, elem_size, shard, false);
 }
 
 GemmRoute AgreeGemmRoute(Communicator& world) {
@@ -224,12 +240,12 @@ GemmRoute AgreeGemmRoute(Communicator& world) {
   return route;
 }
 
-ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
+ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
   AgreeGemmRoute(groups.world());
   const int L = model.num_layers();
-  const KdaLayerShape full = model.full_shape();
-  const KdaHeadShard want = MakeKdaHeadShard(full.H, groups.tp_rank(), groups.tp_size());
+  const DeltaRuleGeometry full = model.full_geometry();
+  const HeadShard want = MakeHeadShard(full.H, groups.tp_rank(), groups.tp_size());
   Check(model.heads.begin == want.begin && model.heads.count == want.count && model.heads.total == want.total,
         "the model is not this rank's tensor-parallel shard");
   const bool sharded = groups.tp_size() > 1;
@@ -265,8 +281,8 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     const auto share = static_cast<int64_t>(mine.size());
     const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(
         options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share,
-        options.state_budget_bytes, L, model.shape, model.act_dtype, options.verify);
-    RecurrentStatePool pool(L, capacity, model.shape, model.act_dtype, options.verify);
+        options.state_budget_bytes, L, model.state_spec(), model.act_dtype, options.verify);
+    RecurrentStatePool pool(L, capacity, model.state_spec(), model.act_dtype, options.verify);
     HybridReqToTokenPool req_pool(&pool);
     const MemoryPools pools{&pool, &req_pool};
     ModelRunner runner(model, pools, options.kernel);
@@ -277,7 +293,7 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
     // see the same requests and snapshots of equal size, so they hit and snapshot alike.
     std::optional<RadixStateCache> cache;
     if (options.prefix_cache_bytes > 0) {
-      cache.emplace(L, model.shape, model.act_dtype, options.prefix_cache_bytes);
+      cache.emplace(L, model.state_spec(), model.act_dtype, options.prefix_cache_bytes);
       cfg.prefix_cache = &*cache;
     }
     Scheduler sched(runner, cfg);
@@ -296,13 +312,13 @@ ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& g
   return res;
 }
 
-std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGroups& groups,
+std::vector<RequestResult> GatherResults(const DeltaRuleModel& model, const ParallelGroups& groups,
                                          std::vector<RequestResult> local) {
   SortById(local);
   // Full states at tp rank 0 of each data-parallel index, then those ranks'
   // results (the dp group of tp index 0) at world rank 0.
-  std::vector<RequestResult> full =
-      GatherTpStates(groups.tp(), std::move(local), model.num_layers(), model.full_shape(), DTypeSize(model.act_dtype));
+  std::vector<RequestResult> full = GatherTpStates(groups.tp(), std::move(local), model.num_layers(),
+                                                   model.full_geometry(), DTypeSize(model.act_dtype));
   if (groups.tp_rank() != 0) return {};
   return GatherDpResults(groups.dp(), std::move(full));
 }

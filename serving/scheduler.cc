@@ -38,8 +38,7 @@ Scheduler::Scheduler(ModelRunner& runner, const SchedulerConfig& config)
   if (config_.max_running == 0 || config_.max_running > capacity) config_.max_running = capacity;
   if (const RadixStateCache* cache = config_.prefix_cache; cache != nullptr) {
     const RecurrentStatePool& pool = *pools_.state_pool;
-    Check(cache->num_layers() == pool.num_layers() && cache->shape().H == pool.shape().H &&
-              cache->shape().K == pool.shape().K && cache->shape().W == pool.shape().W &&
+    Check(cache->num_layers() == pool.num_layers() && cache->spec() == pool.spec() &&
               cache->conv_dtype() == pool.conv_dtype(),
           "prefix cache: its layers, state shape or conv dtype differ from the state pool's");
     notes_.push_back(cache->enabled() ? "prefix cache: " + std::to_string(cache->capacity()) + " snapshots of " +
@@ -65,9 +64,7 @@ void Scheduler::Submit(const ServeRequest& request) {
 
 void Scheduler::Admit() {
   RecurrentStatePool& pool = *pools_.state_pool;
-  const KdaModel& model = runner_.model();
-  const int64_t rs = pool.shape().RecurrentStateSize();
-  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
+  const DeltaRuleModel& model = runner_.model();
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < config_.max_running && pool.num_free() > 0) {
     Running r;
     r.req = waiting_.front();
@@ -77,15 +74,12 @@ void Scheduler::Admit() {
     Running& a = running_.back();
     const int32_t slot = a.slot;
     if (a.req.initial_recurrent != nullptr || a.req.initial_conv != nullptr) {
-      for (int l = 0; l < model.num_layers(); ++l) {
-        pool.SetLayerState(l, slot, a.req.initial_recurrent ? a.req.initial_recurrent + l * rs : nullptr,
-                           a.req.initial_conv ? static_cast<const uint8_t*>(a.req.initial_conv) + l * cs : nullptr);
-      }
+      pool.SetSlotState(slot, a.req.initial_recurrent, a.req.initial_conv);
       a.seeded = true;
     }
     a.result.id = a.req.id;
     if (a.req.token_ids != nullptr) a.result.token_ids.assign(a.req.token_ids, a.req.token_ids + a.req.length);
-    a.result.out.assign(static_cast<size_t>(a.req.length * model.shape.hidden) * DTypeSize(model.act_dtype), 0);
+    a.result.out.assign(static_cast<size_t>(a.req.length * model.geometry.hidden) * DTypeSize(model.act_dtype), 0);
     // An initial state is not part of the key: such requests are never cached.
     a.cacheable = caching() && a.req.token_ids != nullptr && !a.seeded && a.req.length > 0;
     if (a.cacheable) Reuse(a, slot);
@@ -98,13 +92,9 @@ void Scheduler::Reuse(Running& r, int32_t slot) {
   RecurrentStatePool& pool = *pools_.state_pool;
   const std::optional<RadixStateCache::Snapshot> hit = cache.Match(r.result.token_ids.data(), r.req.length);
   if (!hit) return;
-  const int64_t rs = pool.shape().RecurrentStateSize();
-  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
   try {
     // Copy-on-write: the slot gets a copy, the snapshot is never written.
-    for (int l = 0; l < pool.num_layers(); ++l) {
-      pool.SetLayerState(l, slot, hit->recurrent + l * rs, hit->conv + l * cs);
-    }
+    pool.SetSlotState(slot, hit->recurrent, hit->conv);
   } catch (...) {
     cache.Unlock(hit->id);
     throw;
@@ -120,24 +110,17 @@ void Scheduler::SnapshotFromSlot(const Running& r, int32_t slot) {
   const RecurrentStatePool& pool = *pools_.state_pool;
   const std::optional<RadixStateCache::Snapshot> s = cache.Reserve(r.result.token_ids.data(), r.req.length);
   if (!s) return;
-  const int64_t rs = pool.shape().RecurrentStateSize();
-  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
-  for (int l = 0; l < pool.num_layers(); ++l) pool.GetLayerState(l, slot, s->recurrent + l * rs, s->conv + l * cs);
+  pool.GetSlotState(slot, s->recurrent, s->conv);
   cache.Commit(s->id);
 }
 
 void Scheduler::Finish(size_t index) {
   Running& r = running_[index];
   RecurrentStatePool& pool = *pools_.state_pool;
-  const int L = runner_.model().num_layers();
-  const int64_t rs = pool.shape().RecurrentStateSize();
-  const int64_t cs = pool.shape().ConvStateSize() * static_cast<int64_t>(DTypeSize(pool.conv_dtype()));
   const int32_t slot = r.slot;
-  r.result.final_recurrent.resize(static_cast<size_t>(L * rs));
-  r.result.final_conv.resize(static_cast<size_t>(L * cs));
-  for (int l = 0; l < L; ++l) {
-    pool.GetLayerState(l, slot, r.result.final_recurrent.data() + l * rs, r.result.final_conv.data() + l * cs);
-  }
+  r.result.final_recurrent.resize(static_cast<size_t>(pool.recurrent_elems_per_request()));
+  r.result.final_conv.resize(static_cast<size_t>(pool.conv_bytes_per_request()));
+  pool.GetSlotState(slot, r.result.final_recurrent.data(), r.result.final_conv.data());
   if (r.cacheable) SnapshotFromSlot(r, slot);  // the next turn of a conversation reuses the whole request
   cache_hit_tokens_ += r.result.cached_tokens;
   pools_.req_to_token_pool->Free(r.req.id);
@@ -177,8 +160,8 @@ bool Scheduler::Cancel(int64_t id) {
 bool Scheduler::Step() {
   Admit();
   if (running_.empty()) return false;
-  const KdaModel& model = runner_.model();
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel& model = runner_.model();
+  const int64_t hidden = model.geometry.hidden;
   const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(model.act_dtype);
 
   // Prefill first: every running request with prefill left gets a chunk while

@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "kda/base/bf16.h"
+#include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/kernels/q8.h"
+#include "kda/models/layer_family.h"
+#include "kda/models/layer_weights.h"
 
 namespace kda::testing {
 
@@ -71,14 +74,22 @@ inline void CopyCheckpointWithValue(const std::string& src_dir, const std::strin
   });
 }
 
-// Copies a one-file checkpoint with every KDA Linear projection
-// (`*.self_attn.{q,k,v,o,f_a,f_b,g_a,g_b,b}_proj.weight`, [out, in]) replaced
-// by its Q8 round trip DequantizeQ8(QuantizeQ8(w)), stored as F32 (exact):
-// the dense model that int8 weights must equal (kda/kernels/q8.h).
+// Copies a one-file checkpoint with every quantizable tensor of its layers'
+// tensor table (the Linear projections [out, in] of the config's layer
+// family) replaced by its Q8 round trip DequantizeQ8(QuantizeQ8(w)), stored as
+// F32 (exact): the dense model that int8 weights must equal (kda/kernels/q8.h).
 inline void WriteDequantizedCheckpoint(const std::string& src_dir, const std::string& dst_dir) {
-  CopyCheckpoint(src_dir, dst_dir, [](const TensorInfo& t, TensorCopy& c) {
+  const ModelConfig config = LoadModelConfig(src_dir);
+  const LayerFamily& family = LayerFamilyFor(config.model_type);
+  const TensorTable table = family.tensors(family.geometry(config));
+  CopyCheckpoint(src_dir, dst_dir, [&](const TensorInfo& t, TensorCopy& c) {
     const std::string& n = t.name;
-    if (n.find(".self_attn.") == std::string::npos || !n.ends_with("_proj.weight") || t.shape.size() != 2) return;
+    bool quantizable = false;
+    for (int layer : config.linear_layers) {
+      const std::string pre = "model.layers." + std::to_string(layer) + "." + family.layer_prefix;
+      for (const TensorSpec& spec : table) quantizable = quantizable || (spec.quantizable && n == pre + spec.name);
+    }
+    if (!quantizable) return;
     const std::vector<float> w = DequantizeQ8(QuantizeQ8(ToFloatVector(t), t.shape[0], t.shape[1], n));
     c.dtype = DType::kF32;
     c.bytes.resize(w.size() * sizeof(float));

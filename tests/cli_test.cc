@@ -300,7 +300,7 @@ TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   const std::string in = " --input " + mini_ + "/single_T8.safetensors";
   ExpectRefused("run --model " + mini_ + in + " --dtype float16", "dtype");
   ExpectRefused("run --model " + mini_ + in + " --kernel fast", "kernel");
-  ExpectRefused("run --model " + mini_ + in + " --layer 3", "not a KDA layer");
+  ExpectRefused("run --model " + mini_ + in + " --layer 3", "layer 3 is not a KimiDeltaAttention layer");
   ExpectRefused("run --model " + mini_ + in + " --layer 7", "out of range");
   ExpectRefused("run --model " + mini_ + in + " --layer -1", "out of range");
   ExpectRefused("run --model " + mini_ + in + " --bogus-flag", "bogus");

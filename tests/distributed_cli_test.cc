@@ -100,6 +100,10 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
   ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--tp 2", false);
   ExpectRunMatches(Np(2), "kda-mini", "varlen_initstate", "--tp 2 --kernel reference", true);
   ExpectRunMatches(Np(4), "kda-stress", "stress_varlen_initstate", "--tp 4", false);
+  // Gated DeltaNet: Qwen3.5's layout with GVA 3 and K != V, and gates to -55.
+  ExpectRunMatches(Np(2), "gdn-gva3", "varlen_initstate", "--tp 2", false);
+  ExpectRunMatches(Np(2), "gdn-loud", "loud_varlen_initstate", "--tp 2 --kernel reference", true);
+  ExpectRunMatches(Np(4), "gdn-mini", "varlen_initstate", "--tp 4", false);
 }
 
 // Chunked prefill, decode steps and fewer slots than sequences, every layout.

@@ -23,7 +23,11 @@
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/kernels/gemm_route.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/models/delta_rule_model.h"
+#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_weights.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/seeded_drafts.h"
 #include "tests/distributed_mpi_world.h"
@@ -206,29 +210,29 @@ TEST(DistributedLoading, EachRankReadsOnlyItsHeadsAndHoldsOnlyTheirStates) {
   const std::string dir = testing::GoldenDir() + "/kda-mini";
   KDA_REQUIRE_GOLDEN_PATH(dir);
   Communicator& w = MpiWorld();
-  const KimiLinearConfig config = LoadKimiLinearConfig(dir);
-  const KdaLayerShape full = KdaLayerShapeFromConfig(config);
+  const ModelConfig config = LoadModelConfig(dir);
+  const DeltaRuleGeometry full = testing::KdaGeometry(config);
   const Checkpoint ckpt = Checkpoint::Open(dir);
-  const KdaLayerWeights all = LoadKdaLayerWeights(ckpt, config, 0);
+  const LayerWeights all = testing::LoadKdaLayer(ckpt, config, 0);
   for (const Layout& l : Layouts(w.size())) {
     SCOPED_TRACE(Name(l));
     const ParallelGroups g(w, l.tp, l.dp);
-    const KdaHeadShard shard = MakeKdaHeadShard(full.H, g.tp_rank(), l.tp);
+    const HeadShard shard = MakeHeadShard(full.H, g.tp_rank(), l.tp);
     std::vector<TensorRead> reads;
-    const KdaLayerWeights mine = LoadKdaLayerWeights(ckpt, config, 0, shard, &reads);
+    const LayerWeights mine = testing::LoadKdaLayer(ckpt, config, 0, shard, &reads);
     EXPECT_EQ(testing::ByTensor(reads), testing::ExpectedShardReads(0, full, shard));
-    const KdaLayerWeights cut = ShardKdaLayerWeights(all, full, shard);
-    EXPECT_EQ(mine.q_proj, cut.q_proj);
-    EXPECT_EQ(mine.o_proj, cut.o_proj);
-    EXPECT_EQ(mine.A_log, cut.A_log);
-    EXPECT_EQ(mine.v_conv, cut.v_conv);
+    const LayerWeights cut = ShardLayerWeights(all, KimiDeltaAttentionTensors(full), shard);
+    EXPECT_EQ(mine.Dense("q_proj.weight"), cut.Dense("q_proj.weight"));
+    EXPECT_EQ(mine.Dense("o_proj.weight"), cut.Dense("o_proj.weight"));
+    EXPECT_EQ(mine.Dense("A_log"), cut.Dense("A_log"));
+    EXPECT_EQ(mine.Dense("v_conv1d.weight"), cut.Dense("v_conv1d.weight"));
 
-    const KdaModel model = KdaModel::Load(dir, DType::kBF16, std::nullopt, &g.tp());
-    EXPECT_EQ(model.shape.H, full.H / l.tp);
+    const DeltaRuleModel model = DeltaRuleModel::Load(dir, DType::kBF16, std::nullopt, &g.tp());
+    EXPECT_EQ(model.geometry.H, full.H / l.tp);
     EXPECT_EQ(model.heads.begin, shard.begin);
     const int L = model.num_layers();
-    const RecurrentStatePool pool(L, 3, model.shape, model.act_dtype);
-    const RecurrentStatePool whole(L, 3, model.full_shape(), model.act_dtype);
+    const RecurrentStatePool pool(L, 3, model.state_spec(), model.act_dtype);
+    const RecurrentStatePool whole(L, 3, model.full_geometry().state_spec(), model.act_dtype);
     EXPECT_EQ(pool.total_bytes() * l.tp, whole.total_bytes());
     // Every head is held by exactly one rank of each tp group.
     const int32_t mine_heads[2] = {shard.begin, shard.count};
@@ -252,8 +256,12 @@ struct GoldenCase {
 
 // Initial states, varlen and stress gates, and one sequence (so with dp > 1
 // some ranks serve nothing).
-constexpr GoldenCase kCases[] = {
-    {"kda-mini", "varlen_initstate"}, {"kda-stress", "stress_varlen_initstate"}, {"kda-mini", "single_T128"}};
+// Gated DeltaNet: a value head shards with its key head (gdn-mini: 4 key, 8 value heads).
+constexpr GoldenCase kCases[] = {{"kda-mini", "varlen_initstate"},
+                                 {"kda-stress", "stress_varlen_initstate"},
+                                 {"kda-mini", "single_T128"},
+                                 {"gdn-mini", "varlen_initstate"},
+                                 {"gdn-mini", "single_T128"}};
 
 TEST(DistributedServing, GoldenCasesMatchOnEveryLayout) {
   Communicator& w = MpiWorld();
@@ -287,18 +295,18 @@ TEST(DistributedServing, GoldenCasesMatchOnEveryLayout) {
         if (root) {
           SingleProcessCommunicator one;
           const ParallelGroups solo(one, 1, 1);
-          const KdaModel m = KdaModel::Load(dir, dt, 0);
+          const DeltaRuleModel m = DeltaRuleModel::Load(dir, dt, 0);
           single = testing::Flatten(
-              ServeParallel(m, solo, testing::GoldenRequests(in, m.full_shape(), served ? 9 : 0), opt).gathered, dt);
+              ServeParallel(m, solo, testing::GoldenRequests(in, m.full_geometry(), served ? 9 : 0), opt).gathered, dt);
         }
         for (const Layout& l : Layouts(w.size())) {
           const std::string what = std::string(c.model) + "/" + c.file + (f32 ? " fp32 " : " bf16 ") +
                                    (served ? "served " : "one-shot ") + Name(l);
           SCOPED_TRACE(what);
           const ParallelGroups g(w, l.tp, l.dp);
-          const KdaModel model = KdaModel::Load(dir, dt, 0, &g.tp());
+          const DeltaRuleModel model = DeltaRuleModel::Load(dir, dt, 0, &g.tp());
           const ParallelServeResult r =
-              ServeParallel(model, g, testing::GoldenRequests(in, model.full_shape(), served ? 9 : 0), opt);
+              ServeParallel(model, g, testing::GoldenRequests(in, model.full_geometry(), served ? 9 : 0), opt);
           if (!root) {
             EXPECT_TRUE(r.gathered.empty());
             continue;
@@ -335,11 +343,8 @@ TEST(DistributedServing, GoldenCasesMatchOnEveryLayout) {
 TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
   Communicator& w = MpiWorld();
   const bool root = w.rank() == 0;
-  KdaLayerShape shape;
-  shape.hidden = 64;
-  shape.H = 4;
-  shape.K = 32;
-  shape.W = 4;
+  const DeltaRuleGeometry shape = DeltaRuleGeometry::Kda(/*hidden=*/64, /*heads=*/4, /*head_dim=*/32, /*conv_width=*/4,
+                                                         /*eps=*/1e-5);
   struct Variant {
     DType dt;
     WeightFormat weights;
@@ -381,10 +386,10 @@ TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
     if (root) {
       SingleProcessCommunicator one;
       const ParallelGroups solo(one, 1, 1);
-      const KdaModel m = KdaModel::Random(shape, 2, v.dt, 17, nullptr, v.weights);
+      const DeltaRuleModel m = DeltaRuleModel::Random("kimi_linear", shape, 2, v.dt, 17, nullptr, v.weights);
       want = testing::Flatten(ServeParallel(m, solo, plain, opt).gathered, v.dt);
       if (!f32) {
-        const KdaModel mx = KdaModel::Random(shape, 2, DType::kF32, 17, nullptr, v.weights);
+        const DeltaRuleModel mx = DeltaRuleModel::Random("kimi_linear", shape, 2, DType::kF32, 17, nullptr, v.weights);
         std::vector<ActBuffer> xin;
         std::vector<ServeRequest> xreqs = plain;
         for (int i = 0; i < kRequests; ++i) {
@@ -411,7 +416,7 @@ TEST(DistributedServing, SpeculativeMatchesPlainDecodeOnEveryLayout) {
       SCOPED_TRACE(std::string(f32 ? "fp32 " : "bf16 ") + (v.weights == WeightFormat::kInt8 ? "int8 " : "dense ") +
                    Name(l));
       const ParallelGroups g(w, l.tp, l.dp);
-      const KdaModel model = KdaModel::Random(shape, 2, v.dt, 17, &g.tp(), v.weights);
+      const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", shape, 2, v.dt, 17, &g.tp(), v.weights);
       const ParallelServeResult r = ServeParallel(model, g, seen, opt);
       if (l.dp == 1) {  // with dp > 1 a rank serves only some of the requests
         for (size_t a = 0; a < accepted.size(); ++a) EXPECT_TRUE(accepted[a]) << "accepted count " << a;

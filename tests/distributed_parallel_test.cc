@@ -20,6 +20,10 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
+#include "kda/layers/delta_rule_geometry.h"
+#include "kda/models/delta_rule_model.h"
+#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_weights.h"
 #include "kda/serving/parallel.h"
 #include "tests/distributed_util.h"
 #include "tests/error_util.h"
@@ -91,21 +95,19 @@ TEST(Communicator, Bf16AllReduceRoundsTheFp32SumOnce) {
 
 // ------------------------------------------------------------------ shards
 
-TEST(KdaHeadShard, SplitsHeadsEvenlyOrRefuses) {
-  const KdaHeadShard s = MakeKdaHeadShard(32, 3, 4);
+TEST(HeadShard, SplitsHeadsEvenlyOrRefuses) {
+  const HeadShard s = MakeHeadShard(32, 3, 4);
   EXPECT_EQ(s.begin, 24);
   EXPECT_EQ(s.count, 8);
   EXPECT_EQ(s.total, 32);
-  const std::string e = ErrorOf([] { MakeKdaHeadShard(4, 0, 3); });
+  const std::string e = ErrorOf([] { MakeHeadShard(4, 0, 3); });
   EXPECT_NE(e.find("4 heads"), std::string::npos) << e;
   EXPECT_NE(e.find("--tp 3"), std::string::npos) << e;
-  EXPECT_NE(ErrorOf([] { MakeKdaHeadShard(4, 2, 2); }).find("out of range"), std::string::npos);
-  KdaLayerShape full;
-  full.hidden = 64;
-  full.H = 4;
-  full.K = 16;
-  full.W = 4;
-  EXPECT_EQ(ShardLayerShape(full, MakeKdaHeadShard(4, 1, 2)).H, 2);
+  EXPECT_NE(ErrorOf([] { MakeHeadShard(4, 2, 2); }).find("out of range"), std::string::npos);
+  const DeltaRuleGeometry full = DeltaRuleGeometry::Kda(/*hidden=*/64, /*heads=*/4, /*head_dim=*/16,
+                                                        /*conv_width=*/4, /*eps=*/1e-5);
+  const HeadShard half = MakeHeadShard(4, 1, 2);
+  EXPECT_EQ(full.Shard(half.begin, half.count).H, 2);
 }
 
 // Each tp rank reads exactly its slices (rows of its heads; o_proj's input
@@ -114,48 +116,51 @@ TEST(KdaHeadShard, SplitsHeadsEvenlyOrRefuses) {
 TEST(ShardedLoading, EachRankReadsOnlyItsSlices) {
   const std::string dir = testing::GoldenDir() + "/kda-mini";
   KDA_REQUIRE_GOLDEN_PATH(dir);
-  const KimiLinearConfig config = LoadKimiLinearConfig(dir);
-  const KdaLayerShape full = KdaLayerShapeFromConfig(config);
+  const ModelConfig config = LoadModelConfig(dir);
+  const DeltaRuleGeometry full = testing::KdaGeometry(config);
+  const TensorTable table = KimiDeltaAttentionTensors(full);
   const Checkpoint ckpt = Checkpoint::Open(dir);
   std::vector<TensorRead> all_reads;
-  const KdaLayerWeights all = LoadKdaLayerWeights(ckpt, config, 0, MakeKdaHeadShard(full.H, 0, 1), &all_reads);
-  EXPECT_EQ(testing::ByTensor(all_reads), testing::ExpectedShardReads(0, full, MakeKdaHeadShard(full.H, 0, 1)));
-  EXPECT_EQ(all.o_proj, LoadKdaLayerWeights(ckpt, config, 0).o_proj);
+  const LayerWeights all = testing::LoadKdaLayer(ckpt, config, 0, MakeHeadShard(full.H, 0, 1), &all_reads);
+  EXPECT_EQ(testing::ByTensor(all_reads), testing::ExpectedShardReads(0, full, MakeHeadShard(full.H, 0, 1)));
+  EXPECT_EQ(all.Dense("o_proj.weight"), testing::LoadKdaLayer(ckpt, config, 0).Dense("o_proj.weight"));
   for (int tp : {2, 4}) {
     std::map<std::string, int64_t> read_per_tensor;
     for (int rank = 0; rank < tp; ++rank) {
       SCOPED_TRACE("tp " + std::to_string(tp) + " rank " + std::to_string(rank));
-      const KdaHeadShard shard = MakeKdaHeadShard(full.H, rank, tp);
+      const HeadShard shard = MakeHeadShard(full.H, rank, tp);
       std::vector<TensorRead> reads;
-      const KdaLayerWeights w = LoadKdaLayerWeights(ckpt, config, 0, shard, &reads);
+      const LayerWeights w = testing::LoadKdaLayer(ckpt, config, 0, shard, &reads);
       EXPECT_EQ(testing::ByTensor(reads), testing::ExpectedShardReads(0, full, shard));
       for (const TensorRead& r : reads) read_per_tensor[r.name] += r.end - r.begin;
-      const KdaLayerWeights cut = ShardKdaLayerWeights(all, full, shard);
-      EXPECT_EQ(w.q_proj, cut.q_proj);
-      EXPECT_EQ(w.k_proj, cut.k_proj);
-      EXPECT_EQ(w.v_proj, cut.v_proj);
-      EXPECT_EQ(w.q_conv, cut.q_conv);
-      EXPECT_EQ(w.k_conv, cut.k_conv);
-      EXPECT_EQ(w.v_conv, cut.v_conv);
-      EXPECT_EQ(w.f_a_proj, all.f_a_proj);
-      EXPECT_EQ(w.f_b_proj, cut.f_b_proj);
-      EXPECT_EQ(w.b_proj, cut.b_proj);
-      EXPECT_EQ(w.g_a_proj, all.g_a_proj);
-      EXPECT_EQ(w.g_b_proj, cut.g_b_proj);
-      EXPECT_EQ(w.A_log, cut.A_log);
-      EXPECT_EQ(w.dt_bias, cut.dt_bias);
-      EXPECT_EQ(w.o_norm, all.o_norm);
-      EXPECT_EQ(w.o_proj, cut.o_proj);
+      const LayerWeights cut = ShardLayerWeights(all, table, shard);
+      EXPECT_EQ(w.Dense("q_proj.weight"), cut.Dense("q_proj.weight"));
+      EXPECT_EQ(w.Dense("k_proj.weight"), cut.Dense("k_proj.weight"));
+      EXPECT_EQ(w.Dense("v_proj.weight"), cut.Dense("v_proj.weight"));
+      EXPECT_EQ(w.Dense("q_conv1d.weight"), cut.Dense("q_conv1d.weight"));
+      EXPECT_EQ(w.Dense("k_conv1d.weight"), cut.Dense("k_conv1d.weight"));
+      EXPECT_EQ(w.Dense("v_conv1d.weight"), cut.Dense("v_conv1d.weight"));
+      EXPECT_EQ(w.Dense("f_a_proj.weight"), all.Dense("f_a_proj.weight"));
+      EXPECT_EQ(w.Dense("f_b_proj.weight"), cut.Dense("f_b_proj.weight"));
+      EXPECT_EQ(w.Dense("b_proj.weight"), cut.Dense("b_proj.weight"));
+      EXPECT_EQ(w.Dense("g_a_proj.weight"), all.Dense("g_a_proj.weight"));
+      EXPECT_EQ(w.Dense("g_b_proj.weight"), cut.Dense("g_b_proj.weight"));
+      EXPECT_EQ(w.Dense("A_log"), cut.Dense("A_log"));
+      EXPECT_EQ(w.Dense("dt_bias"), cut.Dense("dt_bias"));
+      EXPECT_EQ(w.Dense("o_norm.weight"), all.Dense("o_norm.weight"));
+      EXPECT_EQ(w.Dense("o_proj.weight"), cut.Dense("o_proj.weight"));
       // o_proj [hidden, P]: row 1 of the shard is row 1's columns of its heads.
+      const std::vector<float>& w_o = w.Dense("o_proj.weight");
+      const std::vector<float>& all_o = all.Dense("o_proj.weight");
       const int64_t ps = int64_t{shard.count} * full.K;
-      EXPECT_TRUE(std::equal(w.o_proj.begin() + ps, w.o_proj.begin() + 2 * ps,
-                             all.o_proj.begin() + full.P() + int64_t{shard.begin} * full.K));
-      EXPECT_EQ(static_cast<int64_t>(w.A_log.size()), shard.count);
+      EXPECT_TRUE(std::equal(w_o.begin() + ps, w_o.begin() + 2 * ps,
+                             all_o.begin() + full.key_dim() + int64_t{shard.begin} * full.K));
+      EXPECT_EQ(static_cast<int64_t>(w.Dense("A_log").size()), shard.count);
     }
     // Sharded tensors are read once over the group, replicated ones by every rank.
     const std::string pre = "model.layers.0.self_attn.";
-    EXPECT_EQ(read_per_tensor[pre + "q_proj.weight"], full.P() * full.hidden);
-    EXPECT_EQ(read_per_tensor[pre + "o_proj.weight"], full.P() * full.hidden);
+    EXPECT_EQ(read_per_tensor[pre + "q_proj.weight"], full.key_dim() * full.hidden);
+    EXPECT_EQ(read_per_tensor[pre + "o_proj.weight"], full.key_dim() * full.hidden);
     EXPECT_EQ(read_per_tensor[pre + "A_log"], full.H);
     EXPECT_EQ(read_per_tensor[pre + "f_a_proj.weight"], tp * full.K * full.hidden);
   }
@@ -169,19 +174,20 @@ TEST(ShardedLoading, ModelLoadRefusesHeadsThatDoNotDivide) {
     int size() const override { return 3; }
   };
   FakeGroup three;
-  const std::string e = ErrorOf([&] { KdaModel::Load(dir, DType::kF32, std::nullopt, &three); });
+  const std::string e = ErrorOf([&] { DeltaRuleModel::Load(dir, DType::kF32, std::nullopt, &three); });
   EXPECT_NE(e.find("cannot be split evenly over --tp 3"), std::string::npos) << e;
 }
 
 // ------------------------------------------------------------------ layouts
 
 TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
-  const KdaLayerShape full{.H = 4, .K = 16, .W = 4};
+  const DeltaRuleGeometry full = DeltaRuleGeometry::Kda(/*hidden=*/0, /*heads=*/4, /*head_dim=*/16, /*conv_width=*/4,
+                                                        /*eps=*/1e-5);
   const int L = 2;
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0F, 1.0F);
-  std::vector<float> rec(static_cast<size_t>(L * full.RecurrentStateSize()));
-  std::vector<float> conv(static_cast<size_t>(L * full.ConvStateSize()));
+  std::vector<float> rec(static_cast<size_t>(L * full.state_spec().recurrent_size()));
+  std::vector<float> conv(static_cast<size_t>(L * full.state_spec().conv_size()));
   for (float& v : rec) v = u(rng);
   for (float& v : conv) v = u(rng);
   const int64_t P = int64_t{full.H} * full.K;
@@ -189,7 +195,7 @@ TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
     std::vector<float> rec_back(rec.size(), 0.0F);
     std::vector<float> conv_back(conv.size(), 0.0F);
     for (int r = 0; r < tp; ++r) {
-      const KdaHeadShard s = MakeKdaHeadShard(full.H, r, tp);
+      const HeadShard s = MakeHeadShard(full.H, r, tp);
       const std::vector<float> rs = ExtractRecurrentShard(rec.data(), L, full, s);
       const std::vector<uint8_t> cs = ExtractConvShard(conv.data(), sizeof(float), L, full, s);
       const int64_t ps = int64_t{s.count} * full.K;
@@ -256,14 +262,14 @@ TEST(ParallelServing, OneProcessMatchesGolden) {
   const SafetensorsFile golden = SafetensorsFile::Open(path);
   SingleProcessCommunicator one;
   const ParallelGroups g(one, 1, 1);
-  const KdaModel model = KdaModel::Load(dir, DType::kF32, 0, &g.tp());
+  const DeltaRuleModel model = DeltaRuleModel::Load(dir, DType::kF32, 0, &g.tp());
   EXPECT_EQ(model.tp, nullptr);
   EXPECT_EQ(model.heads.count, model.heads.total);
   const testing::GoldenInput in = testing::ReadGoldenInput(golden, DType::kF32);
   ParallelServeOptions opt;
   opt.scheduler.prefill_chunk = 5;
   opt.scheduler.max_running = 1;
-  const ParallelServeResult r = ServeParallel(model, g, testing::GoldenRequests(in, model.full_shape(), 3), opt);
+  const ParallelServeResult r = ServeParallel(model, g, testing::GoldenRequests(in, model.full_geometry(), 3), opt);
   EXPECT_EQ(r.pool_capacity, 1);
   ASSERT_EQ(r.gathered.size(), in.cu.size() - 1);
   const testing::Flat f = testing::Flatten(r.gathered, DType::kF32);

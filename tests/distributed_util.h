@@ -1,29 +1,52 @@
-// Helpers shared by the tensor/data-parallel tests: the element runs a
-// sharded load must read, and golden cases as served requests.
+// Helpers shared by the tensor/data-parallel tests: a KDA layer's weights
+// loaded whole or by head shard, the element runs a sharded load must read,
+// and golden cases as served requests.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "kda/io/checkpoint.h"
+#include "kda/io/config.h"
 #include "kda/io/safetensors.h"
-#include "kda/models/weights.h"
+#include "kda/layers/delta_rule_geometry.h"
+#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_family.h"
+#include "kda/models/layer_weights.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda::testing {
 
 using Runs = std::vector<std::pair<int64_t, int64_t>>;  // [begin, end) element runs
 
+// The config's KDA layer geometry (the full layer's, all heads).
+inline DeltaRuleGeometry KdaGeometry(const ModelConfig& config) {
+  return LayerFamilyFor(config.model_type).geometry(config);
+}
+
+// Layer `layer`'s KDA weights (model.layers.{layer}.self_attn.*) as a model
+// loads them: only `shard`'s heads (the whole layer without one); `reads`
+// (optional) receives the runs of elements read.
+inline LayerWeights LoadKdaLayer(const Checkpoint& ckpt, const ModelConfig& config, int layer,
+                                 const std::optional<HeadShard>& shard = std::nullopt,
+                                 std::vector<TensorRead>* reads = nullptr) {
+  const DeltaRuleGeometry full = KdaGeometry(config);
+  return LoadLayerWeights(ckpt, "model.layers." + std::to_string(layer) + ".self_attn.",
+                          KimiDeltaAttentionTensors(full), shard.value_or(MakeHeadShard(full.H, 0, 1)), reads);
+}
+
 // Tensor name -> the runs of elements the shard's load must read (and nothing
-// else) for layer `layer` of a model of shape `s` (the full shape).
-inline std::map<std::string, Runs> ExpectedShardReads(int layer, const KdaLayerShape& s, const KdaHeadShard& shard) {
+// else) for KDA layer `layer` of a model of geometry `s` (the full layer's).
+inline std::map<std::string, Runs> ExpectedShardReads(int layer, const DeltaRuleGeometry& s, const HeadShard& shard) {
   const std::string pre = "model.layers." + std::to_string(layer) + ".self_attn.";
   const int64_t hid = s.hidden;
   const int64_t k = s.K;
-  const int64_t p = s.P();
+  const int64_t p = s.key_dim();
   const int64_t h0 = shard.begin;
   const int64_t h1 = shard.begin + shard.count;
   const int64_t p0 = h0 * k;
@@ -81,7 +104,7 @@ inline GoldenInput ReadGoldenInput(const SafetensorsFile& f, DType dt) {
 
 // One request per sequence (one layer: state layouts [1, ...] = [...]); the
 // last `decode_tokens` rows of each go as DECODE steps.
-inline std::vector<ServeRequest> GoldenRequests(const GoldenInput& in, const KdaLayerShape& full,
+inline std::vector<ServeRequest> GoldenRequests(const GoldenInput& in, const DeltaRuleGeometry& full,
                                                 int64_t decode_tokens) {
   std::vector<ServeRequest> reqs;
   for (size_t n = 0; n + 1 < in.cu.size(); ++n) {
@@ -91,8 +114,8 @@ inline std::vector<ServeRequest> GoldenRequests(const GoldenInput& in, const Kda
     r.length = in.cu[n + 1] - in.cu[n];
     r.decode_tokens = decode_tokens;
     if (in.has_initial) {
-      r.initial_recurrent = in.rec.data() + static_cast<int64_t>(n) * full.RecurrentStateSize();
-      r.initial_conv = Offset(in.conv.view(), static_cast<int64_t>(n) * full.ConvStateSize()).data;
+      r.initial_recurrent = in.rec.data() + static_cast<int64_t>(n) * full.state_spec().recurrent_size();
+      r.initial_conv = Offset(in.conv.view(), static_cast<int64_t>(n) * full.state_spec().conv_size()).data;
     }
     reqs.push_back(r);
   }

@@ -1,6 +1,6 @@
 // Int8 projection weights in the whole layer, tested exactly (design §5): the
 // kInt8 layer against the existing layer built from the dequantized weights
-// (DequantizeKdaLayerWeights), with the fp32 rule in the fp32 pipeline and
+// (DequantizeLayerWeights), with the fp32 rule in the fp32 pipeline and
 // bf16 rule v2 in the bf16 pipeline (r: the bf16 layer on the dequantized
 // weights; x: the fp32 layer on them), on golden cases at the mini and the
 // real shapes. Each case runs the whole packed batch (large M: the
@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,15 @@
 #include "kda/io/safetensors.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/q8.h"
-#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/models/kimi_delta_attention.h"
-#include "kda/models/weights.h"
+#include "kda/models/layer_family.h"
+#include "kda/models/layer_weights.h"
 #include "tests/golden.h"
 #include "tests/layer_states.h"
 #include "tests/tolerance.h"
@@ -56,10 +60,13 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
     const std::string dir = testing::GoldenSetDir(GetParam().dir);
     const std::string file = dir + "/" + GetParam().name + ".safetensors";
     KDA_REQUIRE_GOLDEN_PATH(file);
-    const KimiLinearConfig config = LoadKimiLinearConfig(dir);
-    shape_ = KdaLayerShapeFromConfig(config);
-    weights_ = LoadKdaLayerWeights(Checkpoint::Open(dir), config, 0);
-    deq_ = DequantizeKdaLayerWeights(weights_, shape_);
+    const ModelConfig config = LoadModelConfig(dir);
+    family_ = &LayerFamilyFor(config.model_type);
+    shape_ = family_->geometry(config);
+    const Checkpoint ckpt = Checkpoint::Open(dir);
+    const TensorTable table = family_->tensors(shape_);
+    weights_ = LoadLayerWeights(ckpt, LayerKeyPrefix(ckpt, *family_, 0), table, MakeHeadShard(shape_.H, 0, 1));
+    deq_ = DequantizeLayerWeights(weights_, table);
     const SafetensorsFile f = SafetensorsFile::Open(file);
     x_ = ToFloatVector(f.Get("hidden_states"));
     cu_ = ToInt64Vector(f.Get("cu_seqlens"));
@@ -75,15 +82,16 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
 
   // One EXTEND step of the sequences [cu[n], cu[n+1]) (first_token_only: only
   // each sequence's first token), seeded with the case's initial states.
-  Result Run(const KdaLayerWeights& w, DType dtype, WeightFormat format, bool first_token_only) const {
-    const KimiDeltaAttention attn(0, shape_, w, dtype, nullptr, format);
+  Result Run(const LayerWeights& w, DType dtype, WeightFormat format, bool first_token_only) const {
+    const std::unique_ptr<DeltaRuleLayer> layer = family_->make_layer(0, shape_, w, dtype, nullptr, format);
+    const DeltaRuleLayer& attn = *layer;
     EXPECT_EQ(attn.weights_format(), format);
     const int64_t n_seq = static_cast<int64_t>(cu_.size()) - 1;
-    RecurrentStatePool pool(1, n_seq, shape_, dtype);
+    RecurrentStatePool pool(1, n_seq, shape_.state_spec(), dtype);
     HybridReqToTokenPool req_pool(&pool);
-    KDAAttnBackend backend({&pool, &req_pool}, KernelImpl::kReference);
-    const int64_t rs = shape_.RecurrentStateSize();
-    const int64_t cs = shape_.ConvStateSize();
+    DeltaRuleAttnBackend backend({&pool, &req_pool}, KernelImpl::kReference);
+    const int64_t rs = shape_.state_spec().recurrent_size();
+    const int64_t cs = shape_.state_spec().conv_size();
     const int64_t hid = shape_.hidden;
     ForwardBatch batch;
     batch.mode = ForwardMode::kExtend;
@@ -135,8 +143,9 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
               << RelL2(a16.out, b16.out) << "; recurrent state relL2 " << RelL2(a32.rec, b32.rec) << "\n";
   }
 
-  KdaLayerShape shape_;
-  KdaLayerWeights weights_, deq_;
+  const LayerFamily* family_ = nullptr;
+  DeltaRuleGeometry shape_;
+  LayerWeights weights_, deq_;
   std::vector<float> x_, init_rec_, init_conv_;
   std::vector<int64_t> cu_;
 };
@@ -145,21 +154,19 @@ TEST_P(Int8LayerTest, WholeBatchEqualsLayerOnDequantizedWeights) { CheckBothPipe
 
 TEST_P(Int8LayerTest, OneTokenPerSequenceEqualsLayerOnDequantizedWeights) { CheckBothPipelines(true); }
 
-INSTANTIATE_TEST_SUITE_P(Golden, Int8LayerTest,
-                         ::testing::Values(Int8Case{"kda-mini", "single_T1"}, Int8Case{"kda-mini", "single_T64"},
-                                           Int8Case{"kda-mini", "varlen_initstate"},
-                                           Int8Case{"kda-loud", "loud_varlen_initstate"},
-                                           Int8Case{"kda-stress", "stress_varlen_initstate"},
-                                           Int8Case{"generated/kda-real", "real_varlen_initstate"}),
-                         testing::GoldenCaseName);
+INSTANTIATE_TEST_SUITE_P(
+    Golden, Int8LayerTest,
+    ::testing::Values(Int8Case{"kda-mini", "single_T1"}, Int8Case{"kda-mini", "single_T64"},
+                      Int8Case{"kda-mini", "varlen_initstate"}, Int8Case{"kda-loud", "loud_varlen_initstate"},
+                      Int8Case{"kda-stress", "stress_varlen_initstate"},
+                      Int8Case{"generated/kda-real", "real_varlen_initstate"}, Int8Case{"gdn-mini", "varlen_initstate"},
+                      Int8Case{"gdn-gva3", "varlen_initstate"}, Int8Case{"gdn-loud", "loud_varlen_initstate"}),
+    testing::GoldenCaseName);
 
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {
-  KdaLayerShape s;
-  s.hidden = 48;
-  s.H = 2;
-  s.K = 32;
-  s.W = 4;
-  const KdaLayerWeights w = RandomKdaLayerWeights(s, 1);
+  const DeltaRuleGeometry s = DeltaRuleGeometry::Kda(/*hidden=*/48, /*heads=*/2, /*head_dim=*/32, /*conv_width=*/4,
+                                                     /*eps=*/1e-5);
+  const LayerWeights w = RandomLayerWeights(KimiDeltaAttentionTensors(s), 1);
   try {
     KimiDeltaAttention attn(0, s, w, DType::kF32, nullptr, WeightFormat::kInt8);
     ADD_FAILURE() << "no error";

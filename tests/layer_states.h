@@ -12,12 +12,12 @@
 namespace kda::testing {
 
 // Layer 0's states of requests 0 .. n-1, as fp32, appended one request after
-// another: recurrent [n, H, K, V] to `rec`, conv [n, W-1, 3P] (stored as
-// conv_dtype) to `conv`.
+// another: recurrent [n, HV, K, V] to `rec`, conv [n, W-1, C] (C conv
+// channels, stored as conv_dtype) to `conv`.
 inline void AppendLayerStates(const RecurrentStatePool& pool, const HybridReqToTokenPool& req_pool, int64_t n,
                               DType conv_dtype, std::vector<float>& rec, std::vector<float>& conv) {
-  const int64_t rs = pool.shape().RecurrentStateSize();
-  ActBuffer tail(conv_dtype, pool.shape().ConvStateSize());
+  const int64_t rs = pool.spec().recurrent_size();
+  ActBuffer tail(conv_dtype, pool.spec().conv_size());
   std::vector<float> state(static_cast<size_t>(rs));
   for (int64_t i = 0; i < n; ++i) {
     pool.GetLayerState(0, req_pool.SlotOf(i), state.data(), tail.data());

@@ -15,7 +15,11 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/radix_state_cache.h"
+#include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"
 #include "tests/tolerance.h"
@@ -27,7 +31,9 @@ using testing::AllCloseF32;
 using testing::AllCloseStateF32;
 using testing::ErrorOf;
 
-const KdaLayerShape kTiny{.hidden = 48, .H = 2, .K = 16, .W = 4};
+const DeltaRuleGeometry kTiny = DeltaRuleGeometry::Kda(/*hidden=*/48, /*heads=*/2, /*head_dim=*/16, /*conv_width=*/4,
+                                                       /*eps=*/1e-5);
+const RecurrentStateSpec kTinySpec = kTiny.state_spec();
 
 std::vector<int32_t> Iota(int64_t n, int32_t first = 0) {
   std::vector<int32_t> v(static_cast<size_t>(n));
@@ -57,12 +63,12 @@ int64_t MatchLength(RadixStateCache& c, const std::vector<int32_t>& tokens, int6
   return s->length;
 }
 
-int64_t Budget(int snapshots) { return snapshots * RadixStateCache::SnapshotBytes(2, kTiny, DType::kF32); }
+int64_t Budget(int snapshots) { return snapshots * RadixStateCache::SnapshotBytes(2, kTinySpec, DType::kF32); }
 
 // ------------------------------------------------------------ the cache alone
 
 TEST(RadixStateCache, HitMissAndPartialHit) {
-  RadixStateCache c(2, kTiny, DType::kF32, Budget(8));
+  RadixStateCache c(2, kTinySpec, DType::kF32, Budget(8));
   EXPECT_EQ(c.capacity(), 8);
   const std::vector<int32_t> a = Iota(300);
   EXPECT_EQ(MatchLength(c, a, 300), 0);  // empty cache: miss
@@ -88,7 +94,7 @@ TEST(RadixStateCache, HitMissAndPartialHit) {
 
 TEST(RadixStateCache, BranchingConversationsShareTheirCommonSnapshots) {
   // Two prompts diverging at token 700: the second reuses the 512 snapshot of the first.
-  RadixStateCache c(2, kTiny, DType::kF32, Budget(16));
+  RadixStateCache c(2, kTinySpec, DType::kF32, Budget(16));
   const std::vector<int32_t> a = Iota(1000);
   std::vector<int32_t> b = a;
   for (size_t i = 700; i < b.size(); ++i) b[i] = static_cast<int32_t>(5000 + i);
@@ -108,7 +114,7 @@ TEST(RadixStateCache, BranchingConversationsShareTheirCommonSnapshots) {
 }
 
 TEST(RadixStateCache, EvictsLeastRecentlyUsedAndKeepsTombstones) {
-  RadixStateCache c(2, kTiny, DType::kF32, Budget(2));
+  RadixStateCache c(2, kTinySpec, DType::kF32, Budget(2));
   const std::vector<int32_t> a = Iota(1000);
   ASSERT_TRUE(Put(c, a, 256, 1.0F));
   ASSERT_TRUE(Put(c, a, 512, 2.0F));
@@ -137,7 +143,7 @@ TEST(RadixStateCache, EvictsLeastRecentlyUsedAndKeepsTombstones) {
 }
 
 TEST(RadixStateCache, LockedSnapshotsAreNeverEvictedNorReservedOnesVisible) {
-  RadixStateCache c(2, kTiny, DType::kF32, Budget(1));
+  RadixStateCache c(2, kTinySpec, DType::kF32, Budget(1));
   const std::vector<int32_t> a = Iota(300);
   const std::vector<int32_t> b = Iota(300, 1000);
   ASSERT_TRUE(Put(c, a, 256, 1.0F));
@@ -161,14 +167,14 @@ TEST(RadixStateCache, LockedSnapshotsAreNeverEvictedNorReservedOnesVisible) {
 
 TEST(RadixStateCache, ZeroBudgetCachesNothing) {
   for (int64_t budget : {int64_t{0}, Budget(1) - 1}) {
-    RadixStateCache c(2, kTiny, DType::kF32, budget);
+    RadixStateCache c(2, kTinySpec, DType::kF32, budget);
     const std::vector<int32_t> a = Iota(300);
     EXPECT_FALSE(c.enabled());
     EXPECT_FALSE(c.Reserve(a.data(), 256).has_value());
     EXPECT_FALSE(c.Match(a.data(), 300).has_value());
     EXPECT_EQ(c.num_nodes(), 1);
   }
-  EXPECT_NE(ErrorOf([] { RadixStateCache(2, kTiny, DType::kF32, -1); }).find("budget"), std::string::npos);
+  EXPECT_NE(ErrorOf([] { RadixStateCache(2, kTinySpec, DType::kF32, -1); }).find("budget"), std::string::npos);
 }
 
 // ------------------------------------------------------------ the scheduler
@@ -207,8 +213,10 @@ struct Req {
 // conversation turns do) or all at once, with or without a cache.
 class Server {
  public:
-  Server(const KdaModel& model, int64_t slots, RadixStateCache* cache, SchedulerConfig cfg = {})
-      : pool_(model.num_layers(), slots, model.shape, model.act_dtype), req_(&pool_), runner_(model, {&pool_, &req_}) {
+  Server(const DeltaRuleModel& model, int64_t slots, RadixStateCache* cache, SchedulerConfig cfg = {})
+      : pool_(model.num_layers(), slots, model.state_spec(), model.act_dtype),
+        req_(&pool_),
+        runner_(model, {&pool_, &req_}) {
     cfg.prefix_cache = cache;
     sched_ = std::make_unique<Scheduler>(runner_, cfg);
   }
@@ -272,9 +280,18 @@ class Server {
   return ::testing::AssertionSuccess();
 }
 
-class PrefixServing : public ::testing::Test {
+// A tiny layer of each family: KDA, and Gated DeltaNet with GVA 2 and K != V.
+DeltaRuleGeometry TinyOf(const std::string& model_type) {
+  if (model_type == "kimi_linear") return kTiny;
+  return DeltaRuleGeometry::Gdn(kTiny.hidden, /*key_heads=*/2, /*value_heads=*/4, /*head_k_dim=*/16,
+                                /*head_v_dim=*/8, /*conv_width=*/4, /*eps=*/1e-6);
+}
+
+class PrefixServing : public ::testing::TestWithParam<std::string> {
  protected:
-  PrefixServing() : model_(KdaModel::Random(kTiny, 2, DType::kF32, 21)), emb_(64, kTiny.hidden, DType::kF32) {}
+  PrefixServing()
+      : model_(DeltaRuleModel::Random(GetParam(), TinyOf(GetParam()), 2, DType::kF32, 21)),
+        emb_(64, kTiny.hidden, DType::kF32) {}
 
   Req Make(std::vector<int32_t> ids, int64_t decode = 0) const {
     Req r;
@@ -296,12 +313,17 @@ class PrefixServing : public ::testing::Test {
     return s.Results().at(0);
   }
 
-  KdaModel model_;
+  // Bytes of `snapshots` snapshots of the model's two layers.
+  int64_t ModelBudget(int snapshots) const {
+    return snapshots * RadixStateCache::SnapshotBytes(2, model_.state_spec(), DType::kF32);
+  }
+
+  DeltaRuleModel model_;
   Embedding emb_;
 };
 
-TEST_F(PrefixServing, HitsPartialHitsAndWholeRequestHitsMatchUncachedRuns) {
-  RadixStateCache cache(2, kTiny, DType::kF32, Budget(64));
+TEST_P(PrefixServing, HitsPartialHitsAndWholeRequestHitsMatchUncachedRuns) {
+  RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(64));
   SchedulerConfig cfg;
   cfg.snapshot_interval = 64;
   Server s(model_, 4, &cache, cfg);
@@ -334,9 +356,9 @@ TEST_F(PrefixServing, HitsPartialHitsAndWholeRequestHitsMatchUncachedRuns) {
   EXPECT_EQ(s.pool().num_free(), 4);
 }
 
-TEST_F(PrefixServing, BranchingConversationReusesTheCommonSnapshot) {
+TEST_P(PrefixServing, BranchingConversationReusesTheCommonSnapshot) {
   // Two prompts diverging at token 700 (interval 256): the second starts from 512.
-  RadixStateCache cache(2, kTiny, DType::kF32, Budget(64));
+  RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(64));
   Server s(model_, 2, &cache);
   std::vector<int32_t> a = RandomIds(900, 4);
   std::vector<int32_t> b = a;
@@ -350,8 +372,8 @@ TEST_F(PrefixServing, BranchingConversationReusesTheCommonSnapshot) {
   EXPECT_TRUE(SameResult(got, Uncached(rb), kTiny.hidden));
 }
 
-TEST_F(PrefixServing, NextTurnReusesThePreviousTurnWithItsDecodedTokens) {
-  RadixStateCache cache(2, kTiny, DType::kF32, Budget(64));
+TEST_P(PrefixServing, NextTurnReusesThePreviousTurnWithItsDecodedTokens) {
+  RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(64));
   SchedulerConfig cfg;
   cfg.prefill_chunk = 100;  // segments not aligned to the snapshot points
   Server s(model_, 2, &cache, cfg);
@@ -378,11 +400,11 @@ TEST_F(PrefixServing, NextTurnReusesThePreviousTurnWithItsDecodedTokens) {
   }
 }
 
-TEST_F(PrefixServing, RequestsWithoutIdsAndAZeroBudgetAreNeverCached) {
+TEST_P(PrefixServing, RequestsWithoutIdsAndAZeroBudgetAreNeverCached) {
   const Req r = Make(RandomIds(300, 7));
   const RequestResult want = Uncached(r);
   {
-    RadixStateCache cache(2, kTiny, DType::kF32, Budget(64));
+    RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(64));
     Server s(model_, 2, &cache);
     const RequestResult got = s.ServeAfter(r, r, false);
     EXPECT_EQ(got.cached_tokens, 0);
@@ -390,7 +412,7 @@ TEST_F(PrefixServing, RequestsWithoutIdsAndAZeroBudgetAreNeverCached) {
     EXPECT_EQ(cache.num_snapshots(), 0);
   }
   {
-    RadixStateCache cache(2, kTiny, DType::kF32, 0);
+    RadixStateCache cache(2, model_.state_spec(), DType::kF32, 0);
     Server s(model_, 2, &cache);
     const RequestResult got = s.ServeAfter(r, r);
     EXPECT_EQ(got.cached_tokens, 0);
@@ -399,16 +421,16 @@ TEST_F(PrefixServing, RequestsWithoutIdsAndAZeroBudgetAreNeverCached) {
   }
 }
 
-TEST_F(PrefixServing, BadIntervalAndAMismatchedCacheAreRefused) {
-  RadixStateCache cache(2, kTiny, DType::kF32, Budget(4));
+TEST_P(PrefixServing, BadIntervalAndAMismatchedCacheAreRefused) {
+  RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(4));
   SchedulerConfig cfg;
   cfg.snapshot_interval = 100;
   EXPECT_NE(ErrorOf([&] { Server s(model_, 2, &cache, cfg); }).find("snapshot_interval"), std::string::npos);
-  RadixStateCache other(3, kTiny, DType::kF32, Budget(4));
+  RadixStateCache other(3, model_.state_spec(), DType::kF32, ModelBudget(4));
   EXPECT_NE(ErrorOf([&] { Server s(model_, 2, &other); }).find("prefix cache"), std::string::npos);
 }
 
-TEST_F(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
+TEST_P(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   // 1000 requests over a few shared prefixes with random tails, chunked
   // prefill, decodes, a small budget (evictions) and 6 slots: every result
   // equals its uncached run; no slot, lock or snapshot leaks.
@@ -425,7 +447,7 @@ TEST_F(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
     ids.insert(ids.end(), tail.begin(), tail.end());
     reqs.push_back(Make(ids, static_cast<int64_t>(rng() % 4)));
   }
-  RadixStateCache cache(2, kTiny, DType::kF32, Budget(32));
+  RadixStateCache cache(2, model_.state_spec(), DType::kF32, ModelBudget(32));
   SchedulerConfig cfg;
   cfg.snapshot_interval = 64;
   cfg.prefill_chunk = 45;
@@ -453,8 +475,11 @@ TEST_F(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   EXPECT_EQ(cached.pool().num_free(), 6);
   EXPECT_EQ(cache.num_locked(), 0);
   EXPECT_LE(cache.num_snapshots(), cache.capacity());
-  EXPECT_LE(cache.peak_bytes(), Budget(32));
+  EXPECT_LE(cache.peak_bytes(), ModelBudget(32));
 }
+
+INSTANTIATE_TEST_SUITE_P(Family, PrefixServing, ::testing::Values("kimi_linear", "qwen3_next"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
 }  // namespace kda

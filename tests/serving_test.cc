@@ -19,8 +19,12 @@
 #include "base/fault_inject.h"
 #include "kda/base/parallel.h"
 #include "kda/io/safetensors.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
@@ -33,7 +37,9 @@ namespace {
 using testing::AllCloseBF16;
 using testing::AllCloseF32;
 
-const KdaLayerShape kSmall{.H = 2, .K = 16, .W = 4};
+const DeltaRuleGeometry kSmall = DeltaRuleGeometry::Kda(/*hidden=*/48, /*heads=*/2, /*head_dim=*/16, /*conv_width=*/4,
+                                                        /*eps=*/1e-5);
+const RecurrentStateSpec kSmallSpec = kSmall.state_spec();
 
 using testing::ErrorOf;
 
@@ -61,7 +67,7 @@ ForwardBatch BatchOf(const HybridReqToTokenPool& pool, ForwardMode mode, std::ve
 // --------------------------------------------------------------------- pool
 
 TEST(RecurrentStatePool, HandsOutEverySlotButTheDummyThenRefuses) {
-  RecurrentStatePool pool(2, 3, kSmall, DType::kF32);
+  RecurrentStatePool pool(2, 3, kSmallSpec, DType::kF32);
   EXPECT_EQ(pool.capacity(), 3);
   std::vector<int32_t> got = {pool.Alloc(), pool.Alloc(), pool.Alloc()};
   std::sort(got.begin(), got.end());
@@ -74,7 +80,7 @@ TEST(RecurrentStatePool, HandsOutEverySlotButTheDummyThenRefuses) {
 }
 
 TEST(RecurrentStatePool, RefusesBadFreesAndLeavesThePoolUnchanged) {
-  RecurrentStatePool pool(1, 2, kSmall, DType::kF32);
+  RecurrentStatePool pool(1, 2, kSmallSpec, DType::kF32);
   const int32_t a = pool.Alloc();
   EXPECT_NE(ErrorOf([&] { pool.Free(0); }).find("dummy"), std::string::npos);
   EXPECT_NE(ErrorOf([&] { pool.Free(3); }).find("out of range"), std::string::npos);
@@ -87,16 +93,16 @@ TEST(RecurrentStatePool, RefusesBadFreesAndLeavesThePoolUnchanged) {
 
 TEST(RecurrentStatePool, ReusedSlotStartsFromZeroAndSlotsAreIsolated) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    RecurrentStatePool pool(2, 2, kSmall, dt);
+    RecurrentStatePool pool(2, 2, kSmallSpec, dt);
     const int32_t a = pool.Alloc();
     const int32_t b = pool.Alloc();
-    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 3.5F);
-    ActBuffer conv(dt, kSmall.ConvStateSize());
-    for (int64_t i = 0; i < kSmall.ConvStateSize(); ++i) conv.Set(i, -1.25F);
+    std::vector<float> rec(static_cast<size_t>(kSmallSpec.recurrent_size()), 3.5F);
+    ActBuffer conv(dt, kSmallSpec.conv_size());
+    for (int64_t i = 0; i < kSmallSpec.conv_size(); ++i) conv.Set(i, -1.25F);
     for (int l = 0; l < 2; ++l) pool.SetLayerState(l, a, rec.data(), conv.data());
     // b is untouched by writes to a.
     std::vector<float> got(rec.size(), 1.0F);
-    ActBuffer got_conv(dt, kSmall.ConvStateSize());
+    ActBuffer got_conv(dt, kSmallSpec.conv_size());
     pool.GetLayerState(1, b, got.data(), got_conv.data());
     EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0F; }));
     // a's next owner sees zeros in every layer.
@@ -113,34 +119,37 @@ TEST(RecurrentStatePool, ReusedSlotStartsFromZeroAndSlotsAreIsolated) {
 }
 
 TEST(RecurrentStatePool, DummySlotIsNeverWritten) {
-  RecurrentStatePool pool(1, 1, kSmall, DType::kF32);
-  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 7.0F);
+  RecurrentStatePool pool(1, 1, kSmallSpec, DType::kF32);
+  std::vector<float> rec(static_cast<size_t>(kSmallSpec.recurrent_size()), 7.0F);
   pool.SetLayerState(0, 0, rec.data(), nullptr);  // dropped
   const LayerStateCache c = pool.GetLayerCache(0);
-  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmallSpec.recurrent_size(), [](float v) { return v == 0.0F; }));
   EXPECT_NE(ErrorOf([&] { pool.SetLayerState(0, 1, rec.data(), nullptr); }).find("not allocated"), std::string::npos);
 }
 
 TEST(RecurrentStatePool, SizedFromAByteBudget) {
   // Kimi-Linear: 20 KDA layers, 32 heads x 128, conv 4, bf16 tails: about 41.4 MiB per request.
-  const KdaLayerShape kimi{.H = 32, .K = 128, .W = 4};
-  const int64_t per = RecurrentStatePool::BytesPerRequest(20, kimi, DType::kBF16);
+  const DeltaRuleGeometry kimi =
+      DeltaRuleGeometry::Kda(/*hidden=*/2304, /*heads=*/32, /*head_dim=*/128, /*conv_width=*/4, /*eps=*/1e-5);
+  const int64_t per = RecurrentStatePool::BytesPerRequest(20, kimi.state_spec(), DType::kBF16);
   EXPECT_EQ(per, 20 * (32LL * 128 * 128 * 4 + 3LL * 3 * 4096 * 2));
   EXPECT_NEAR(static_cast<double>(per) / (1 << 20), 41.4, 0.05);
-  const int64_t small = RecurrentStatePool::BytesPerRequest(2, kSmall, DType::kF32);
-  EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(10 * small + small / 2, 2, kSmall, DType::kF32), 9);
-  EXPECT_NE(ErrorOf([&] { RecurrentStatePool::MaxRequestsForBudget(small, 2, kSmall, DType::kF32); }).find("budget"),
-            std::string::npos);
+  const int64_t small = RecurrentStatePool::BytesPerRequest(2, kSmallSpec, DType::kF32);
+  EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(10 * small + small / 2, 2, kSmallSpec, DType::kF32), 9);
+  EXPECT_NE(
+      ErrorOf([&] { RecurrentStatePool::MaxRequestsForBudget(small, 2, kSmallSpec, DType::kF32); }).find("budget"),
+      std::string::npos);
   // A server's capacity: its max_requests, bounded by a budget where one is set (0: none).
-  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(4, 10 * small + small / 2, 2, kSmall, DType::kF32), 4);
-  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 10 * small + small / 2, 2, kSmall, DType::kF32), 9);
-  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 0, 2, kSmall, DType::kF32), 16);
-  EXPECT_NE(ErrorOf([&] { RecurrentStatePool::CapacityWithinBudget(4, small, 2, kSmall, DType::kF32); }).find("budget"),
-            std::string::npos);
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(4, 10 * small + small / 2, 2, kSmallSpec, DType::kF32), 4);
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 10 * small + small / 2, 2, kSmallSpec, DType::kF32), 9);
+  EXPECT_EQ(RecurrentStatePool::CapacityWithinBudget(16, 0, 2, kSmallSpec, DType::kF32), 16);
+  EXPECT_NE(
+      ErrorOf([&] { RecurrentStatePool::CapacityWithinBudget(4, small, 2, kSmallSpec, DType::kF32); }).find("budget"),
+      std::string::npos);
 }
 
 TEST(HybridReqToTokenPool, MapsRequestsToSlots) {
-  RecurrentStatePool pool(1, 2, kSmall, DType::kF32);
+  RecurrentStatePool pool(1, 2, kSmallSpec, DType::kF32);
   HybridReqToTokenPool req(&pool);
   const int32_t s = req.Alloc(42);
   EXPECT_EQ(req.SlotOf(42), s);
@@ -153,14 +162,7 @@ TEST(HybridReqToTokenPool, MapsRequestsToSlots) {
 
 // ------------------------------------------------------------------ backend
 
-KdaLayerShape SmallShape() {
-  KdaLayerShape s;
-  s.hidden = 48;
-  s.H = kSmall.H;
-  s.K = kSmall.K;
-  s.W = kSmall.W;
-  return s;
-}
+DeltaRuleGeometry SmallShape() { return kSmall; }  // hidden 48
 
 ActBuffer RandomRows(DType dt, int64_t rows, int64_t hidden, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -173,23 +175,23 @@ ActBuffer RandomRows(DType dt, int64_t rows, int64_t hidden, uint64_t seed) {
 class BackendTest : public ::testing::Test {
  protected:
   BackendTest()
-      : model_(KdaModel::Random(SmallShape(), 1, DType::kF32, 5)),
-        pool_(1, 4, kSmall, DType::kF32),
+      : model_(DeltaRuleModel::Random("kimi_linear", SmallShape(), 1, DType::kF32, 5)),
+        pool_(1, 4, kSmallSpec, DType::kF32),
         req_(&pool_),
         backend_({&pool_, &req_}, KernelImpl::kReference) {}
 
   std::vector<float> PoolSnapshot() {
     const LayerStateCache c = pool_.GetLayerCache(0);
-    std::vector<float> s(c.recurrent, c.recurrent + c.num_slots * kSmall.RecurrentStateSize());
+    std::vector<float> s(c.recurrent, c.recurrent + c.num_slots * kSmallSpec.recurrent_size());
     const auto* conv = static_cast<const float*>(c.conv);
-    s.insert(s.end(), conv, conv + c.num_slots * kSmall.ConvStateSize());
+    s.insert(s.end(), conv, conv + c.num_slots * kSmallSpec.conv_size());
     return s;
   }
 
-  KdaModel model_;
+  DeltaRuleModel model_;
   RecurrentStatePool pool_;
   HybridReqToTokenPool req_;
-  KDAAttnBackend backend_;
+  DeltaRuleAttnBackend backend_;
 };
 
 TEST_F(BackendTest, MetadataIsComputedOncePerBatch) {
@@ -234,31 +236,31 @@ TEST_F(BackendTest, RefusesUnsupportedModesAndBadBatches) {
 
 TEST_F(BackendTest, IdleWritesNothingAndLeavesThePoolUntouched) {
   const int32_t slot = req_.Alloc(3);
-  std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), 0.25F);
+  std::vector<float> rec(static_cast<size_t>(kSmallSpec.recurrent_size()), 0.25F);
   pool_.SetLayerState(0, slot, rec.data(), nullptr);
   const std::vector<float> before = PoolSnapshot();
   ForwardBatch idle;
   idle.mode = ForwardMode::kIdle;
   backend_.InitForwardMetadata(idle);
   ActBuffer out(DType::kF32, 0);
-  model_.layers[0].Forward(out.mut(), ActBuffer(DType::kF32, 0).view(), backend_);
+  model_.layers[0]->Forward(out.mut(), ActBuffer(DType::kF32, 0).view(), backend_);
   EXPECT_EQ(PoolSnapshot(), before);
 }
 
 // A slot holding someone else's state, used by a fresh request (prefix 0,
 // not seeded): the result equals a run from a zeroed slot.
 TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
-  const KdaLayerShape s = SmallShape();
+  const DeltaRuleGeometry s = SmallShape();
   const ActBuffer x = RandomRows(DType::kF32, 6, s.hidden, 9);
   auto run = [&](float garbage) {
     const int32_t slot = req_.Alloc(5);
-    std::vector<float> rec(static_cast<size_t>(kSmall.RecurrentStateSize()), garbage);
-    std::vector<float> conv(static_cast<size_t>(kSmall.ConvStateSize()), garbage);
+    std::vector<float> rec(static_cast<size_t>(kSmallSpec.recurrent_size()), garbage);
+    std::vector<float> conv(static_cast<size_t>(kSmallSpec.conv_size()), garbage);
     pool_.SetLayerState(0, slot, rec.data(), conv.data());
     const ForwardBatch b = BatchOf(req_, ForwardMode::kExtend, {5}, {6}, {0});
     backend_.InitForwardMetadata(b);
     ActBuffer out(DType::kF32, 6 * s.hidden);
-    model_.layers[0].Forward(out.mut(), x.view(), backend_);
+    model_.layers[0]->Forward(out.mut(), x.view(), backend_);
     std::vector<float> r = out.ToFloat();
     pool_.GetLayerState(0, slot, rec.data(), conv.data());
     r.insert(r.end(), rec.begin(), rec.end());
@@ -274,17 +276,17 @@ TEST_F(BackendTest, FreshRequestIgnoresWhatItsSlotHolds) {
 // a continuing request's slot its state; a slot outside the batch and the
 // dummy slot stay as they are, and both kernels agree.
 TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
-  const KdaLayerShape s = SmallShape();
+  const DeltaRuleGeometry s = SmallShape();
   const ActBuffer x = RandomRows(DType::kF32, 7, s.hidden, 21);
   std::vector<std::vector<float>> results;
   for (KernelImpl impl : {KernelImpl::kReference, KernelImpl::kOptimized}) {
     SCOPED_TRACE(KernelImplName(impl));
-    KDAAttnBackend backend({&pool_, &req_}, impl);
+    DeltaRuleAttnBackend backend({&pool_, &req_}, impl);
     const int32_t fresh = req_.Alloc(1);
     const int32_t cont = req_.Alloc(2);
     const int32_t outside = req_.Alloc(3);
-    std::vector<float> garbage(static_cast<size_t>(kSmall.RecurrentStateSize()), 1e30F);
-    std::vector<float> conv_garbage(static_cast<size_t>(kSmall.ConvStateSize()), 1e30F);
+    std::vector<float> garbage(static_cast<size_t>(kSmallSpec.recurrent_size()), 1e30F);
+    std::vector<float> conv_garbage(static_cast<size_t>(kSmallSpec.conv_size()), 1e30F);
     std::vector<float> h0(garbage.size());
     std::vector<float> conv0(conv_garbage.size());
     for (size_t i = 0; i < h0.size(); ++i) h0[i] = 0.01F * static_cast<float>(i % 17) - 0.08F;
@@ -295,7 +297,7 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
     const ForwardBatch b = BatchOf(req_, ForwardMode::kExtend, {2, 1}, {3, 4}, {5, 0});
     backend.InitForwardMetadata(b);
     ActBuffer out(DType::kF32, 7 * s.hidden);
-    model_.layers[0].Forward(out.mut(), x.view(), backend);
+    model_.layers[0]->Forward(out.mut(), x.view(), backend);
     std::vector<float> r = out.ToFloat();
     for (int32_t slot : {fresh, cont}) {
       std::vector<float> rec(h0.size());
@@ -312,7 +314,7 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
     EXPECT_EQ(rec, h0);
     EXPECT_EQ(conv, conv0);
     const LayerStateCache c = pool_.GetLayerCache(0);
-    EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
+    EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmallSpec.recurrent_size(), [](float v) { return v == 0.0F; }));
     for (int64_t req : {1, 2, 3}) req_.Free(req);
     results.push_back(std::move(r));
   }
@@ -320,7 +322,7 @@ TEST_F(BackendTest, ExtendUpdatesOnlyItsSlotsInPlace) {
 }
 
 TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
-  const KdaLayerShape s = SmallShape();
+  const DeltaRuleGeometry s = SmallShape();
   const int32_t a = req_.Alloc(1);
   const int32_t b = req_.Alloc(2);
   const int32_t idle = req_.Alloc(3);
@@ -328,8 +330,8 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   backend_.InitForwardMetadata(pre);
   const ActBuffer x = RandomRows(DType::kF32, 9, s.hidden, 3);
   ActBuffer out(DType::kF32, 9 * s.hidden);
-  model_.layers[0].Forward(out.mut(), x.view(), backend_);
-  std::vector<float> idle_before(static_cast<size_t>(kSmall.RecurrentStateSize()));
+  model_.layers[0]->Forward(out.mut(), x.view(), backend_);
+  std::vector<float> idle_before(static_cast<size_t>(kSmallSpec.recurrent_size()));
   pool_.GetLayerState(0, idle, idle_before.data(), nullptr);
   std::vector<float> a_before(idle_before.size());
   pool_.GetLayerState(0, a, a_before.data(), nullptr);
@@ -337,7 +339,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   const ForwardBatch dec = BatchOf(req_, ForwardMode::kDecode, {2, 1}, {1, 1}, {2, 4});
   backend_.InitForwardMetadata(dec);
   ActBuffer out2(DType::kF32, 2 * s.hidden);
-  model_.layers[0].Forward(out2.mut(), RandomRows(DType::kF32, 2, s.hidden, 4).view(), backend_);
+  model_.layers[0]->Forward(out2.mut(), RandomRows(DType::kF32, 2, s.hidden, 4).view(), backend_);
   std::vector<float> idle_after(idle_before.size());
   std::vector<float> a_after(idle_before.size());
   pool_.GetLayerState(0, idle, idle_after.data(), nullptr);
@@ -347,7 +349,7 @@ TEST_F(BackendTest, DecodeUpdatesOnlyItsSlotsInPlace) {
   (void)b;
   // The dummy slot stays zero.
   const LayerStateCache c = pool_.GetLayerCache(0);
-  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmall.RecurrentStateSize(), [](float v) { return v == 0.0F; }));
+  EXPECT_TRUE(std::all_of(c.recurrent, c.recurrent + kSmallSpec.recurrent_size(), [](float v) { return v == 0.0F; }));
 }
 
 TEST(ServerArgs, MixedChunkIsRefusedAndRadixCacheDisabled) {
@@ -380,8 +382,8 @@ struct LayerIo : LayerObserver {
 };
 
 TEST(ModelRunner, ObserverSeesEveryLayersInputAndOutput) {
-  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 9);
-  RecurrentStatePool pool(model.num_layers(), 2, model.shape, DType::kF32);
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 9);
+  RecurrentStatePool pool(model.num_layers(), 2, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   LayerIo io;
@@ -389,7 +391,7 @@ TEST(ModelRunner, ObserverSeesEveryLayersInputAndOutput) {
   req.Alloc(1);
   req.Alloc(2);
   ForwardBatch batch = BatchOf(req, ForwardMode::kExtend, {1, 2}, {3, 4}, {0, 0});
-  const int64_t hidden = model.shape.hidden;
+  const int64_t hidden = model.geometry.hidden;
   const ActBuffer x = RandomRows(DType::kF32, 7, hidden, 3);
   ActBuffer out(DType::kF32, 7 * hidden);
   runner.Forward(batch, x.view(), out.mut());
@@ -424,16 +426,17 @@ struct Served {
 
 // Serves each sequence of a packed batch as a request; returns rows in input
 // order and per-sequence final states (one layer).
-Served ServeBatch(const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu, const float* init_rec,
-                  const ActBuffer* init_conv, const std::vector<int64_t>& decode, SchedulerConfig cfg, int64_t slots) {
+Served ServeBatch(const DeltaRuleModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
+                  const float* init_rec, const ActBuffer* init_conv, const std::vector<int64_t>& decode,
+                  SchedulerConfig cfg, int64_t slots) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
-  RecurrentStatePool pool(model.num_layers(), slots, model.shape, model.act_dtype);
+  RecurrentStatePool pool(model.num_layers(), slots, model.state_spec(), model.act_dtype);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   Scheduler sched(runner, cfg);
-  const int64_t hidden = model.shape.hidden;
-  const int64_t rs = model.shape.RecurrentStateSize();
-  const int64_t cs = model.shape.ConvStateSize();
+  const int64_t hidden = model.geometry.hidden;
+  const int64_t rs = model.state_spec().recurrent_size();
+  const int64_t cs = model.state_spec().conv_size();
   for (int64_t n = 0; n < N; ++n) {
     sched.Submit({.id = n,
                   .input = Offset(x.view(), cu[n] * hidden),
@@ -478,7 +481,7 @@ TEST_P(GoldenInvarianceTest, ChunkedPrefillAndDecodeMatchTheGoldenOutput) {
   const std::vector<float> xf = ToFloatVector(f.Get("hidden_states"));
   std::mt19937 rng(17);
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    const KdaModel model = KdaModel::Load(dir, dt, 0);
+    const DeltaRuleModel model = DeltaRuleModel::Load(dir, dt, 0);
     ActBuffer x(dt, static_cast<int64_t>(xf.size()));
     for (size_t i = 0; i < xf.size(); ++i) x.Set(static_cast<int64_t>(i), xf[i]);
     std::vector<float> rec;
@@ -524,27 +527,31 @@ TEST_P(GoldenInvarianceTest, ChunkedPrefillAndDecodeMatchTheGoldenOutput) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenInvarianceTest,
-                         ::testing::Values(InvarianceCase{"kda-mini", "single_T128"},
-                                           InvarianceCase{"kda-mini", "single_T65"},
-                                           InvarianceCase{"kda-mini", "varlen_unbalanced_5_17_1_41"},
-                                           InvarianceCase{"kda-mini", "varlen_initstate"},
-                                           InvarianceCase{"kda-mini", "single_T128_initstate"},
-                                           InvarianceCase{"kda-stress", "stress_T300"},
-                                           InvarianceCase{"kda-stress", "stress_varlen_initstate"},
-                                           InvarianceCase{"generated/kda-real", "real_varlen_initstate"}),
-                         [](const ::testing::TestParamInfo<InvarianceCase>& info) {
-                           std::string s = info.param.dir + "_" + info.param.name;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           std::replace(s.begin(), s.end(), '/', '_');
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Golden, GoldenInvarianceTest,
+    ::testing::Values(InvarianceCase{"kda-mini", "single_T128"}, InvarianceCase{"kda-mini", "single_T65"},
+                      InvarianceCase{"kda-mini", "varlen_unbalanced_5_17_1_41"},
+                      InvarianceCase{"kda-mini", "varlen_initstate"},
+                      InvarianceCase{"kda-mini", "single_T128_initstate"}, InvarianceCase{"kda-stress", "stress_T300"},
+                      InvarianceCase{"kda-stress", "stress_varlen_initstate"},
+                      InvarianceCase{"generated/kda-real", "real_varlen_initstate"},
+                      InvarianceCase{"gdn-mini", "single_T128"},
+                      InvarianceCase{"gdn-mini", "varlen_unbalanced_5_17_1_41"},
+                      InvarianceCase{"gdn-mini", "varlen_initstate_short_1_2_3_70"},
+                      InvarianceCase{"gdn-gva3", "single_T200"}, InvarianceCase{"gdn-gva3", "varlen_initstate"},
+                      InvarianceCase{"gdn-loud", "loud_T300"}, InvarianceCase{"gdn-loud", "loud_varlen_initstate"}),
+    [](const ::testing::TestParamInfo<InvarianceCase>& info) {
+      std::string s = info.param.dir + "_" + info.param.name;
+      std::replace(s.begin(), s.end(), '-', '_');
+      std::replace(s.begin(), s.end(), '/', '_');
+      return s;
+    });
 
 // Many more requests than slots: every request's output equals its one-shot
 // run, and the pool ends with every slot free.
 TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
-  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 11);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 11);
+  const int64_t hidden = model.geometry.hidden;
   constexpr int kRequests = 1000;
   std::mt19937 rng(3);
   std::vector<ActBuffer> inputs;
@@ -555,7 +562,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
     decodes.push_back(rng() % 6);
     inputs.push_back(RandomRows(DType::kF32, lens.back(), hidden, 1000 + i));
   }
-  RecurrentStatePool pool(model.num_layers(), 8, model.shape, DType::kF32);
+  RecurrentStatePool pool(model.num_layers(), 8, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   SchedulerConfig cfg;
@@ -569,13 +576,13 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
   ASSERT_EQ(static_cast<int>(sched.finished().size()), kRequests);
 
   // One-shot reference for each request: alone, one EXTEND step.
-  RecurrentStatePool pool1(model.num_layers(), 1, model.shape, DType::kF32);
+  RecurrentStatePool pool1(model.num_layers(), 1, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req1(&pool1);
   ModelRunner runner1(model, {&pool1, &req1}, KernelImpl::kReference);
   int checked = 0;
   for (const RequestResult& r : sched.finished()) {
     const int64_t n = lens[r.id];
-    std::vector<float> want_state(static_cast<size_t>(model.num_layers() * model.shape.RecurrentStateSize()));
+    std::vector<float> want_state(static_cast<size_t>(model.num_layers() * model.state_spec().recurrent_size()));
     std::vector<float> want(static_cast<size_t>(n * hidden));
     req1.Alloc(r.id);
     if (n > 0) {
@@ -583,7 +590,7 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
       runner1.Forward(b, inputs[r.id].view(), {want.data(), DType::kF32});
     }
     for (int l = 0; l < model.num_layers(); ++l) {
-      pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.shape.RecurrentStateSize(), nullptr);
+      pool1.GetLayerState(l, req1.SlotOf(r.id), want_state.data() + l * model.state_spec().recurrent_size(), nullptr);
     }
     req1.Free(r.id);
     std::vector<float> got(want.size());
@@ -597,12 +604,12 @@ TEST(SchedulerChurn, ThousandRequestsThroughEightSlots) {
 }
 
 TEST(Scheduler, QueuesWhenSlotsRunOutAndRefusesBadRequests) {
-  const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
-  RecurrentStatePool pool(1, 2, model.shape, DType::kF32);
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 1, DType::kF32, 2);
+  RecurrentStatePool pool(1, 2, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
   Scheduler sched(runner, SchedulerConfig{});
-  const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
+  const ActBuffer x = RandomRows(DType::kF32, 4, model.geometry.hidden, 1);
   for (int i = 0; i < 5; ++i) sched.Submit({i, x.view(), 4, 2, nullptr, nullptr});
   EXPECT_NE(ErrorOf([&] { sched.Submit({3, x.view(), 4, 0, nullptr, nullptr}); }).find("already"), std::string::npos);
   ASSERT_TRUE(sched.Step());
@@ -629,13 +636,13 @@ int64_t ResidentBytes() {
 TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
   // Tiny shapes: one thread (workers would only wait on each other).
   const testing::ThreadScope one_thread(1);
-  const KdaModel model = KdaModel::Random(SmallShape(), 2, DType::kF32, 13);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 13);
+  const int64_t hidden = model.geometry.hidden;
   constexpr int kRounds = 10;
   constexpr int kPerRound = 1000;
   constexpr int64_t kMaxLen = 32;
   const ActBuffer x = RandomRows(DType::kF32, kMaxLen, hidden, 21);  // every request reads a prefix of it
-  RecurrentStatePool pool(model.num_layers(), 8, model.shape, DType::kF32);
+  RecurrentStatePool pool(model.num_layers(), 8, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req});
   SchedulerConfig cfg;
@@ -726,11 +733,11 @@ TEST(SchedulerChurn, TenThousandRequestsWithFailuresLeakNoSlotAndNoMemory) {
 // A request that can never get a slot is a clear error, not a wait forever;
 // a pool that cannot be allocated is one too.
 TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
-  const KdaModel model = KdaModel::Random(SmallShape(), 1, DType::kF32, 2);
-  RecurrentStatePool pool(1, 2, model.shape, DType::kF32);
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 1, DType::kF32, 2);
+  RecurrentStatePool pool(1, 2, model.state_spec(), DType::kF32);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
-  const ActBuffer x = RandomRows(DType::kF32, 4, model.shape.hidden, 1);
+  const ActBuffer x = RandomRows(DType::kF32, 4, model.geometry.hidden, 1);
   req.Alloc(100);  // both slots held outside the scheduler
   req.Alloc(101);
   {
@@ -764,12 +771,12 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
   EXPECT_EQ(req.size(), 0);
   // The allocation of a pool fails: a kda::Error naming the bytes.
   SetFaultInjection("rank:0,at:alloc");
-  const std::string e = ErrorOf([&] { RecurrentStatePool p(2, 8, model.shape, DType::kF32); });
+  const std::string e = ErrorOf([&] { RecurrentStatePool p(2, 8, model.state_spec(), DType::kF32); });
   SetFaultInjection("");
-  EXPECT_NE(
-      e.find("state pool: cannot allocate " +
-             std::to_string(9 * RecurrentStatePool::BytesPerRequest(2, model.shape, DType::kF32)) + " bytes (8 slots"),
-      std::string::npos)
+  EXPECT_NE(e.find("state pool: cannot allocate " +
+                   std::to_string(9 * RecurrentStatePool::BytesPerRequest(2, model.state_spec(), DType::kF32)) +
+                   " bytes (8 slots"),
+            std::string::npos)
       << e;
   EXPECT_NE(e.find("out of memory"), std::string::npos) << e;
   // A malformed switch is refused at the first check, never ignored.

@@ -12,9 +12,12 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/serving/model_runner.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
@@ -29,13 +32,9 @@ using testing::AllCloseF32;
 using testing::AllCloseStateF32;
 using testing::ErrorOf;
 
-KdaLayerShape SpecShape() {
-  KdaLayerShape s;
-  s.hidden = 64;  // int8 weights: input dims are multiples of 32
-  s.H = 2;
-  s.K = 32;
-  s.W = 4;
-  return s;
+DeltaRuleGeometry SpecShape() {
+  // hidden 64: with int8 weights, input dims are multiples of 32.
+  return DeltaRuleGeometry::Kda(/*hidden=*/64, /*heads=*/2, /*head_dim=*/32, /*conv_width=*/4, /*eps=*/1e-5);
 }
 
 constexpr int kLayers = 2;
@@ -43,8 +42,8 @@ constexpr int64_t kMaxDraft = 7;
 
 // A runner over its own pool.
 struct Rig {
-  Rig(const KdaModel& model, int64_t slots, const VerifyConfig& verify)
-      : pool(model.num_layers(), slots, model.shape, model.act_dtype, verify),
+  Rig(const DeltaRuleModel& model, int64_t slots, const VerifyConfig& verify)
+      : pool(model.num_layers(), slots, model.state_spec(), model.act_dtype, verify),
         req(&pool),
         runner(model, {&pool, &req}) {}
 
@@ -68,9 +67,9 @@ struct Rig {
 
   // Request `id`'s states over every layer, appended as fp32.
   void AppendStates(int64_t id, std::vector<float>& rec, std::vector<float>& conv) const {
-    const KdaLayerShape& s = pool.shape();
-    std::vector<float> r(static_cast<size_t>(s.RecurrentStateSize()));
-    ActBuffer c(pool.conv_dtype(), s.ConvStateSize());
+    const RecurrentStateSpec& s = pool.spec();
+    std::vector<float> r(static_cast<size_t>(s.recurrent_size()));
+    ActBuffer c(pool.conv_dtype(), s.conv_size());
     for (int l = 0; l < pool.num_layers(); ++l) {
       pool.GetLayerState(l, req.SlotOf(id), r.data(), c.data());
       rec.insert(rec.end(), r.begin(), r.end());
@@ -126,8 +125,8 @@ std::vector<SpecRequest> MakeRequests(int64_t hidden, uint64_t seed) {
 }
 
 // Every request decoded one row at a time (DECODE batches of one token per request).
-SpecOutputs TokenByToken(const KdaModel& model, const std::vector<SpecRequest>& reqs) {
-  const int64_t hidden = model.shape.hidden;
+SpecOutputs TokenByToken(const DeltaRuleModel& model, const std::vector<SpecRequest>& reqs) {
+  const int64_t hidden = model.geometry.hidden;
   Rig rig(model, static_cast<int64_t>(reqs.size()), {});
   const auto n = static_cast<int64_t>(reqs.size());
   for (int64_t i = 0; i < n; ++i) rig.req.Alloc(i);
@@ -169,9 +168,9 @@ SpecOutputs TokenByToken(const KdaModel& model, const std::vector<SpecRequest>& 
 // The prompts (as one EXTEND batch, or DECODE steps), then one TARGET_VERIFY
 // batch of every request (1 + k positions each, k from 0 to 7), a commit of
 // a + 1 positions each, then one DECODE step.
-SpecOutputs Speculative(const KdaModel& model, const std::vector<SpecRequest>& reqs, bool extend_prompt,
+SpecOutputs Speculative(const DeltaRuleModel& model, const std::vector<SpecRequest>& reqs, bool extend_prompt,
                         VerifyMethod method) {
-  const int64_t hidden = model.shape.hidden;
+  const int64_t hidden = model.geometry.hidden;
   const auto n = static_cast<int64_t>(reqs.size());
   Rig rig(model, n, {.max_draft_tokens = kMaxDraft, .method = method});
   for (int64_t i = 0; i < n; ++i) rig.req.Alloc(i);
@@ -226,12 +225,23 @@ struct RollbackCase {
   WeightFormat weights;
   bool extend_prompt;
   VerifyMethod method;
+  const char* model_type = "kimi_linear";
 };
+
+// The case's layer: KDA, or Gated DeltaNet (Qwen3-Next: GVA 2, K != V;
+// Qwen3.5: GVA 3), input dims multiples of 32 for int8 weights.
+DeltaRuleGeometry ShapeOf(const RollbackCase& c) {
+  const std::string t = c.model_type;
+  if (t == "qwen3_next") return DeltaRuleGeometry::Gdn(64, 2, 4, 32, 16, 4, 1e-6);
+  if (t == "qwen3_5_text") return DeltaRuleGeometry::Gdn(64, 2, 6, 16, 32, 4, 1e-6);
+  return SpecShape();
+}
 
 std::string CaseName(const ::testing::TestParamInfo<RollbackCase>& info) {
   const RollbackCase& c = info.param;
-  return std::string(DTypeName(c.dtype)) + (c.weights == WeightFormat::kInt8 ? "_int8" : "_dense") +
-         (c.extend_prompt ? "_extend" : "_decode") + "_" + VerifyMethodName(c.method);
+  return std::string(c.model_type) + "_" + DTypeName(c.dtype) +
+         (c.weights == WeightFormat::kInt8 ? "_int8" : "_dense") + (c.extend_prompt ? "_extend" : "_decode") + "_" +
+         VerifyMethodName(c.method);
 }
 
 class SpecRollbackTest : public ::testing::TestWithParam<RollbackCase> {};
@@ -241,8 +251,9 @@ class SpecRollbackTest : public ::testing::TestWithParam<RollbackCase> {};
 // conv window among them).
 TEST_P(SpecRollbackTest, CommittedStatesAndKeptOutputsMatchTokenByTokenDecode) {
   const RollbackCase& c = GetParam();
-  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, c.dtype, 21, nullptr, c.weights);
-  const std::vector<SpecRequest> reqs = MakeRequests(model.shape.hidden, 5);
+  const DeltaRuleModel model =
+      DeltaRuleModel::Random(c.model_type, ShapeOf(c), kLayers, c.dtype, 21, nullptr, c.weights);
+  const std::vector<SpecRequest> reqs = MakeRequests(model.geometry.hidden, 5);
   const SpecOutputs got = Speculative(model, reqs, c.extend_prompt, c.method);
   const SpecOutputs want = TokenByToken(model, reqs);
   ASSERT_EQ(got.kept_out.size(), want.kept_out.size());
@@ -258,7 +269,8 @@ TEST_P(SpecRollbackTest, CommittedStatesAndKeptOutputsMatchTokenByTokenDecode) {
     return;
   }
   // bf16 rule v2: r = the bf16 token-by-token decode, x = the fp32 one.
-  const KdaModel exact_model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 21, nullptr, c.weights);
+  const DeltaRuleModel exact_model =
+      DeltaRuleModel::Random(c.model_type, ShapeOf(c), kLayers, DType::kF32, 21, nullptr, c.weights);
   const SpecOutputs x = TokenByToken(exact_model, reqs);
   EXPECT_TRUE(AllCloseBF16(got.kept_out.data(), want.kept_out.data(), x.kept_out.data(), x.kept_out.size()));
   EXPECT_TRUE(AllCloseBF16(got.next_out.data(), want.next_out.data(), x.next_out.data(), x.next_out.size()));
@@ -276,7 +288,13 @@ INSTANTIATE_TEST_SUITE_P(
                       RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute},
                       RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kRecompute},
                       RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates},
-                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute}),
+                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute},
+                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute, "qwen3_next"},
+                      RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen3_next"},
+                      RollbackCase{DType::kBF16, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "qwen3_next"},
+                      RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "qwen3_5_text"},
+                      RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates,
+                                   "qwen3_5_text"}),
     CaseName);
 
 std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector<float>(n * hidden, v); }
@@ -285,8 +303,8 @@ std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector
 // other batch until its commit; bad commits and batches are refused with
 // nothing written.
 TEST(SpecVerify, LeavesCommittedStatesAndRefusesOtherBatchesUntilItsCommit) {
-  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 3);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SpecShape(), kLayers, DType::kF32, 3);
+  const int64_t hidden = model.geometry.hidden;
   Rig rig(model, 2, {.max_draft_tokens = 3});
   rig.req.Alloc(1);
   rig.req.Alloc(2);
@@ -344,7 +362,9 @@ TEST(SpecVerify, LeavesCommittedStatesAndRefusesOtherBatchesUntilItsCommit) {
 }
 
 TEST(SpecVerify, VerifyAreaIsCountedInTheMemoryBudget) {
-  const KdaLayerShape kimi{.H = 32, .K = 128, .W = 4};
+  const RecurrentStateSpec kimi =
+      DeltaRuleGeometry::Kda(/*hidden=*/2304, /*heads=*/32, /*head_dim=*/128, /*conv_width=*/4, /*eps=*/1e-5)
+          .state_spec();
   const int64_t base = RecurrentStatePool::BytesPerRequest(20, kimi, DType::kBF16);
   const VerifyConfig r{.max_draft_tokens = 3};
   const VerifyConfig s{.max_draft_tokens = 3, .method = VerifyMethod::kTokenStates};
@@ -353,7 +373,7 @@ TEST(SpecVerify, VerifyAreaIsCountedInTheMemoryBudget) {
   // Token states: plus a 2 MiB state per position and layer.
   EXPECT_EQ(RecurrentStatePool::BytesPerRequest(20, kimi, DType::kBF16, s) - base,
             20 * 4 * ((4 * 4096 + 32) * 2 + 32LL * 128 * 128 * 4));
-  const KdaLayerShape small = SpecShape();
+  const RecurrentStateSpec small = SpecShape().state_spec();
   const int64_t per = RecurrentStatePool::BytesPerRequest(2, small, DType::kF32, r);
   EXPECT_EQ(RecurrentStatePool::MaxRequestsForBudget(5 * per, 2, small, DType::kF32, r), 4);
   RecurrentStatePool pool(2, 4, small, DType::kF32, r);
@@ -394,9 +414,9 @@ struct Served {
 
 // Serves `reqs` through `slots` slots with a verify area of `verify` (and the
 // prefix cache, when given); without a verify area the draft sources are unused.
-Served Serve(const KdaModel& model, const std::vector<ServeRequest>& reqs, int64_t slots, const VerifyConfig& verify,
-             RadixStateCache* cache = nullptr, SchedulerConfig cfg = {}) {
-  RecurrentStatePool pool(model.num_layers(), slots, model.shape, model.act_dtype, verify);
+Served Serve(const DeltaRuleModel& model, const std::vector<ServeRequest>& reqs, int64_t slots,
+             const VerifyConfig& verify, RadixStateCache* cache = nullptr, SchedulerConfig cfg = {}) {
+  RecurrentStatePool pool(model.num_layers(), slots, model.state_spec(), model.act_dtype, verify);
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req});
   cfg.prefix_cache = cache;
@@ -427,8 +447,8 @@ std::vector<float> RandomRows(int64_t n, int64_t hidden, uint64_t seed) {
 // step mixes EXTEND and TARGET_VERIFY; results hold the kept positions only
 // and equal the plain runs.
 TEST(SpecScheduler, VerifyStepsMixDraftlessRequestsAndFinishInsideAVerifyStep) {
-  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 8);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SpecShape(), kLayers, DType::kF32, 8);
+  const int64_t hidden = model.geometry.hidden;
   const std::vector<float> x0 = RandomRows(9, hidden, 1), x1 = RandomRows(10, hidden, 2), x2 = RandomRows(7, hidden, 3);
   std::vector<ServeRequest> reqs = {
       {.id = 0, .input = {x0.data(), DType::kF32}, .length = 9, .decode_tokens = 4},
@@ -459,10 +479,10 @@ TEST(SpecScheduler, VerifyStepsMixDraftlessRequestsAndFinishInsideAVerifyStep) {
 }
 
 TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
-  const KdaModel model = KdaModel::Random(SpecShape(), 1, DType::kF32, 8);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SpecShape(), 1, DType::kF32, 8);
+  const int64_t hidden = model.geometry.hidden;
   const std::vector<float> x = RandomRows(6, hidden, 1);
-  RecurrentStatePool pool(1, 2, model.shape, DType::kF32, {.max_draft_tokens = 2});
+  RecurrentStatePool pool(1, 2, model.state_spec(), DType::kF32, {.max_draft_tokens = 2});
   HybridReqToTokenPool req(&pool);
   ModelRunner runner(model, {&pool, &req});
   Scheduler sched(runner, {});
@@ -496,8 +516,8 @@ TEST(SpecScheduler, BadDraftSourcesFailTheirRequestOnly) {
 // keys the request's final state by the committed ids, not by the ids it was
 // submitted with.
 TEST(SpecScheduler, AcceptedDraftIdsKeyThePrefixCache) {
-  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 5);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SpecShape(), kLayers, DType::kF32, 5);
+  const int64_t hidden = model.geometry.hidden;
   const std::vector<float> table = RandomRows(16, hidden, 21);
   const std::vector<int32_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   std::vector<int32_t> committed_ids = ids;
@@ -516,8 +536,8 @@ TEST(SpecScheduler, AcceptedDraftIdsKeyThePrefixCache) {
     return 1;
   };
   a.draft.accept = [](int64_t, int64_t k, const void*) { return k; };
-  RadixStateCache cache(model.num_layers(), model.shape, DType::kF32,
-                        8 * RadixStateCache::SnapshotBytes(model.num_layers(), model.shape, DType::kF32));
+  RadixStateCache cache(model.num_layers(), model.state_spec(), DType::kF32,
+                        8 * RadixStateCache::SnapshotBytes(model.num_layers(), model.state_spec(), DType::kF32));
   const Served spec = Serve(model, {a}, 2, {.max_draft_tokens = 2}, &cache);
   EXPECT_EQ(spec.results.at(0).token_ids, committed_ids);
 
@@ -549,8 +569,8 @@ TEST(SpecScheduler, ChurnWithRandomAcceptanceAndPrefixCacheMatchesPlainRuns) {
 #else
   constexpr int kRequests = 1000;
 #endif
-  const KdaModel model = KdaModel::Random(SpecShape(), kLayers, DType::kF32, 31);
-  const int64_t hidden = model.shape.hidden;
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SpecShape(), kLayers, DType::kF32, 31);
+  const int64_t hidden = model.geometry.hidden;
   constexpr int kVocab = 48;
   const std::vector<float> table = RandomRows(kVocab, hidden, 99);
   std::mt19937 rng(7);
@@ -581,8 +601,8 @@ TEST(SpecScheduler, ChurnWithRandomAcceptanceAndPrefixCacheMatchesPlainRuns) {
     };
     reqs[i].draft.accept = inner.accept;
   }
-  RadixStateCache cache(model.num_layers(), model.shape, DType::kF32,
-                        40 * RadixStateCache::SnapshotBytes(model.num_layers(), model.shape, DType::kF32));
+  RadixStateCache cache(model.num_layers(), model.state_spec(), DType::kF32,
+                        40 * RadixStateCache::SnapshotBytes(model.num_layers(), model.state_spec(), DType::kF32));
   SchedulerConfig cfg;
   cfg.prefill_chunk = 5;
   cfg.step_token_budget = 24;

@@ -20,7 +20,9 @@
 #include "kda/bench/kernel_problems.h"
 #include "kda/kernels/kda_args.h"
 #include "kda/kernels/kda_dispatch.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
 
 namespace {
 
@@ -123,7 +125,8 @@ TEST(SteadyState, DecodeStepIntoPoolSlotsAllocatesAndFaultsNothing) {
   constexpr int kK = 128;
   constexpr int64_t kN = 8;
   // 64 slots of 4 heads x 128 x 128 fp32 (256 KiB each): 16 MiB per layer.
-  RecurrentStatePool pool(/*num_layers=*/1, /*max_requests=*/64, KdaLayerShape{.H = kH, .K = kK, .W = 4}, DType::kF32);
+  const RecurrentStateSpec spec = DeltaRuleGeometry::Kda(/*hidden=*/2304, kH, kK, /*conv_width=*/4, 1e-5).state_spec();
+  RecurrentStatePool pool(/*num_layers=*/1, /*max_requests=*/64, spec, DType::kF32);
   bench::DecodeProblem p(kN, kH, kK, /*layers=*/1, DType::kF32);
   const LayerStateCache cache = pool.GetLayerCache(0);
   std::vector<int32_t> slots;
@@ -149,10 +152,11 @@ TEST(SteadyState, FreshPoolSlotIsAlreadyFaultedIn) {
   constexpr int kH = 4;
   constexpr int kK = 128;
   constexpr int kLayers = 2;
-  RecurrentStatePool pool(kLayers, /*max_requests=*/64, KdaLayerShape{.H = kH, .K = kK, .W = 4}, DType::kF32);
+  const RecurrentStateSpec spec = DeltaRuleGeometry::Kda(/*hidden=*/2304, kH, kK, /*conv_width=*/4, 1e-5).state_spec();
+  RecurrentStatePool pool(kLayers, /*max_requests=*/64, spec, DType::kF32);
   // Allocating a slot zeroes it (touching it); so write through the layer
   // caches into slots that were never handed out, as a kernel would.
-  const int64_t rs = KdaLayerShape{.H = kH, .K = kK, .W = 4}.RecurrentStateSize();
+  const int64_t rs = spec.recurrent_size();
   const Counts c = Count([&] {
     for (int l = 0; l < kLayers; ++l) {
       float* state = pool.GetLayerCache(l).recurrent;

@@ -7,8 +7,10 @@
 
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
-#include "kda/models/kda_model.h"
-#include "kda/models/weights.h"
+#include "kda/models/delta_rule_model.h"
+#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_family.h"
+#include "kda/models/layer_weights.h"
 #include "kda/serving/model_runner.h"
 #include "tests/checkpoint_util.h"
 #include "tests/error_util.h"
@@ -20,6 +22,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::ErrorOf;
+
+// Layer `layer`'s KDA weights through the weights loader (the whole layer).
+LayerWeights LoadKdaLayer(const Checkpoint& ckpt, const ModelConfig& config, int layer) {
+  const DeltaRuleGeometry full = LayerFamilyFor(config.model_type).geometry(config);
+  return LoadLayerWeights(ckpt, "model.layers." + std::to_string(layer) + ".self_attn.",
+                          KimiDeltaAttentionTensors(full), MakeHeadShard(full.H, 0, 1));
+}
 
 class WeightsNonFiniteTest : public testing::TempDirTest {
  protected:
@@ -47,18 +56,18 @@ TEST_F(WeightsNonFiniteTest, LoadNamesTheKeyAndElement) {
     fs::remove_all(dir_);
     testing::CopyCheckpointWithValue(mini_, dir_.string(), c.key, c.flat, c.value);
     const std::string expected = "checkpoint tensor " + c.key + " has a non-finite value " + c.expected;
-    const std::string message = ErrorOf([&] { KdaModel::Load(dir_.string(), DType::kF32); });
+    const std::string message = ErrorOf([&] { DeltaRuleModel::Load(dir_.string(), DType::kF32); });
     EXPECT_NE(message.find(expected), std::string::npos) << message;
     // Through the weights loader directly, for the layer holding the key.
     const int layer = c.key[13] - '0';  // "model.layers.N."
-    const KimiLinearConfig config = LoadKimiLinearConfig(dir_.string());
+    const ModelConfig config = LoadModelConfig(dir_.string());
     const Checkpoint ckpt = Checkpoint::Open(dir_.string());
-    EXPECT_NE(ErrorOf([&] { LoadKdaLayerWeights(ckpt, config, layer); }).find(expected), std::string::npos);
+    EXPECT_NE(ErrorOf([&] { LoadKdaLayer(ckpt, config, layer); }).find(expected), std::string::npos);
   }
   // A finite change loads.
   fs::remove_all(dir_);
   testing::CopyCheckpointWithValue(mini_, dir_.string(), "model.layers.0.self_attn.q_proj.weight", 5, 0.25F);
-  EXPECT_EQ(ErrorOf([&] { KdaModel::Load(dir_.string(), DType::kF32); }), "(no error)");
+  EXPECT_EQ(ErrorOf([&] { DeltaRuleModel::Load(dir_.string(), DType::kF32); }), "(no error)");
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ struct Workload {
   int64_t decode_steps = 0;  // rows after each prompt
 };
 
-Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
+Workload MakeWorkload(const BenchOptions& opt, const DeltaRuleModel& model) {
   Workload w;
   w.prompts = PromptLengths(opt.requests, opt.min_prompt, opt.max_prompt);
   w.decode_steps = opt.decode_steps;
@@ -55,8 +55,8 @@ Workload MakeWorkload(const BenchOptions& opt, const KdaModel& model) {
   std::normal_distribution<float> normal(0.0F, 1.0F);
   for (int64_t p : w.prompts) {
     const int64_t rows = p + opt.decode_steps;
-    ActBuffer b(model.act_dtype, rows * model.shape.hidden);
-    for (int64_t i = 0; i < rows * model.shape.hidden; ++i) b.Set(i, normal(rng));
+    ActBuffer b(model.act_dtype, rows * model.geometry.hidden);
+    for (int64_t i = 0; i < rows * model.geometry.hidden; ++i) b.Set(i, normal(rng));
     w.inputs.push_back(std::move(b));
   }
   return w;
@@ -84,8 +84,9 @@ struct RankStats {
 // random values): the median of three timed forwards after a warm-up, in
 // microseconds per token; the served prefill's per-layer rate is compared
 // with it.
-double OneShotLayerUsPerToken(const KdaLayerShape& shape, DType dtype, KernelImpl kernel, int64_t t) {
-  bench::LayerProblem p(dtype, kernel, shape, 1, t);
+double OneShotLayerUsPerToken(const std::string& model_type, const DeltaRuleGeometry& geometry, DType dtype,
+                              KernelImpl kernel, int64_t t) {
+  bench::LayerProblem p(model_type, dtype, kernel, geometry, 1, t);
   p.Forward();  // warm-up: GEMM primitives, scratch, first touches
   return bench::MedianSeconds(3, [&] { p.Forward(); }) * 1e6 / static_cast<double>(t);
 }
@@ -93,12 +94,13 @@ double OneShotLayerUsPerToken(const KdaLayerShape& shape, DType dtype, KernelImp
 // World rank 0's report: the step table (its own steps), the job's
 // throughput, state bytes, the per-rank table under mpirun, the self-check
 // and the JSON line. Returns the exit status.
-int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kernel, const ParallelServeResult& served,
+int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl kernel,
+                const ParallelServeResult& served,
                 const std::map<std::pair<int, int64_t>, std::pair<int64_t, double>>& by_batch, const SelfCheck& check,
                 int64_t per_request, int probe, const std::vector<RankStats>& ranks, const ParallelGroups& groups,
                 double one_shot_us) {
   const int L = model.num_layers();
-  const KdaLayerShape full = model.full_shape();
+  const DeltaRuleGeometry full = model.full_geometry();
   const bool multi = groups.world().size() > 1;
   // The job: every data-parallel index's tokens (counted at its tp rank 0)
   // over the slowest index's time; one process: its own numbers.
@@ -130,13 +132,13 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
   const std::string kernels = std::string("chunk_kda and fused_recurrent_kda ") + ActiveKernelDescription(kernel);
 
   // Projection weight (and Q8 scale) bytes one layer streams per step (this rank's shard under tp).
-  const int64_t weight_bytes = model.layers.empty() ? 0 : model.layers.front().projection_weight_bytes();
+  const int64_t weight_bytes = model.layers.empty() ? 0 : model.layers.front()->projection_weight_bytes();
   std::printf(
-      "kda bench: %s, %d KDA layers (hidden %lld, %d heads x %d, conv %d), %s activations, %s projection weights "
-      "(%.1f MB per layer), fp32 state\n",
-      opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), L,
-      static_cast<long long>(full.hidden), full.H, full.K, full.W, opt.dtype.c_str(),
-      WeightFormatName(model.weights_format), static_cast<double>(weight_bytes) / 1e6);
+      "kda bench: %s, %s, %d %s layers (hidden %lld, %d key / %d value heads x %d / %d, conv %d), %s activations, "
+      "%s projection weights (%.1f MB per layer), fp32 state\n",
+      opt.model_dir.empty() ? "embedded default (random weights)" : opt.model_dir.c_str(), model.model_type.c_str(), L,
+      model.family().layer_class.c_str(), static_cast<long long>(full.hidden), full.H, full.HV, full.K, full.V, full.W,
+      opt.dtype.c_str(), WeightFormatName(model.weights_format), static_cast<double>(weight_bytes) / 1e6);
   std::printf(
       "workload: %d requests, prompts %lld..%lld tokens, %lld decode steps each, prefill chunk %lld, "
       "step budget %lld, max running %lld, %d threads\n",
@@ -205,12 +207,14 @@ int PrintReport(const BenchOptions& opt, const KdaModel& model, KernelImpl kerne
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
-        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld, \"gemm_route\": \"%s\"",
+        "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld, \"gemm_route\": "
+        "\"%s\", "
+        "\"model_type\": \"%s\"",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
         opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
         static_cast<long long>(rank_per_request), worst_share, WeightFormatName(model.weights_format),
-        static_cast<long long>(weight_bytes), GemmRouteName(ActiveGemmRoute()));
+        static_cast<long long>(weight_bytes), GemmRouteName(ActiveGemmRoute()), model.model_type.c_str());
     if (one_shot_us > 0) {
       std::printf(
           ", \"prefill_us_per_token_per_layer\": %.3f, \"one_shot_layer_us_per_token\": %.3f, "
@@ -231,12 +235,13 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   // The benchmarked layers with activations in `act` (the self-check of a
   // bf16 run also makes them in fp32).
   const auto make_model = [&](DType act) {
-    KdaModel m;
+    DeltaRuleModel m;
     if (opt.model_dir.empty()) {
       Check(opt.layers >= 1, "--layers must be >= 1");
-      m = KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, &tp_comm, wf);
+      const LayerFamily& family = LayerFamilyFor(opt.model_type);
+      m = DeltaRuleModel::Random(opt.model_type, family.reference, opt.layers, act, 20261129, &tp_comm, wf);
     } else {
-      m = KdaModel::Load(opt.model_dir, act, std::nullopt, &tp_comm, wf);
+      m = DeltaRuleModel::Load(opt.model_dir, act, std::nullopt, &tp_comm, wf);
       Check(opt.layers >= 0, "--layers must be >= 0");
       if (opt.layers > 0 && opt.layers < m.num_layers()) {
         m.layers.erase(m.layers.begin() + opt.layers, m.layers.end());
@@ -245,7 +250,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
     }
     return m;
   };
-  KdaModel model;
+  DeltaRuleModel model;
   rt->RunAgreed([&] { model = make_model(dtype); });
   const Workload w = MakeWorkload(opt, model);
   ParallelServeOptions serve_opt;
@@ -283,7 +288,8 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   const ParallelServeResult served = ServeParallel(model, groups, requests, serve_opt);
   const double allreduce_s = tp_comm.allreduce_seconds();
   const double one_shot_us =
-      opt.vs_one_shot ? OneShotLayerUsPerToken(model.full_shape(), dtype, kernel, opt.max_prompt) : 0.0;
+      opt.vs_one_shot ? OneShotLayerUsPerToken(model.model_type, model.full_geometry(), dtype, kernel, opt.max_prompt)
+                      : 0.0;
   const std::vector<StepRecord>& steps = served.steps;
 
   // Self-check, layer by layer: the traced request again, alone, every row in
@@ -296,7 +302,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
     const auto it =
         std::find_if(served.local.begin(), served.local.end(), [&](const RequestResult& r) { return r.id == probe; });
     Check(it != served.local.end(), "bench: the traced request did not finish");
-    std::optional<KdaModel> exact;
+    std::optional<DeltaRuleModel> exact;
     if (dtype == DType::kBF16) exact = make_model(DType::kF32);
     check = ReplayCheck(model, exact ? &*exact : nullptr, trace, *it, kernel);
   }
@@ -318,7 +324,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
     e.second += s.seconds;
   }
   const int L = model.num_layers();
-  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.full_shape(), dtype);
+  const int64_t per_request = RecurrentStatePool::BytesPerRequest(L, model.full_geometry().state_spec(), dtype);
 
   // Every rank's numbers at world rank 0.
   RankStats mine_stats;
@@ -329,7 +335,7 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   mine_stats.requests = static_cast<int32_t>(mine.size());
   mine_stats.check_pass = check.pass ? 1 : 0;
   mine_stats.running = served.pool_capacity;
-  mine_stats.state_bytes_per_request = RecurrentStatePool::BytesPerRequest(L, model.shape, dtype);
+  mine_stats.state_bytes_per_request = RecurrentStatePool::BytesPerRequest(L, model.state_spec(), dtype);
   mine_stats.extend_tokens = extend_tokens;
   mine_stats.decode_tokens = decode_tokens;
   mine_stats.extend_s = extend_s;

@@ -7,8 +7,9 @@
 namespace kda::cli {
 
 struct BenchOptions {
-  std::string model_dir;  // empty: the embedded default (Kimi-Linear-48B KDA shapes, random weights)
-  int layers = 4;         // embedded default: number of KDA layers; with --model: 0 = all
+  std::string model_dir;                   // empty: the embedded default (random weights)
+  std::string model_type = "kimi_linear";  // the embedded default's layer family, at its real model's shapes
+  int layers = 4;                          // embedded default: number of layers; with --model: 0 = all
   int requests = 8;
   int64_t min_prompt = 64;
   int64_t max_prompt = 2048;

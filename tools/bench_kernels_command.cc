@@ -34,7 +34,7 @@
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/q8.h"
-#include "kda/models/kda_model.h"
+#include "kda/models/delta_rule_model.h"
 
 #include <sys/resource.h>
 
@@ -304,6 +304,7 @@ struct BenchRow {
   std::string dtype;       // float32 | bfloat16 | float16
   std::string weights;     // projection weights of the layer rows: bf16 | int8 | fp32 (empty: none)
   std::string gemm_route;  // the projection rows' GEMM route: bf16_dot | fp32_fma (empty: none)
+  std::string model_type;  // the layer rows' layer family (empty: none)
   int H = 0;
   int K = 0;
   int64_t N = 0;
@@ -319,6 +320,7 @@ void PrintRow(const BenchRow& r, bool json) {
     nlohmann::ordered_json j = {{"kernel", r.kernel}, {"impl", r.impl}, {"isa", r.isa}, {"dtype", r.dtype}};
     if (!r.weights.empty()) j["weights"] = r.weights;
     if (!r.gemm_route.empty()) j["gemm_route"] = r.gemm_route;
+    if (!r.model_type.empty()) j["model_type"] = r.model_type;
     j.update(nlohmann::ordered_json{{"H", r.H},
                                     {"K", r.K},
                                     {"N", r.N},
@@ -361,14 +363,21 @@ std::string IsaField(KernelImpl impl) {
 
 // ------------------------------------------------------------------- cases
 
-constexpr KdaLayerShape kShape = KimiLinear48BLayerShape();
-constexpr int kHeads = kShape.H;
-constexpr int kHeadDim = kShape.K;
+// The kernel rows' heads: Kimi-Linear-48B's KDA layer (32 heads of 128).
+constexpr int kHeads = 32;
+constexpr int kHeadDim = 128;
 
-// The weights of one layer's nine projections (q, k, v, f_a, f_b, b, g_a, g_b, o; design §1).
-int64_t ProjectionWeightCount(const KdaLayerShape& s) {
-  const int64_t p = s.P();
-  return 4 * p * s.hidden + 2 * (s.K * s.hidden + p * s.K) + s.H * s.hidden;
+// A layer family's real layer (the layer rows' shapes).
+const DeltaRuleGeometry& ShapeOf(const std::string& model_type) { return LayerFamilyFor(model_type).reference; }
+
+// The weights of one layer's projections: its tensor table's quantizable tensors
+// (Kimi: q, k, v, f_a, f_b, b, g_a, g_b, o; design §1).
+int64_t ProjectionWeightCount(const std::string& model_type) {
+  int64_t n = 0;
+  for (const TensorSpec& t : LayerFamilyFor(model_type).tensors(ShapeOf(model_type))) {
+    if (t.quantizable) n += t.numel();
+  }
+  return n;
 }
 
 // A row's fixed fields (H and K the real shapes').
@@ -457,8 +466,10 @@ BenchRow RecurrentRow(const Machine& m, KernelImpl impl, int64_t n, int repeats)
 // N sequences, and in the same run its projection GEMMs alone through the same
 // GEMM library, the two timed alternately (a slow spell of the machine hits
 // both); the ratio is the layer's median time over the GEMMs'.
-BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int64_t t, int repeats) {
-  bench::LayerProblem p(dtype, impl, kShape, n, t);
+BenchRow LayerRow(const Machine& m, const std::string& model_type, KernelImpl impl, DType dtype, int64_t n, int64_t t,
+                  int repeats) {
+  const DeltaRuleGeometry& shape = ShapeOf(model_type);
+  bench::LayerProblem p(model_type, dtype, impl, shape, n, t);
   p.Forward();  // warm-up: GEMM primitives, scratch, first touches
   p.Gemms();
   const std::vector<std::vector<double>> s =
@@ -466,10 +477,15 @@ BenchRow LayerRow(const Machine& m, KernelImpl impl, DType dtype, int64_t n, int
   const double us_per_token = Median(s[0]) * 1e6 / static_cast<double>(t);
   const double gemm_us_per_token = Median(s[1]) * 1e6 / static_cast<double>(t);
   BenchRow r = Row(m, "layer", impl, dtype, n, t, repeats);
+  r.model_type = model_type;
+  r.H = shape.H;
+  r.K = shape.K;
   r.us_per_token = us_per_token;
   // The projections' flops per token (2 per weight), against both routes' peaks of the same run.
-  const double gemm_gflops = 2.0 * static_cast<double>(ProjectionWeightCount(kShape)) / (gemm_us_per_token * 1e3);
-  r.extra = {{"hidden", static_cast<double>(kShape.hidden)},
+  const double gemm_gflops = 2.0 * static_cast<double>(ProjectionWeightCount(model_type)) / (gemm_us_per_token * 1e3);
+  r.extra = {{"hidden", static_cast<double>(shape.hidden)},
+             {"HV", static_cast<double>(shape.HV)},
+             {"V", static_cast<double>(shape.V)},
              {"gemm_us_per_token", gemm_us_per_token},
              {"ratio_to_gemm", us_per_token / gemm_us_per_token},
              {"gemm_gflops", gemm_gflops},
@@ -490,13 +506,14 @@ int64_t DecodeSteps(int repeats) { return std::max<int64_t>(static_cast<int64_t>
 // (weights and scales read once, states and conv tails read and written) at
 // the memcpy rate and at the read-only rate of a buffer of the streamed size;
 // the int8 row has its speedup over bf16.
-std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) {
+std::vector<BenchRow> LayerDecodeRows(const Machine& m, const std::string& model_type, int64_t n, int repeats) {
   const WeightFormat formats[2] = {WeightFormat::kDense, WeightFormat::kInt8};
+  const DeltaRuleGeometry& shape = ShapeOf(model_type);
   std::vector<std::unique_ptr<bench::LayerDecodeProblem>> problems;
   for (WeightFormat f : formats) {
-    const int64_t layer_bytes = bench::LayerProjectionBytes(DType::kBF16, f, kShape);
+    const int64_t layer_bytes = bench::LayerProjectionBytes(model_type, DType::kBF16, f, shape);
     const int layers = bench::LayerDecodeProblem::LayersFor(layer_bytes, m.stream_bytes);
-    problems.push_back(std::make_unique<bench::LayerDecodeProblem>(DType::kBF16, f, kShape, n, layers));
+    problems.push_back(std::make_unique<bench::LayerDecodeProblem>(model_type, DType::kBF16, f, shape, n, layers));
     for (int i = 0; i < layers; ++i) problems.back()->Step(i);  // warm-up: one pass over the layers
   }
   const int64_t steps = DecodeSteps(repeats);
@@ -511,16 +528,19 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
     const double floor_us = bytes / (m.copy_gbps * 1e3);
     const double read_floor_us = bytes / (m.read_gbps * 1e3);
     BenchRow r = Row(m, "decode_layer", KernelImpl::kOptimized, DType::kBF16, n, 1, static_cast<int>(steps));
+    r.model_type = model_type;
+    r.H = shape.H;
+    r.K = shape.K;
     r.weights = WeightFormatName(formats[f]);
     r.us_per_token = step_us / static_cast<double>(n);
     r.extra = {{"step_us", step_us},
-               {"weight_bytes_per_layer", static_cast<double>(p.model.layers.front().projection_weight_bytes())},
+               {"weight_bytes_per_layer", static_cast<double>(p.model.layers.front()->projection_weight_bytes())},
                {"step_bytes", bytes},
                {"copy_gbps", m.copy_gbps},
                {"copy_floor_us", floor_us},
                {"ratio_to_copy_floor", step_us / floor_us},
                {"streamed_bytes", static_cast<double>(p.model.num_layers()) *
-                                      static_cast<double>(p.model.layers.front().projection_weight_bytes())},
+                                      static_cast<double>(p.model.layers.front()->projection_weight_bytes())},
                {"read_gbps", m.read_gbps},
                {"read_floor_us", read_floor_us},
                {"ratio_to_read_floor", step_us / read_floor_us},
@@ -540,6 +560,8 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, int64_t n, int repeats) 
 // instruction its GEMM route multiplies with (both measured in the same run).
 constexpr int64_t kDecodeRows = 8;
 
+constexpr const char* kKimi = "kimi_linear";
+
 std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats) {
   struct Case {
     DType dtype;
@@ -553,17 +575,19 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
   std::vector<std::unique_ptr<bench::ProjectionProblem>> problems;
   std::vector<std::function<void(int64_t)>> steps;
   for (const Case& c : cases) {
-    const int layers = streamed ? bench::LayerDecodeProblem::LayersFor(
-                                      bench::LayerProjectionBytes(c.dtype, c.format, kShape), m.stream_bytes)
-                                : 1;
-    problems.push_back(std::make_unique<bench::ProjectionProblem>(c.dtype, c.format, kShape, rows, layers));
+    const int layers = streamed
+                           ? bench::LayerDecodeProblem::LayersFor(
+                                 bench::LayerProjectionBytes(kKimi, c.dtype, c.format, ShapeOf(kKimi)), m.stream_bytes)
+                           : 1;
+    problems.push_back(
+        std::make_unique<bench::ProjectionProblem>(kKimi, c.dtype, c.format, ShapeOf(kKimi), rows, layers));
     bench::ProjectionProblem* p = problems.back().get();
     for (int i = 0; i < layers; ++i) p->Step(i);  // warm-up: GEMM primitives, one pass over the layers
     steps.emplace_back([p](int64_t i) { p->Step(i); });
   }
   const int64_t calls = streamed ? DecodeSteps(repeats) : repeats;
   const std::vector<std::vector<double>> t = bench::TimeAlternately(calls, steps);
-  const double flops = 2.0 * static_cast<double>(ProjectionWeightCount(kShape)) * static_cast<double>(rows);
+  const double flops = 2.0 * static_cast<double>(ProjectionWeightCount(kKimi)) * static_cast<double>(rows);
   std::vector<BenchRow> out;
   for (size_t i = 0; i < problems.size(); ++i) {
     const bench::ProjectionProblem& p = *problems[i];
@@ -577,7 +601,7 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
     r.gemm_route = GemmRouteName(route);
     r.us_per_token = call_us / static_cast<double>(rows);
     r.extra = {{"M", static_cast<double>(rows)},
-               {"hidden", static_cast<double>(kShape.hidden)},
+               {"hidden", static_cast<double>(ShapeOf(kKimi).hidden)},
                {"us_per_call", call_us},
                {"gflops", flops / (call_us * 1e3)},
                {"weight_bytes", bytes},
@@ -809,7 +833,7 @@ CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
   cmd->add_option("--repeats", opt.repeats, "Timed runs per measurement (median; the reference chunk kernel: R/3)");
   cmd->add_option("--only", opt.only, "Row groups to run (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options", "gdn"}));
+      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options", "gdn", "gdn_layer"}));
   return cmd;
 }
 
@@ -851,11 +875,19 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   }
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     if (!run("layer")) break;
-    PrintRow(LayerRow(m, KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
+    PrintRow(LayerRow(m, "kimi_linear", KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
   }
   for (int64_t n : {1, 8}) {
     if (!run("decode")) break;
-    for (const BenchRow& r : LayerDecodeRows(m, n, opt.repeats)) PrintRow(r, opt.json);
+    for (const BenchRow& r : LayerDecodeRows(m, "kimi_linear", n, opt.repeats)) PrintRow(r, opt.json);
+  }
+  // The Gated DeltaNet layer at Qwen3-Next-80B's shapes: prefill against its GEMMs, batch-1 decode.
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    if (!run("gdn_layer")) break;
+    PrintRow(LayerRow(m, "qwen3_next", KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
+  }
+  if (run("gdn_layer")) {
+    for (const BenchRow& r : LayerDecodeRows(m, "qwen3_next", 1, opt.repeats)) PrintRow(r, opt.json);
   }
   for (int64_t rows : {1, 8, 64, 2048}) {
     if (!run("projections")) break;

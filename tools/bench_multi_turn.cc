@@ -34,8 +34,8 @@ struct Chats {
   int64_t prompt_tokens = 0;             // every turn's prompt (answers excluded)
 };
 
-Chats MakeChats(const BenchOptions& opt, const KdaModel& model) {
-  const int64_t hidden = model.shape.hidden;
+Chats MakeChats(const BenchOptions& opt, const DeltaRuleModel& model) {
+  const int64_t hidden = model.geometry.hidden;
   std::mt19937_64 rng(opt.seed);
   // The embedding table: the ids determine the rows, as in a model.
   std::normal_distribution<float> normal(0.0F, 1.0F);
@@ -109,11 +109,11 @@ struct Run {
 // Serves the chats turn by turn (every conversation's turn r once each
 // conversation's turn r-1 finished; the first conversation's first turn
 // alone before the others, so that the system prompt is computed once).
-Run Serve(const BenchOptions& opt, const KdaModel& model, const Chats& chats, KernelImpl kernel, int64_t cache_bytes,
-          LayerObserver* observer = nullptr, const std::vector<int64_t>& only = {}) {
+Run Serve(const BenchOptions& opt, const DeltaRuleModel& model, const Chats& chats, KernelImpl kernel,
+          int64_t cache_bytes, LayerObserver* observer = nullptr, const std::vector<int64_t>& only = {}) {
   const int L = model.num_layers();
   const int64_t slots = opt.max_running > 0 ? opt.max_running : opt.conversations;
-  RecurrentStatePool pool(L, slots, model.shape, model.act_dtype);
+  RecurrentStatePool pool(L, slots, model.state_spec(), model.act_dtype);
   HybridReqToTokenPool req_pool(&pool);
   const MemoryPools pools{&pool, &req_pool};
   ModelRunner runner(model, pools, kernel);
@@ -125,7 +125,7 @@ Run Serve(const BenchOptions& opt, const KdaModel& model, const Chats& chats, Ke
   cfg.step_token_budget = opt.step_token_budget;
   cfg.snapshot_interval = opt.snapshot_interval;
   if (cache_bytes > 0) {
-    cache.emplace(L, model.shape, model.act_dtype, cache_bytes);
+    cache.emplace(L, model.state_spec(), model.act_dtype, cache_bytes);
     cfg.prefix_cache = &*cache;
   }
   Scheduler sched(runner, cfg);
@@ -184,19 +184,20 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
   Check(opt.model_dir.empty() || opt.layers >= 0, "--layers must be >= 0");
   const auto make_model = [&](DType act) {
     if (opt.model_dir.empty()) {
-      return KdaModel::Random(KimiLinear48BLayerShape(), opt.layers, act, 20261129, nullptr, weights);
+      return DeltaRuleModel::Random(opt.model_type, LayerFamilyFor(opt.model_type).reference, opt.layers, act, 20261129,
+                                    nullptr, weights);
     }
-    KdaModel m = KdaModel::Load(opt.model_dir, act, std::nullopt, nullptr, weights);
+    DeltaRuleModel m = DeltaRuleModel::Load(opt.model_dir, act, std::nullopt, nullptr, weights);
     if (opt.layers > 0 && opt.layers < m.num_layers()) {
       m.layers.erase(m.layers.begin() + opt.layers, m.layers.end());
       m.model_layer_ids.resize(static_cast<size_t>(opt.layers));
     }
     return m;
   };
-  const KdaModel model = make_model(dtype);
+  const DeltaRuleModel model = make_model(dtype);
   const Chats chats = MakeChats(opt, model);
   const int64_t cache_bytes = static_cast<int64_t>(opt.prefix_cache_mib * 1024.0 * 1024.0);
-  const int64_t hidden = model.shape.hidden;
+  const int64_t hidden = model.geometry.hidden;
   const int L = model.num_layers();
 
   std::printf(
@@ -205,7 +206,7 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
       "weights, %d threads, kernel %s\n",
       opt.conversations, opt.turns, static_cast<long long>(opt.system_prompt), static_cast<long long>(opt.min_user),
       static_cast<long long>(opt.max_user), static_cast<long long>(opt.decode_steps), L, static_cast<long long>(hidden),
-      model.shape.H, model.shape.K, opt.dtype.c_str(), WeightFormatName(model.weights_format), NumThreads(),
+      model.geometry.H, model.geometry.K, opt.dtype.c_str(), WeightFormatName(model.weights_format), NumThreads(),
       ActiveKernelDescription(kernel));
   std::fflush(stdout);
   const int64_t probe = static_cast<int64_t>(opt.conversations) * opt.turns - 1;
@@ -238,7 +239,7 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
       note(CompareStateF32(a.final_recurrent.data(), r.final_recurrent.data(), r.final_recurrent.size()));
     }
   } else {
-    const KdaModel exact_model = make_model(DType::kF32);
+    const DeltaRuleModel exact_model = make_model(DType::kF32);
     Chats exact_chats;
     exact_chats.turns.resize(chats.turns.size());
     for (size_t s = 0; s < chats.turns.size(); ++s) {
@@ -262,7 +263,7 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
     const std::vector<float> gr(off_trace.out().begin() + static_cast<std::ptrdiff_t>(skip), off_trace.out().end());
     const std::vector<float> gx(exact_trace.out().begin() + static_cast<std::ptrdiff_t>(skip), exact_trace.out().end());
     Check(ga.size() == gr.size() && gx.size() == gr.size(), "bench: the traced request's rows differ between runs");
-    const size_t rs = static_cast<size_t>(model.shape.RecurrentStateSize());  // the first layer's final state
+    const size_t rs = static_cast<size_t>(model.state_spec().recurrent_size());  // the first layer's final state
     const ToleranceReport o = CompareBF16(ga.data(), gr.data(), gx.data(), gr.size());
     const ToleranceReport st =
         CompareBF16(a.final_recurrent.data(), r.final_recurrent.data(), e.final_recurrent.data(), rs);
@@ -284,7 +285,7 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
   std::printf("  prefill: cache off %.3f s, cache on %.3f s (%.2fx); decode: %.3f s / %.3f s\n", off.prefill_s,
               on.prefill_s, speedup, off.decode_s, on.decode_s);
   std::printf("  snapshots: %lld bytes each, budget %lld (%lld snapshots), peak %lld bytes\n",
-              static_cast<long long>(RadixStateCache::SnapshotBytes(L, model.shape, model.act_dtype)),
+              static_cast<long long>(RadixStateCache::SnapshotBytes(L, model.state_spec(), model.act_dtype)),
               static_cast<long long>(cache_bytes), static_cast<long long>(on.snapshot_capacity),
               static_cast<long long>(on.snapshot_bytes_peak));
   std::printf("  self-check (cache on vs off, worst max_ratio): %.3g -> %s\n", worst, pass ? "PASS" : "FAIL");

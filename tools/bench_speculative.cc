@@ -16,7 +16,7 @@
 #include "kda/bench/timing.h"
 #include "kda/kernels/q8.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kda_model.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
 #include "tools/layer_replay.h"
@@ -56,11 +56,11 @@ struct Run {
 
 // Serves the batch (drafts of k rows with acceptance alpha; k = 0: plain
 // decode); `trace` (optional) follows request 0's kept positions.
-Run Serve(const KdaModel& model, KernelImpl kernel, const std::vector<ActBuffer>& inputs, int64_t prompt,
+Run Serve(const DeltaRuleModel& model, KernelImpl kernel, const std::vector<ActBuffer>& inputs, int64_t prompt,
           int64_t decode, const VerifyConfig& verify, int64_t k, double alpha, uint64_t seed,
           RequestTrace* trace = nullptr) {
   const auto batch = static_cast<int64_t>(inputs.size());
-  RecurrentStatePool pool(model.num_layers(), batch, model.shape, model.act_dtype, verify);
+  RecurrentStatePool pool(model.num_layers(), batch, model.state_spec(), model.act_dtype, verify);
   HybridReqToTokenPool req_pool(&pool);
   ModelRunner runner(model, {&pool, &req_pool}, kernel);
   runner.SetObserver(trace);
@@ -69,7 +69,7 @@ Run Serve(const KdaModel& model, KernelImpl kernel, const std::vector<ActBuffer>
   Scheduler sched(runner, cfg);
   for (int64_t i = 0; i < batch; ++i) {
     ServeRequest r{.id = i, .input = inputs[i].view(), .length = prompt + decode, .decode_tokens = decode};
-    if (k > 0) r.draft = SeededDraftSource(r.input, model.shape.hidden, k, alpha, seed + static_cast<uint64_t>(i));
+    if (k > 0) r.draft = SeededDraftSource(r.input, model.geometry.hidden, k, alpha, seed + static_cast<uint64_t>(i));
     if (k > 0 && trace != nullptr && i == trace->req_id()) {
       r.draft.accept = [inner = r.draft.accept, trace](int64_t committed, int64_t n, const void* out) {
         const int64_t a = inner(committed, n, out);
@@ -117,7 +117,7 @@ int RunSpeculativeBench(const BenchOptions& opt, DType dtype, KernelImpl kernel)
         "--verify-method must be recompute or token_states, got '" + opt.verify_method + "'");
   const VerifyMethod method = opt.verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates;
   const int64_t max_k = *std::max_element(ks.begin(), ks.end());
-  const KdaLayerShape shape = KimiLinear48BLayerShape();
+  const DeltaRuleGeometry shape = LayerFamilyFor("kimi_linear").reference;
   const int64_t llc = bench::LastLevelCacheBytes();
   const int64_t hidden = shape.hidden;
   const int64_t rows = opt.spec_prompt + opt.decode_steps;
@@ -133,17 +133,19 @@ int RunSpeculativeBench(const BenchOptions& opt, DType dtype, KernelImpl kernel)
     // Enough layers that a step streams more projection weights than the
     // last-level cache (the decode benchmarks' DecodeStreamBytes: twice the cache, at least 256 MiB).
     int layers = opt.layers;
-    const int64_t per_layer =
-        KdaModel::Random(shape, 1, dtype, 20261129, nullptr, wf).layers[0].projection_weight_bytes();
+    const int64_t per_layer = DeltaRuleModel::Random("kimi_linear", shape, 1, dtype, 20261129, nullptr, wf)
+                                  .layers[0]
+                                  ->projection_weight_bytes();
     if (layers <= 0) {
       layers = static_cast<int>(bench::DecodeStreamBytes() / per_layer) + 1;
     }
-    const KdaModel model = KdaModel::Random(shape, layers, dtype, 20261129, nullptr, wf);
-    std::optional<KdaModel> exact;  // the self-check's exact pipeline of a bf16 run
-    if (dtype == DType::kBF16) exact = KdaModel::Random(shape, layers, DType::kF32, 20261129, nullptr, wf);
+    const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", shape, layers, dtype, 20261129, nullptr, wf);
+    std::optional<DeltaRuleModel> exact;  // the self-check's exact pipeline of a bf16 run
+    if (dtype == DType::kBF16)
+      exact = DeltaRuleModel::Random("kimi_linear", shape, layers, DType::kF32, 20261129, nullptr, wf);
     const VerifyConfig verify{.max_draft_tokens = max_k, .method = method};
-    const int64_t state = RecurrentStatePool::BytesPerRequest(layers, shape, dtype);
-    const int64_t area = RecurrentStatePool::VerifyBytesPerRequest(layers, shape, dtype, verify);
+    const int64_t state = RecurrentStatePool::BytesPerRequest(layers, shape.state_spec(), dtype);
+    const int64_t area = RecurrentStatePool::VerifyBytesPerRequest(layers, shape.state_spec(), dtype, verify);
     std::printf(
         "\nweights %s: %d layers x %.1f MB = %.0f MB streamed per step (last-level cache %.0f MiB); state %.2f MiB "
         "per request, verify area (k <= %lld) %.2f MiB per request\n",

@@ -4,6 +4,7 @@
 #include <exception>
 #include <string>
 
+#include "kda/models/layer_family.h"
 #include "kda/models/quantize.h"
 #include "tools/bench_command.h"
 #include "tools/bench_kernels_command.h"
@@ -11,7 +12,7 @@
 #include "tools/run_command.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"kda: Kimi Delta Attention inference component"};
+  CLI::App app{"kda: delta-rule linear attention inference component (Kimi Delta Attention, Gated DeltaNet)"};
   app.require_subcommand(1);
 
   kda::cli::RunOptions run;
@@ -43,7 +44,10 @@ int main(int argc, char** argv) {
   kda::cli::BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Serving benchmark: chunked prefill and batched decode");
   bench_cmd->add_option("--model", bench.model_dir, "Model directory; omit for the embedded default");
-  bench_cmd->add_option("--layers", bench.layers, "KDA layers (embedded default: 4; with --model 0 = all)");
+  bench_cmd->add_option("--model-type", bench.model_type,
+                        "The embedded default's layer family, at its real model's shapes: " +
+                            kda::SupportedModelTypesList() + " (default kimi_linear; ignored with --model)");
+  bench_cmd->add_option("--layers", bench.layers, "Layers (embedded default: 4; with --model 0 = all)");
   bench_cmd->add_option("--requests", bench.requests, "Number of requests");
   bench_cmd->add_option("--min-prompt", bench.min_prompt, "Shortest prompt (tokens)");
   bench_cmd->add_option("--max-prompt", bench.max_prompt, "Longest prompt (tokens)");
@@ -111,7 +115,7 @@ int main(int argc, char** argv) {
       return kda::cli::RunBenchCommand(bench);
     }
     if (quantize_cmd->parsed()) {
-      kda::QuantizeKdaCheckpoint(quantize_model, quantize_output);
+      kda::QuantizeCheckpoint(quantize_model, quantize_output);
       std::printf("int8 checkpoint written to %s\n", quantize_output.c_str());
       return 0;
     }

@@ -4,7 +4,7 @@
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
-#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 
@@ -44,23 +44,23 @@ struct Replayed {
 // The traced request again, alone, each layer of `model` fed the input that
 // layer saw while served (converted to the model's activation dtype): rows
 // [0, decode_from) in one EXTEND step, then one DECODE step per row.
-std::vector<Replayed> ReplayLayers(const KdaModel& model, const RequestTrace& trace, DType trace_dt, KernelImpl kernel,
-                                   int64_t decode_from) {
+std::vector<Replayed> ReplayLayers(const DeltaRuleModel& model, const RequestTrace& trace, DType trace_dt,
+                                   KernelImpl kernel, int64_t decode_from) {
   const int L = model.num_layers();
   const DType dt = model.act_dtype;
-  const int64_t hidden = model.shape.hidden;
+  const int64_t hidden = model.geometry.hidden;
   const auto rows =
       static_cast<int64_t>(trace.inputs().at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
   const int64_t first = decode_from < 0 ? rows : std::min(decode_from, rows);
-  RecurrentStatePool pool(L, 1, model.shape, dt);
+  RecurrentStatePool pool(L, 1, model.state_spec(), dt);
   HybridReqToTokenPool req_pool(&pool);
-  KDAAttnBackend backend({&pool, &req_pool}, kernel);
+  DeltaRuleAttnBackend backend({&pool, &req_pool}, kernel);
   const int32_t slot = req_pool.Alloc(trace.req_id());
   // The steps: [0, first) at once, then one row each.
   std::vector<std::pair<int64_t, int64_t>> steps;
   if (first > 0) steps.emplace_back(0, first);
   for (int64_t t = first; t < rows; ++t) steps.emplace_back(t, 1);
-  const int64_t rs = model.shape.RecurrentStateSize();
+  const int64_t rs = model.state_spec().recurrent_size();
   std::vector<Replayed> r(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
     const std::vector<float> in = BytesToFloat(trace.inputs()[l], trace_dt);
@@ -75,7 +75,7 @@ std::vector<Replayed> ReplayLayers(const KdaModel& model, const RequestTrace& tr
       batch.extend_lens = {n};
       batch.prefix_lens = {begin};
       backend.InitForwardMetadata(batch);
-      model.layers[l].Forward(Offset(out.mut(), begin * hidden), Offset(x.view(), begin * hidden), backend);
+      model.layers[l]->Forward(Offset(out.mut(), begin * hidden), Offset(x.view(), begin * hidden), backend);
     }
     r[l].out = out.ToFloat();
     r[l].state.resize(static_cast<size_t>(rs));
@@ -86,7 +86,7 @@ std::vector<Replayed> ReplayLayers(const KdaModel& model, const RequestTrace& tr
 
 }  // namespace
 
-SelfCheck ReplayCheck(const KdaModel& model, const KdaModel* exact, const RequestTrace& trace,
+SelfCheck ReplayCheck(const DeltaRuleModel& model, const DeltaRuleModel* exact, const RequestTrace& trace,
                       const RequestResult& served, KernelImpl kernel, int64_t decode_from) {
   const DType dt = model.act_dtype;
   const std::vector<Replayed> ref = ReplayLayers(model, trace, dt, kernel, decode_from);
@@ -95,7 +95,7 @@ SelfCheck ReplayCheck(const KdaModel& model, const KdaModel* exact, const Reques
     Check(exact != nullptr && exact->act_dtype == DType::kF32, "bench: the bf16 self-check needs the fp32 layers");
     ex = ReplayLayers(*exact, trace, dt, kernel, decode_from);
   }
-  const int64_t rs = model.shape.RecurrentStateSize();
+  const int64_t rs = model.state_spec().recurrent_size();
   SelfCheck c;
   for (int l = 0; l < model.num_layers(); ++l) {
     const std::vector<float> got = BytesToFloat(trace.outputs()[l], dt);

@@ -10,7 +10,7 @@
 #include "kda/base/tolerance.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/layers/forward_batch.h"
-#include "kda/models/kda_model.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 
 namespace kda::cli {
@@ -55,7 +55,7 @@ struct SelfCheck {
 // reference; the bf16 rule (design §5) also needs the exact output of that
 // layer on that input, which the fp32 replay is: served may differ from the
 // replay in bf16 rounding flips, not be less accurate.
-SelfCheck ReplayCheck(const KdaModel& model, const KdaModel* exact, const RequestTrace& trace,
+SelfCheck ReplayCheck(const DeltaRuleModel& model, const DeltaRuleModel* exact, const RequestTrace& trace,
                       const RequestResult& served, KernelImpl kernel, int64_t decode_from = -1);
 
 }  // namespace kda::cli

@@ -61,16 +61,16 @@ struct PrefixCacheUse {
 // data-parallel share through a fresh pool of its heads, with optional initial
 // states (full [N, L, ...] layouts, null for zero). Collective over the
 // groups; each phase's errors are agreed before the next collective.
-Served Serve(ParallelRuntime& rt, const KdaModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
+Served Serve(ParallelRuntime& rt, const DeltaRuleModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
              const float* init_rec, const ActBuffer* init_conv, int64_t prefill_chunk,
              const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel,
              const PrefixCacheUse& cache = {}) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
   const int L = model.num_layers();
-  const KdaLayerShape ss = model.full_shape();
-  const int64_t hidden = model.shape.hidden;
-  const int64_t rs = ss.RecurrentStateSize();
-  const int64_t cs = ss.ConvStateSize();
+  const DeltaRuleGeometry ss = model.full_geometry();
+  const int64_t hidden = model.geometry.hidden;
+  const int64_t rs = ss.state_spec().recurrent_size();
+  const int64_t cs = ss.state_spec().conv_size();
   std::vector<ServeRequest> requests;
   for (int64_t n = 0; n < N; ++n) {
     ServeRequest r;
@@ -135,7 +135,7 @@ std::string ParallelNote(const ParallelGroups& g) {
 // writes the output file with the full states.
 int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl kernel, ParallelRuntime& rt) {
   const ParallelGroups& groups = rt.groups();
-  KdaModel model;
+  DeltaRuleModel model;
   int layer = 0;
   int64_t T = 0;
   int64_t N = 0;
@@ -150,12 +150,12 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
   rt.RunAgreed([&] {
     Check(!opt.input.empty(), "--input is required with --model");
     Check(!opt.output.empty(), "--output is required with --model");
-    const KimiLinearConfig config = LoadKimiLinearConfig(opt.model_dir);
-    layer = opt.layer_given ? opt.layer : config.FirstKdaLayer();
+    const ModelConfig config = LoadModelConfig(opt.model_dir);
+    layer = opt.layer_given ? opt.layer : config.FirstLinearLayer();
     // The input is checked (shapes, cu_seqlens, finite values) before the weights are read.
-    const KdaLayerShape shape = KdaLayerShapeFromConfig(config);
+    const DeltaRuleGeometry shape = LayerFamilyFor(config.model_type).geometry(config);
     RunInput input = ReadRunInput(SafetensorsFile::Open(opt.input), shape);
-    model = KdaModel::Load(opt.model_dir, dtype, layer, &groups.tp(), wf);
+    model = DeltaRuleModel::Load(opt.model_dir, dtype, layer, &groups.tp(), wf);
     T = input.T;
     N = input.N;
     cu = std::move(input.cu);
@@ -163,12 +163,12 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
     conv = std::move(input.conv);
     ids = std::move(input.ids);
     // One layer: [N, 1, ...] is [N, ...]. A missing part starts from zero.
-    if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.ConvStateSize()), 0.0F);
-    if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.RecurrentStateSize()), 0.0F);
+    if (!rec.empty() && conv.empty()) conv.assign(static_cast<size_t>(N * shape.state_spec().conv_size()), 0.0F);
+    if (rec.empty() && !conv.empty()) rec.assign(static_cast<size_t>(N * shape.state_spec().recurrent_size()), 0.0F);
     x = ToAct(dtype, input.x);
     conv_act = ToAct(dtype, conv);
   });
-  const KdaLayerShape shape = model.full_shape();
+  const DeltaRuleGeometry shape = model.full_geometry();
   std::vector<int64_t> decode(static_cast<size_t>(N), opt.decode_last);
 
   PrefixCacheUse cache;
@@ -186,8 +186,8 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
     if (!groups.is_root()) return;
     std::vector<TensorToWrite> tensors = {
         {"out", DType::kF32, {T, shape.hidden}, s.out.data()},
-        {"final_recurrent_state", DType::kF32, {N, shape.H, shape.K, shape.K}, s.rec.data()},
-        {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.ConvChannels()}, s.conv.data()}};
+        {"final_recurrent_state", DType::kF32, {N, shape.HV, shape.K, shape.V}, s.rec.data()},
+        {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.conv_channels()}, s.conv.data()}};
     // With the prefix cache, the rows reused from it are zeros in `out`: `computed` says which rows were computed.
     if (opt.prefix_cache) tensors.push_back({"computed", DType::kU8, {T}, s.computed.data()});
     WriteSafetensors(opt.output, tensors,
@@ -233,7 +233,7 @@ std::vector<int64_t> ParseLengths(const std::string& s) {
 // every token after the first as a DECODE step (recurrent kernel), and
 // compares the two.
 int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl kernel, ParallelRuntime& rt) {
-  const KdaLayerShape shape = KimiLinear48BLayerShape();
+  const DeltaRuleGeometry shape = LayerFamilyFor("kimi_linear").reference;
   const std::vector<int64_t> lens = ParseLengths(opt.lengths);
   const auto N = static_cast<int64_t>(lens.size());
   std::vector<int64_t> cu(1, 0);
@@ -241,8 +241,8 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, Kern
   const int64_t T = cu.back();
 
   const ParallelGroups& groups = rt.groups();
-  KdaModel model;
-  rt.RunAgreed([&] { model = KdaModel::Random(shape, 1, dtype, 20261129, &groups.tp(), wf); });
+  DeltaRuleModel model;
+  rt.RunAgreed([&] { model = DeltaRuleModel::Random("kimi_linear", shape, 1, dtype, 20261129, &groups.tp(), wf); });
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::vector<float> xv(static_cast<size_t>(T * shape.hidden));
@@ -271,8 +271,9 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, Kern
   // prefill in bf16 rounding flips, but must be no less accurate.
   Served exact;
   if (dtype == DType::kBF16) {
-    KdaModel model32;
-    rt.RunAgreed([&] { model32 = KdaModel::Random(shape, 1, DType::kF32, 20261129, &groups.tp(), wf); });
+    DeltaRuleModel model32;
+    rt.RunAgreed(
+        [&] { model32 = DeltaRuleModel::Random("kimi_linear", shape, 1, DType::kF32, 20261129, &groups.tp(), wf); });
     exact = Serve(rt, model32, ToAct(DType::kF32, xv), cu, nullptr, nullptr, 0, no_decode, 0, kernel);
   }
   if (!root) {

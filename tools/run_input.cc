@@ -36,7 +36,7 @@ std::vector<float> FiniteFloats(const TensorInfo& t) {
 
 }  // namespace
 
-RunInput ReadRunInput(const SafetensorsFile& in, const KdaLayerShape& shape) {
+RunInput ReadRunInput(const SafetensorsFile& in, const DeltaRuleGeometry& shape) {
   Check(in.Has("hidden_states"), "input file has no hidden_states tensor");
   Check(in.Has("cu_seqlens"), "input file has no cu_seqlens tensor");
   const TensorInfo& xs = in.Get("hidden_states");
@@ -55,13 +55,13 @@ RunInput ReadRunInput(const SafetensorsFile& in, const KdaLayerShape& shape) {
   if (in.Has("initial_recurrent_state")) {
     rec = &in.Get("initial_recurrent_state");
     Check(rec->dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
-    ExpectShape(*rec, {r.N, shape.H, shape.K, shape.K});
+    ExpectShape(*rec, {r.N, shape.HV, shape.K, shape.V});
   }
   if (in.Has("initial_conv_state")) {
     conv = &in.Get("initial_conv_state");
     Check(conv->dtype == DType::kF32 || conv->dtype == DType::kBF16,
           "input tensor initial_conv_state must be F32 or BF16");
-    ExpectShape(*conv, {r.N, shape.W - 1, shape.ConvChannels()});
+    ExpectShape(*conv, {r.N, shape.W - 1, shape.conv_channels()});
   }
   const TensorInfo* ids = nullptr;
   if (in.Has("input_ids")) {

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kda/base/kda_layer_shape.h"
 #include "kda/io/safetensors.h"
+#include "kda/layers/delta_rule_geometry.h"
 
 namespace kda::cli {
 
@@ -25,6 +25,6 @@ struct RunInput {
 // initial_conv_state F32 or BF16 [N, W-1, 3P]; optional input_ids I32 or I64 [T] (values in the int32 range). Every
 // value of the float tensors must be finite. Each problem is a kda::Error naming the tensor (and, for a NaN or
 // infinity, the first such element).
-RunInput ReadRunInput(const SafetensorsFile& in, const KdaLayerShape& shape);
+RunInput ReadRunInput(const SafetensorsFile& in, const DeltaRuleGeometry& shape);
 
 }  // namespace kda::cli

@@ -1,4 +1,4 @@
-"""kda: Kimi Delta Attention inference on the CPU.
+"""kda: delta-rule linear attention inference on the CPU (Kimi Delta Attention, Gated DeltaNet).
 
 - Kernels with fla's signatures (fla-core 0.6.0; docs/fla-api.md): :func:`chunk_kda` (prefill),
   :func:`fused_recurrent_kda` (the recurrence token by token), :func:`fused_recurrent_kda_fwd` (the
@@ -7,8 +7,11 @@
   :func:`fused_recurrent_gated_delta_rule_fwd` (vLLM's) and :func:`fused_gdn_gate`. Over numpy
   arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors,
   JAX arrays), read in place.
-- :class:`KimiDeltaAttention`: one KDA layer of a Kimi-Linear checkpoint.
-- :class:`Engine`: the state pool and scheduler serving requests through all KDA layers.
+- :class:`DeltaRuleLayer`: one delta-rule layer of a checkpoint, by config.json's model_type:
+  :class:`KimiDeltaAttention` (kimi_linear), :class:`Qwen3NextGatedDeltaNet` (qwen3_next),
+  :class:`Qwen3_5GatedDeltaNet` (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text);
+  :func:`model_config` reads a checkpoint's config as kda does.
+- :class:`Engine`: the state pool and scheduler serving requests through all delta-rule layers.
 
 ``import kda.torch`` registers the kernels as torch custom ops; ``import kda.jax`` gives the JAX
 kernels. Neither is imported here (both frameworks are optional).
@@ -25,7 +28,15 @@ from ._kernels import (
     fused_recurrent_kda,
     fused_recurrent_kda_fwd,
 )
-from ._model import Engine, KimiDeltaAttention, RequestResult
+from ._model import (
+    DeltaRuleLayer,
+    Engine,
+    KimiDeltaAttention,
+    Qwen3_5GatedDeltaNet,
+    Qwen3NextGatedDeltaNet,
+    RequestResult,
+    model_config,
+)
 
 __version__ = "0.1.0"
 
@@ -58,7 +69,11 @@ __all__ = [
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_fwd",
     "fused_gdn_gate",
+    "DeltaRuleLayer",
     "KimiDeltaAttention",
+    "Qwen3NextGatedDeltaNet",
+    "Qwen3_5GatedDeltaNet",
+    "model_config",
     "Engine",
     "RequestResult",
     "set_num_threads",

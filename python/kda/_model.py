@@ -1,9 +1,9 @@
-"""The KDA layer of a checkpoint and the serving engine over all its KDA layers."""
+"""One delta-rule layer of a checkpoint (Kimi-Linear's KDA, Qwen3-Next's and Qwen3.5's Gated DeltaNet) and
+the serving engine over all its delta-rule layers."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from typing import NamedTuple
 
@@ -13,47 +13,79 @@ from . import _core
 from ._arrays import BF16, for_core, from_core, int_array, np_dtype, shape_of
 
 
-def _first_kda_layer(path) -> int:
-    try:
-        with open(os.path.join(os.fspath(path), "config.json")) as f:
-            cfg = json.load(f)
-        layers = cfg["linear_attn_config"]["kda_layers"]  # 1-based, as Hugging Face writes them
-        return int(min(layers)) - 1
-    except (OSError, KeyError, ValueError, TypeError) as e:
-        raise ValueError(f"{path}: cannot find the KDA layers in config.json ({e}); pass layer=") from None
+def model_config(path) -> dict:
+    """config.json of the checkpoint directory ``path`` as kda reads it: ``model_type`` (the text model's:
+    "kimi_linear", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ``family`` (the model type of its
+    layer family: "kimi_linear", "qwen3_next" or "qwen3_5_text"), ``layer_class`` (the transformers class
+    of its delta-rule layers), ``hidden_size``, ``num_hidden_layers``, ``num_k_heads`` (H),
+    ``num_v_heads`` (HV), ``head_k_dim`` (K), ``head_v_dim`` (V), ``conv_size`` (W), ``rms_norm_eps`` and
+    ``linear_layers`` (the delta-rule layers, 0-based). A ValueError names a missing config.json, an
+    unsupported model_type or a bad field."""
+    return _core.model_config(os.fspath(path))
 
 
-class KimiDeltaAttention:
-    """One KDA layer of a Kimi-Linear checkpoint (projections, short convs, gates, the KDA core,
-    gated RMSNorm, o_proj), in the fp32 or the bf16 pipeline (design §2)."""
+class DeltaRuleLayer:
+    """One delta-rule layer of a checkpoint (projections, short conv, gates, the delta-rule core, gated
+    RMSNorm, output projection), in the fp32 or the bf16 pipeline (design §2), of any supported model
+    type: :meth:`from_pretrained` gives the subclass of the checkpoint's family
+    (:class:`KimiDeltaAttention`, :class:`Qwen3NextGatedDeltaNet`, :class:`Qwen3_5GatedDeltaNet`).
 
-    def __init__(self, core: "_core.KdaLayer"):
+    Shapes: H key heads of K dims (``num_k_heads``, ``head_k_dim``), HV value heads of V dims
+    (``num_v_heads``, ``head_v_dim``; HV a multiple of H, KDA: HV = H, V = K), conv width W
+    (``conv_size``). Per sequence the layer keeps a recurrent state [HV, K, V] (float32) and a conv
+    state [W-1, C] (the layer's dtype): C = 2*H*K + HV*V channels q|k|v, the raw projections before
+    the conv and SiLU, oldest row first (transformers' [C, W] conv cache without its first column,
+    transposed)."""
+
+    #: The layer families (their first config.json model_type) the class serves; None: any.
+    model_types: tuple[str, ...] | None = None
+
+    def __init__(self, core: "_core.Layer"):
         self._core = core
 
     @classmethod
-    def from_pretrained(cls, path, layer=None, dtype="bfloat16", kernel="auto", weights="bf16") -> "KimiDeltaAttention":
-        """Layer ``layer`` (0-based model layer index; None: the first KDA layer) of the checkpoint in
-        directory ``path`` (config.json + safetensors). ``dtype``: "float32" or "bfloat16".
-        ``weights``: "bf16" (the projections as the pipeline casts the checkpoint's weights) or
-        "int8" (Q8_0 projection weights, quantized at load or read from a ``kda quantize`` checkpoint)."""
-        if layer is None:
-            layer = _first_kda_layer(path)
-        return cls(_core.KdaLayer(os.fspath(path), int(layer), str(dtype), str(kernel), str(weights)))
+    def from_pretrained(cls, path, layer=None, dtype="bfloat16", kernel="auto", weights="bf16") -> "DeltaRuleLayer":
+        """Layer ``layer`` (0-based model layer index; None: the first delta-rule layer) of the checkpoint
+        in directory ``path`` (config.json + safetensors; the family from config.json's model_type).
+        ``dtype``: "float32" or "bfloat16". ``kernel``: "auto", "optimized" or "reference".
+        ``weights``: "bf16" (the projections as the pipeline casts the checkpoint's weights) or "int8"
+        (Q8_0 projection weights, quantized at load or read from a ``kda quantize`` checkpoint).
 
+        A subclass refuses a checkpoint of another family (ValueError naming its model_type and the
+        class to use) before reading weights; ``DeltaRuleLayer.from_pretrained`` returns the
+        subclass of the checkpoint's family."""
+        path = os.fspath(path)
+        cfg = model_config(path)
+        target = _layer_class_for(cfg["family"])
+        if cls.model_types is not None and cfg["family"] not in cls.model_types:
+            raise ValueError(f"{path}: model_type {cfg['model_type']!r} has {cfg['layer_class']} layers, not "
+                             f"{cls.__name__}: use kda.{target.__name__}.from_pretrained")
+        if layer is None:
+            layer = cfg["linear_layers"][0]
+        core = _core.Layer(path, int(layer), str(dtype), str(kernel), str(weights))
+        return (target if issubclass(target, cls) else cls)(core)
+
+    model_type = property(lambda self: self._core.model_type)  # the family: "kimi_linear", "qwen3_next", ...
+    layer_class = property(lambda self: self._core.layer_class)  # e.g. "Qwen3NextGatedDeltaNet"
     hidden_size = property(lambda self: self._core.hidden_size)
-    num_heads = property(lambda self: self._core.num_heads)
-    head_dim = property(lambda self: self._core.head_dim)
-    conv_size = property(lambda self: self._core.conv_size)
+    num_k_heads = property(lambda self: self._core.num_k_heads)  # H
+    num_v_heads = property(lambda self: self._core.num_v_heads)  # HV
+    head_k_dim = property(lambda self: self._core.head_k_dim)  # K
+    head_v_dim = property(lambda self: self._core.head_v_dim)  # V
+    num_heads = property(lambda self: self._core.num_heads)  # H (KDA's heads)
+    head_dim = property(lambda self: self._core.head_dim)  # K (KDA's head dim)
+    conv_size = property(lambda self: self._core.conv_size)  # W
     dtype = property(lambda self: self._core.dtype)
     weights = property(lambda self: self._core.weights)
 
     def forward(self, hidden_states, cu_seqlens=None, initial_recurrent_state=None, initial_conv_state=None):
         """The layer over a packed batch: hidden_states ``[T, hidden]`` in the layer's dtype, cu_seqlens
-        ``[N + 1]`` (None: one sequence), optional initial states float32 ``[N, H, K, V]`` and
-        ``[N, W-1, 3P]`` in the layer's dtype (channels q|k|v, the raw projections before SiLU).
+        ``[N + 1]`` (None: one sequence), optional initial states float32 ``[N, HV, K, V]`` and
+        ``[N, W-1, C]`` in the layer's dtype (C = 2*H*K + HV*V channels q|k|v, the raw projections
+        before the conv and SiLU).
 
-        Returns ``(out [T, hidden], final_recurrent_state [N, H, K, V] float32, final_conv_state
-        [N, W-1, 3P])``: torch tensors if hidden_states is one, else numpy arrays."""
+        Returns ``(out [T, hidden], final_recurrent_state [N, HV, K, V] float32, final_conv_state
+        [N, W-1, C])``: torch tensors if hidden_states is one, else numpy arrays."""
         shape = shape_of(hidden_states, "hidden_states")
         if cu_seqlens is None:
             cu = np.array([0, shape[0] if shape else 0], dtype=np.int64)
@@ -68,10 +100,47 @@ class KimiDeltaAttention:
 
     __call__ = forward
 
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(model_type={self.model_type!r}, hidden_size={self.hidden_size}, "
+                f"num_k_heads={self.num_k_heads}, num_v_heads={self.num_v_heads}, head_k_dim={self.head_k_dim}, "
+                f"head_v_dim={self.head_v_dim}, conv_size={self.conv_size}, dtype={self.dtype!r}, "
+                f"weights={self.weights!r})")
+
+
+class KimiDeltaAttention(DeltaRuleLayer):
+    """One KDA layer of a Kimi-Linear checkpoint (model_type kimi_linear): a decay per key dimension,
+    sigmoid output gate; H = HV heads of K = V dims."""
+
+    model_types = ("kimi_linear",)
+
+
+class Qwen3NextGatedDeltaNet(DeltaRuleLayer):
+    """One Gated DeltaNet layer of a Qwen3-Next checkpoint (model_type qwen3_next; ``in_proj_qkvz`` and
+    ``in_proj_ba`` interleaved per key-head group): a decay per value head, silu output gate."""
+
+    model_types = ("qwen3_next",)
+
+
+class Qwen3_5GatedDeltaNet(DeltaRuleLayer):
+    """One Gated DeltaNet layer of a Qwen3.5 checkpoint (model types qwen3_5, qwen3_5_text, qwen3_5_moe,
+    qwen3_5_moe_text; ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; the text model's
+    layers also under ``model.language_model.``): a decay per value head, silu output gate."""
+
+    model_types = ("qwen3_5_text",)
+
+
+_LAYER_CLASSES = (KimiDeltaAttention, Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet)
+
+
+def _layer_class_for(family: str) -> type[DeltaRuleLayer]:
+    """The layer class of a family (DeltaRuleLayer for one without a class of its own)."""
+    return next((c for c in _LAYER_CLASSES if family in c.model_types), DeltaRuleLayer)
+
 
 class RequestResult(NamedTuple):
     """A finished request: the last layer's output ``[T, hidden]`` and every layer's final states
-    ``[L, H, K, V]`` (float32) and ``[L, W-1, 3P]`` (the engine's dtype)."""
+    ``[L, HV, K, V]`` (float32) and ``[L, W-1, C]`` (the engine's dtype; C = 2*H*K + HV*V), L the
+    engine's delta-rule layers in model order."""
 
     out: np.ndarray
     final_recurrent_state: np.ndarray
@@ -79,10 +148,13 @@ class RequestResult(NamedTuple):
 
 
 class Engine:
-    """Serves requests through every KDA layer of a checkpoint the way an engine does: a state pool
-    of ``max_running`` slots, chunked prefill (``prefill_chunk`` tokens of a request per step, 0: no
-    limit, at most ``step_token_budget`` per step), batched decode, slot reuse. ``weights``: "bf16" or
-    "int8", as for :meth:`KimiDeltaAttention.from_pretrained`.
+    """Serves requests through every delta-rule layer of a checkpoint (any supported model type:
+    ``model_type``, ``layer_class`` and the shape properties as :class:`DeltaRuleLayer`'s) the way an
+    engine does: a state pool of ``max_running`` slots, chunked prefill (``prefill_chunk`` tokens of a
+    request per step, 0: no limit, at most ``step_token_budget`` per step), batched decode, slot reuse.
+    Layer l reads the residual stream h_l (h_0 = the request's rows, h_{l+1} = h_l + layer_l(h_l)); a
+    result's ``out`` is the last layer's output (the model's other layers are outside kda).
+    ``weights``: "bf16" or "int8", as for :meth:`DeltaRuleLayer.from_pretrained`.
 
     Speculative decoding (docs/speculative.md): with ``max_draft_tokens`` k > 0 each slot can verify
     up to k draft rows per step (TARGET_VERIFY) and keep the accepted ones; requests pass a draft
@@ -106,8 +178,15 @@ class Engine:
         self.failed: dict[int, str] = {}
 
     num_layers = property(lambda self: self._core.num_layers)
-    layer_ids = property(lambda self: list(self._core.layer_ids))
+    layer_ids = property(lambda self: list(self._core.layer_ids))  # 0-based model layer index of each layer
+    model_type = property(lambda self: self._core.model_type)
+    layer_class = property(lambda self: self._core.layer_class)
     hidden_size = property(lambda self: self._core.hidden_size)
+    num_k_heads = property(lambda self: self._core.num_k_heads)
+    num_v_heads = property(lambda self: self._core.num_v_heads)
+    head_k_dim = property(lambda self: self._core.head_k_dim)
+    head_v_dim = property(lambda self: self._core.head_v_dim)
+    conv_size = property(lambda self: self._core.conv_size)
     dtype = property(lambda self: self._core.dtype)
     weights = property(lambda self: self._core.weights)
     pool_capacity = property(lambda self: self._core.pool_capacity)  # requests the state pool holds
@@ -117,8 +196,8 @@ class Engine:
                request_id=None, draft=None, accept=None, seeded_drafts=None) -> int:
         """Queues a request: its input rows ``[T, hidden]`` (the engine's dtype), of which the last
         ``decode_tokens`` are fed one at a time as decode steps after the prefill; optional initial
-        states ``[L, H, K, V]`` float32 and ``[L, W-1, 3P]``. The arrays are read in place during
-        run() (keep them unchanged until then). Returns the request id.
+        states ``[L, HV, K, V]`` float32 and ``[L, W-1, C]`` (the engine's dtype). The arrays are read
+        in place during run() (keep them unchanged until then). Returns the request id.
 
         Drafts (an engine with ``max_draft_tokens`` > 0): ``draft(committed, max_k)`` returns up to
         ``max_k`` draft rows ``[k, hidden]`` (or None) proposed after the request's first

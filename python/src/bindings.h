@@ -6,7 +6,7 @@
 namespace kda::python {
 
 void BindKernels(nanobind::module_& m);       // kernels.cc
-void BindModel(nanobind::module_& m);         // model.cc: KdaLayer, Engine
+void BindModel(nanobind::module_& m);         // model.cc: Layer, Engine
 void BindLayerKernels(nanobind::module_& m);  // layer_kernels.cc: short conv, gated RMSNorm
 
 }  // namespace kda::python

@@ -1,8 +1,16 @@
-// kda._core layer and engine: one KDA layer of a checkpoint over a packed
-// batch (KdaLayer), and the serving loop over every KDA layer (Engine: the
-// state pool, model runner and scheduler). Outputs are returned as numpy
-// arrays owning C++ memory; bf16 ones as uint16 bit views (kda/__init__.py
-// views them as ml_dtypes.bfloat16). Computation runs without the GIL.
+// kda._core layer and engine: one delta-rule layer of a checkpoint (Kimi-Linear's
+// KDA, Qwen3-Next's or Qwen3.5's Gated DeltaNet: the family comes from
+// config.json's model_type) over a packed batch (Layer), the serving loop over
+// every delta-rule layer (Engine: the state pool, model runner and scheduler),
+// and a checkpoint's parsed config (model_config). Outputs are returned as
+// numpy arrays owning C++ memory; bf16 ones as uint16 bit views
+// (kda/_arrays.py views them as ml_dtypes.bfloat16). Computation runs without
+// the GIL; kda::Error becomes ValueError (module.cc).
+//
+// States per sequence and layer (H key heads of K, HV value heads of V, conv
+// width W): recurrent [HV, K, V] fp32 (K-major per value head), conv tail
+// [W-1, C] in the activation dtype, C = 2*H*K + HV*V channels q|k|v (the raw
+// projections before the conv and SiLU, oldest row first).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -21,13 +29,17 @@
 #include <utility>
 #include <vector>
 
+#include "kda/io/config.h"
 #include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/q8.h"
-#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
+#include "kda/layers/delta_rule_geometry.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kda_model.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
+#include "kda/models/delta_rule_model.h"
+#include "kda/models/layer_family.h"
 #include "kda/serving/model_runner.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
@@ -69,25 +81,25 @@ const float* CheckF32(const InArray& a, const std::vector<int64_t>& shape, const
   return static_cast<const float*>(CheckAct(a, DType::kF32, shape, name, layout));
 }
 
-// One KDA layer of a checkpoint.
-class KdaLayer {
+// One delta-rule layer of a checkpoint, of any supported model type.
+class Layer {
  public:
-  KdaLayer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel,
-           const std::string& weights)
+  Layer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel,
+        const std::string& weights)
       : kernel_(ParseKernelImpl(kernel)) {
     const DType act = ParseActivationDType(dtype);
     const WeightFormat format = ParseWeightFormat(weights);
     nb::gil_scoped_release release;
-    model_ = KdaModel::Load(path, act, layer, nullptr, format);
+    model_ = DeltaRuleModel::Load(path, act, layer, nullptr, format);
   }
-  KdaLayer(const KdaLayer&) = delete;
-  KdaLayer& operator=(const KdaLayer&) = delete;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
 
-  // (out [T, hidden], final_recurrent_state [N, H, K, V] fp32, final_conv_state [N, W-1, 3P]).
+  // (out [T, hidden], final_recurrent_state [N, HV, K, V] fp32, final_conv_state [N, W-1, C]).
   std::tuple<NumpyArray, NumpyArray, NumpyArray> Forward(const InArray& x, const InArray& cu_seqlens,
                                                          const std::optional<InArray>& init_rec,
                                                          const std::optional<InArray>& init_conv) const {
-    const KdaLayerShape& s = model_.shape;
+    const DeltaRuleGeometry& s = model_.geometry;
     const DType act = model_.act_dtype;
     const size_t esize = DTypeSize(act);
     RequireNdim(x, 2, "hidden_states", "[T, hidden]");
@@ -113,13 +125,14 @@ class KdaLayer {
           ("cu_seqlens[N] must equal T = " + std::to_string(T) + " (hidden_states' rows), got " + std::to_string(cu[N]))
               .c_str());
     }
-    const int64_t rs = s.RecurrentStateSize();
-    const int64_t cs = s.ConvStateSize();
-    const std::vector<int64_t> rec_shape = {N, s.H, s.K, s.K};
-    const std::vector<int64_t> conv_shape = {N, s.W - 1, s.ConvChannels()};
-    const float* rec0 = init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", "[N, H, K, V]") : nullptr;
+    const RecurrentStateSpec spec = s.state_spec();
+    const int64_t rs = spec.recurrent_size();
+    const int64_t cs = spec.conv_size();
+    const std::vector<int64_t> rec_shape = {N, s.HV, s.K, s.V};
+    const std::vector<int64_t> conv_shape = {N, s.W - 1, s.conv_channels()};
+    const float* rec0 = init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", "[N, HV, K, V]") : nullptr;
     const void* conv0 =
-        init_conv ? CheckAct(*init_conv, act, conv_shape, "initial_conv_state", "[N, W-1, 3P]") : nullptr;
+        init_conv ? CheckAct(*init_conv, act, conv_shape, "initial_conv_state", "[N, W-1, C]") : nullptr;
 
     std::vector<uint8_t> out(static_cast<size_t>(T * s.hidden) * esize);
     std::vector<float> rec(static_cast<size_t>(N * rs));
@@ -127,9 +140,9 @@ class KdaLayer {
     {
       nb::gil_scoped_release release;
       // One EXTEND step of the packed batch through a pool of N slots.
-      RecurrentStatePool pool(1, N, s, act);
+      RecurrentStatePool pool(1, N, spec, act);
       HybridReqToTokenPool req_pool(&pool);
-      KDAAttnBackend backend({&pool, &req_pool}, kernel_);
+      DeltaRuleAttnBackend backend({&pool, &req_pool}, kernel_);
       const bool seeded = rec0 != nullptr || conv0 != nullptr;
       const std::vector<float> zero_rec(seeded && rec0 == nullptr ? rs : 0, 0.0F);
       const std::vector<uint8_t> zero_conv(seeded && conv0 == nullptr ? cs * esize : 0, 0);
@@ -148,7 +161,7 @@ class KdaLayer {
         batch.state_seeded.push_back(seeded ? 1 : 0);
       }
       backend.InitForwardMetadata(batch);
-      model_.layers[0].Forward({out.data(), act}, {xd, act}, backend);
+      model_.layers[0]->Forward({out.data(), act}, {xd, act}, backend);
       for (int64_t n = 0; n < N; ++n) {
         pool.GetLayerState(0, req_pool.SlotOf(n), rec.data() + n * rs, conv.data() + n * cs * esize);
       }
@@ -157,14 +170,14 @@ class KdaLayer {
             ToNumpy(std::move(conv), conv_shape, act)};
   }
 
-  const KdaModel& model() const { return model_; }
+  const DeltaRuleModel& model() const { return model_; }
 
  private:
   KernelImpl kernel_;
-  KdaModel model_;
+  DeltaRuleModel model_;
 };
 
-// The serving loop over every KDA layer of a checkpoint.
+// The serving loop over every delta-rule layer of a checkpoint.
 class Engine {
  public:
   Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
@@ -197,11 +210,11 @@ class Engine {
         .max_draft_tokens = max_draft_tokens,
         .method = verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates};
     nb::gil_scoped_release release;
-    model_ = std::make_unique<KdaModel>(KdaModel::Load(path, act, std::nullopt, nullptr, format));
+    model_ = std::make_unique<DeltaRuleModel>(DeltaRuleModel::Load(path, act, std::nullopt, nullptr, format));
     // The budget counts every slot's bytes, the verify area's included: the pool holds as many requests as fit.
-    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(max_running, state_budget_bytes,
-                                                                      model_->num_layers(), model_->shape, act, verify);
-    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), capacity, model_->shape, act, verify);
+    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(
+        max_running, state_budget_bytes, model_->num_layers(), model_->state_spec(), act, verify);
+    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), capacity, model_->state_spec(), act, verify);
     req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
     runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
     SchedulerConfig config;
@@ -220,7 +233,7 @@ class Engine {
               const std::optional<InArray>& init_conv, const std::optional<nb::callable>& draft,
               const std::optional<nb::callable>& accept,
               const std::optional<std::tuple<int64_t, double, uint64_t>>& seeded) {
-    const KdaLayerShape& s = model_->shape;
+    const DeltaRuleGeometry& s = model_->geometry;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
     RequireNdim(x, 2, "hidden_states", "[T, hidden]");
@@ -235,10 +248,10 @@ class Engine {
     r.length = T;
     r.decode_tokens = decode_tokens;
     if (init_rec) {
-      r.initial_recurrent = CheckF32(*init_rec, {L, s.H, s.K, s.K}, "initial_recurrent_state", "[L, H, K, V]");
+      r.initial_recurrent = CheckF32(*init_rec, {L, s.HV, s.K, s.V}, "initial_recurrent_state", "[L, HV, K, V]");
     }
     if (init_conv) {
-      r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.ConvChannels()}, "initial_conv_state", "[L, W-1, 3P]");
+      r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.conv_channels()}, "initial_conv_state", "[L, W-1, C]");
     }
     if (draft && seeded) throw nb::value_error("pass a draft callback or seeded drafts, not both");
     if (accept && !draft) throw nb::value_error("accept needs a draft callback");
@@ -305,15 +318,15 @@ class Engine {
         error = e.what();
       }
     }
-    const KdaLayerShape& s = model_->shape;
+    const DeltaRuleGeometry& s = model_->geometry;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
     std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray>> done;
     for (RequestResult& r : scheduler_->TakeFinished()) {
       const int64_t T = static_cast<int64_t>(r.out.size() / DTypeSize(act) / s.hidden);
       done.emplace_back(r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
-                        ToNumpy(std::move(r.final_recurrent), {L, s.H, s.K, s.K}),
-                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.ConvChannels()}, act));
+                        ToNumpy(std::move(r.final_recurrent), {L, s.HV, s.K, s.V}),
+                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act));
       inputs_.erase(r.id);
     }
     std::vector<std::tuple<int64_t, std::string>> failed;
@@ -325,7 +338,7 @@ class Engine {
     return {std::move(done), std::move(failed)};
   }
 
-  const KdaModel& model() const { return *model_; }
+  const DeltaRuleModel& model() const { return *model_; }
   int64_t num_waiting() const { return scheduler_->num_waiting(); }
   int64_t num_running() const { return scheduler_->num_running(); }
   int64_t pool_capacity() const { return pool_->capacity(); }
@@ -338,7 +351,7 @@ class Engine {
     std::optional<nb::callable> draft, accept;
   };
   // Destroyed in reverse: the scheduler first, the model last.
-  std::unique_ptr<KdaModel> model_;
+  std::unique_ptr<DeltaRuleModel> model_;
   std::unique_ptr<RecurrentStatePool> pool_;
   std::unique_ptr<HybridReqToTokenPool> req_pool_;
   std::unique_ptr<ModelRunner> runner_;
@@ -346,25 +359,57 @@ class Engine {
   std::map<int64_t, Kept> inputs_;
 };
 
+// The model's family and geometry (KDA: num_heads = num_k_heads = num_v_heads, head_dim = head_k_dim =
+// head_v_dim; num_heads and head_dim are the key heads' in every family).
 template <class C>
 void ShapeProperties(nb::class_<C>& c) {
-  c.def_prop_ro("hidden_size", [](const C& l) { return l.model().shape.hidden; });
-  c.def_prop_ro("num_heads", [](const C& l) { return l.model().shape.H; });
-  c.def_prop_ro("head_dim", [](const C& l) { return l.model().shape.K; });
-  c.def_prop_ro("conv_size", [](const C& l) { return l.model().shape.W; });
+  c.def_prop_ro("model_type", [](const C& l) { return l.model().model_type; });
+  c.def_prop_ro("layer_class", [](const C& l) { return l.model().family().layer_class; });
+  c.def_prop_ro("hidden_size", [](const C& l) { return l.model().geometry.hidden; });
+  c.def_prop_ro("num_heads", [](const C& l) { return l.model().geometry.H; });
+  c.def_prop_ro("head_dim", [](const C& l) { return l.model().geometry.K; });
+  c.def_prop_ro("num_k_heads", [](const C& l) { return l.model().geometry.H; });
+  c.def_prop_ro("num_v_heads", [](const C& l) { return l.model().geometry.HV; });
+  c.def_prop_ro("head_k_dim", [](const C& l) { return l.model().geometry.K; });
+  c.def_prop_ro("head_v_dim", [](const C& l) { return l.model().geometry.V; });
+  c.def_prop_ro("conv_size", [](const C& l) { return l.model().geometry.W; });
   c.def_prop_ro("dtype", [](const C& l) { return std::string(ActivationDTypeName(l.model().act_dtype)); });
   c.def_prop_ro("weights", [](const C& l) { return std::string(WeightFormatName(l.model().weights_format)); });
   c.def_prop_ro("num_layers", [](const C& l) { return l.model().num_layers(); });
   c.def_prop_ro("layer_ids", [](const C& l) { return l.model().model_layer_ids; });
 }
 
+// config.json of a checkpoint directory as kda reads it (kda::LoadModelConfig): the text model's
+// model_type, its family (the family's first model type) and layer class, and the delta-rule layers'
+// geometry; linear_layers 0-based.
+nb::dict ModelConfigDict(const std::string& path) {
+  const ModelConfig c = LoadModelConfig(path);
+  const LayerFamily& family = LayerFamilyFor(c.model_type);
+  nb::dict d;
+  d["model_type"] = c.model_type;
+  d["family"] = family.model_types.front();
+  d["layer_class"] = family.layer_class;
+  d["hidden_size"] = c.hidden_size;
+  d["num_hidden_layers"] = c.num_hidden_layers;
+  d["num_k_heads"] = c.num_k_heads;
+  d["num_v_heads"] = c.num_v_heads;
+  d["head_k_dim"] = c.head_k_dim;
+  d["head_v_dim"] = c.head_v_dim;
+  d["conv_size"] = c.conv_size;
+  d["rms_norm_eps"] = c.rms_norm_eps;
+  d["linear_layers"] = c.linear_layers;
+  return d;
+}
+
 }  // namespace
 
 void BindModel(nb::module_& m) {
-  nb::class_<KdaLayer> layer(m, "KdaLayer");
+  m.def("model_config", &ModelConfigDict, nb::arg("path"));
+
+  nb::class_<Layer> layer(m, "Layer");
   layer.def(nb::init<const std::string&, int, const std::string&, const std::string&, const std::string&>(),
             nb::arg("path"), nb::arg("layer"), nb::arg("dtype"), nb::arg("kernel"), nb::arg("weights"));
-  layer.def("forward", &KdaLayer::Forward, nb::arg("hidden_states"), nb::arg("cu_seqlens"),
+  layer.def("forward", &Layer::Forward, nb::arg("hidden_states"), nb::arg("cu_seqlens"),
             nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none());
   ShapeProperties(layer);
 

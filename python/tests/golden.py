@@ -137,20 +137,27 @@ def model_type(set_dir: Path) -> str:
         return str(json.load(f).get("model_type", ""))
 
 
-def golden_cases() -> list[tuple[str, str]]:
-    """(set, case) for every case file of every KDA set (model_type kimi_linear) under golden_dir(),
-    plus generated/kda-real when it has been generated. Empty when the golden directory is missing (the
-    tests then skip or fail). The Gated DeltaNet sets (gdn-*) are test_gdn.py's."""
+KDA_MODEL_TYPES = ("kimi_linear",)
+# The Gated DeltaNet sets' model types (gdn-mini and gdn-loud: qwen3_next, gdn-gva3: qwen3_5_text).
+GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+
+
+def golden_cases(model_types=KDA_MODEL_TYPES) -> list[tuple[str, str]]:
+    """(set, case) for every case file of every set under golden_dir() whose config.json has one of
+    ``model_types`` (default: the KDA sets, model_type kimi_linear), plus generated/kda-real when it has
+    been generated and kimi_linear is asked for. Empty when the golden directory is missing (the tests
+    then skip or fail). The Gated DeltaNet sets (gdn-*, GDN_MODEL_TYPES) are the kernel tests of
+    test_gdn.py and, with them asked for, the layer tests'."""
     cases = []
     root = golden_dir()
     if root.is_dir():
-        sets = (p for p in root.iterdir() if (p / "config.json").exists() and model_type(p) == "kimi_linear")
+        sets = (p for p in root.iterdir() if (p / "config.json").exists() and model_type(p) in model_types)
         for d in sorted(sets):
             for f in sorted(d.glob("*.safetensors")):
                 if f.name != "model.safetensors" and not f.name.startswith("model-"):
                     cases.append((d.name, f.stem))
     gen = generated_golden_dir() / "kda-real"
-    if gen.is_dir():
+    if gen.is_dir() and "kimi_linear" in model_types:
         for f in sorted(gen.glob("*.safetensors")):
             if f.name != "model.safetensors" and not f.name.startswith("model-"):
                 cases.append((GENERATED_PREFIX + "kda-real", f.stem))

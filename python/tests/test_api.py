@@ -150,17 +150,17 @@ def test_layer_and_engine_refuse_bad_input():
     run_refused(ValueError, r"hidden_states: expected shape \[T, hidden\] = \[64, 512\]", L.forward, x[:, :500])
     run_refused(TypeError, r"hidden_states: dtype must be float32, got bfloat16", L.forward, x.astype(ml_dtypes.bfloat16))
     run_refused(ValueError, r"cu_seqlens\[N\] must equal T = 64", L.forward, x, np.array([0, 10]))
-    run_refused(ValueError, r"initial_recurrent_state: expected shape \[N, H, K, V\] = \[1, 4, 128, 128\]", L.forward,
+    run_refused(ValueError, r"initial_recurrent_state: expected shape \[N, HV, K, V\] = \[1, 4, 128, 128\]", L.forward,
                 x, None, np.zeros((2, 4, 128, 128), np.float32))
-    run_refused(ValueError, r"initial_conv_state: expected shape \[N, W-1, 3P\]", L.forward, x, None, None,
-                np.zeros((1, 4, 1536), np.float32))
+    run_refused(ValueError, r"initial_conv_state: expected shape \[N, W-1, C\] = \[1, 3, 1536\]", L.forward, x, None,
+                None, np.zeros((1, 4, 1536), np.float32))
     run_refused(ValueError, r"layer 3|KDA layer", kda.KimiDeltaAttention.from_pretrained, path, layer=3)
     run_refused(ValueError, r"bfloat17|dtype", kda.KimiDeltaAttention.from_pretrained, path, layer=0, dtype="bfloat17")
     run_refused(ValueError, r"config.json|No such|cannot", kda.KimiDeltaAttention.from_pretrained, "/nonexistent", layer=0)
     run_refused(ValueError, r"max_running must be >= 1", kda.Engine, path, max_running=0)
     eng = kda.Engine(path, max_running=2, dtype="float32")
     run_refused(ValueError, r"hidden_states: a request needs at least one token", eng.submit, x[:0])
-    run_refused(ValueError, r"initial_recurrent_state: expected shape \[L, H, K, V\] = \[3, 4, 128, 128\]", eng.submit,
+    run_refused(ValueError, r"initial_recurrent_state: expected shape \[L, HV, K, V\] = \[3, 4, 128, 128\]", eng.submit,
                 x, initial_recurrent_state=np.zeros((1, 4, 128, 128), np.float32))
     rid = eng.submit(x[:5], request_id=7)
     run_refused(ValueError, r"7", eng.submit, x[:5], request_id=7)  # duplicate id

@@ -1,13 +1,13 @@
 // Recurrent prefix caching: a radix tree over token ids whose nodes may hold a
-// snapshot of every KDA layer's state after that prefix, so that requests
+// snapshot of every delta-rule layer's state after that prefix, so that requests
 // sharing a prefix (a system prompt, the earlier turns of a conversation)
 // start from the snapshot instead of recomputing it.
 //
 // The key is the token-id prefix: the ids must determine the layers' inputs
 // (true in a model, where the hidden states of a position are a function of
 // the ids up to it). A snapshot holds, for all L layers, the recurrent state
-// [H, K, V] fp32 and the conv tail [W-1, 3P] in the conv dtype, laid out as
-// one request's states: recurrent [L, H, K, V], then conv [L, W-1, 3P] (the
+// [HV, K, V] fp32 and the conv tail [W-1, C] in the conv dtype, laid out as
+// one request's states: recurrent [L, HV, K, V], then conv [L, W-1, C] (the
 // layout of RecurrentStatePool::GetLayerState per layer). Snapshots live in a
 // pool with its own byte budget (0: caching off). They are never written once
 // committed (a request copies one into its slot: copy-on-write); a locked
@@ -24,13 +24,13 @@
 #include <vector>
 
 #include "kda/base/dtype.h"
-#include "kda/base/kda_layer_shape.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
 
 namespace kda {
 
 class RadixStateCache {
  public:
-  // Storage of one snapshot: recurrent [L, H, K, V] fp32, conv [L, W-1, 3P]
+  // Storage of one snapshot: recurrent [L, HV, K, V] fp32, conv [L, W-1, C]
   // (conv dtype). id names it in Unlock / Commit / Abandon.
   struct Snapshot {
     int32_t id = -1;
@@ -40,13 +40,13 @@ class RadixStateCache {
   };
 
   // A pool of budget_bytes / SnapshotBytes(...) snapshots (none: disabled).
-  RadixStateCache(int num_layers, const KdaLayerShape& shape, DType conv_dtype, int64_t budget_bytes);
+  RadixStateCache(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype, int64_t budget_bytes);
   ~RadixStateCache();
   RadixStateCache(const RadixStateCache&) = delete;
   RadixStateCache& operator=(const RadixStateCache&) = delete;
 
   // Bytes of one snapshot (one request's states, RecurrentStatePool::BytesPerRequest).
-  static int64_t SnapshotBytes(int num_layers, const KdaLayerShape& shape, DType conv_dtype);
+  static int64_t SnapshotBytes(int num_layers, const RecurrentStateSpec& spec, DType conv_dtype);
 
   // The deepest committed snapshot whose prefix is a prefix of tokens[0, n),
   // locked (Unlock it once copied); empty when none.
@@ -65,7 +65,7 @@ class RadixStateCache {
 
   bool enabled() const { return capacity_ > 0; }
   int num_layers() const { return num_layers_; }
-  const KdaLayerShape& shape() const { return shape_; }
+  const RecurrentStateSpec& spec() const { return spec_; }
   DType conv_dtype() const { return conv_dtype_; }
   int64_t capacity() const { return capacity_; }  // snapshots that fit in the budget
   int64_t snapshot_bytes() const { return snapshot_bytes_; }
@@ -102,7 +102,7 @@ class RadixStateCache {
   Node& At(int32_t id, const char* who);
 
   int num_layers_;
-  KdaLayerShape shape_;
+  RecurrentStateSpec spec_;
   DType conv_dtype_;
   int64_t snapshot_bytes_;
   int64_t capacity_;

@@ -1,26 +1,27 @@
-// The runner that pushes one batch through all KDA layers of a model (the MLA
-// layers, MLPs and norms of the full model are outside this component).
+// The runner that pushes one batch through all delta-rule layers of a model
+// (the full model's attention layers, MLPs and norms are outside this
+// component), with the one backend that serves them all.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "kda/base/dtype.h"
-#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
 #include "kda/layers/forward_batch.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
-#include "kda/models/kda_model.h"
+#include "kda/models/delta_rule_model.h"
 
 namespace kda {
 
 class ModelRunner {
  public:
-  // The pools must have been made for this model (one pool layer per KDA
-  // layer, its heads, head dim and conv width, conv dtype = activation dtype);
+  // The pools must have been made for this model (one pool layer per layer,
+  // the model's state spec, conv dtype = activation dtype);
   // checked here, once. The runner holds them for its backend and for a
   // Scheduler over it; they must outlive the runner.
-  ModelRunner(const KdaModel& model, MemoryPools pools, KernelImpl kernel = KernelImpl::kAuto);
+  ModelRunner(const DeltaRuleModel& model, MemoryPools pools, KernelImpl kernel = KernelImpl::kAuto);
 
   // Runs one batch through every layer. x [T, hidden] -> out [T, hidden], in
   // the activation dtype, T = batch.num_tokens(). Layer l reads the residual
@@ -43,14 +44,14 @@ class ModelRunner {
   // batch on (null: off); see LayerObserver.
   void SetObserver(LayerObserver* observer) { backend_.SetObserver(observer); }
 
-  const KdaModel& model() const { return model_; }
+  const DeltaRuleModel& model() const { return model_; }
   const MemoryPools& pools() const { return pools_; }
-  const KDAAttnBackend& backend() const { return backend_; }
+  const DeltaRuleAttnBackend& backend() const { return backend_; }
 
  private:
-  const KdaModel& model_;
+  const DeltaRuleModel& model_;
   MemoryPools pools_;
-  KDAAttnBackend backend_;
+  DeltaRuleAttnBackend backend_;
 };
 
 }  // namespace kda

@@ -22,21 +22,22 @@ namespace kda {
 std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int dp_size);
 
 // One request's states over L layers, the full model's vs one tensor-parallel
-// shard's (`shape`: the full model's shape; Hs = shard.count heads):
-//   recurrent  full [L, H, K, V] fp32       shard [L, Hs, K, V]
-//   conv       full [L, W-1, 3P]            shard [L, W-1, 3 * Hs * K]
-// Conv channels are q|k|v, each P = H*K wide in the full layout and Hs*K (the
-// shard's heads) in the shard's; conv elements are `elem_size` bytes (the
-// activation dtype). Extract* cut a shard out of full states; Place* write a
-// shard into its part of full states.
-std::vector<float> ExtractRecurrentShard(const float* full, int L, const KdaLayerShape& shape,
-                                         const KdaHeadShard& shard);
-std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const KdaLayerShape& shape,
-                                      const KdaHeadShard& shard);
-void PlaceRecurrentShard(const float* shard_states, float* full, int L, const KdaLayerShape& shape,
-                         const KdaHeadShard& shard);
-void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const KdaLayerShape& shape,
-                    const KdaHeadShard& shard);
+// shard's (`geometry`: the full layer's; the shard: key heads
+// [begin, begin + count) and their value heads):
+//   recurrent  full [L, HV, K, V] fp32      shard [L, count * r, K, V]
+//   conv       full [L, W-1, C]             shard [L, W-1, C_shard]
+// Conv channels are q|k|v, each head-major (H*K, H*K, HV*V wide in the full
+// layout; the shard's heads' channels in the shard's); conv elements are
+// `elem_size` bytes (the activation dtype). Extract* cut a shard out of full
+// states; Place* write a shard into its part of full states.
+std::vector<float> ExtractRecurrentShard(const float* full, int L, const DeltaRuleGeometry& geometry,
+                                         const HeadShard& shard);
+std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
+                                      const HeadShard& shard);
+void PlaceRecurrentShard(const float* shard_states, float* full, int L, const DeltaRuleGeometry& geometry,
+                         const HeadShard& shard);
+void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
+                    const HeadShard& shard);
 
 struct ParallelServeOptions {
   // max_running: per data-parallel rank (0: its whole share); the rest as for
@@ -70,7 +71,7 @@ struct ParallelServeResult {
 // Collective over the world: every rank's `local` results (ServeParallel
 // without gathering) at world rank 0, by id, with the states of all heads
 // (the full layouts); empty on the other ranks.
-std::vector<RequestResult> GatherResults(const KdaModel& model, const ParallelGroups& groups,
+std::vector<RequestResult> GatherResults(const DeltaRuleModel& model, const ParallelGroups& groups,
                                          std::vector<RequestResult> local);
 
 // The projections' GEMM route (kda/kernels/gemm_route.h) of world rank 0, set
@@ -85,7 +86,7 @@ GemmRoute AgreeGemmRoute(Communicator& world);
 // (model.tp the groups' tp communicator, or null when tp = 1). Initial states,
 // when given, are in the full layouts above (fp32 and the activation dtype);
 // each rank takes its heads' part. Collective over the world.
-ParallelServeResult ServeParallel(const KdaModel& model, const ParallelGroups& groups,
+ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options);
 
 }  // namespace kda

@@ -21,7 +21,7 @@ void LinearRecurrentAttnBackend::InitForwardMetadata(const ForwardBatch& batch) 
   const ForwardMode mode = batch.mode;
   Check(mode == ForwardMode::kExtend || mode == ForwardMode::kDecode || mode == ForwardMode::kIdle ||
             mode == ForwardMode::kTargetVerify,
-        std::string("forward mode ") + ForwardModeName(mode) + " is not supported by the KDA backend");
+        std::string("forward mode ") + ForwardModeName(mode) + " is not supported by the delta-rule backend");
   const RecurrentStatePool& pool = *pools_.state_pool;
   const int64_t verify_rows = pool.verify().rows();
   Check(mode != ForwardMode::kTargetVerify || verify_rows > 0,
@@ -102,9 +102,8 @@ void LinearRecurrentAttnBackend::CheckLayer(const RadixLinearAttention& layer) c
     return "attention backend: layer " + std::to_string(layer.layer_id()) + " has no state in the pool (" +
            std::to_string(pool.num_layers()) + " layers)";
   });
-  Check(layer.num_heads() == pool.shape().H && layer.head_k_dim() == pool.shape().K &&
-            layer.head_v_dim() == pool.shape().K && layer.conv_width() == pool.shape().W,
-        "attention backend: the layer's heads, head dims or conv width differ from the pool's");
+  Check(layer.geometry().state_spec() == pool.spec(),
+        "attention backend: the layer's heads, head dims, conv channels or conv width differ from the pool's");
 }
 
 void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv,
@@ -133,7 +132,8 @@ void LinearRecurrentAttnBackend::Forward(const RadixLinearAttention& layer, MutB
     case ForwardMode::kIdle:
       return;  // no tokens: nothing to write, no state touched
     default:
-      throw Error(std::string("forward mode ") + ForwardModeName(md_.mode) + " is not supported by the KDA backend");
+      throw Error(std::string("forward mode ") + ForwardModeName(md_.mode) +
+                  " is not supported by the delta-rule backend");
   }
 }
 
@@ -156,7 +156,7 @@ LinearRecurrentAttnBackend::CoreStep StepOver(const RadixLinearAttention& layer,
       .num_tokens = T,
       .num_seqs = N,
       .state = ContiguousView<void*>(cache.recurrent, DType::kF32,
-                                     {cache.num_slots, layer.num_heads(), layer.head_k_dim(), layer.head_v_dim()}),
+                                     {cache.num_slots, layer.geometry().HV, layer.geometry().K, layer.geometry().V}),
       .state_indices = ContiguousView<const void*>(slots, DType::kI32, {N}),
       .has_initial_state = ContiguousView<const void*>(has_initial_state, DType::kU8, {N}),
       .cu_seqlens = ContiguousView<const void*>(cu, DType::kI64, {N + 1}),
@@ -170,17 +170,17 @@ void LinearRecurrentAttnBackend::ForwardExtendOrDecode(const RadixLinearAttentio
   const bool extend = md_.mode == ForwardMode::kExtend;
   if (extend) SnapshotConvTails(layer, mixed_qkv);  // before the conv moves the slots' tails
   const int64_t T = md_.num_tokens;
-  const int64_t p = layer.projection_size();
-  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  const DeltaRuleGeometry& geo = layer.geometry();
+  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.key_dim());
+  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.key_dim());
+  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.value_dim());
   const LayerStateCache cache = Cache(layer.layer_id());
   RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()}, PoolConvSeqs(cache));
 
   const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
   CoreStep step = StepOver(layer, cache, o, q, k, v, gate_raw, beta_logits, T, N, md_.recurrent_indices.data(),
                            md_.has_initial_state.data(), md_.cu_q_lens.data());
-  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+  const int64_t rs = pools_.state_pool->spec().recurrent_size();
   if (extend) {
     if (!md_.snapshot_cu.empty()) {
       layer_snapshots_.clear();
@@ -207,7 +207,7 @@ void LinearRecurrentAttnBackend::ReportCore(const RadixLinearAttention& layer, c
   Report(id, LayerTensor::kQConv, q.view(), q.size());
   Report(id, LayerTensor::kKConv, k.view(), k.size());
   Report(id, LayerTensor::kVConv, v.view(), v.size());
-  Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, md_.num_tokens * layer.num_heads() * layer.head_v_dim());
+  Report(id, LayerTensor::kCoreOutput, {o.data, o.dtype}, md_.num_tokens * layer.geometry().value_dim());
 }
 
 LayerStateCache LinearRecurrentAttnBackend::Cache(int layer_id) const {
@@ -226,34 +226,38 @@ LinearRecurrentAttnBackend::ConvSeqs LinearRecurrentAttnBackend::PoolConvSeqs(co
 
 void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer, ConstBuf mixed_qkv,
                                               const ConvOutputs& out, const ConvSeqs& seqs) {
-  const int64_t p = layer.projection_size();
-  const int W = layer.conv_width();
+  const DeltaRuleGeometry& geo = layer.geometry();
+  const int W = geo.W;
+  const int64_t channels = geo.conv_channels();
   const MutBuf outs[3] = {out.q, out.k, out.v};
+  const int64_t width[3] = {geo.key_dim(), geo.key_dim(), geo.value_dim()};
+  int64_t first = 0;  // the group's first channel
   for (int group = 0; group < 3; ++group) {
     ShortConvArgs a;
     a.y = outs[group];
-    a.x = Offset(mixed_qkv, group * p);
-    a.x_row_stride = 3 * p;
-    a.weight = layer.conv_weight().data() + group * W * p;  // [3][W][P]: this group's [W, P]
+    a.x = Offset(mixed_qkv, first);
+    a.x_row_stride = channels;
+    a.weight = layer.conv_weight().data() + first * W;  // q|k|v groups: this group's [W, C_g]
     a.cu_seqlens = seqs.cu;
     a.N = seqs.N;
     a.T = seqs.T;
-    a.C = p;
+    a.C = width[group];
     a.W = W;
-    a.tails = Offset(seqs.tails, group * p);
-    a.tail_row_stride = 3 * p;
+    a.tails = Offset(seqs.tails, first);
+    a.tail_row_stride = channels;
     a.num_tails = seqs.num_tails;
     a.tail_indices = seqs.indices;
     a.has_initial_state = seqs.has_initial_state;
     short_conv_silu(a);
+    first += width[group];
   }
 }
 
 void LinearRecurrentAttnBackend::SnapshotConvTails(const RadixLinearAttention& layer, ConstBuf mixed_qkv) {
   if (md_.snapshot_cu.empty()) return;
   const LayerStateCache cache = Cache(layer.layer_id());
-  const int64_t tail_rows = layer.conv_width() - 1;
-  const size_t row = static_cast<size_t>(3 * layer.projection_size()) * DTypeSize(cache.conv_dtype);
+  const int64_t tail_rows = layer.geometry().W - 1;
+  const size_t row = static_cast<size_t>(layer.geometry().conv_channels()) * DTypeSize(cache.conv_dtype);
   const size_t tail_bytes = static_cast<size_t>(tail_rows) * row;
   const auto* x = static_cast<const uint8_t*>(mixed_qkv.data);
   const auto* tails = static_cast<const uint8_t*>(cache.conv);
@@ -277,13 +281,15 @@ void LinearRecurrentAttnBackend::SnapshotConvTails(const RadixLinearAttention& l
 
 namespace {
 
-// Bytes of one position in a verify area and where its parts start (see LayerStateCache).
+// Bytes of one position in a verify area and where its parts start: the
+// layer's mixed_qkv [C], gate_raw [gate_width] and beta_logits [HV] (the
+// state spec's verify_row elements).
 struct VerifyRow {
-  size_t qkv, gate, beta, total;  // bytes of mixed_qkv [3P], gate_raw [P], beta_logits [H]; their sum
-  VerifyRow(int64_t p, int64_t h, DType dt)
-      : qkv(static_cast<size_t>(3 * p) * DTypeSize(dt)),
-        gate(static_cast<size_t>(p) * DTypeSize(dt)),
-        beta(static_cast<size_t>(h) * DTypeSize(dt)),
+  size_t qkv, gate, beta, total;
+  VerifyRow(const DeltaRuleGeometry& geo, DType dt)
+      : qkv(static_cast<size_t>(geo.conv_channels()) * DTypeSize(dt)),
+        gate(static_cast<size_t>(geo.gate_width()) * DTypeSize(dt)),
+        beta(static_cast<size_t>(geo.HV) * DTypeSize(dt)),
         total(qkv + gate + beta) {}
 };
 
@@ -299,11 +305,10 @@ void LinearRecurrentAttnBackend::ForwardVerify(const RadixLinearAttention& layer
   const LayerStateCache cache = Cache(layer.layer_id());
   const int64_t T = md_.num_tokens;
   const auto N = static_cast<int64_t>(md_.recurrent_indices.size());
-  const int64_t p = layer.projection_size();
-  const int64_t H = layer.num_heads();
-  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
-  const VerifyRow row(p, H, cache.conv_dtype);
-  const size_t tail_bytes = static_cast<size_t>(layer.conv_width() - 1) * row.qkv;
+  const DeltaRuleGeometry& geo = layer.geometry();
+  const int64_t rs = pools_.state_pool->spec().recurrent_size();
+  const VerifyRow row(geo, cache.conv_dtype);
+  const size_t tail_bytes = static_cast<size_t>(geo.W - 1) * row.qkv;
   // What the commit needs: each position's projections, in its slot's verify area.
   const auto* qkv_in = static_cast<const uint8_t*>(mixed_qkv.data);
   const auto* gate_in = static_cast<const uint8_t*>(gate_raw.data);
@@ -323,7 +328,7 @@ void LinearRecurrentAttnBackend::ForwardVerify(const RadixLinearAttention& layer
     }
   }
   // The conv over a copy of the committed tails: the slots' tails stay as they are.
-  ActBuffer tails = ActBuffer::Uninitialized(cache.conv_dtype, N * (layer.conv_width() - 1) * 3 * p);
+  ActBuffer tails = ActBuffer::Uninitialized(cache.conv_dtype, N * (geo.W - 1) * geo.conv_channels());
   std::vector<int32_t> tail_index(static_cast<size_t>(N));
   const std::vector<uint8_t> continues(static_cast<size_t>(N), 1);
   for (int64_t n = 0; n < N; ++n) {
@@ -331,9 +336,9 @@ void LinearRecurrentAttnBackend::ForwardVerify(const RadixLinearAttention& layer
     std::memcpy(static_cast<uint8_t*>(tails.data()) + n * tail_bytes,
                 static_cast<const uint8_t*>(cache.conv) + md_.recurrent_indices[n] * tail_bytes, tail_bytes);
   }
-  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
-  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * p);
+  ActBuffer q = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.key_dim());
+  ActBuffer k = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.key_dim());
+  ActBuffer v = ActBuffer::Uninitialized(mixed_qkv.dtype, T * geo.value_dim());
   RunShortConv(layer, mixed_qkv, {q.mut(), k.mut(), v.mut()},
                {.tails = tails.mut(),
                 .num_tails = N,
@@ -393,15 +398,14 @@ void LinearRecurrentAttnBackend::CommitLayer(const RadixLinearAttention& layer) 
   const auto N = static_cast<int64_t>(commit_.slots.size());
   if (N == 0) return;
   const int64_t T = commit_.cu.back();
-  const int64_t p = layer.projection_size();
-  const int64_t H = layer.num_heads();
-  const int64_t rs = pools_.state_pool->shape().RecurrentStateSize();
+  const DeltaRuleGeometry& geo = layer.geometry();
+  const int64_t rs = pools_.state_pool->spec().recurrent_size();
   const DType dt = cache.conv_dtype;
-  const VerifyRow row(p, H, dt);
+  const VerifyRow row(geo, dt);
   // The kept positions' projections, packed.
-  ActBuffer qkv_in = ActBuffer::Uninitialized(dt, T * 3 * p);
-  ActBuffer gate_in = ActBuffer::Uninitialized(dt, T * p);
-  ActBuffer beta_in = ActBuffer::Uninitialized(dt, T * H);
+  ActBuffer qkv_in = ActBuffer::Uninitialized(dt, T * geo.conv_channels());
+  ActBuffer gate_in = ActBuffer::Uninitialized(dt, T * geo.gate_width());
+  ActBuffer beta_in = ActBuffer::Uninitialized(dt, T * geo.HV);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t t = 0; t < commit_.keep[n]; ++t) {
       const uint8_t* src = VerifyPosition(cache, row, commit_.slots[n], t);
@@ -414,9 +418,9 @@ void LinearRecurrentAttnBackend::CommitLayer(const RadixLinearAttention& layer) 
   // The conv moves the slots' tails past the kept positions (the verify step
   // zeroed a fresh request's tail, so every sequence continues its tail).
   const std::vector<uint8_t> continues(static_cast<size_t>(N), 1);
-  ActBuffer q = ActBuffer::Uninitialized(dt, T * p);
-  ActBuffer k = ActBuffer::Uninitialized(dt, T * p);
-  ActBuffer v = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer q = ActBuffer::Uninitialized(dt, T * geo.key_dim());
+  ActBuffer k = ActBuffer::Uninitialized(dt, T * geo.key_dim());
+  ActBuffer v = ActBuffer::Uninitialized(dt, T * geo.value_dim());
   RunShortConv(layer, qkv_in.view(), {q.mut(), k.mut(), v.mut()},
                {.tails = MutBuf{cache.conv, dt},
                 .num_tails = cache.num_slots,
@@ -435,7 +439,7 @@ void LinearRecurrentAttnBackend::CommitLayer(const RadixLinearAttention& layer) 
     }
     return;
   }
-  ActBuffer o = ActBuffer::Uninitialized(dt, T * p);
+  ActBuffer o = ActBuffer::Uninitialized(dt, T * geo.value_dim());
   const CoreStep step = StepOver(layer, cache, o.mut(), q, k, v, gate_in.view(), beta_in.view(), T, N,
                                  commit_.slots.data(), continues.data(), commit_.cu.data());
   RunCommit(step);

@@ -3,8 +3,10 @@
 // the part a KDA, GDN or Mamba2 backend shares: per-batch metadata computed
 // once and read by every layer, the layer check, forward-mode dispatch, the
 // short conv with its pool tails and snapshots, and the pool's states as the
-// kernels take them (CoreStep). A subclass only binds its kernels: RunExtend,
-// RunDecode, RunVerify and RunCommit (KDAAttnBackend, kda_backend.h).
+// kernels take them (CoreStep), for every layer geometry (DeltaRuleGeometry:
+// grouped value heads, K != V, both decay widths). A subclass only binds its
+// kernels: RunExtend, RunDecode, RunVerify and RunCommit (DeltaRuleAttnBackend,
+// delta_rule_backend.h).
 //
 // TARGET_VERIFY (speculative decoding, docs/speculative.md): request n's
 // extend_lens[n] = 1 + k_n positions (its next input and k_n drafts, k_n up to
@@ -63,8 +65,8 @@ class LinearRecurrentAttnBackend {
   void SetObserver(LayerObserver* observer) { observer_ = observer; }
   LayerObserver* observer() const { return observer_; }
 
-  // kda::Error unless the layer fits the pool (a pool layer of its index, its
-  // heads, head dims and conv width). A ModelRunner checks each of its layers
+  // kda::Error unless the layer fits the pool (a pool layer of its index and
+  // its state spec). A ModelRunner checks each of its layers
   // once, when it is made; Forward checks a layer the first time it sees it.
   void CheckLayer(const RadixLinearAttention& layer) const;
 
@@ -89,12 +91,12 @@ class LinearRecurrentAttnBackend {
   // pool, read and written in place through the slots.
   struct CoreStep {
     const RadixLinearAttention& layer;
-    MutBuf o;                        // [T, H, V]
-    ConstBuf q, k, v;                // [T, H, K], [T, H, K], [T, H, V] after conv + SiLU
+    MutBuf o;                        // [T, HV, V]
+    ConstBuf q, k, v;                // [T, H, K], [T, H, K], [T, HV, V] after conv + SiLU
     ConstBuf gate_raw, beta_logits;  // the layer's projections, as Forward got them
     int64_t num_tokens = 0;          // T
     int64_t num_seqs = 0;            // N
-    MutTensorView state;             // [S, H, K, V] fp32, the layer's pool states
+    MutTensorView state;             // [S, HV, K, V] fp32, the layer's pool states
     TensorView state_indices;        // [N] int32 slots
     TensorView has_initial_state;    // [N] uint8; in DECODE the fresh slots are already zeroed
     TensorView cu_seqlens;           // [N + 1] int64 (EXTEND)
@@ -103,7 +105,7 @@ class LinearRecurrentAttnBackend {
     const int64_t* snapshot_offsets = nullptr;
     void* const* snapshot_states = nullptr;  // fp32 destinations
     // TARGET_VERIFY with VerifyMethod::kTokenStates: [N] where sequence n's
-    // state after each of its tokens goes ([len_n, H, K, V]); else null.
+    // state after each of its tokens goes ([len_n, HV, K, V]); else null.
     float* const* token_states = nullptr;
   };
 
@@ -127,11 +129,11 @@ class LinearRecurrentAttnBackend {
                              ConstBuf beta_logits);
   void ForwardVerify(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
                      ConstBuf beta_logits);
-  // q, k, v [T, P] after conv + SiLU, in the activation dtype.
+  // q, k [T, H*K] and v [T, HV*V] after conv + SiLU, in the activation dtype.
   struct ConvOutputs {
     MutBuf q, k, v;
   };
-  // The sequences of a short conv and their tails: rows [W-1, 3P] of `tails`
+  // The sequences of a short conv and their tails: rows [W-1, C] of `tails`
   // (num_tails of them), read and written in place.
   struct ConvSeqs {
     MutBuf tails;

@@ -1,4 +1,4 @@
-#include "kda/layers/attention/linear/kda_backend.h"
+#include "kda/layers/attention/linear/delta_rule_backend.h"
 
 #include <cstdint>
 
@@ -8,39 +8,45 @@
 
 namespace kda {
 
-KDAAttnBackend::KDAAttnBackend(MemoryPools pools, KernelImpl kernel)
+DeltaRuleAttnBackend::DeltaRuleAttnBackend(MemoryPools pools, KernelImpl kernel)
     : LinearRecurrentAttnBackend(pools), kernel_(ResolveKernelImpl(kernel)) {}
 
 namespace {
 
-// The forget gate g [T, H, K] (fp32 log space, unbounded below) and beta [T, H] of a step.
+// The forget gate g [T, HV, K] (KDA) or [T, HV] (GDN) (fp32 log space,
+// unbounded below) and beta [T, HV] of a step. One gate kernel for both
+// widths: a GDN gate is the KDA gate with one dimension per value head.
 struct GateBeta {
   ScratchArray<float> g, beta;
 };
 
 GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, ConstBuf beta_logits, int64_t T) {
-  const int H = layer.num_heads();
-  const int K = layer.head_k_dim();
-  GateBeta gb{ScratchArray<float>(static_cast<size_t>(T * H * K)), ScratchArray<float>(static_cast<size_t>(T * H))};
-  KdaGateBeta(gb.g.data(), gb.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T, H,
-              K);
+  const DeltaRuleGeometry& geo = layer.geometry();
+  GateBeta gb{ScratchArray<float>(static_cast<size_t>(T * geo.gate_width())),
+              ScratchArray<float>(static_cast<size_t>(T * geo.HV))};
+  KdaGateBeta(gb.g.data(), gb.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T,
+              geo.HV, geo.decay_per_head());
   return gb;
+}
+
+// g's view of `rows` batch rows of `t` tokens: [rows, t, HV, K] or [rows, t, HV].
+TensorView GateView(const DeltaRuleGeometry& geo, const float* g, int64_t rows, int64_t t) {
+  if (geo.decay == DecayWidth::kPerValueHead) return ContiguousView<const void*>(g, DType::kF32, {rows, t, geo.HV});
+  return ContiguousView<const void*>(g, DType::kF32, {rows, t, geo.HV, geo.K});
 }
 
 // The step's tokens and options as a core call: `rows` batch rows of `t`
 // tokens ([1, T, ...] for prefill, [N, 1, ...] for decode).
 template <class Call>
 Call CoreCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, int64_t rows, int64_t t) {
-  const int64_t H = s.layer.num_heads();
-  const int64_t K = s.layer.head_k_dim();
-  const int64_t V = s.layer.head_v_dim();
+  const DeltaRuleGeometry& geo = s.layer.geometry();
   Call c;
-  c.o = ContiguousView<void*>(s.o.data, s.o.dtype, {rows, t, H, V});
-  c.q = ContiguousView<const void*>(s.q.data, s.q.dtype, {rows, t, H, K});
-  c.k = ContiguousView<const void*>(s.k.data, s.k.dtype, {rows, t, H, K});
-  c.v = ContiguousView<const void*>(s.v.data, s.v.dtype, {rows, t, H, V});
-  c.g = ContiguousView<const void*>(gb.g.data(), DType::kF32, {rows, t, H, K});
-  c.beta = ContiguousView<const void*>(gb.beta.data(), DType::kF32, {rows, t, H});
+  c.o = ContiguousView<void*>(s.o.data, s.o.dtype, {rows, t, geo.HV, geo.V});
+  c.q = ContiguousView<const void*>(s.q.data, s.q.dtype, {rows, t, geo.H, geo.K});
+  c.k = ContiguousView<const void*>(s.k.data, s.k.dtype, {rows, t, geo.H, geo.K});
+  c.v = ContiguousView<const void*>(s.v.data, s.v.dtype, {rows, t, geo.HV, geo.V});
+  c.g = GateView(geo, gb.g.data(), rows, t);
+  c.beta = ContiguousView<const void*>(gb.beta.data(), DType::kF32, {rows, t, geo.HV});
   c.scale = s.layer.scale();
   c.use_qk_l2norm_in_kernel = true;
   return c;
@@ -58,15 +64,15 @@ RecurrentKdaCall PackedRecurrentCall(const LinearRecurrentAttnBackend::CoreStep&
 
 }  // namespace
 
-void KDAAttnBackend::ReportGate(const CoreStep& s, const float* g, const float* beta) const {
+void DeltaRuleAttnBackend::ReportGate(const CoreStep& s, const float* g, const float* beta) const {
   const int id = s.layer.layer_id();
-  const int64_t thk = s.num_tokens * s.layer.num_heads() * s.layer.head_k_dim();
-  Report(id, LayerTensor::kGateRaw, s.gate_raw, thk);
-  Report(id, LayerTensor::kGate, {g, DType::kF32}, thk);
-  Report(id, LayerTensor::kBeta, {beta, DType::kF32}, s.num_tokens * s.layer.num_heads());
+  const int64_t gates = s.num_tokens * s.layer.geometry().gate_width();
+  Report(id, LayerTensor::kGateRaw, s.gate_raw, gates);
+  Report(id, LayerTensor::kGate, {g, DType::kF32}, gates);
+  Report(id, LayerTensor::kBeta, {beta, DType::kF32}, s.num_tokens * s.layer.geometry().HV);
 }
 
-void KDAAttnBackend::RunExtend(const CoreStep& s) {
+void DeltaRuleAttnBackend::RunExtend(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
   ChunkKdaCall c = CoreCall<ChunkKdaCall>(s, gb, 1, s.num_tokens);
   c.cu_seqlens = s.cu_seqlens;
@@ -80,7 +86,7 @@ void KDAAttnBackend::RunExtend(const CoreStep& s) {
   ReportGate(s, gb.g.data(), gb.beta.data());
 }
 
-void KDAAttnBackend::RunDecode(const CoreStep& s) {
+void DeltaRuleAttnBackend::RunDecode(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
   RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, s.num_seqs, 1);
   c.initial_state = s.state;
@@ -89,7 +95,7 @@ void KDAAttnBackend::RunDecode(const CoreStep& s) {
   ReportGate(s, gb.g.data(), gb.beta.data());
 }
 
-void KDAAttnBackend::RunVerify(const CoreStep& s) {
+void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
   if (s.token_states == nullptr) {
     RecurrentKdaCall c = PackedRecurrentCall(s, gb);
@@ -97,9 +103,12 @@ void KDAAttnBackend::RunVerify(const CoreStep& s) {
     fused_recurrent_kda(c, kernel_);
   } else {
     // The state after every token of sequence n goes to its own area: one call per sequence.
-    const int64_t H = s.layer.num_heads();
-    const int64_t K = s.layer.head_k_dim();
-    const int64_t V = s.layer.head_v_dim();
+    const DeltaRuleGeometry& geo = s.layer.geometry();
+    const int64_t H = geo.H;
+    const int64_t HV = geo.HV;
+    const int64_t K = geo.K;
+    const int64_t V = geo.V;
+    const int64_t G = geo.gate_width();
     const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
     const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
     const size_t esize = DTypeSize(s.q.dtype);
@@ -111,27 +120,27 @@ void KDAAttnBackend::RunVerify(const CoreStep& s) {
         return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
       };
       RecurrentKdaCall c;
-      c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * H * V) * esize, s.o.dtype,
-                                  {1, len, H, V});
+      c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * HV * V) * esize, s.o.dtype,
+                                  {1, len, HV, V});
       c.q = ContiguousView<const void*>(at(s.q.data, esize, H * K), s.q.dtype, {1, len, H, K});
       c.k = ContiguousView<const void*>(at(s.k.data, esize, H * K), s.k.dtype, {1, len, H, K});
-      c.v = ContiguousView<const void*>(at(s.v.data, esize, H * V), s.v.dtype, {1, len, H, V});
-      c.g = ContiguousView<const void*>(at(gb.g.data(), sizeof(float), H * K), DType::kF32, {1, len, H, K});
-      c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), H), DType::kF32, {1, len, H});
+      c.v = ContiguousView<const void*>(at(s.v.data, esize, HV * V), s.v.dtype, {1, len, HV, V});
+      c.g = GateView(geo, reinterpret_cast<const float*>(at(gb.g.data(), sizeof(float), G)), 1, len);
+      c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), HV), DType::kF32, {1, len, HV});
       c.scale = s.layer.scale();
       c.use_qk_l2norm_in_kernel = true;
       c.initial_state = s.state;
       c.ssm_state_indices = ContiguousView<const void*>(slots + n, DType::kI32, {1});
       c.inplace_final_state = false;
       c.output_final_state = true;
-      c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, H, K, V});
+      c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, HV, K, V});
       fused_recurrent_kda(c, kernel_);
     }
   }
   ReportGate(s, gb.g.data(), gb.beta.data());
 }
 
-void KDAAttnBackend::RunCommit(const CoreStep& s) {
+void DeltaRuleAttnBackend::RunCommit(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
   fused_recurrent_kda(PackedRecurrentCall(s, gb), kernel_);
 }

@@ -1,0 +1,59 @@
+// The geometry of one delta-rule layer, Kimi Delta Attention or Gated DeltaNet
+// (layers/delta_rule_geometry.cc): what the layer handle, the attention
+// backend, the weights and the state pool are sized by.
+//
+// hidden model width; H key heads of K dims, HV = r * H value heads of V dims
+// (value head h reads key head h / r); W the short conv width over the
+// concatenated q|k|v channels (2*H*K + HV*V). The log decay g is one value
+// per key dimension (KDA: [HV, K], HV = H) or per value head (GDN: [HV]).
+// The gated RMSNorm's gate goes through output_gate (KDA sigmoid, GDN silu).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kda/kernels/elementwise.h"
+#include "kda/mem_cache/recurrent_state_spec.h"
+
+namespace kda {
+
+enum class DecayWidth : uint8_t { kPerKeyDim, kPerValueHead };
+
+struct DeltaRuleGeometry {
+  int64_t hidden = 0;
+  int H = 0;   // key heads
+  int HV = 0;  // value heads, a multiple of H
+  int K = 0;   // key head dim
+  int V = 0;   // value head dim
+  int W = 0;   // short conv width
+  double rms_norm_eps = 1e-5;
+  DecayWidth decay = DecayWidth::kPerKeyDim;
+  GateActivation output_gate = GateActivation::kSigmoid;
+
+  // A KDA layer: H = HV heads of K = V dims, per-key-dim decay, sigmoid output gate.
+  static DeltaRuleGeometry Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps);
+  // A GDN layer: per-value-head decay, silu output gate.
+  static DeltaRuleGeometry Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,
+                               int conv_width, double eps);
+
+  int group() const { return H > 0 ? HV / H : 0; }  // r, value heads per key head
+  int64_t key_dim() const { return int64_t{H} * K; }
+  int64_t value_dim() const { return int64_t{HV} * V; }
+  int64_t conv_channels() const { return 2 * key_dim() + value_dim(); }
+  // Decay values per value head (K or 1) and per token (HV * that).
+  int decay_per_head() const { return decay == DecayWidth::kPerKeyDim ? K : 1; }
+  int64_t gate_width() const { return int64_t{HV} * decay_per_head(); }
+  // The per-request state one layer keeps; a verify position holds the conv
+  // inputs, the raw gate and the beta logits (conv_channels + gate_width + HV).
+  RecurrentStateSpec state_spec() const;
+
+  // kda::Error naming the problem unless the geometry is one the kernels and
+  // layers take (positive sizes, HV a multiple of H, K and V in [1, 256]).
+  void Validate(const std::string& who) const;
+  // The layer of key heads [begin, begin + count) (and their value heads):
+  // H = count, HV = count * r, everything else unchanged.
+  DeltaRuleGeometry Shard(int begin, int count) const;
+  bool operator==(const DeltaRuleGeometry&) const = default;
+};
+
+}  // namespace kda

@@ -1,0 +1,105 @@
+// The weights of one delta-rule layer as a layer type declares them: a tensor
+// table (one entry per checkpoint tensor: Hugging Face name, shape, how
+// tensor parallelism cuts it, whether it is a quantizable projection, how a
+// random model fills it), and the generic code it drives
+// (models/layer_weights.cc): loading from a checkpoint (whole, or one
+// tensor-parallel rank's heads), random init, sharding, and the int8 round
+// trip. A layer type adds a table, not code here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kda/kernels/q8.h"
+
+namespace kda {
+
+class Checkpoint;
+
+// How tensor parallelism over key heads cuts a tensor: not at all
+// (replicated), or along its rows / columns. A cut axis is the concatenation
+// of `parts`, each holding `units` rows (columns) per key head, heads in
+// order: a shard of key heads [h0, h1) keeps rows [h0*u, h1*u) of each part,
+// its value heads with their key head (a part of r*V rows per key head).
+enum class ShardAxis : uint8_t { kNone, kRows, kCols };
+
+// How a random model fills a tensor (values rounded to bf16):
+// kNormal N(0, a); kUniform U[a, b); kDtBias softplus^-1(dt) with dt
+// log-uniform in [e^a, e^b).
+struct TensorInit {
+  enum class Kind : uint8_t { kNormal, kUniform, kDtBias } kind = Kind::kNormal;
+  float a = 0.02F;
+  float b = 0.0F;
+};
+
+struct TensorSpec {
+  std::string name;                          // after the layer's prefix, e.g. "q_proj.weight"
+  std::vector<std::vector<int64_t>> shapes;  // accepted checkpoint shapes (one element count); the first is canonical
+  int64_t cols = 1;                          // the tensor viewed as a row-major [numel / cols, cols] matrix
+  ShardAxis shard = ShardAxis::kNone;
+  std::vector<int64_t> parts;  // units per key head of each part of the cut axis
+  bool quantizable = false;    // a Linear weight [out, in]: Q8 with int8 weights
+  TensorInit init;
+
+  int64_t numel() const;
+  int64_t rows() const { return numel() / cols; }
+};
+
+using TensorTable = std::vector<TensorSpec>;
+
+// The key heads [begin, begin + count) of `total` that one tensor-parallel rank owns.
+struct HeadShard {
+  int begin = 0;
+  int count = 0;
+  int total = 0;
+  bool whole() const { return begin == 0 && count == total; }
+};
+
+// Rank `rank` of a tp group of `size` ranks: total_heads / size consecutive
+// key heads. kda::Error when `size` does not divide total_heads.
+HeadShard MakeHeadShard(int total_heads, int rank, int size);
+
+// One layer's weights by table name, Hugging Face layouts (Linear [out, in]),
+// fp32 values. A `kda quantize` checkpoint's projections are in `q8` instead.
+struct LayerWeights {
+  std::map<std::string, std::vector<float>> dense;
+  std::map<std::string, Q8Weight> q8;
+
+  bool Has(const std::string& name) const { return dense.count(name) != 0 || q8.count(name) != 0; }
+  // kda::Error naming the tensor when absent.
+  const std::vector<float>& Dense(const std::string& name) const;
+};
+
+// A run of elements [begin, end) (flat, row-major) read from checkpoint tensor `name`.
+struct TensorRead {
+  std::string name;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// Reads every tensor of `table` (the full layer's) named `prefix` + spec.name
+// from the checkpoint, only `shard`'s part (every tensor's full shape is still
+// checked), into the layout of the shard's table. Checks presence, dtype
+// (F32 or BF16; I8 + F16 scales for the quantizable tensors of a `kda
+// quantize` checkpoint), shape and that every value read is finite (a NaN or
+// infinity is a kda::Error naming the key and element); a tensor under
+// `prefix` that the table does not name is a kda::Error naming it. `reads`
+// (optional) receives each run of elements read.
+LayerWeights LoadLayerWeights(const Checkpoint& ckpt, const std::string& prefix, const TensorTable& table,
+                              const HeadShard& shard, std::vector<TensorRead>* reads = nullptr);
+
+// Deterministic random weights (each tensor as its TensorInit says, in table order).
+LayerWeights RandomLayerWeights(const TensorTable& table, uint64_t seed);
+
+// The shard's part of full weights (`table`: the full layer's), as LoadLayerWeights cuts it.
+LayerWeights ShardLayerWeights(const LayerWeights& w, const TensorTable& table, const HeadShard& shard);
+
+// The weights with every quantizable tensor replaced by its Q8 round trip,
+// DequantizeQ8(QuantizeQ8(w)) (exact fp32 values; Q8 tensors dequantized):
+// what an int8 layer multiplies by (rounded to bf16 in the bf16 pipeline).
+// kda::Error as QuantizeQ8.
+LayerWeights DequantizeLayerWeights(const LayerWeights& w, const TensorTable& table);
+
+}  // namespace kda

@@ -1,0 +1,71 @@
+#include "kda/layers/delta_rule_geometry.h"
+
+#include <string>
+
+#include "kda/base/error.h"
+
+namespace kda {
+
+DeltaRuleGeometry DeltaRuleGeometry::Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps) {
+  return {.hidden = hidden,
+          .H = heads,
+          .HV = heads,
+          .K = head_dim,
+          .V = head_dim,
+          .W = conv_width,
+          .rms_norm_eps = eps,
+          .decay = DecayWidth::kPerKeyDim,
+          .output_gate = GateActivation::kSigmoid};
+}
+
+DeltaRuleGeometry DeltaRuleGeometry::Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,
+                                         int conv_width, double eps) {
+  return {.hidden = hidden,
+          .H = key_heads,
+          .HV = value_heads,
+          .K = head_k_dim,
+          .V = head_v_dim,
+          .W = conv_width,
+          .rms_norm_eps = eps,
+          .decay = DecayWidth::kPerValueHead,
+          .output_gate = GateActivation::kSilu};
+}
+
+RecurrentStateSpec DeltaRuleGeometry::state_spec() const {
+  return {.value_heads = HV,
+          .head_k_dim = K,
+          .head_v_dim = V,
+          .conv_channels = conv_channels(),
+          .conv_width = W,
+          .verify_row = conv_channels() + gate_width() + HV};
+}
+
+void DeltaRuleGeometry::Validate(const std::string& who) const {
+  Check(hidden >= 1 && H >= 1 && HV >= 1 && W >= 1, [&] {
+    return who + ": hidden " + std::to_string(hidden) + ", key heads " + std::to_string(H) + ", value heads " +
+           std::to_string(HV) + " and conv width " + std::to_string(W) + " must be positive";
+  });
+  Check(HV % H == 0, [&] {
+    return who + ": the value heads (" + std::to_string(HV) + ") must be a multiple of the key heads (" +
+           std::to_string(H) + ")";
+  });
+  Check(K >= 1 && K <= 256 && V >= 1 && V <= 256, [&] {
+    return who + ": head dims K " + std::to_string(K) + " and V " + std::to_string(V) + " must be in [1, 256]";
+  });
+  Check(decay == DecayWidth::kPerValueHead || (H == HV && K == V),
+        who + ": a per-key-dim decay (KDA) needs as many value heads as key heads and K == V");
+  Check(rms_norm_eps > 0, who + ": rms_norm_eps must be > 0");
+}
+
+DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count) const {
+  Check(count >= 1 && begin >= 0 && begin + count <= H, [&] {
+    return "head shard [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
+           ") does not fit the layer's " + std::to_string(H) + " key heads";
+  });
+  DeltaRuleGeometry g = *this;
+  g.H = count;
+  g.HV = count * group();
+  return g;
+}
+
+}  // namespace kda

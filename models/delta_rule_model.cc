@@ -1,0 +1,100 @@
+#include "kda/models/delta_rule_model.h"
+
+#include <string>
+#include <vector>
+
+#include "base/fault_inject.h"
+#include "kda/base/error.h"
+#include "kda/distributed/communicator.h"
+#include "kda/io/checkpoint.h"
+#include "kda/io/config.h"
+
+namespace kda {
+namespace {
+
+// The shard of tp rank r (all key heads without a group of size > 1).
+HeadShard ShardFor(int total_heads, Communicator* tp) {
+  if (tp == nullptr || tp->size() == 1) return MakeHeadShard(total_heads, 0, 1);
+  return MakeHeadShard(total_heads, tp->rank(), tp->size());
+}
+
+}  // namespace
+
+std::string LayerKeyPrefix(const Checkpoint& ckpt, const LayerFamily& family, int layer) {
+  const std::string plain = "model.layers." + std::to_string(layer) + "." + family.layer_prefix;
+  const std::string text = "model.language_model.layers." + std::to_string(layer) + "." + family.layer_prefix;
+  const std::vector<std::string> names = ckpt.names();
+  const auto holds = [&](const std::string& prefix) {
+    const auto it = std::lower_bound(names.begin(), names.end(), prefix);
+    return it != names.end() && it->compare(0, prefix.size(), prefix) == 0;
+  };
+  return !holds(plain) && holds(text) ? text : plain;
+}
+
+DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer,
+                                    Communicator* tp, WeightFormat weights_format) {
+  const ModelConfig config = LoadModelConfig(model_dir);
+  const LayerFamily& family = LayerFamilyFor(config.model_type);
+  const DeltaRuleGeometry full = family.geometry(config);
+  full.Validate("config.json in " + model_dir);
+  DeltaRuleModel m;
+  m.model_type = family.model_types.front();
+  m.heads = ShardFor(full.H, tp);  // before opening the weights: a bad --tp fails fast
+  const Checkpoint ckpt = Checkpoint::Open(model_dir);
+  m.geometry = full.Shard(m.heads.begin, m.heads.count);
+  m.act_dtype = act_dtype;
+  m.weights_format = weights_format;
+  m.tp = tp != nullptr && tp->size() > 1 ? tp : nullptr;
+  std::vector<int> ids = config.linear_layers;
+  if (only_layer) {
+    Check(*only_layer >= 0 && *only_layer < config.num_hidden_layers,
+          "layer " + std::to_string(*only_layer) + " is out of range [0, " + std::to_string(config.num_hidden_layers) +
+              ")");
+    Check(config.IsLinearLayer(*only_layer),
+          "layer " + std::to_string(*only_layer) + " is not a " + family.layer_class + " layer");
+    ids = {*only_layer};
+  }
+  const TensorTable table = family.tensors(full);
+  for (int id : ids) {
+    MaybeInjectFault(FaultPoint::kLoad);
+    const LayerWeights w = LoadLayerWeights(ckpt, LayerKeyPrefix(ckpt, family, id), table, m.heads);
+    m.layers.push_back(
+        family.make_layer(static_cast<int>(m.layers.size()), m.geometry, w, act_dtype, m.tp, weights_format));
+    m.model_layer_ids.push_back(id);
+  }
+  Check(!m.layers.empty(), "model in " + model_dir + " has no " + family.layer_class + " layer");
+  return m;
+}
+
+DeltaRuleModel DeltaRuleModel::Random(const std::string& model_type, const DeltaRuleGeometry& geometry, int num_layers,
+                                      DType act_dtype, uint64_t seed, Communicator* tp, WeightFormat weights_format) {
+  Check(num_layers >= 1, "a model needs at least one layer");
+  const LayerFamily& family = LayerFamilyFor(model_type);
+  geometry.Validate(family.layer_class);
+  DeltaRuleModel m;
+  m.model_type = family.model_types.front();
+  m.heads = ShardFor(geometry.H, tp);
+  m.geometry = geometry.Shard(m.heads.begin, m.heads.count);
+  m.act_dtype = act_dtype;
+  m.weights_format = weights_format;
+  m.tp = tp != nullptr && tp->size() > 1 ? tp : nullptr;
+  const TensorTable table = family.tensors(geometry);
+  for (int l = 0; l < num_layers; ++l) {
+    MaybeInjectFault(FaultPoint::kLoad);
+    const LayerWeights full = RandomLayerWeights(table, seed + static_cast<uint64_t>(l));
+    m.layers.push_back(family.make_layer(l, m.geometry,
+                                         m.tp == nullptr ? full : ShardLayerWeights(full, table, m.heads), act_dtype,
+                                         m.tp, weights_format));
+    m.model_layer_ids.push_back(l);
+  }
+  return m;
+}
+
+DeltaRuleGeometry DeltaRuleModel::full_geometry() const {
+  DeltaRuleGeometry g = geometry;
+  g.H = heads.total;
+  g.HV = heads.total * geometry.group();
+  return g;
+}
+
+}  // namespace kda
