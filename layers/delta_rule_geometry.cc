@@ -7,28 +7,20 @@
 namespace kda {
 
 DeltaRuleGeometry DeltaRuleGeometry::Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps) {
-  return {.hidden = hidden,
-          .H = heads,
-          .HV = heads,
-          .K = head_dim,
-          .V = head_dim,
-          .W = conv_width,
-          .rms_norm_eps = eps,
-          .decay = DecayWidth::kPerKeyDim,
-          .output_gate = GateActivation::kSigmoid};
+  return {hidden, heads, heads, head_dim, head_dim, conv_width, eps, DecayWidth::kPerKeyDim, GateActivation::kSigmoid};
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,
                                          int conv_width, double eps) {
-  return {.hidden = hidden,
-          .H = key_heads,
-          .HV = value_heads,
-          .K = head_k_dim,
-          .V = head_v_dim,
-          .W = conv_width,
-          .rms_norm_eps = eps,
-          .decay = DecayWidth::kPerValueHead,
-          .output_gate = GateActivation::kSilu};
+  return {hidden,
+          key_heads,
+          value_heads,
+          head_k_dim,
+          head_v_dim,
+          conv_width,
+          eps,
+          DecayWidth::kPerValueHead,
+          GateActivation::kSilu};
 }
 
 RecurrentStateSpec DeltaRuleGeometry::state_spec() const {

@@ -310,6 +310,21 @@ TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   ExpectRefused("bench --dtype float16", "dtype", false);
   ExpectRefused("run --model " + dir_.string() + in, "config.json");
   ExpectRefused("run --model " + mini_ + " --input " + (dir_ / "missing.safetensors").string(), "missing.safetensors");
+  ExpectRefused("bench --model-type mamba2", "unsupported model_type \"mamba2\"", false);
+  // A config.json of a model type kda does not serve, and a Gated DeltaNet one whose value heads are not a
+  // multiple of its key heads.
+  const std::string gdn = testing::GoldenSetDir("gdn-mini");
+  KDA_REQUIRE_GOLDEN_PATH(gdn);
+  const std::filesystem::path other = dir_ / "other";
+  std::filesystem::create_directories(other);
+  std::ofstream(other / "config.json") << R"({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2})";
+  ExpectRefused("run --model " + other.string() + " --input " + gdn + "/single_T8.safetensors",
+                "unsupported model_type \"mamba2\"");
+  std::ofstream(other / "config.json")
+      << R"({"model_type": "qwen3_next", "hidden_size": 256, "num_hidden_layers": 4, "linear_num_key_heads": 4,
+            "linear_num_value_heads": 6, "linear_key_head_dim": 32, "linear_value_head_dim": 32})";
+  ExpectRefused("run --model " + other.string() + " --input " + gdn + "/single_T8.safetensors",
+                "must be a multiple of");
 }
 
 // Writes an input file with the given tensors and expects `kda run` to refuse it.
@@ -478,12 +493,17 @@ TEST_F(CliTest, RunWithPrefixCacheReusesSharedPrefixes) {
   const SafetensorsFile input = SafetensorsFile::Open(in.string());
   const std::vector<float> x = ToFloatVector(input.Get("hidden_states"));
   const std::vector<int32_t> cu = {0, 300, 680, 980};
-  for (const std::string weights : {"bf16", "int8"}) {
-    SCOPED_TRACE(weights);
-    const std::string base = "run --model " + mini_ + " --input " + in.string() +
+  // KDA, and Gated DeltaNet (gdn-loud: hidden 512 too).
+  const std::string loud = testing::GoldenSetDir("gdn-loud");
+  KDA_REQUIRE_GOLDEN_PATH(loud);
+  for (const auto& [model, weights] : std::vector<std::pair<std::string, std::string>>{
+           {mini_, "bf16"}, {mini_, "int8"}, {loud, "bf16"}, {loud, "int8"}}) {
+    SCOPED_TRACE(model + " " + weights);
+    const std::string base = "run --model " + model + " --input " + in.string() +
                              " --max-running 1 --prefill-chunk 100 --weights " + weights;
-    const fs::path plain_out = dir_ / ("plain_" + weights + ".safetensors");
-    const fs::path cached_out = dir_ / ("cached_" + weights + ".safetensors");
+    const std::string tag = (model == mini_ ? "kda_" : "gdn_") + weights;
+    const fs::path plain_out = dir_ / ("plain_" + tag + ".safetensors");
+    const fs::path cached_out = dir_ / ("cached_" + tag + ".safetensors");
     const CliResult plain = RunCli(base + " --output " + plain_out.string());
     ASSERT_EQ(plain.status, 0) << plain.err;
     EXPECT_EQ(plain.out.find("prefix cache"), std::string::npos);
