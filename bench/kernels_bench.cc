@@ -73,16 +73,38 @@ const int kHeadDim = kShape.K;
 
 KernelImpl ImplArg(int64_t x) { return x == 0 ? KernelImpl::kReference : KernelImpl::kOptimized; }
 
+// The counter time_per_token: an iteration's time over its `tokens`.
+void SetTimePerToken(benchmark::State& state, int64_t tokens) {
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
+// Times chunk_kda on the problem's call with `impl` (the optimized kernel runs once untimed first: scratch and first
+// touches); counter time_per_token.
+void TimeChunk(benchmark::State& state, const bench::ChunkProblem& p, KernelImpl impl) {
+  state.SetLabel(ActiveKernelDescription(impl));
+  if (impl == KernelImpl::kOptimized) chunk_kda(p.call, impl);
+  for (auto _ : state) chunk_kda(p.call, impl);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+  SetTimePerToken(state, p.T());
+}
+
+// Times fused_recurrent_kda with `impl` on the problem's steps (their states cycling over its buffers);
+// counter time_per_token over a step's `tokens`.
+void TimeRecurrent(benchmark::State& state, bench::DecodeProblem& p, KernelImpl impl, int64_t tokens) {
+  state.SetLabel(ActiveKernelDescription(impl));
+  int64_t step = 0;
+  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
+    fused_recurrent_kda(p.Step(step++), impl);
+  }
+  SetTimePerToken(state, tokens);
+}
+
 void BM_ChunkKda(benchmark::State& state) {
   const KernelImpl impl = ImplArg(state.range(0));
   const DType dtype = state.range(1) == 0 ? DType::kF32 : DType::kBF16;
   const std::vector<int64_t> lengths = state.range(2) == 0 ? std::vector<int64_t>{2048} : std::vector<int64_t>(8, 256);
   bench::ChunkProblem p(lengths, kHeads, kHeadDim, dtype);
-  state.SetLabel(ActiveKernelDescription(impl));
-  if (impl == KernelImpl::kOptimized) chunk_kda(p.call, impl);  // warm-up: scratch and first touches
-  for (auto _ : state) chunk_kda(p.call, impl);  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  TimeChunk(state, p, impl);
 }
 
 void BM_RecurrentKda(benchmark::State& state) {
@@ -90,13 +112,7 @@ void BM_RecurrentKda(benchmark::State& state) {
   const int64_t n = state.range(1);
   const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, bench::DecodeStreamBytes());
   bench::DecodeProblem p(n, kHeads, kHeadDim, layers, DType::kF32);
-  state.SetLabel(ActiveKernelDescription(impl));
-  int64_t step = 0;
-  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
-    fused_recurrent_kda(p.Step(step++), impl);
-  }
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  TimeRecurrent(state, p, impl, n);
 }
 
 void BM_RecurrentKdaTokens(benchmark::State& state) {
@@ -105,13 +121,7 @@ void BM_RecurrentKdaTokens(benchmark::State& state) {
   const int layers = bench::DecodeProblem::LayersFor(n, kHeads, kHeadDim, bench::DecodeStreamBytes());
   bench::DecodeProblem p(n, kHeads, kHeadDim, layers, DType::kBF16, 1, tokens);
   p.call.inplace_final_state = state.range(2) != 0;
-  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
-  int64_t step = 0;
-  for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
-    fused_recurrent_kda(p.Step(step++), KernelImpl::kOptimized);
-  }
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(n * tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  TimeRecurrent(state, p, KernelImpl::kOptimized, n * tokens);
 }
 
 // The optimized chunk kernel with the gate activated inside it
@@ -123,11 +133,7 @@ void BM_ChunkKdaGateInKernel(benchmark::State& state) {
   p.call.use_gate_in_kernel = true;
   p.call.A_log = ContiguousView<const void*>(a_log.data(), DType::kF32, {kHeads});
   p.call.dt_bias = ContiguousView<const void*>(dt_bias.data(), DType::kF32, {kHeads, kHeadDim});
-  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
-  chunk_kda(p.call, KernelImpl::kOptimized);                       // warm-up
-  for (auto _ : state) chunk_kda(p.call, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  TimeChunk(state, p, KernelImpl::kOptimized);
 }
 
 // The optimized chunk kernel with fla's h (return_intermediate_states), one sequence of 2048.
@@ -138,11 +144,7 @@ void BM_ChunkKdaIntermediateStates(benchmark::State& state) {
   bench::TypedBuffer h(std::vector<float>(static_cast<size_t>(nt) * kHeads * kHeadDim * kHeadDim, 0.0F), dtype);
   p.call.return_intermediate_states = true;
   p.call.intermediate_states = h.MutView({1, nt, kHeads, kHeadDim, kHeadDim});
-  state.SetLabel(ActiveKernelDescription(KernelImpl::kOptimized));
-  chunk_kda(p.call, KernelImpl::kOptimized);                       // warm-up
-  for (auto _ : state) chunk_kda(p.call, KernelImpl::kOptimized);  // NOLINT(clang-analyzer-deadcode.DeadStores)
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.T()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  TimeChunk(state, p, KernelImpl::kOptimized);
 }
 
 void BM_ShortConv(benchmark::State& state) {
@@ -184,8 +186,7 @@ void BM_ShortConv(benchmark::State& state) {
   };
   run();                       // warm-up
   for (auto _ : state) run();  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(T), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  SetTimePerToken(state, T);
 }
 
 void BM_KdaLayer(benchmark::State& state) {
@@ -202,8 +203,7 @@ void BM_KdaLayer(benchmark::State& state) {
       p.Forward();
     }
   }
-  state.counters["time_per_token"] = benchmark::Counter(
-      static_cast<double>(p.tokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  SetTimePerToken(state, p.tokens);
 }
 
 // One projection (the fused q/k/v shape) at M rows: dense bf16, Q8 (bf16

@@ -49,20 +49,19 @@ void TimedCommunicator::Abort(int code) {
   Communicator::Abort(code);  // not reached: the inner communicator ends the process
 }
 
-void TimedCommunicator::AllReduceSum(float* data, int64_t n) {
+template <class T>
+void TimedCommunicator::TimedAllReduce(void (Communicator::*all_reduce)(T*, int64_t), T* data, int64_t n) {
   const auto t0 = std::chrono::steady_clock::now();
-  inner_->AllReduceSum(data, n);
+  (inner_->*all_reduce)(data, n);
   allreduce_seconds_ += Since(t0);
   ++allreduce_calls_;
-  allreduce_bytes_ += n * static_cast<int64_t>(sizeof(float));
+  allreduce_bytes_ += n * static_cast<int64_t>(sizeof(T));
 }
 
+void TimedCommunicator::AllReduceSum(float* data, int64_t n) { TimedAllReduce(&Communicator::AllReduceSum, data, n); }
+
 void TimedCommunicator::AllReduceSumBF16(BF16* data, int64_t n) {
-  const auto t0 = std::chrono::steady_clock::now();
-  inner_->AllReduceSumBF16(data, n);
-  allreduce_seconds_ += Since(t0);
-  ++allreduce_calls_;
-  allreduce_bytes_ += n * static_cast<int64_t>(sizeof(BF16));
+  TimedAllReduce(&Communicator::AllReduceSumBF16, data, n);
 }
 
 }  // namespace kda

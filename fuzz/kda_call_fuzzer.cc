@@ -19,6 +19,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "kda/base/dtype.h"
@@ -245,33 +246,17 @@ View States(CaseBuilder& b, const Call& call, const Sizes& s, int64_t rows, bool
                             : b.Make<View>({rows, s.HV, s.K, s.V}, DType::kF32, Fill::kFloat, optional_absent);
 }
 
-// The call with its token and output data null, for the shape check (which must not read them).
+// A call's token tensors, options and sequences: packed ones (B = 1, cu_seqlens
+// int64 or int32) or the B rows.
 template <class Call>
-Call WithoutTokenData(Call call) {
-  for (TensorView* v : {&call.q, &call.k, &call.v, &call.g, &call.beta}) v->data = nullptr;
-  call.o.data = nullptr;
-  return call;
-}
-
-// Shape-checks `shapes`, then binds `call` and runs it: each a kda::Error or a call in bounds.
-template <class Call, class CheckFn, class RunFn>
-void Exercise(const Call& call, const Call& shapes, CheckFn check, RunFn run) {
-  try {
-    check(shapes);
-  } catch (const kda::Error&) {
-  }
-  try {
-    run(call);
-  } catch (const kda::Error&) {
-  }
-}
-
-// A call's token tensors and options.
-template <class Call>
-Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+Call TokensAndOptions(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb, bool& packed) {
   Call call;
   SetTokens(call, c, b, s, act, gb);
   SetOptions(call, c, b, s);
+  packed = s.B == 1 && c.OneIn(2);
+  if (packed) {
+    call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
+  }
   return call;
 }
 
@@ -286,13 +271,41 @@ bool ChooseOptimized(Choices& c) {
   return true;
 }
 
-void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
-  auto call = TokensAndOptions<kda::ChunkKdaCall>(c, b, s, act, gb);
-  const bool packed = s.B == 1 && c.OneIn(2);
-  const int64_t n = packed ? s.N : s.B;
-  if (packed) {
-    call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
+// The call with its data null (tokens, output, states), for the shape check (which must not read them).
+template <class Call>
+Call WithoutData(Call call) {
+  for (TensorView* v : {&call.q, &call.k, &call.v, &call.g, &call.beta}) v->data = nullptr;
+  call.o.data = nullptr;
+  call.initial_state.data = nullptr;
+  call.final_state.data = nullptr;
+  if constexpr (std::is_same_v<Call, kda::ChunkKdaCall>) {
+    call.state.data = nullptr;
+    call.intermediate_states.data = nullptr;
   }
+  return call;
+}
+
+// Picks the kernels (ChooseOptimized), shape-checks the call without its data,
+// then binds it and runs it: each a kda::Error or a call in bounds.
+template <class Call, class Args>
+void Exercise(Choices& c, const Call& call, kda::KdaCallShapes (*check)(const Call&), Args (*bind)(const Call&),
+              void (*optimized)(const Args&), void (*reference)(const Args&)) {
+  const Call shapes = WithoutData(call);
+  const bool use_optimized = ChooseOptimized(c);
+  try {
+    check(shapes);
+  } catch (const kda::Error&) {
+  }
+  try {
+    (use_optimized ? optimized : reference)(bind(call));
+  } catch (const kda::Error&) {
+  }
+}
+
+void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
+  bool packed = false;
+  auto call = TokensAndOptions<kda::ChunkKdaCall>(c, b, s, act, gb, packed);
+  const int64_t n = packed ? s.N : s.B;
   call.safe_gate = c.OneIn(8);
   if (c.OneIn(8)) call.chunk_size = 16 * (1 + c.Below(3));  // 16 (GDN's only), 32, 48 (refused)
   if (c.OneIn(2)) {                                         // pool form
@@ -314,25 +327,13 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
     call.intermediate_states = call.state_v_first ? b.Make<MutTensorView>({s.B, nt, s.HV, s.V, s.K}, dt, Fill::kFloat)
                                                   : b.Make<MutTensorView>({s.B, nt, s.HV, s.K, s.V}, dt, Fill::kFloat);
   }
-  kda::ChunkKdaCall shapes = WithoutTokenData(call);
-  shapes.initial_state.data = nullptr;
-  shapes.final_state.data = nullptr;
-  shapes.state.data = nullptr;
-  shapes.intermediate_states.data = nullptr;
-  const bool optimized = ChooseOptimized(c);
-  Exercise(call, shapes, kda::CheckChunkKdaShapes, [optimized](const kda::ChunkKdaCall& c) {
-    const kda::ChunkKdaArgs a = kda::BindChunkKda(c);
-    optimized ? kda::chunk_kda_optimized(a) : kda::chunk_kda_reference(a);
-  });
+  Exercise(c, call, kda::CheckChunkKdaShapes, kda::BindChunkKda, kda::chunk_kda_optimized, kda::chunk_kda_reference);
 }
 
 void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
-  auto call = TokensAndOptions<kda::RecurrentKdaCall>(c, b, s, act, gb);
-  const bool packed = s.B == 1 && c.OneIn(2);
+  bool packed = false;
+  auto call = TokensAndOptions<kda::RecurrentKdaCall>(c, b, s, act, gb, packed);
   const int64_t n = packed ? s.N : s.B;
-  if (packed) {
-    call.cu_seqlens = b.Make<TensorView>({s.N + 1}, c.OneIn(2) ? DType::kI64 : DType::kI32, Fill::kCuSeqlens);
-  }
   call.inplace_final_state = !c.OneIn(3);
   call.output_final_state = c.OneIn(2);
   switch (c.Below(3)) {
@@ -358,14 +359,8 @@ void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType g
   if (c.OneIn(16) && !call.num_accepted_tokens.present()) {
     call.num_accepted_tokens = b.Make<TensorView>({n}, DType::kI32, Fill::kFlags);
   }
-  kda::RecurrentKdaCall shapes = WithoutTokenData(call);
-  shapes.initial_state.data = nullptr;
-  shapes.final_state.data = nullptr;
-  const bool optimized = ChooseOptimized(c);
-  Exercise(call, shapes, kda::CheckRecurrentKdaShapes, [optimized](const kda::RecurrentKdaCall& c) {
-    const kda::RecurrentKdaArgs a = kda::BindRecurrentKda(c);
-    optimized ? kda::fused_recurrent_kda_optimized(a) : kda::fused_recurrent_kda_reference(a);
-  });
+  Exercise(c, call, kda::CheckRecurrentKdaShapes, kda::BindRecurrentKda, kda::fused_recurrent_kda_optimized,
+           kda::fused_recurrent_kda_reference);
 }
 
 }  // namespace

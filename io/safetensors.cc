@@ -312,38 +312,37 @@ const TensorInfo& SafetensorsFile::Get(const std::string& name) const {
   return tensors_[it->second];
 }
 
-std::vector<float> ToFloatVector(const TensorInfo& tensor) {
-  Check(tensor.dtype == DType::kF32 || tensor.dtype == DType::kBF16,
-        "tensor '" + tensor.name + "' has dtype " + DTypeName(tensor.dtype) + ", expected F32 or BF16");
+namespace {
+
+// The tensor's elements as Out: stored as Out (dtype `same`: copied) or as Narrow (dtype `narrow`: each
+// converted); kda::Error naming the `expected` dtypes for any other.
+template <class Out, class Narrow, class Convert>
+std::vector<Out> ToVector(const TensorInfo& tensor, DType same, DType narrow, const char* expected, Convert convert) {
+  Check(tensor.dtype == same || tensor.dtype == narrow,
+        "tensor '" + tensor.name + "' has dtype " + DTypeName(tensor.dtype) + ", expected " + expected);
   CheckTensorForCopy(tensor);
-  std::vector<float> out(static_cast<size_t>(tensor.numel()));
-  if (tensor.dtype == DType::kF32) {
+  std::vector<Out> out(static_cast<size_t>(tensor.numel()));
+  if (tensor.dtype == same) {
     if (!out.empty()) std::memcpy(out.data(), tensor.data, tensor.nbytes);
   } else {
     for (size_t i = 0; i < out.size(); ++i) {
-      BF16 value;
-      std::memcpy(&value.bits, tensor.data + 2 * i, 2);  // memcpy: data may be unaligned
-      out[i] = ToFloat(value);
+      Narrow value{};
+      std::memcpy(&value, tensor.data + sizeof(Narrow) * i, sizeof(Narrow));  // memcpy: data may be unaligned
+      out[i] = convert(value);
     }
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<float> ToFloatVector(const TensorInfo& tensor) {
+  return ToVector<float, BF16>(tensor, DType::kF32, DType::kBF16, "F32 or BF16", [](BF16 x) { return ToFloat(x); });
+}
+
 std::vector<int64_t> ToInt64Vector(const TensorInfo& tensor) {
-  Check(tensor.dtype == DType::kI32 || tensor.dtype == DType::kI64,
-        "tensor '" + tensor.name + "' has dtype " + DTypeName(tensor.dtype) + ", expected I32 or I64");
-  CheckTensorForCopy(tensor);
-  std::vector<int64_t> out(static_cast<size_t>(tensor.numel()));
-  if (tensor.dtype == DType::kI64) {
-    if (!out.empty()) std::memcpy(out.data(), tensor.data, tensor.nbytes);
-  } else {
-    for (size_t i = 0; i < out.size(); ++i) {
-      int32_t value = 0;
-      std::memcpy(&value, tensor.data + 4 * i, 4);
-      out[i] = value;
-    }
-  }
-  return out;
+  return ToVector<int64_t, int32_t>(tensor, DType::kI64, DType::kI32, "I32 or I64",
+                                    [](int32_t x) { return int64_t{x}; });
 }
 
 namespace {

@@ -62,6 +62,7 @@ const Linear& DeltaRuleLayer::AddProjection(const LayerWeights& w, const std::ve
       parts.push_back(b.r0 == 0 && b.r1 == m.rows ? m : SliceQ8(m, b.r0, b.r1, 0, cols));
     }
     std::vector<const Q8Weight*> ptrs;
+    ptrs.reserve(parts.size());
     for (const Q8Weight& p : parts) ptrs.push_back(&p);
     projections_.push_back(
         std::make_unique<Linear>(parts.size() == 1 ? std::move(parts.front()) : ConcatQ8Rows(ptrs), act_dtype_));

@@ -194,11 +194,13 @@ LayerWeights LoadLayerWeights(const Checkpoint& ckpt, const std::string& prefix,
     const bool by_cols = spec.shard == ShardAxis::kCols && !shard.whole();
     if (spec.quantizable && ckpt.Get(key).dtype == DType::kI8) {
       std::vector<Q8Weight> blocks;
+      blocks.reserve(cut.size());
       for (const auto& [b, e] : cut) {
         blocks.push_back(by_cols ? ReadQ8Block(ckpt, key, rows, cols, 0, rows, b, e, reads)
                                  : ReadQ8Block(ckpt, key, rows, cols, b, e, 0, cols, reads));
       }
       std::vector<const Q8Weight*> ptrs;
+      ptrs.reserve(blocks.size());
       for (const Q8Weight& b : blocks) ptrs.push_back(&b);
       w.q8.emplace(spec.name, blocks.size() == 1 ? std::move(blocks.front()) : ConcatQ8Rows(ptrs));
       continue;
@@ -263,10 +265,12 @@ LayerWeights ShardLayerWeights(const LayerWeights& w, const TensorTable& table, 
     const auto cut = ShardRanges(spec, shard);
     if (const auto it = w.q8.find(spec.name); it != w.q8.end()) {
       std::vector<Q8Weight> blocks;
+      blocks.reserve(cut.size());
       for (const auto& [b, e] : cut) {
         blocks.push_back(by_cols ? SliceQ8(it->second, 0, rows, b, e) : SliceQ8(it->second, b, e, 0, cols));
       }
       std::vector<const Q8Weight*> ptrs;
+      ptrs.reserve(blocks.size());
       for (const Q8Weight& b : blocks) ptrs.push_back(&b);
       r.q8.emplace(spec.name, blocks.size() == 1 ? std::move(blocks.front()) : ConcatQ8Rows(ptrs));
       continue;

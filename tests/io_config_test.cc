@@ -40,6 +40,9 @@ json BaseConfig() {
   })");
 }
 
+// A config's head shape {H, HV, K, V}: num_k_heads, num_v_heads, head_k_dim, head_v_dim.
+std::vector<int> HeadShape(const ModelConfig& c) { return {c.num_k_heads, c.num_v_heads, c.head_k_dim, c.head_v_dim}; }
+
 std::string ParseError(const json& config) {
   try {
     ParseModelConfig(config.dump(), "test-config");
@@ -65,10 +68,7 @@ TEST(IoConfigTest, GoldenConfigsParse) {
     EXPECT_EQ(config.num_hidden_layers, 4);
     EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-5);
     EXPECT_EQ(config.model_type, "kimi_linear");
-    EXPECT_EQ(config.num_k_heads, 4);
-    EXPECT_EQ(config.num_v_heads, 4);
-    EXPECT_EQ(config.head_k_dim, 128);
-    EXPECT_EQ(config.head_v_dim, 128);
+    EXPECT_EQ(HeadShape(config), (std::vector<int>{4, 4, 128, 128}));
     EXPECT_EQ(config.conv_size, 4);
     EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2}));
     EXPECT_EQ(config.FirstLinearLayer(), 0);
@@ -100,10 +100,7 @@ TEST(IoConfigTest, ReadsFieldsAndIgnoresLegacyHeadDim) {
   EXPECT_EQ(config.num_hidden_layers, 8);
   EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
   EXPECT_EQ(config.model_type, "kimi_linear");
-  EXPECT_EQ(config.num_k_heads, 32);
-  EXPECT_EQ(config.num_v_heads, 32);
-  EXPECT_EQ(config.head_k_dim, 128);  // not the top-level 72
-  EXPECT_EQ(config.head_v_dim, 128);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{32, 32, 128, 128}));  // K and V: not the top-level 72
   EXPECT_EQ(config.conv_size, 4);
 }
 
@@ -309,10 +306,7 @@ TEST(IoConfigTest, GatedDeltaNetGoldenConfigsParse) {
     EXPECT_EQ(config.hidden_size, 256);
     EXPECT_EQ(config.num_hidden_layers, 4);
     EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
-    EXPECT_EQ(config.num_k_heads, c.h);
-    EXPECT_EQ(config.num_v_heads, c.hv);
-    EXPECT_EQ(config.head_k_dim, c.k);
-    EXPECT_EQ(config.head_v_dim, c.v);
+    EXPECT_EQ(HeadShape(config), (std::vector<int>{c.h, c.hv, c.k, c.v}));
     EXPECT_EQ(config.conv_size, 4);
     EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2}));
     EXPECT_EQ(config.FirstLinearLayer(), 0);
@@ -325,10 +319,7 @@ TEST(IoConfigTest, ReadsGatedDeltaNetFields) {
   EXPECT_EQ(config.model_type, "qwen3_next");
   EXPECT_EQ(config.hidden_size, 2048);
   EXPECT_EQ(config.num_hidden_layers, 8);
-  EXPECT_EQ(config.num_k_heads, 16);
-  EXPECT_EQ(config.num_v_heads, 32);
-  EXPECT_EQ(config.head_k_dim, 128);
-  EXPECT_EQ(config.head_v_dim, 64);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{16, 32, 128, 64}));
   EXPECT_EQ(config.conv_size, 4);
   EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
 
@@ -379,10 +370,7 @@ TEST(IoConfigTest, NestedTextConfig) {
   const ModelConfig config = Parse(Qwen35Config());
   EXPECT_EQ(config.model_type, "qwen3_5_text");
   EXPECT_EQ(config.hidden_size, 2048);
-  EXPECT_EQ(config.num_k_heads, 16);
-  EXPECT_EQ(config.num_v_heads, 48);
-  EXPECT_EQ(config.head_k_dim, 128);
-  EXPECT_EQ(config.head_v_dim, 64);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{16, 48, 128, 64}));
   EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
 
   // Without text_config.model_type the top-level type + "_text" is reported.

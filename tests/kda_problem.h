@@ -57,14 +57,12 @@ struct Spec {
   bool scalar_gate = false;     // g [T, HV]: one decay per value head (GDN); else [T, HV, K]
 };
 
-// Inputs as fp32 values (q/k/v/g/beta may be stored as BF16 later).
-struct Problem {
+// A problem: the spec it was drawn from (HV and V resolved: never 0; its
+// options are the kernel call's), its sizes and its inputs as fp32 values
+// (q/k/v/g/beta may be stored as BF16 later).
+struct Problem : Spec {
   int64_t T = 0;
   int64_t N = 0;
-  int H = 0;
-  int K = 0;
-  int HV = 0;
-  int V = 0;
   std::vector<int64_t> cu;            // [N + 1]
   std::vector<float> q, k;            // [T, H, K]
   std::vector<float> v;               // [T, HV, V]
@@ -72,15 +70,6 @@ struct Problem {
   std::vector<float> beta;            // [T, HV] ([T, HV, V] with beta_per_value; logits with beta_sigmoid)
   std::vector<float> h0;              // [N, HV, K, V] (V-first with state_v_first), empty for zeros
   std::vector<float> a_log, dt_bias;  // [HV] (empty with no_a_log), [HV*K] ([HV]) with gate_in_kernel
-  bool l2norm_in_kernel = false;
-  bool gate_in_kernel = false;
-  float scale = 0.0F;
-  bool beta_sigmoid = false;
-  bool allow_neg_eigval = false;
-  float lower_bound = 0.0F;
-  bool beta_per_value = false;
-  bool state_v_first = false;
-  bool scalar_gate = false;
 
   size_t HeadState() const { return static_cast<size_t>(K) * V; }
   size_t StateSize() const { return static_cast<size_t>(N) * HV * HeadState(); }
@@ -102,23 +91,13 @@ inline void NormalizeRows(std::vector<float>& x, int len) {
 
 inline Problem MakeProblem(const Spec& s) {
   Problem p;
-  p.N = static_cast<int64_t>(s.lengths.size());
-  p.H = s.H;
-  p.K = s.K;
+  static_cast<Spec&>(p) = s;
   p.HV = s.HV > 0 ? s.HV : s.H;
   p.V = s.V > 0 ? s.V : s.K;
-  p.beta_sigmoid = s.beta_sigmoid;
-  p.allow_neg_eigval = s.allow_neg_eigval;
-  p.lower_bound = s.lower_bound;
-  p.beta_per_value = s.beta_per_value;
-  p.state_v_first = s.state_v_first;
-  p.scalar_gate = s.scalar_gate;
+  p.N = static_cast<int64_t>(s.lengths.size());
   p.cu.push_back(0);
   for (int64_t len : s.lengths) p.cu.push_back(p.cu.back() + len);
   p.T = p.cu.back();
-  p.l2norm_in_kernel = s.l2norm_in_kernel;
-  p.gate_in_kernel = s.gate_in_kernel;
-  p.scale = s.scale;
 
   std::mt19937 rng(s.seed);
   std::normal_distribution<float> normal(0.0F, 1.0F);
@@ -185,15 +164,17 @@ inline Problem MakeProblem(const Spec& s) {
   return p;
 }
 
-inline void RoundInputsToBF16(Problem& p) {
-  for (std::vector<float>* x : {&p.q, &p.k, &p.v, &p.g, &p.beta}) {
-    for (float& e : *x) e = RoundBF16(e);
-  }
+// x rounded once to dt (F32: x itself), as fp32.
+inline float RoundedOnce(DType dt, float x) {
+  if (dt == DType::kBF16) return RoundBF16(x);
+  if (dt == DType::kF16) return RoundF16(x);
+  return x;
 }
 
-inline void RoundInputsToF16(Problem& p) {
+// q, k, v, g and beta rounded to dt's values (F32: unchanged).
+inline void RoundInputsTo(Problem& p, DType dt) {
   for (std::vector<float>* x : {&p.q, &p.k, &p.v, &p.g, &p.beta}) {
-    for (float& e : *x) e = RoundF16(e);
+    for (float& e : *x) e = RoundedOnce(dt, e);
   }
 }
 

@@ -19,6 +19,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/base/bf16.h"
@@ -59,8 +60,8 @@ using testing::NaiveRecurrenceF64;
 using testing::NormalizeRows;
 using testing::Problem;
 using testing::Result;
-using testing::RoundInputsToBF16;
-using testing::RoundInputsToF16;
+using testing::RoundedOnce;
+using testing::RoundInputsTo;
 using testing::SetStates;
 using testing::Spec;
 using testing::Typed;
@@ -104,11 +105,13 @@ Result RunDecode(const Variant& v, const Problem& p, DType qkv = DType::kF32, DT
 
 const Variant kReference{KernelImpl::kReference, KernelIsa::kAuto};
 
-// x rounded once to dt (F32: x itself), as fp32.
-float RoundedOnce(DType dt, float x) {
-  if (dt == DType::kBF16) return RoundBF16(x);
-  if (dt == DType::kF16) return RoundF16(x);
-  return x;
+// The dtype rule: a run with q/k/v/o in dt is the fp32 run on the same input
+// values, its states identical and its output rounded once.
+void ExpectFp32RunRounded(const Result& got, const Result& f32, DType dt) {
+  ASSERT_EQ(got.o.size(), f32.o.size());
+  ASSERT_EQ(got.state.size(), f32.state.size());
+  EXPECT_TRUE(BitEqual(got.state.data(), f32.state.data(), f32.state.size())) << "states";
+  for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(got.o[i], RoundedOnce(dt, f32.o[i])) << "output " << i;
 }
 
 // ------------------------------------------------- both kernels
@@ -151,6 +154,25 @@ class KdaKernelTest : public ::testing::TestWithParam<KdaParam> {
   Result Oracle(const Problem& p, DType qkv = DType::kF32, DType gb = DType::kF32) const {
     if (!chunk()) return RunChunk(kReference, p, {.qkv = qkv, .gb = gb});
     return RunDecode(kReference, p, qkv, gb);
+  }
+  // p's inputs rounded to dt, then the fp32 run and the run with q/k/v/o, g and beta in dt: the same fp32
+  // arithmetic on the same values, so the latter is the former with its output rounded once
+  // (ExpectFp32RunRounded).
+  void RunRoundedInputs(Problem& p, DType dt, Result& f32, Result& low) const {
+    RoundInputsTo(p, dt);
+    f32 = Run(p);
+    low = Run(p, dt, dt);
+    ExpectFp32RunRounded(low, f32, dt);
+  }
+  // Half-precision storage of everything (RunRoundedInputs), the fp32 run against the float64 recurrence, and with
+  // g and beta alone in dt (the same values) the fp32 output.
+  void CheckHalfPrecision(const Spec& s, DType dt) const {
+    SCOPED_TRACE(Describe(s) + " " + DTypeName(dt));
+    Problem p = MakeProblem(s);
+    Result f32, half;
+    ASSERT_NO_FATAL_FAILURE(RunRoundedInputs(p, dt, f32, half));
+    ExpectClose(f32, NaiveRecurrenceF64(p));
+    ExpectClose(Run(p, DType::kF32, dt), f32);
   }
   void CheckAgainstOracle(const Spec& s) const {
     SCOPED_TRACE(Describe(s));
@@ -268,13 +290,10 @@ TEST_P(KdaKernelTest, Bf16Inputs) {
                  .seed = static_cast<uint32_t>(260 + k)};
     SCOPED_TRACE(Describe(s));
     Problem p = MakeProblem(s);
-    RoundInputsToBF16(p);
     // bf16 storage of the same values runs the same fp32 arithmetic: the state
     // is identical to the fp32 run's, the output is the fp32 output rounded once.
-    const Result f32 = Run(p);
-    const Result bf16 = Run(p, DType::kBF16, DType::kBF16);
-    EXPECT_TRUE(BitEqual(bf16.state.data(), f32.state.data(), f32.state.size()));
-    for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(bf16.o[i], RoundBF16(f32.o[i])) << i;
+    Result f32, bf16;
+    ASSERT_NO_FATAL_FAILURE(RunRoundedInputs(p, DType::kBF16, f32, bf16));
     const Result exact = Oracle(p);  // the fp32 run on the same (bf16-exact) inputs
     ExpectClose(f32, exact);
     const Result want_bf16 = Oracle(p, DType::kBF16, DType::kBF16);
@@ -363,18 +382,7 @@ TEST_P(KdaKernelTest, F16Inputs) {
       {.lengths = {0, 1, 33, 65}, .H = 2, .K = 64, .gate = kStress, .l2norm_in_kernel = true, .seed = 621},
       {.lengths = {3, 40}, .H = 1, .K = 100, .gate = kStress, .seed = 622, .HV = 2, .V = 60},
   };
-  for (const Spec& s : specs) {
-    SCOPED_TRACE(Describe(s));
-    Problem p = MakeProblem(s);
-    RoundInputsToF16(p);
-    const Result f32 = Run(p);
-    const Result f16 = Run(p, DType::kF16, DType::kF16);
-    EXPECT_TRUE(BitEqual(f16.state.data(), f32.state.data(), f32.state.size()));
-    for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(f16.o[i], RoundF16(f32.o[i])) << i;
-    ExpectClose(f32, NaiveRecurrenceF64(p));
-    // fp16 gate and beta with fp32 q/k/v: the same values, the output stays fp32.
-    ExpectClose(Run(p, DType::kF32, DType::kF16), f32);
-  }
+  for (const Spec& s : specs) ASSERT_NO_FATAL_FAILURE(CheckHalfPrecision(s, DType::kF16));
 }
 
 // q, k, v read in place as token-strided slices of one fused projection
@@ -399,8 +407,7 @@ TEST_P(KdaKernelTest, TokenStridedQkvGiveTheSameBits) {
     for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
       SCOPED_TRACE(Describe(s) + " " + DTypeName(dt));
       Problem p = MakeProblem(s);
-      if (dt == DType::kBF16) RoundInputsToBF16(p);
-      if (dt == DType::kF16) RoundInputsToF16(p);
+      RoundInputsTo(p, dt);
       for (int threads : {1, 3}) {
         const Result want = Run(p, dt, dt, threads);
         for (int64_t pad : {0, 7}) ExpectBitEqual(Run(p, dt, dt, threads, pad), want);
@@ -595,16 +602,7 @@ TEST_P(KdaKernelTest, ScalarGateInHalfPrecision) {
                  .HV = 6,
                  .V = 32,
                  .scalar_gate = true};
-    SCOPED_TRACE(Describe(s) + " " + DTypeName(dt));
-    Problem p = MakeProblem(s);
-    if (dt == DType::kBF16) RoundInputsToBF16(p);
-    if (dt == DType::kF16) RoundInputsToF16(p);
-    const Result f32 = Run(p);
-    const Result half = Run(p, dt, dt);
-    EXPECT_TRUE(BitEqual(half.state.data(), f32.state.data(), f32.state.size()));
-    for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(half.o[i], RoundedOnce(dt, f32.o[i])) << i;
-    ExpectClose(f32, NaiveRecurrenceF64(p));
-    ExpectClose(Run(p, DType::kF32, dt), f32);
+    ASSERT_NO_FATAL_FAILURE(CheckHalfPrecision(s, dt));
   }
 }
 
@@ -662,18 +660,8 @@ Problem LayoutProblem(Spec s, const StateLayout& l) {
   s.state_v_first = l.v_first;
   s.scalar_gate = l.scalar_gate;
   Problem p = MakeProblem(s);
-  if (l.dtype == DType::kBF16) RoundInputsToBF16(p);
-  if (l.dtype == DType::kF16) RoundInputsToF16(p);
+  RoundInputsTo(p, l.dtype);
   return p;
-}
-
-// The dtype rule: a run with q/k/v/o in dt is the fp32 run on the same input
-// values, its states identical and its output rounded once.
-void ExpectFp32RunRounded(const Result& got, const Result& f32, DType dt) {
-  ASSERT_EQ(got.o.size(), f32.o.size());
-  ASSERT_EQ(got.state.size(), f32.state.size());
-  EXPECT_TRUE(BitEqual(got.state.data(), f32.state.data(), f32.state.size())) << "states";
-  for (size_t i = 0; i < f32.o.size(); ++i) ASSERT_EQ(got.o[i], RoundedOnce(dt, f32.o[i])) << "output " << i;
 }
 
 TEST_P(KdaChunkTest, AliasedInitialAndFinalStateMatchSeparate) {
@@ -971,7 +959,7 @@ TEST_P(KdaChunkTest, PoolFormReadsTokenStridedQkv) {
   // The pool form with padding and fresh sequences, q, k, v slices of a fused
   // projection: the same bits as contiguous ones (bf16).
   Problem p = MakeProblem({.lengths = {70, 0, 5, 33}, .H = 2, .K = 32, .gate = kStress, .seed = 671});
-  RoundInputsToBF16(p);
+  RoundInputsTo(p, DType::kBF16);
   const std::vector<int32_t> idx = {3, 0, -1, 1};
   const std::vector<uint8_t> has_init = {1, 0, 1, 0};
   const PoolResult want = RunChunkPool(variant(), p, idx, has_init, 5, DType::kBF16);
@@ -987,7 +975,7 @@ TEST_P(KdaChunkTest, PoolFormMatchesRecurrentReference) {
   // contiguous problem (fresh states zeroed), fp32 and bf16 q/k/v/o.
   Problem p = MakeProblem(
       {.lengths = {130, 1, 0, 65, 33}, .H = 4, .K = 64, .gate = kStress, .l2norm_in_kernel = true, .seed = 421});
-  RoundInputsToBF16(p);
+  RoundInputsTo(p, DType::kBF16);
   const std::vector<int32_t> idx = {4, 9, -1, 1, 6};
   const std::vector<uint8_t> has_init = {1, 0, 0, 1, 0};
   const size_t per = static_cast<size_t>(p.HV) * p.HeadState();
@@ -1209,25 +1197,22 @@ TEST_P(KdaChunkTest, IntermediateStatesInHalfPrecisionAreTheFp32StatesRoundedOnc
   // h in k's dtype: the fp32 run's states on the same input values, rounded once.
   for (const Spec& s : IntermediateSpecs()) {
     SCOPED_TRACE(Describe(s));
-    Problem pb = MakeProblem(s);
-    RoundInputsToBF16(pb);
-    const IntermediateRun bf16 = RunIntermediate(variant(), pb, 32, DType::kBF16);
-    const IntermediateRun want_b = RunIntermediate(variant(), pb, 32);
-    ASSERT_EQ(bf16.h.size(), want_b.h.size());
-    for (size_t i = 0; i < want_b.h.size(); ++i) ASSERT_EQ(bf16.h[i], RoundBF16(want_b.h[i])) << i;
-    Problem ph = MakeProblem(s);
-    RoundInputsToF16(ph);
-    const IntermediateRun f16 = RunIntermediate(variant(), ph, 64, DType::kF16);
-    const IntermediateRun want_h = RunIntermediate(variant(), ph, 64);
-    ASSERT_EQ(f16.h.size(), want_h.h.size());
-    for (size_t i = 0; i < want_h.h.size(); ++i) ASSERT_EQ(f16.h[i], RoundF16(want_h.h[i])) << i;
+    for (const auto& [dt, chunk_size] : {std::pair{DType::kBF16, 32}, std::pair{DType::kF16, 64}}) {
+      SCOPED_TRACE(DTypeName(dt));
+      Problem p = MakeProblem(s);
+      RoundInputsTo(p, dt);
+      const IntermediateRun half = RunIntermediate(variant(), p, chunk_size, dt);
+      const IntermediateRun want = RunIntermediate(variant(), p, chunk_size);
+      ASSERT_EQ(half.h.size(), want.h.size());
+      for (size_t i = 0; i < want.h.size(); ++i) ASSERT_EQ(half.h[i], RoundedOnce(dt, want.h[i])) << i;
+    }
   }
 }
 
 // x rounded once to dt (BF16 or F16), as fp32.
 std::vector<float> RoundedTo(DType dt, const std::vector<float>& x) {
   std::vector<float> r(x.size());
-  for (size_t i = 0; i < x.size(); ++i) r[i] = dt == DType::kBF16 ? RoundBF16(x[i]) : RoundF16(x[i]);
+  for (size_t i = 0; i < x.size(); ++i) r[i] = RoundedOnce(dt, x[i]);
   return r;
 }
 
@@ -1250,19 +1235,12 @@ TEST_P(KdaChunkTest, HalfPrecisionIntermediateStatesAreTheFp32StatesRoundedOnceI
        .HV = 4,
        .V = 40},
   };
-  const auto round_inputs = [](DType dt, Problem& p) {
-    if (dt == DType::kBF16) {
-      RoundInputsToBF16(p);
-    } else {
-      RoundInputsToF16(p);
-    }
-  };
   for (Spec s : specs) {
     for (bool v_first : {false, true}) {
       s.state_v_first = v_first;
       for (DType dt : {DType::kBF16, DType::kF16}) {
         Problem p = MakeProblem(s);
-        round_inputs(dt, p);
+        RoundInputsTo(p, dt);
         for (int threads : {1, 3}) {
           const ThreadScope scope(threads);
           for (int cs : {32, 64}) {
@@ -1283,7 +1261,7 @@ TEST_P(KdaChunkTest, HalfPrecisionIntermediateStatesAreTheFp32StatesRoundedOnceI
   for (DType dt : {DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(std::string("pool form ") + DTypeName(dt));
     Problem p = MakeProblem({.lengths = {100, 40, 0, 65}, .H = 2, .K = 32, .seed = 1343});
-    round_inputs(dt, p);
+    RoundInputsTo(p, dt);
     const size_t size = static_cast<size_t>(NumChunks(p, 32)) * p.HV * p.HeadState();
     Typed half(size, dt, kSentinel);
     Typed f32(size, DType::kF32, kSentinel);
@@ -1702,7 +1680,7 @@ TEST_P(KdaRecurrentTest, TokenStridedQkvWithSeveralTokensPerSequence) {
                  .HV = 2,
                  .V = 28};
     Problem p = MakeProblem(s);
-    RoundInputsToBF16(p);
+    RoundInputsTo(p, DType::kBF16);
     constexpr int64_t kSlots = 12;
     const std::vector<int32_t> idx = packed
                                          ? std::vector<int32_t>{1, 2, 3, 4, 5, 6, -1, -1, 7, 8, 9, 10, -1, 11, -1, -1}

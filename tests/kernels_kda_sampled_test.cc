@@ -78,6 +78,7 @@ using testing::kSentinel;
 using testing::NaiveRecurrenceF64;
 using testing::Problem;
 using testing::Result;
+using testing::RoundedOnce;
 using testing::Spec;
 using testing::ThreadScope;
 using testing::Typed;
@@ -317,13 +318,6 @@ std::string DescribeCommon(const char* kernel, const Common& c) {
   return r;
 }
 
-// x rounded once to dt (F32: x), as fp32.
-float RoundedOnce(DType dt, float x) {
-  if (dt == DType::kBF16) return RoundBF16(x);
-  if (dt == DType::kF16) return RoundF16(x);
-  return x;
-}
-
 // The case's inputs: q, k, v rounded to its q/k/v dtype, g and beta to its
 // g/beta dtype; dt_bias empty when absent (zeros for the oracle).
 Problem CaseProblem(const Common& c) {
@@ -350,20 +344,43 @@ std::vector<float> RandomStates(const Problem& p, int64_t n, std::mt19937& rng) 
 
 size_t PerState(const Problem& p) { return static_cast<size_t>(p.HV) * p.HeadState(); }
 
-// The token views, sequences and options of a case's call.
+// A case's call and what it views: the case's thread count (set while it lives), the token inputs (q/k/v in qkv,
+// g/beta in gb), the output (sentinels) and the int32 boundaries; the call holds the token views, sequences and
+// options.
 template <class Call>
-Call CaseCall(const Common& c, const Problem& p, const TypedInputs& in, MutBuf o, const std::vector<int32_t>& cu32) {
-  const int64_t rows = c.rows ? p.N : 1;
-  Call call = testing::TokenCall<Call>(p, in, o, rows, rows > 0 ? p.T / rows : 0);
-  if (!c.rows) {
-    call.cu_seqlens = c.cu_dtype == DType::kI64 ? ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1})
-                                                : ContiguousView<const void*>(cu32.data(), DType::kI32, {p.N + 1});
+struct CaseCall {
+  CaseCall(const Common& c, const Problem& p, DType qkv, DType gb)
+      : threads(c.threads),
+        in(p, qkv, gb),
+        o(static_cast<size_t>(p.T) * p.ValueRow(), qkv, kSentinel),
+        cu32(p.cu.begin(), p.cu.end()) {
+    const int64_t rows = c.rows ? p.N : 1;
+    call = testing::TokenCall<Call>(p, in, o.Mut(), rows, rows > 0 ? p.T / rows : 0);
+    if (!c.rows) {
+      call.cu_seqlens = c.cu_dtype == DType::kI64 ? ContiguousView<const void*>(p.cu.data(), DType::kI64, {p.N + 1})
+                                                  : ContiguousView<const void*>(cu32.data(), DType::kI32, {p.N + 1});
+    }
+    if (p.gate_in_kernel && !c.dt_bias) call.dt_bias = {};
+    if (p.gate_in_kernel && c.dt_bias_2d) {
+      call.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.HV, p.K});
+    }
   }
-  if (p.gate_in_kernel && !c.dt_bias) call.dt_bias = {};
-  if (p.gate_in_kernel && c.dt_bias_2d) {
-    call.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {p.HV, p.K});
-  }
-  return call;
+
+  const ThreadScope threads;
+  const TypedInputs in;
+  Typed o;
+  const std::vector<int32_t> cu32;
+  Call call;
+};
+
+// The case's call (q, k and v first moved into a fused projection with its fused_pad) bound and run by the
+// variant's implementation of the kernel: `optimized` or `reference`.
+template <class Call, class Args>
+void RunVariant(const Variant& v, const Common& c, Call& call, Args (*bind)(const Call&),
+                void (*optimized)(const Args&), void (*reference)(const Args&)) {
+  std::optional<testing::FusedQkv> fused;
+  if (c.fused_pad >= 0) fused.emplace(call, c.fused_pad);
+  (v.optimized() ? optimized : reference)(bind(call));
 }
 
 // What a run leaves: the output, the state buffer it writes (chunk_kda: the
@@ -497,38 +514,52 @@ std::string Describe(const ChunkCase& c) {
   return r;
 }
 
-bool ChunkReads(const ChunkCase& c, int64_t n) { return c.has_init.empty() || c.has_init[n] != 0; }
-
-// The state buffer before the call: contiguous [N] (NaN where
-// has_initial_state is 0), the pool [S] (NaN in every slot not read), or none.
-std::vector<float> ChunkStates0(const ChunkCase& c, const Problem& p) {
+// `slots` random states (0.5 N(0, 1), drawn from the case's seed), NaN in every slot no sequence reads
+// (SlotRead).
+template <class Case>
+std::vector<float> StatesRead(const Case& c, const Problem& p, int64_t slots) {
   std::mt19937 rng(c.spec.seed + 1);
   const size_t per = PerState(p);
-  if (!c.pool && !c.initial) return {};
-  std::vector<float> r = RandomStates(p, c.pool ? c.num_states : p.N, rng);
-  std::vector<bool> read(r.size() / std::max<size_t>(per, 1), false);
+  std::vector<float> r = RandomStates(p, slots, rng);
+  std::vector<bool> read(static_cast<size_t>(slots), false);
   for (int64_t n = 0; n < p.N; ++n) {
-    const int64_t slot = c.pool ? c.idx[n] : n;
-    if (slot >= 0 && ChunkReads(c, n)) read[slot] = true;
+    const int64_t slot = SlotRead(c, n);
+    if (slot >= 0) read[slot] = true;
   }
-  for (size_t slot = 0; slot < read.size(); ++slot) {
+  for (int64_t slot = 0; slot < slots; ++slot) {
     if (!read[slot]) std::fill_n(r.begin() + static_cast<std::ptrdiff_t>(slot * per), per, kNaN);
   }
   return r;
 }
 
 // The problem the float64 recurrence runs: each sequence from the state it reads (or zeros).
-Problem ChunkOracleProblem(const ChunkCase& c, const Problem& p, const std::vector<float>& states0) {
+template <class Case>
+Problem OracleProblem(const Case& c, const Problem& p, const std::vector<float>& states0) {
   const size_t per = PerState(p);
   Problem r = p;
   r.h0.assign(p.StateSize(), 0.0F);
   for (int64_t n = 0; n < p.N; ++n) {
-    const int64_t slot = c.pool ? c.idx[n] : n;
-    if (states0.empty() || slot < 0 || !ChunkReads(c, n)) continue;
+    const int64_t slot = SlotRead(c, n);
+    if (states0.empty() || slot < 0) continue;
     std::copy_n(states0.begin() + static_cast<std::ptrdiff_t>(slot * per), per,
                 r.h0.begin() + static_cast<std::ptrdiff_t>(n * per));
   }
   return r;
+}
+
+bool ChunkReads(const ChunkCase& c, int64_t n) { return c.has_init.empty() || c.has_init[n] != 0; }
+
+// The state slot sequence n starts from: -1 for none (zeros, or a padding sequence).
+int64_t SlotRead(const ChunkCase& c, int64_t n) {
+  const int64_t slot = c.pool ? c.idx[n] : n;
+  return slot >= 0 && ChunkReads(c, n) ? slot : -1;
+}
+
+// The state buffer before the call: contiguous [N] (NaN where
+// has_initial_state is 0), the pool [S] (NaN in every slot not read), or none.
+std::vector<float> States0(const ChunkCase& c, const Problem& p) {
+  if (!c.pool && !c.initial) return {};
+  return StatesRead(c, p, c.pool ? c.num_states : p.N);
 }
 
 int64_t NumChunks(const Problem& p, int chunk_size) {
@@ -537,13 +568,10 @@ int64_t NumChunks(const Problem& p, int chunk_size) {
   return nt;
 }
 
-Outcome RunChunkCase(const Variant& v, const ChunkCase& c, const Problem& p, const std::vector<float>& states0,
-                     DType qkv, DType gb) {
-  const ThreadScope threads(c.threads);
-  const TypedInputs in(p, qkv, gb);
-  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), qkv, kSentinel);
-  const std::vector<int32_t> cu32(p.cu.begin(), p.cu.end());
-  ChunkKdaCall call = CaseCall<ChunkKdaCall>(c, p, in, o.Mut(), cu32);
+Outcome RunCase(const Variant& v, const ChunkCase& c, const Problem& p, const std::vector<float>& states0, DType qkv,
+                DType gb) {
+  CaseCall<ChunkKdaCall> made(c, p, qkv, gb);
+  ChunkKdaCall& call = made.call;
   call.safe_gate = c.safe_gate;
   call.chunk_size = c.chunk_size;
   call.output_final_state = c.output_final_state;
@@ -574,20 +602,14 @@ Outcome RunChunkCase(const Variant& v, const ChunkCase& c, const Problem& p, con
                                    ? ContiguousView<void*>(h->Mut().data, qkv, {b, per_row, p.HV, p.V, p.K})
                                    : ContiguousView<void*>(h->Mut().data, qkv, {b, per_row, p.HV, p.K, p.V});
   }
-  std::optional<testing::FusedQkv> fused;
-  if (c.fused_pad >= 0) fused.emplace(call, c.fused_pad);
-  if (v.optimized()) {
-    chunk_kda_optimized(BindChunkKda(call));
-  } else {
-    chunk_kda_reference(BindChunkKda(call));
-  }
-  r.o = o.ToF32();
+  RunVariant(v, c, call, BindChunkKda, chunk_kda_optimized, chunk_kda_reference);
+  r.o = made.o.ToF32();
   if (h) r.h = h->ToF32();
   return r;
 }
 
-void ExpectChunkMatchesOracle(const ChunkCase& c, const Problem& p, const std::vector<float>& states0,
-                              const Outcome& got, const Result& want, const std::vector<float>& want_h) {
+void ExpectMatchesOracle(const ChunkCase& c, const Problem& p, const std::vector<float>& states0, const Outcome& got,
+                         const Result& want, const std::vector<float>& want_h) {
   const size_t per = PerState(p);
   std::vector<bool> padding(static_cast<size_t>(p.N), false);
   for (int64_t n = 0; c.pool && n < p.N; ++n) padding[n] = c.idx[n] < 0;
@@ -644,31 +666,44 @@ void ExpectChunkMatchesOracle(const ChunkCase& c, const Problem& p, const std::v
   }
 }
 
-TEST(KdaSampledMatrix, ChunkMatchesFloat64Recurrence) {
+// Each case drawn by `draw` against the float64 recurrence in every variant: the fp32 run against
+// `oracle(c, p, states0, along)` (the recurrence's result; `along` its states along the way: chunk_kda's h,
+// fused_recurrent_kda's state after every token) and, in half precision, the fp32 run rounded once (h too with
+// h_in_qkv). Stops at the first failing case and variant.
+template <class Case, class Oracle>
+void CheckSampledCases(Case (*draw)(int), Oracle oracle, bool h_in_qkv) {
   for (int index : CaseIndices()) {
-    const ChunkCase c = DrawChunkCase(index);
+    const Case c = draw(index);
     SCOPED_TRACE(Describe(c));
     const Problem p = CaseProblem(c);
-    const std::vector<float> states0 = ChunkStates0(c, p);
-    std::vector<float> want_h;
-    const Result want =
-        NaiveRecurrenceF64(ChunkOracleProblem(c, p, states0), c.chunk_size, c.intermediate ? &want_h : nullptr);
+    const std::vector<float> states0 = States0(c, p);
+    std::vector<float> along;
+    const Result want = oracle(c, p, states0, along);
     for (const Variant& v : AllVariants()) {
       SCOPED_TRACE(VariantName(v));
       const VariantScope scope(v);
       try {
-        const Outcome f32 = RunChunkCase(v, c, p, states0, DType::kF32, DType::kF32);
-        ExpectChunkMatchesOracle(c, p, states0, f32, want, want_h);
+        const Outcome f32 = RunCase(v, c, p, states0, DType::kF32, DType::kF32);
+        ExpectMatchesOracle(c, p, states0, f32, want, along);
         if (c.qkv != DType::kF32 || c.gb != DType::kF32) {
           SCOPED_TRACE("the fp32 run rounded once");
-          ExpectFp32RunRounded(RunChunkCase(v, c, p, states0, c.qkv, c.gb), f32, c.qkv, true);
+          ExpectFp32RunRounded(RunCase(v, c, p, states0, c.qkv, c.gb), f32, c.qkv, h_in_qkv);
         }
       } catch (const Error& e) {
         ADD_FAILURE() << "refused: " << e.what();
       }
-      if (HasFailure()) return;  // stop at the first failing case and variant
+      if (::testing::Test::HasFailure()) return;  // stop at the first failing case and variant
     }
   }
+}
+
+TEST(KdaSampledMatrix, ChunkMatchesFloat64Recurrence) {
+  CheckSampledCases(
+      DrawChunkCase,
+      [](const ChunkCase& c, const Problem& p, const std::vector<float>& states0, std::vector<float>& want_h) {
+        return NaiveRecurrenceF64(OracleProblem(c, p, states0), c.chunk_size, c.intermediate ? &want_h : nullptr);
+      },
+      true);
 }
 
 // ------------------------------------------------- fused_recurrent_kda
@@ -778,46 +813,23 @@ std::string Describe(const RecurrentCase& c) {
 
 bool Padding(const RecurrentCase& c, int64_t n) { return c.form != StateForm::kContiguous && ReadSlot(c, n) < 0; }
 
+int64_t SlotRead(const RecurrentCase& c, int64_t n) { return c.form == StateForm::kContiguous ? n : ReadSlot(c, n); }
+
 // The state buffer before the call: contiguous [N] random (none without an
 // initial state), the pool [S] with random read slots, NaN in the others.
-std::vector<float> RecurrentStates0(const RecurrentCase& c, const Problem& p) {
-  std::mt19937 rng(c.spec.seed + 1);
-  if (c.form == StateForm::kContiguous) return c.initial ? RandomStates(p, p.N, rng) : std::vector<float>{};
-  const size_t per = PerState(p);
-  std::vector<float> r = RandomStates(p, c.num_states, rng);
-  std::vector<bool> read(static_cast<size_t>(c.num_states), false);
-  for (int64_t n = 0; n < p.N; ++n) {
-    if (!Padding(c, n)) read[ReadSlot(c, n)] = true;
-  }
-  for (int64_t slot = 0; slot < c.num_states; ++slot) {
-    if (!read[slot]) std::fill_n(r.begin() + static_cast<std::ptrdiff_t>(slot * per), per, kNaN);
-  }
-  return r;
+std::vector<float> States0(const RecurrentCase& c, const Problem& p) {
+  const bool contiguous = c.form == StateForm::kContiguous;
+  if (contiguous && !c.initial) return {};
+  return StatesRead(c, p, contiguous ? p.N : c.num_states);
 }
 
-Problem RecurrentOracleProblem(const RecurrentCase& c, const Problem& p, const std::vector<float>& states0) {
-  const size_t per = PerState(p);
-  Problem r = p;
-  r.h0.assign(p.StateSize(), 0.0F);
-  for (int64_t n = 0; n < p.N; ++n) {
-    const int64_t slot = c.form == StateForm::kContiguous ? n : ReadSlot(c, n);
-    if (states0.empty() || slot < 0) continue;
-    std::copy_n(states0.begin() + static_cast<std::ptrdiff_t>(slot * per), per,
-                r.h0.begin() + static_cast<std::ptrdiff_t>(n * per));
-  }
-  return r;
-}
-
-Outcome RunRecurrentCase(const Variant& v, const RecurrentCase& c, const Problem& p, const std::vector<float>& states0,
-                         DType qkv, DType gb) {
-  const ThreadScope threads(c.threads);
-  const TypedInputs in(p, qkv, gb);
-  Typed o(static_cast<size_t>(p.T) * p.ValueRow(), qkv, kSentinel);
-  const std::vector<int32_t> cu32(p.cu.begin(), p.cu.end());
-  RecurrentKdaCall call = CaseCall<RecurrentKdaCall>(c, p, in, o.Mut(), cu32);
+Outcome RunCase(const Variant& v, const RecurrentCase& c, const Problem& p, const std::vector<float>& states0,
+                DType qkv, DType gb) {
+  const bool pool = c.form != StateForm::kContiguous;
+  CaseCall<RecurrentKdaCall> made(c, p, qkv, gb);
+  RecurrentKdaCall& call = made.call;
   call.inplace_final_state = c.inplace;
   call.output_final_state = c.output_final_state;
-  const bool pool = c.form != StateForm::kContiguous;
   Outcome r;
   // In place the states go to the buffer read (`states`); otherwise it stays
   // `initial` and the final states (a state per token with the pool) go to a
@@ -841,19 +853,13 @@ Outcome RunRecurrentCase(const Variant& v, const RecurrentCase& c, const Problem
     dst.assign(static_cast<size_t>(rows) * PerState(p), kSentinel);
     call.final_state = testing::MutStatesView(p, dst.data(), rows);
   }
-  std::optional<testing::FusedQkv> fused;
-  if (c.fused_pad >= 0) fused.emplace(call, c.fused_pad);
-  if (v.optimized()) {
-    fused_recurrent_kda_optimized(BindRecurrentKda(call));
-  } else {
-    fused_recurrent_kda_reference(BindRecurrentKda(call));
-  }
-  r.o = o.ToF32();
+  RunVariant(v, c, call, BindRecurrentKda, fused_recurrent_kda_optimized, fused_recurrent_kda_reference);
+  r.o = made.o.ToF32();
   return r;
 }
 
-void ExpectRecurrentMatchesOracle(const RecurrentCase& c, const Problem& p, const std::vector<float>& states0,
-                                  const Outcome& got, const Result& want, const std::vector<float>& want_tokens) {
+void ExpectMatchesOracle(const RecurrentCase& c, const Problem& p, const std::vector<float>& states0,
+                         const Outcome& got, const Result& want, const std::vector<float>& want_tokens) {
   const size_t per = PerState(p);
   std::vector<bool> padding(static_cast<size_t>(p.N), false);
   for (int64_t n = 0; n < p.N; ++n) padding[n] = Padding(c, n);
@@ -901,29 +907,12 @@ void ExpectRecurrentMatchesOracle(const RecurrentCase& c, const Problem& p, cons
 }
 
 TEST(KdaSampledMatrix, RecurrentMatchesFloat64Recurrence) {
-  for (int index : CaseIndices()) {
-    const RecurrentCase c = DrawRecurrentCase(index);
-    SCOPED_TRACE(Describe(c));
-    const Problem p = CaseProblem(c);
-    const std::vector<float> states0 = RecurrentStates0(c, p);
-    std::vector<float> want_tokens;
-    const Result want = NaiveRecurrenceF64(RecurrentOracleProblem(c, p, states0), 64, nullptr, &want_tokens);
-    for (const Variant& v : AllVariants()) {
-      SCOPED_TRACE(VariantName(v));
-      const VariantScope scope(v);
-      try {
-        const Outcome f32 = RunRecurrentCase(v, c, p, states0, DType::kF32, DType::kF32);
-        ExpectRecurrentMatchesOracle(c, p, states0, f32, want, want_tokens);
-        if (c.qkv != DType::kF32 || c.gb != DType::kF32) {
-          SCOPED_TRACE("the fp32 run rounded once");
-          ExpectFp32RunRounded(RunRecurrentCase(v, c, p, states0, c.qkv, c.gb), f32, c.qkv, false);
-        }
-      } catch (const Error& e) {
-        ADD_FAILURE() << "refused: " << e.what();
-      }
-      if (HasFailure()) return;  // stop at the first failing case and variant
-    }
-  }
+  CheckSampledCases(
+      DrawRecurrentCase,
+      [](const RecurrentCase& c, const Problem& p, const std::vector<float>& states0, std::vector<float>& want_tokens) {
+        return NaiveRecurrenceF64(OracleProblem(c, p, states0), 64, nullptr, &want_tokens);
+      },
+      false);
 }
 
 }  // namespace

@@ -22,14 +22,16 @@
 #include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"
+#include "tests/request_result.h"
 #include "tests/tolerance.h"
 
 namespace kda {
 namespace {
 
 using testing::AllCloseF32;
-using testing::AllCloseStateF32;
+using testing::AsFloats;
 using testing::ErrorOf;
+using testing::SameFinalStates;
 
 const DeltaRuleGeometry kTiny = DeltaRuleGeometry::Kda(/*hidden=*/48, /*heads=*/2, /*head_dim=*/16, /*conv_width=*/4,
                                                        /*eps=*/1e-5);
@@ -259,25 +261,16 @@ class Server {
 // [cached, length) within the fp32 tolerance, rows [0, cached) zeros, final
 // states within the state rule.
 ::testing::AssertionResult SameResult(const RequestResult& got, const RequestResult& want, int64_t hidden) {
-  const size_t floats = want.out.size() / sizeof(float);
-  std::vector<float> g(floats), w(floats);
   if (got.out.size() != want.out.size()) return ::testing::AssertionFailure() << "output sizes differ";
-  std::memcpy(g.data(), got.out.data(), got.out.size());
-  std::memcpy(w.data(), want.out.data(), want.out.size());
+  const std::vector<float> g = AsFloats(got.out);
+  const std::vector<float> w = AsFloats(want.out);
   const auto cached = static_cast<size_t>(got.cached_tokens * hidden);
   for (size_t i = 0; i < cached; ++i) {
     if (g[i] != 0.0F) return ::testing::AssertionFailure() << "reused row element " << i << " is not zero";
   }
-  auto r = AllCloseF32(g.data() + cached, w.data() + cached, floats - cached);
+  auto r = AllCloseF32(g.data() + cached, w.data() + cached, g.size() - cached);
   if (!r) return r << " (computed outputs)";
-  r = AllCloseStateF32(got.final_recurrent.data(), want.final_recurrent.data(), want.final_recurrent.size());
-  if (!r) return r << " (final recurrent state)";
-  std::vector<float> gc(want.final_conv.size() / sizeof(float)), wc(gc.size());
-  std::memcpy(gc.data(), got.final_conv.data(), got.final_conv.size());
-  std::memcpy(wc.data(), want.final_conv.data(), want.final_conv.size());
-  r = AllCloseF32(gc.data(), wc.data(), gc.size());
-  if (!r) return r << " (final conv state)";
-  return ::testing::AssertionSuccess();
+  return SameFinalStates(got, want, false);
 }
 
 // A tiny layer of each family: KDA, and Gated DeltaNet with GVA 2 and K != V.

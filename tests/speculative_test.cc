@@ -22,6 +22,7 @@
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
 #include "tests/error_util.h"
+#include "tests/request_result.h"
 #include "tests/tolerance.h"
 
 namespace kda {
@@ -30,7 +31,9 @@ namespace {
 using testing::AllCloseBF16;
 using testing::AllCloseF32;
 using testing::AllCloseStateF32;
+using testing::AsFloats;
 using testing::ErrorOf;
+using testing::SameFinalStates;
 
 DeltaRuleGeometry SpecShape() {
   // hidden 64: with int8 weights, input dims are multiples of 32.
@@ -386,23 +389,12 @@ TEST(SpecVerify, VerifyAreaIsCountedInTheMemoryBudget) {
 // fp32 tolerance, final states within the state rule.
 ::testing::AssertionResult SameResult(const RequestResult& got, const RequestResult& want, int64_t hidden) {
   if (got.out.size() != want.out.size()) return ::testing::AssertionFailure() << "output sizes differ";
-  const size_t floats = want.out.size() / sizeof(float);
-  std::vector<float> g(floats), w(floats);
-  if (floats > 0) {  // an empty request has no rows (and null data)
-    std::memcpy(g.data(), got.out.data(), got.out.size());
-    std::memcpy(w.data(), want.out.data(), want.out.size());
-  }
+  const std::vector<float> g = AsFloats(got.out);  // an empty request has no rows (and null data)
+  const std::vector<float> w = AsFloats(want.out);
   const auto cached = static_cast<size_t>(got.cached_tokens * hidden);
-  auto r = AllCloseF32(g.data() + cached, w.data() + cached, floats - cached);
+  auto r = AllCloseF32(g.data() + cached, w.data() + cached, g.size() - cached);
   if (!r) return r << " (outputs)";
-  r = AllCloseStateF32(got.final_recurrent.data(), want.final_recurrent.data(), want.final_recurrent.size());
-  if (!r) return r << " (final recurrent state)";
-  std::vector<float> gc(want.final_conv.size() / sizeof(float)), wc(gc.size());
-  std::memcpy(gc.data(), got.final_conv.data(), got.final_conv.size());
-  std::memcpy(wc.data(), want.final_conv.data(), want.final_conv.size());
-  r = AllCloseStateF32(gc.data(), wc.data(), gc.size());
-  if (!r) return r << " (final conv state)";
-  return ::testing::AssertionSuccess();
+  return SameFinalStates(got, want, true);
 }
 
 struct Served {

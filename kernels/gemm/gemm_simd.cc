@@ -419,17 +419,26 @@ KDA_INLINE void DequantRows(T* w, const int8_t* q, const uint16_t* scales, int64
   }
 }
 
+// Rows W's range on the AVX512-BF16 dot where the call asks for it (a.bf16_dot, taken by the AVX-512 target
+// only): whether it ran there.
+template <template <int> class W>
+KDA_INLINE bool GemvOnBf16Dot([[maybe_unused]] const GemvArgs& a, [[maybe_unused]] int64_t n0,
+                              [[maybe_unused]] int64_t n1) {
+#if KDA_TARGET == KDA_TARGET_AVX512
+  if (a.bf16_dot) {
+    GemvRangeDot<W>(a, n0, n1);
+    return true;
+  }
+#endif
+  return false;
+}
+
 }  // namespace
 
 void Gemv(const GemvArgs& a, int64_t n0, int64_t n1) {
   switch (a.weights) {
     case GemvWeights::kQ8:
-#if KDA_TARGET == KDA_TARGET_AVX512
-      if (a.bf16_dot) {
-        GemvRangeDot<Q8Bf16Rows>(a, n0, n1);
-        return;
-      }
-#endif
+      if (GemvOnBf16Dot<Q8Bf16Rows>(a, n0, n1)) return;
       if (a.round_bf16) {
         GemvRange<Q8Bf16Rows>(a, n0, n1);
       } else {
@@ -437,12 +446,7 @@ void Gemv(const GemvArgs& a, int64_t n0, int64_t n1) {
       }
       return;
     case GemvWeights::kBF16:
-#if KDA_TARGET == KDA_TARGET_AVX512
-      if (a.bf16_dot) {
-        GemvRangeDot<Bf16Rows>(a, n0, n1);
-        return;
-      }
-#endif
+      if (GemvOnBf16Dot<Bf16Rows>(a, n0, n1)) return;
       GemvRange<Bf16Rows>(a, n0, n1);
       return;
     case GemvWeights::kF32:

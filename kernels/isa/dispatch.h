@@ -86,15 +86,12 @@ const KernelTable& ActiveKernels();
 // Each target's table, defined by kernels/isa/table_simd.cc compiled for it. On
 // builds for other than x86-64 only the generic target exists
 // (KDA_X86_TARGETS unset).
-namespace kda::N_GENERIC {
-const internal::KernelTable& Table();
-}  // namespace kda::N_GENERIC
-namespace kda::N_AVX2 {
-const internal::KernelTable& Table();
-}  // namespace kda::N_AVX2
-namespace kda::N_AVX512 {
-const internal::KernelTable& Table();
-}  // namespace kda::N_AVX512
-namespace kda::N_AVX512_SHAPE {
-const internal::KernelTable& Table();
-}  // namespace kda::N_AVX512_SHAPE
+#define KDA_DECLARE_TARGET_TABLE(ns)    \
+  namespace kda::ns {                   \
+  const internal::KernelTable& Table(); \
+  }
+KDA_DECLARE_TARGET_TABLE(N_GENERIC)
+KDA_DECLARE_TARGET_TABLE(N_AVX2)
+KDA_DECLARE_TARGET_TABLE(N_AVX512)
+KDA_DECLARE_TARGET_TABLE(N_AVX512_SHAPE)
+#undef KDA_DECLARE_TARGET_TABLE

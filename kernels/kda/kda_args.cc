@@ -820,9 +820,11 @@ KdaOptions OptionsOf(const KdaCallCommon& call) {
 
 ConstBuf Buf(const TensorView& v) { return {v.data, v.dtype}; }
 
-// The fields both kernels' arguments share.
+// The fields both kernels' arguments share, the boundaries int64 (BoundariesOf: a buffer of the thread's per kind
+// of arguments).
 template <class Args>
-void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
+Args BindCommon(const KdaCallCommon& call, const KdaCallShapes& s) {
+  Args a;
   a.o = {call.o.data, call.o.dtype};
   a.q = Buf(call.q);
   a.k = Buf(call.k);
@@ -839,6 +841,9 @@ void BindCommon(Args& a, const KdaCallCommon& call, const KdaCallShapes& s) {
   a.N = s.N;
   a.state_v_first = call.state_v_first;
   a.options = OptionsOf(call);
+  thread_local std::vector<int64_t> cu;
+  a.cu_seqlens = BoundariesOf(call, s, cu);
+  return a;
 }
 
 // A view's data, or for an empty view without data (an empty batch: N = 0, or
@@ -860,10 +865,7 @@ KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call) { return Che
 
 ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   const KdaCallShapes s = CheckChunkCall(call, true);
-  ChunkKdaArgs a;
-  BindCommon(a, call, s);
-  thread_local std::vector<int64_t> cu;
-  a.cu_seqlens = BoundariesOf(call, s, cu);
+  ChunkKdaArgs a = BindCommon<ChunkKdaArgs>(call, s);
   a.final_state = static_cast<float*>(call.final_state.data);
   a.initial_state = static_cast<const float*>(call.initial_state.data);
   if (call.state_indices.present()) {
@@ -884,10 +886,7 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
 
 RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
   const KdaCallShapes s = CheckRecurrentCall(call, true);
-  RecurrentKdaArgs a;
-  BindCommon(a, call, s);
-  thread_local std::vector<int64_t> cu;
-  a.cu_seqlens = BoundariesOf(call, s, cu);
+  RecurrentKdaArgs a = BindCommon<RecurrentKdaArgs>(call, s);
   a.beta_per_value = call.beta.ndim == 4;
   auto* initial = static_cast<float*>(call.initial_state.data);
   if (call.ssm_state_indices.present()) {

@@ -81,14 +81,6 @@ class ChunkWorker {
   internal::ChunkScratch scratch_;
 };
 
-struct TaskRef {
-  int64_t n = 0;
-  int h = 0;
-  int heads = 1;
-  int v_begin = 0;
-  int v_end = 0;
-};
-
 }  // namespace
 
 namespace internal {
@@ -147,22 +139,12 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
   const int head_group = static_cast<int>(std::clamp<int64_t>(pairs / std::max<int64_t>(want, 1), 1, kc::kHeadGroup));
   const int col_groups =
       head_group > 1 ? 1 : static_cast<int>(std::clamp<int64_t>((want + pairs - 1) / pairs, 1, blocks));
-  std::vector<TaskRef> tasks;
-  for (int64_t n : busy) {
-    for (int h = 0; h < a.HV; h += head_group) {
-      for (int g = 0; g < col_groups; ++g) {
-        TaskRef t;
-        t.n = n;
-        t.h = h;
-        t.heads = std::min(head_group, a.HV - h);
-        t.v_begin = std::min(vp, blocks * g / col_groups * kernels.column_block);
-        t.v_end = std::min(vp, blocks * (g + 1) / col_groups * kernels.column_block);
-        tasks.push_back(t);
-      }
-    }
-  }
-
-  const auto num_tasks = static_cast<int64_t>(tasks.size());
+  // The tasks, numbered sequence by sequence (in busy's order), head group by head group, column group by column
+  // group: task i is column group i % col_groups of head group i / col_groups % head_groups of sequence
+  // busy[i / (head_groups * col_groups)].
+  const int head_groups = (a.HV + head_group - 1) / head_group;
+  const int64_t tasks_per_sequence = int64_t{head_groups} * col_groups;
+  const auto num_tasks = static_cast<int64_t>(busy.size()) * tasks_per_sequence;
   const int64_t num_workers = std::min<int64_t>(threads, num_tasks);
   std::vector<ChunkWorker> workers;
   workers.reserve(static_cast<size_t>(num_workers * head_group));
@@ -177,14 +159,16 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
       task.scratch[g] = workers[static_cast<size_t>(worker * head_group + g)].scratch();
     }
     for (int64_t i = next_task.fetch_add(1); i < num_tasks; i = next_task.fetch_add(1)) {
-      const TaskRef& t = tasks[static_cast<size_t>(i)];
-      task.n = t.n;
-      task.h = t.h;
-      task.initial = SequenceInitialState(a, t.n);
-      task.final = SequenceFinalState(a, t.n);
-      task.heads = t.heads;
-      task.v_begin = t.v_begin;
-      task.v_end = t.v_end;
+      const int64_t n = busy[static_cast<size_t>(i / tasks_per_sequence)];
+      const auto h = static_cast<int>(i / col_groups % head_groups) * head_group;
+      const auto g = static_cast<int>(i % col_groups);
+      task.n = n;
+      task.h = h;
+      task.initial = SequenceInitialState(a, n);
+      task.final = SequenceFinalState(a, n);
+      task.heads = std::min(head_group, a.HV - h);
+      task.v_begin = std::min(vp, blocks * g / col_groups * kernels.column_block);
+      task.v_end = std::min(vp, blocks * (g + 1) / col_groups * kernels.column_block);
       kernels.chunk_task(task);
     }
   });

@@ -55,31 +55,32 @@ struct ChunkScratch {
   const void** lines = nullptr;
 };
 
-// One head of a chunk task: sequence n, head h, value columns [v_begin, v_end)
-// (a multiple of the ISA's column block, except at V), its scratch. initial
-// and final are sequence n's states [H, K, V], resolved by the host from the
-// contiguous or the pool form (null: start from zeros / do not write).
-struct ChunkTask {
+// The sequence a chunk task works on, as it and each of its heads name it:
+// sequence n from head h. initial and final are sequence n's states [H, K, V],
+// resolved by the host from the contiguous or the pool form (null: start from
+// zeros / do not write).
+struct ChunkTaskSequence {
   const ChunkKdaArgs* args = nullptr;
   int64_t n = 0;
   int h = 0;
   const float* initial = nullptr;
   float* final = nullptr;
+};
+
+// One head of a chunk task: head h of the sequence, value columns
+// [v_begin, v_end) (a multiple of the ISA's column block, except at V), its
+// scratch.
+struct ChunkTask : ChunkTaskSequence {
   int v_begin = 0;
   int v_end = 0;
   float scale = 1.0F;
   ChunkScratch scratch;
 };
 
-// One chunk task: heads [h, h + heads) (heads <= kc::kHeadGroup) of sequence n
-// over value columns [v_begin, v_end), one scratch per head. The sequence is
-// not empty (nor padding); initial and final as in ChunkTask.
-struct ChunkGroupTask {
-  const ChunkKdaArgs* args = nullptr;
-  int64_t n = 0;
-  int h = 0;
-  const float* initial = nullptr;
-  float* final = nullptr;
+// One chunk task: heads [h, h + heads) (heads <= kc::kHeadGroup) of the
+// sequence over value columns [v_begin, v_end), one scratch per head. The
+// sequence is not empty (nor padding).
+struct ChunkGroupTask : ChunkTaskSequence {
   int heads = 1;
   int v_begin = 0;
   int v_end = 0;

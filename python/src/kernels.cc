@@ -155,10 +155,13 @@ struct CommonOptions {
   bool state_v_first = false;
 };
 
-// The arguments both kernels share: o, the token tensors and the options.
-void SetCommon(KdaCallCommon& c, const OutArg& o, const InArg& q, const InArg& k, const InArg& v, const InArg& g,
-               const InArg& beta, const CommonOptions& opt, const InArg& cu_seqlens, const InArg& a_log,
-               const InArg& dt_bias) {
+// A call of either kernel with the arguments both share: the entry, o, the token tensors and the options.
+template <class Call>
+Call CommonCall(const std::string& entry, const OutArg& o, const InArg& q, const InArg& k, const InArg& v,
+                const InArg& g, const InArg& beta, const CommonOptions& opt, const InArg& cu_seqlens,
+                const InArg& a_log, const InArg& dt_bias) {
+  Call c;
+  c.entry = ParseEntry(entry);
   c.o = ViewOf<MutTensorView>(o, "o");
   c.q = ViewOf<TensorView>(q, "q");
   c.k = ViewOf<TensorView>(k, "k");
@@ -175,6 +178,7 @@ void SetCommon(KdaCallCommon& c, const OutArg& o, const InArg& q, const InArg& k
   c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, "cu_seqlens");
   c.A_log = ViewOf<TensorView>(a_log, "A_log");
   c.dt_bias = ViewOf<TensorView>(dt_bias, "dt_bias");
+  return c;
 }
 
 // The call shape-checked, returning the sizes it implies (check_only), or run
@@ -201,12 +205,10 @@ std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, con
                                  const OutArg& intermediate_states, const std::string& kernel, bool check_only,
                                  const std::string& entry) {
   const KernelImpl impl = ParseKernelImpl(kernel);
-  ChunkKdaCall c;
-  c.entry = ParseEntry(entry);
-  SetCommon(c, o, q, k, v, g, beta,
-            {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-             lower_bound, state_v_first},
-            cu_seqlens, a_log, dt_bias);
+  auto c = CommonCall<ChunkKdaCall>(entry, o, q, k, v, g, beta,
+                                    {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                     allow_neg_eigval, lower_bound, state_v_first},
+                                    cu_seqlens, a_log, dt_bias);
   c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
   c.initial_state = ViewOf<TensorView>(initial_state, "initial_state");
   c.output_final_state = output_final_state;
@@ -230,12 +232,10 @@ std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const OutArg& final_s
                                           bool allow_neg_eigval, std::optional<float> lower_bound,
                                           const std::string& kernel, bool check_only, const std::string& entry) {
   const KernelImpl impl = ParseKernelImpl(kernel);
-  RecurrentKdaCall c;
-  c.entry = ParseEntry(entry);
-  SetCommon(c, o, q, k, v, g, beta,
-            {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-             lower_bound, state_v_first},
-            cu_seqlens, a_log, dt_bias);
+  auto c = CommonCall<RecurrentKdaCall>(entry, o, q, k, v, g, beta,
+                                        {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                         allow_neg_eigval, lower_bound, state_v_first},
+                                        cu_seqlens, a_log, dt_bias);
   c.initial_state = StateView(initial_state, "initial_state", inplace_final_state);
   c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
   c.output_final_state = output_final_state;

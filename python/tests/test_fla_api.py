@@ -666,35 +666,12 @@ def fla_spy():
     """A backend after kda's (priority 2) on fla's chunk_kda and its kda operations, recording the calls that
     reach it (the calls kda passes on), removed afterwards."""
     _fla()
-    from inspect import unwrap
-
-    import torch
-    from fla import backends as fb
     from fla.ops.kda.chunk import chunk_kda as fla_chunk
+    from fla_spies import spy_backend
 
-    calls = []
-
-    class Spy(fb.BaseBackend):
-        backend_type = "kda_test_spy"
-        priority = 2
-
-        def chunk_kda(self, *args, **kwargs):
-            calls.append("chunk_kda")
-            return torch.zeros(1), None
-
-        def fused_recurrent_kda_fwd(self, *args, **kwargs):
-            calls.append("fused_recurrent_kda_fwd")
-            return torch.zeros(1), None
-
-        def fused_kda_gate(self, *args, **kwargs):
-            calls.append("fused_kda_gate")
-            return torch.zeros(1)
-
-    fb.register(fla_chunk)(Spy)
-    fb.register("kda")(Spy)
-    yield calls
-    for registry in (fb._function_registries[unwrap(fla_chunk)], fb._operation_registries["kda"]):
-        registry._backends.pop(Spy.backend_type)
+    entries = {"chunk_kda": True, "fused_recurrent_kda_fwd": True, "fused_kda_gate": False}
+    with spy_backend("kda_test_spy", entries, (fla_chunk, "kda")) as calls:
+        yield calls
 
 
 def _fla_calls(fk, t, gate=True):

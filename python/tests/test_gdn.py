@@ -689,26 +689,11 @@ def gdn_spy():
     """A backend after kda's (priority 2) on fla's gated_delta_rule operations, recording the calls that reach it
     (the calls kda passes on), removed afterwards."""
     _fla()
-    import torch
-    from fla import backends as fb
+    from fla_spies import spy_backend
 
-    calls = []
-
-    class Spy(fb.BaseBackend):
-        backend_type = "kda_test_gdn_spy"
-        priority = 2
-
-        def chunk_gated_delta_rule(self, *args, **kwargs):
-            calls.append("chunk_gated_delta_rule")
-            return torch.zeros(1), None
-
-        def gdn_gate_fwd(self, *args, **kwargs):
-            calls.append("gdn_gate_fwd")
-            return torch.zeros(1)
-
-    fb.register("gated_delta_rule")(Spy)
-    yield calls
-    fb._operation_registries["gated_delta_rule"]._backends.pop(Spy.backend_type)
+    with spy_backend("kda_test_gdn_spy", {"chunk_gated_delta_rule": True, "gdn_gate_fwd": False},
+                     ("gated_delta_rule",)) as calls:
+        yield calls
 
 
 def test_fla_gdn_backend_passes_on_grad_cp_context_and_kda_cpu_0(gdn_spy, monkeypatch):

@@ -49,6 +49,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "kda/base/error.h"
@@ -147,26 +148,39 @@ struct RecurrentAttrs {
   bool inplace_final_state = false;
 };
 
-// The operands and options both targets share.
-void SetCommon(KdaCallCommon& c, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-               const ffi::AnyBuffer& g, const ffi::AnyBuffer& beta, const ffi::AnyBuffer& cu_seqlens,
-               const ffi::AnyBuffer& a_log, const ffi::AnyBuffer& dt_bias, ffi::AnyBuffer& o, const Options& opt) {
-  c.o = ViewOf<MutTensorView>(o);
-  c.q = ViewOf<TensorView>(q);
-  c.k = ViewOf<TensorView>(k);
-  c.v = ViewOf<TensorView>(v);
-  c.g = ViewOf<TensorView>(g);
-  c.beta = ViewOf<TensorView>(beta);
-  if (opt.has_scale) c.scale = opt.scale;
-  c.use_qk_l2norm_in_kernel = opt.use_qk_l2norm_in_kernel;
-  c.use_gate_in_kernel = opt.use_gate_in_kernel;
-  c.use_beta_sigmoid_in_kernel = opt.use_beta_sigmoid_in_kernel;
-  c.allow_neg_eigval = opt.allow_neg_eigval;
-  if (opt.has_lower_bound) c.lower_bound = opt.lower_bound;
-  c.state_v_first = opt.state_v_first;
-  c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, true);
-  c.A_log = ViewOf<TensorView>(a_log, true);
-  c.dt_bias = ViewOf<TensorView>(dt_bias, true);
+// Runs a call of either target (Run): the entry, operands and options both
+// share, then the target's own set by `complete`, then its kernel.
+template <class Call, class Complete>
+ffi::Error RunCall(DeltaRuleEntry entry, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                   const ffi::AnyBuffer& g, const ffi::AnyBuffer& beta, const ffi::AnyBuffer& cu_seqlens,
+                   const ffi::AnyBuffer& a_log, const ffi::AnyBuffer& dt_bias, ffi::AnyBuffer& o, const Options& opt,
+                   Complete complete) {
+  return Run([&] {
+    Call c;
+    c.entry = entry;
+    c.o = ViewOf<MutTensorView>(o);
+    c.q = ViewOf<TensorView>(q);
+    c.k = ViewOf<TensorView>(k);
+    c.v = ViewOf<TensorView>(v);
+    c.g = ViewOf<TensorView>(g);
+    c.beta = ViewOf<TensorView>(beta);
+    if (opt.has_scale) c.scale = opt.scale;
+    c.use_qk_l2norm_in_kernel = opt.use_qk_l2norm_in_kernel;
+    c.use_gate_in_kernel = opt.use_gate_in_kernel;
+    c.use_beta_sigmoid_in_kernel = opt.use_beta_sigmoid_in_kernel;
+    c.allow_neg_eigval = opt.allow_neg_eigval;
+    if (opt.has_lower_bound) c.lower_bound = opt.lower_bound;
+    c.state_v_first = opt.state_v_first;
+    c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, true);
+    c.A_log = ViewOf<TensorView>(a_log, true);
+    c.dt_bias = ViewOf<TensorView>(dt_bias, true);
+    complete(c);
+    if constexpr (std::is_same_v<Call, ChunkKdaCall>) {
+      chunk_kda(c);
+    } else {
+      fused_recurrent_kda(c);
+    }
+  });
 }
 
 // The chunk target of an entry (KDA's or Gated DeltaNet's: the name its errors carry).
@@ -176,10 +190,7 @@ ffi::Error ChunkImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
                      ffi::AnyBuffer a_log, ffi::AnyBuffer dt_bias, ffi::Result<ffi::AnyBuffer> o,
                      ffi::Result<ffi::AnyBuffer> final_state, ffi::Result<ffi::AnyBuffer> intermediate_states,
                      const ChunkAttrs& a) {
-  return Run([&] {
-    ChunkKdaCall c;
-    c.entry = kEntry;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
+  const auto own = [&](ChunkKdaCall& c) {
     c.safe_gate = a.safe_gate;
     c.chunk_size = a.chunk_size;
     c.return_intermediate_states = a.return_intermediate_states;
@@ -193,8 +204,8 @@ ffi::Error ChunkImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::
       c.output_final_state = a.output_final_state;
       if (a.output_final_state) c.final_state = ViewOf<MutTensorView>(*final_state);
     }
-    chunk_kda(c);
-  });
+  };
+  return RunCall<ChunkKdaCall>(kEntry, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt, own);
 }
 
 // The recurrent target of an entry.
@@ -205,10 +216,7 @@ ffi::Error FusedRecurrentImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
                               ffi::AnyBuffer dt_bias, ffi::AnyBuffer /*out: aliased to o when given*/,
                               ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> states,
                               const RecurrentAttrs& a) {
-  return Run([&] {
-    RecurrentKdaCall c;
-    c.entry = kEntry;
-    SetCommon(c, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt);
+  const auto own = [&](RecurrentKdaCall& c) {
     c.output_final_state = a.output_final_state;
     c.inplace_final_state = a.inplace_final_state;
     c.ssm_state_indices = ViewOf<TensorView>(state_indices, true);
@@ -224,8 +232,8 @@ ffi::Error FusedRecurrentImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
         if (c.ssm_state_indices.present()) std::memset(states->untyped_data(), 0, states->size_bytes());
       }
     }
-    fused_recurrent_kda(c);
-  });
+  };
+  return RunCall<RecurrentKdaCall>(kEntry, q, k, v, g, beta, cu_seqlens, a_log, dt_bias, *o, a.opt, own);
 }
 
 }  // namespace

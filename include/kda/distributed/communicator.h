@@ -84,6 +84,10 @@ class TimedCommunicator : public Communicator {
   }
 
  private:
+  // One all-reduce of n elements through `all_reduce` on the inner communicator, timed and counted.
+  template <class T>
+  void TimedAllReduce(void (Communicator::*all_reduce)(T*, int64_t), T* data, int64_t n);
+
   Communicator* inner_;
   double allreduce_seconds_ = 0.0;
   int64_t allreduce_calls_ = 0;

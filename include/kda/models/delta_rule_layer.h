@@ -99,6 +99,11 @@ class DeltaRuleLayer {
                                 const DeltaRuleGeometry& geometry) const;
   void CheckInputDtype(ConstBuf x) const;
 
+  // The projections every layer type has (set by its constructor through
+  // AddProjection): q|k|v, the conv's channels (mixed_qkv), and b (beta_logits).
+  const Linear* qkv_proj_ = nullptr;
+  const Linear* b_proj_ = nullptr;
+
  private:
   DType act_dtype_;
   WeightFormat weights_format_;

@@ -48,9 +48,7 @@ class GatedDeltaNet : public DeltaRuleLayer {
   void Project(ConstBuf x, int64_t T, Projected& out) const override;
 
  private:
-  const Linear* qkv_proj_ = nullptr;
   const Linear* z_proj_ = nullptr;
-  const Linear* b_proj_ = nullptr;
   const Linear* a_proj_ = nullptr;
 };
 

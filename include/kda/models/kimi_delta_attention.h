@@ -43,10 +43,8 @@ class KimiDeltaAttention : public DeltaRuleLayer {
   void Project(ConstBuf x, int64_t T, Projected& out) const override;
 
  private:
-  const Linear* qkv_proj_ = nullptr;
   const Linear* f_a_proj_ = nullptr;
   const Linear* f_b_proj_ = nullptr;
-  const Linear* b_proj_ = nullptr;
   const Linear* g_a_proj_ = nullptr;
   const Linear* g_b_proj_ = nullptr;
 };

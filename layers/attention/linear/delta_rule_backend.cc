@@ -52,11 +52,11 @@ Call CoreCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb,
   return c;
 }
 
-// The recurrent kernel over the step's packed sequences (cu_seqlens), each
-// starting from its slot.
-RecurrentKdaCall PackedRecurrentCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb) {
-  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, 1, s.num_tokens);
-  c.cu_seqlens = s.cu_seqlens;
+// The recurrent kernel over the step's sequences, each starting from its
+// slot: packed ([1, T, ...] with cu_seqlens), or one token each ([N, 1, ...]).
+RecurrentKdaCall SlotsCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, bool packed) {
+  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, packed ? 1 : s.num_seqs, packed ? s.num_tokens : 1);
+  if (packed) c.cu_seqlens = s.cu_seqlens;
   c.initial_state = s.state;
   c.ssm_state_indices = s.state_indices;
   return c;
@@ -64,85 +64,83 @@ RecurrentKdaCall PackedRecurrentCall(const LinearRecurrentAttnBackend::CoreStep&
 
 }  // namespace
 
-void DeltaRuleAttnBackend::ReportGate(const CoreStep& s, const float* g, const float* beta) const {
+template <class Run>
+void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
+  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
+  run(gb);
   const int id = s.layer.layer_id();
   const int64_t gates = s.num_tokens * s.layer.geometry().gate_width();
   Report(id, LayerTensor::kGateRaw, s.gate_raw, gates);
-  Report(id, LayerTensor::kGate, {g, DType::kF32}, gates);
-  Report(id, LayerTensor::kBeta, {beta, DType::kF32}, s.num_tokens * s.layer.geometry().HV);
+  Report(id, LayerTensor::kGate, {gb.g.data(), DType::kF32}, gates);
+  Report(id, LayerTensor::kBeta, {gb.beta.data(), DType::kF32}, s.num_tokens * s.layer.geometry().HV);
 }
 
 void DeltaRuleAttnBackend::RunExtend(const CoreStep& s) {
-  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  ChunkKdaCall c = CoreCall<ChunkKdaCall>(s, gb, 1, s.num_tokens);
-  c.cu_seqlens = s.cu_seqlens;
-  c.state = s.state;  // fresh requests start from zeros (has_initial_state)
-  c.state_indices = s.state_indices;
-  c.has_initial_state = s.has_initial_state;
-  c.snapshot_cu = s.snapshot_cu;
-  c.snapshot_offsets = s.snapshot_offsets;
-  c.snapshot_states = s.snapshot_states;
-  chunk_kda(c, kernel_);
-  ReportGate(s, gb.g.data(), gb.beta.data());
+  WithGate(s, [&](const GateBeta& gb) {
+    ChunkKdaCall c = CoreCall<ChunkKdaCall>(s, gb, 1, s.num_tokens);
+    c.cu_seqlens = s.cu_seqlens;
+    c.state = s.state;  // fresh requests start from zeros (has_initial_state)
+    c.state_indices = s.state_indices;
+    c.has_initial_state = s.has_initial_state;
+    c.snapshot_cu = s.snapshot_cu;
+    c.snapshot_offsets = s.snapshot_offsets;
+    c.snapshot_states = s.snapshot_states;
+    chunk_kda(c, kernel_);
+  });
 }
 
 void DeltaRuleAttnBackend::RunDecode(const CoreStep& s) {
-  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, s.num_seqs, 1);
-  c.initial_state = s.state;
-  c.ssm_state_indices = s.state_indices;
-  fused_recurrent_kda(c, kernel_);
-  ReportGate(s, gb.g.data(), gb.beta.data());
+  WithGate(s, [&](const GateBeta& gb) { fused_recurrent_kda(SlotsCall(s, gb, false), kernel_); });
 }
 
 void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
-  const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  if (s.token_states == nullptr) {
-    RecurrentKdaCall c = PackedRecurrentCall(s, gb);
-    c.inplace_final_state = false;  // the slots are only read
-    fused_recurrent_kda(c, kernel_);
-  } else {
-    // The state after every token of sequence n goes to its own area: one call per sequence.
-    const DeltaRuleGeometry& geo = s.layer.geometry();
-    const int64_t H = geo.H;
-    const int64_t HV = geo.HV;
-    const int64_t K = geo.K;
-    const int64_t V = geo.V;
-    const int64_t G = geo.gate_width();
-    const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
-    const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
-    const size_t esize = DTypeSize(s.q.dtype);
-    for (int64_t n = 0; n < s.num_seqs; ++n) {
-      const int64_t b = cu[n];
-      const int64_t len = cu[n + 1] - b;
-      if (len == 0) continue;
-      const auto at = [&](const void* base, size_t elem, int64_t per_token) {
-        return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
-      };
-      RecurrentKdaCall c;
-      c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * HV * V) * esize, s.o.dtype,
-                                  {1, len, HV, V});
-      c.q = ContiguousView<const void*>(at(s.q.data, esize, H * K), s.q.dtype, {1, len, H, K});
-      c.k = ContiguousView<const void*>(at(s.k.data, esize, H * K), s.k.dtype, {1, len, H, K});
-      c.v = ContiguousView<const void*>(at(s.v.data, esize, HV * V), s.v.dtype, {1, len, HV, V});
-      c.g = GateView(geo, reinterpret_cast<const float*>(at(gb.g.data(), sizeof(float), G)), 1, len);
-      c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), HV), DType::kF32, {1, len, HV});
-      c.scale = s.layer.scale();
-      c.use_qk_l2norm_in_kernel = true;
-      c.initial_state = s.state;
-      c.ssm_state_indices = ContiguousView<const void*>(slots + n, DType::kI32, {1});
-      c.inplace_final_state = false;
-      c.output_final_state = true;
-      c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, HV, K, V});
+  WithGate(s, [&](const GateBeta& gb) {
+    if (s.token_states == nullptr) {
+      RecurrentKdaCall c = SlotsCall(s, gb, true);
+      c.inplace_final_state = false;  // the slots are only read
       fused_recurrent_kda(c, kernel_);
+    } else {
+      // The state after every token of sequence n goes to its own area: one call per sequence.
+      const DeltaRuleGeometry& geo = s.layer.geometry();
+      const int64_t H = geo.H;
+      const int64_t HV = geo.HV;
+      const int64_t K = geo.K;
+      const int64_t V = geo.V;
+      const int64_t G = geo.gate_width();
+      const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
+      const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
+      const size_t esize = DTypeSize(s.q.dtype);
+      for (int64_t n = 0; n < s.num_seqs; ++n) {
+        const int64_t b = cu[n];
+        const int64_t len = cu[n + 1] - b;
+        if (len == 0) continue;
+        const auto at = [&](const void* base, size_t elem, int64_t per_token) {
+          return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
+        };
+        RecurrentKdaCall c;
+        c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * HV * V) * esize,
+                                    s.o.dtype, {1, len, HV, V});
+        c.q = ContiguousView<const void*>(at(s.q.data, esize, H * K), s.q.dtype, {1, len, H, K});
+        c.k = ContiguousView<const void*>(at(s.k.data, esize, H * K), s.k.dtype, {1, len, H, K});
+        c.v = ContiguousView<const void*>(at(s.v.data, esize, HV * V), s.v.dtype, {1, len, HV, V});
+        c.g = GateView(geo, reinterpret_cast<const float*>(at(gb.g.data(), sizeof(float), G)), 1, len);
+        c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), HV), DType::kF32, {1, len, HV});
+        c.scale = s.layer.scale();
+        c.use_qk_l2norm_in_kernel = true;
+        c.initial_state = s.state;
+        c.ssm_state_indices = ContiguousView<const void*>(slots + n, DType::kI32, {1});
+        c.inplace_final_state = false;
+        c.output_final_state = true;
+        c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, HV, K, V});
+        fused_recurrent_kda(c, kernel_);
+      }
     }
-  }
-  ReportGate(s, gb.g.data(), gb.beta.data());
+  });
 }
 
 void DeltaRuleAttnBackend::RunCommit(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  fused_recurrent_kda(PackedRecurrentCall(s, gb), kernel_);
+  fused_recurrent_kda(SlotsCall(s, gb, true), kernel_);
 }
 
 }  // namespace kda

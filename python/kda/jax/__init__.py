@@ -387,18 +387,15 @@ def _with_kernel(fn, kernel: str):
     return call
 
 
-chunk_kda_ffi = _with_kernel(chunk_kda, "ffi")
-fused_recurrent_kda_ffi = _with_kernel(fused_recurrent_kda, "ffi")
-fused_recurrent_kda_fwd_ffi = _with_kernel(fused_recurrent_kda_fwd, "ffi")
-chunk_kda_jax_naive = _with_kernel(chunk_kda, "naive")
-fused_recurrent_kda_jax_naive = _with_kernel(fused_recurrent_kda, "naive")
-fused_recurrent_kda_fwd_jax_naive = _with_kernel(fused_recurrent_kda_fwd, "naive")
-chunk_gated_delta_rule_ffi = _with_kernel(chunk_gated_delta_rule, "ffi")
-fused_recurrent_gated_delta_rule_ffi = _with_kernel(fused_recurrent_gated_delta_rule, "ffi")
-fused_recurrent_gated_delta_rule_fwd_ffi = _with_kernel(fused_recurrent_gated_delta_rule_fwd, "ffi")
-chunk_gated_delta_rule_jax_naive = _with_kernel(chunk_gated_delta_rule, "naive")
-fused_recurrent_gated_delta_rule_jax_naive = _with_kernel(fused_recurrent_gated_delta_rule, "naive")
-fused_recurrent_gated_delta_rule_fwd_jax_naive = _with_kernel(fused_recurrent_gated_delta_rule_fwd, "naive")
+# The entries bound to one kernel each: <entry>_ffi (the XLA FFI kernels) and <entry>_jax_naive (pure JAX).
+_ENTRIES = (chunk_kda, fused_recurrent_kda, fused_recurrent_kda_fwd, chunk_gated_delta_rule,
+            fused_recurrent_gated_delta_rule, fused_recurrent_gated_delta_rule_fwd)
+(chunk_kda_ffi, fused_recurrent_kda_ffi, fused_recurrent_kda_fwd_ffi, chunk_gated_delta_rule_ffi,
+ fused_recurrent_gated_delta_rule_ffi, fused_recurrent_gated_delta_rule_fwd_ffi) = (
+    _with_kernel(fn, "ffi") for fn in _ENTRIES)
+(chunk_kda_jax_naive, fused_recurrent_kda_jax_naive, fused_recurrent_kda_fwd_jax_naive,
+ chunk_gated_delta_rule_jax_naive, fused_recurrent_gated_delta_rule_jax_naive,
+ fused_recurrent_gated_delta_rule_fwd_jax_naive) = (_with_kernel(fn, "naive") for fn in _ENTRIES)
 
 if os.environ.get("KDA_JAX_KERNEL"):
     set_backend(os.environ["KDA_JAX_KERNEL"])

@@ -26,8 +26,10 @@ class DeltaRuleAttnBackend : public LinearRecurrentAttnBackend {
   void RunCommit(const CoreStep& step) override;
 
  private:
-  // The observer's kGateRaw, kGate and kBeta of a step.
-  void ReportGate(const CoreStep& s, const float* g, const float* beta) const;
+  // The step's gate and beta computed and given to `run` (the kernel call),
+  // then shown to the observer (kGateRaw, kGate, kBeta).
+  template <class Run>
+  void WithGate(const CoreStep& s, Run run) const;
 
   KernelImpl kernel_;
 };
