@@ -216,42 +216,58 @@ INSTANTIATE_TEST_SUITE_P(Kernels, ShortConvTest, ::testing::ValuesIn(AllVariants
 
 class GateBetaTest : public VariantTest {};
 
+// Every gate form: the softplus gate with beta = sigmoid, the lower-bound gate
+// (GLM-5 Next, Bailing) and beta = 2 sigmoid (OLMo hybrid's negative
+// eigenvalues), against float64 oracles.
 TEST_P(GateBetaTest, MatchesOracleIncludingExtremes) {
   const int H = 3;
   const int K = 32;
   const int64_t T = 37;
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    SCOPED_TRACE(DTypeName(dt));
-    std::vector<float> raw = Random(static_cast<size_t>(T * H * K), -60, 60, 4);
-    raw[0] = 25.0F;  // softplus linear branch
-    raw[1] = -200.0F;
-    const std::vector<float> logits = Random(static_cast<size_t>(T * H), -30, 30, 5);
-    const std::vector<float> a_log = {0.0F, 2.77F, -1.0F};
-    const std::vector<float> dt_bias = Random(static_cast<size_t>(H) * K, -5, 5, 6);
-    const ActBuffer rb = ToAct(dt, raw);
-    const ActBuffer lb = ToAct(dt, logits);
-    std::vector<float> g(raw.size()), beta(logits.size());
-    if (variant().optimized()) {
-      KdaGateBeta(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
-    } else {
-      KdaGateBetaReference(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
-    }
-    std::vector<float> want_g(raw.size()), want_beta(logits.size());
-    for (size_t i = 0; i < raw.size(); ++i) {
-      const size_t c = i % (static_cast<size_t>(H) * K);
-      const float x = rb.Get(static_cast<int64_t>(i)) + dt_bias[c];  // the fp32 sum the kernels take
-      want_g[i] = static_cast<float>(-std::exp(static_cast<double>(a_log[c / K])) * SoftplusF64(x));
-    }
-    for (size_t i = 0; i < logits.size(); ++i)
-      want_beta[i] = static_cast<float>(SigmoidF64(lb.Get(static_cast<int64_t>(i))));
-    EXPECT_TRUE(AllCloseF32(g.data(), want_g.data(), want_g.size(), 1e-30, 1e-6));
-    EXPECT_TRUE(AllCloseF32(beta.data(), want_beta.data(), want_beta.size(), 1e-12, 1e-6));
-    EXPECT_EQ(g[1], 0.0F);  // softplus(-200 + bias) underflows fp32
-    if (variant().optimized()) {
-      std::vector<float> g_ref(raw.size()), b_ref(logits.size());
-      KdaGateBetaReference(g_ref.data(), b_ref.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K);
-      EXPECT_TRUE(AllCloseF32(g.data(), g_ref.data(), g_ref.size(), 1e-30, 1e-6));
-      EXPECT_TRUE(AllCloseF32(beta.data(), b_ref.data(), b_ref.size(), 1e-12, 1e-6));
+  for (const GateForm form : {GateForm{}, GateForm{.lower_bound = -5.0F}, GateForm{.beta_scale = 2.0F},
+                              GateForm{.lower_bound = -0.5F, .beta_scale = 2.0F}}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " lower bound " + std::to_string(form.lower_bound) +
+                   " beta scale " + std::to_string(form.beta_scale));
+      std::vector<float> raw = Random(static_cast<size_t>(T * H * K), -60, 60, 4);
+      raw[0] = 25.0F;  // softplus linear branch
+      raw[1] = -200.0F;
+      const std::vector<float> logits = Random(static_cast<size_t>(T * H), -30, 30, 5);
+      const std::vector<float> a_log = {0.0F, 2.77F, -1.0F};
+      const std::vector<float> dt_bias = Random(static_cast<size_t>(H) * K, -5, 5, 6);
+      const ActBuffer rb = ToAct(dt, raw);
+      const ActBuffer lb = ToAct(dt, logits);
+      std::vector<float> g(raw.size()), beta(logits.size());
+      if (variant().optimized()) {
+        KdaGateBeta(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K, form);
+      } else {
+        KdaGateBetaReference(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K,
+                             form);
+      }
+      std::vector<float> want_g(raw.size()), want_beta(logits.size());
+      for (size_t i = 0; i < raw.size(); ++i) {
+        const size_t c = i % (static_cast<size_t>(H) * K);
+        const float x = rb.Get(static_cast<int64_t>(i)) + dt_bias[c];  // the fp32 sum the kernels take
+        const double a = std::exp(static_cast<double>(a_log[c / K]));
+        // The lower-bound gate's fp32 argument, exp(A_log) * x, as the kernels take it.
+        const float ax = std::exp(a_log[c / K]) * x;
+        want_g[i] = static_cast<float>(form.lower_bound < 0 ? form.lower_bound * SigmoidF64(ax) : -a * SoftplusF64(x));
+      }
+      for (size_t i = 0; i < logits.size(); ++i)
+        want_beta[i] = static_cast<float>(form.beta_scale * SigmoidF64(lb.Get(static_cast<int64_t>(i))));
+      EXPECT_TRUE(AllCloseF32(g.data(), want_g.data(), want_g.size(), 1e-30, 1e-6));
+      EXPECT_TRUE(AllCloseF32(beta.data(), want_beta.data(), want_beta.size(), 1e-12, 1e-6));
+      if (form.lower_bound == 0) {
+        EXPECT_EQ(g[1], 0.0F);  // softplus(-200 + bias) underflows fp32
+      } else {
+        for (float v : g) ASSERT_TRUE(v <= 0.0F && v >= form.lower_bound) << v;
+      }
+      if (variant().optimized()) {
+        std::vector<float> g_ref(raw.size()), b_ref(logits.size());
+        KdaGateBetaReference(g_ref.data(), b_ref.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K,
+                             form);
+        EXPECT_TRUE(AllCloseF32(g.data(), g_ref.data(), g_ref.size(), 1e-30, 1e-6));
+        EXPECT_TRUE(AllCloseF32(beta.data(), b_ref.data(), b_ref.size(), 1e-12, 1e-6));
+      }
     }
   }
 }

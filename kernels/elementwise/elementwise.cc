@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
@@ -31,36 +32,41 @@ void CheckGateActivation(GateActivation act) {
 }  // namespace
 
 void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
-                          const float* dt_bias, int64_t T, int H, int K) {
+                          const float* dt_bias, int64_t T, int H, int K, GateForm form) {
   const int64_t p = static_cast<int64_t>(H) * K;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t c = 0; c < p; ++c) {
-      const float x = LoadAsFloat(raw.data, raw.dtype, static_cast<size_t>(t * p + c));
-      g[t * p + c] = KdaGate(x + dt_bias[c], A_log[c / K]);
+      const float x = LoadAsFloat(raw.data, raw.dtype, static_cast<size_t>(t * p + c)) + dt_bias[c];
+      g[t * p + c] = form.lower_bound < 0.0F ? KdaLowerBoundGate(x, std::exp(A_log[c / K]), form.lower_bound)
+                                              : KdaGate(x, A_log[c / K]);
     }
     for (int h = 0; h < H; ++h) {
       const float x = LoadAsFloat(logits.data, logits.dtype, static_cast<size_t>(t * H + h));
-      beta[t * H + h] = 1.0F / (1.0F + std::exp(-x));
+      beta[t * H + h] = form.beta_scale / (1.0F + std::exp(-x));
     }
   }
 }
 
 void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log, const float* dt_bias,
-                 int64_t T, int H, int K) {
+                 int64_t T, int H, int K, GateForm form) {
   CheckFloatBuf(raw.dtype, "gate input");
   Check(raw.dtype == logits.dtype, "gate and beta inputs must share a dtype");
-  std::vector<float> neg_a(static_cast<size_t>(H));
-  for (int h = 0; h < H; ++h) neg_a[h] = -std::exp(A_log[h]);
+  Check(std::isfinite(form.lower_bound) && form.lower_bound <= 0.0F, "gate: lower_bound must be finite and <= 0");
+  Check(std::isfinite(form.beta_scale), "gate: beta_scale must be finite");
+  // Per head: -exp(A_log) for the softplus gate, exp(A_log) for the lower-bound gate.
+  const bool bounded = form.lower_bound < 0.0F;
+  std::vector<float> a(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) a[h] = bounded ? std::exp(A_log[h]) : -std::exp(A_log[h]);
   const internal::KernelTable& kernels = internal::ActiveKernels();
   ParallelFor((T + kRowsPerJob - 1) / kRowsPerJob, [&](int64_t job) {
     const int64_t t0 = job * kRowsPerJob;
     const int64_t t1 = std::min(T, t0 + kRowsPerJob);
     if (raw.dtype == DType::kBF16) {
       kernels.gate_beta_bf16(g, beta, static_cast<const BF16*>(raw.data), static_cast<const BF16*>(logits.data),
-                             neg_a.data(), dt_bias, t0, t1, H, K);
+                             a.data(), dt_bias, t0, t1, H, K, form.lower_bound, form.beta_scale);
     } else {
       kernels.gate_beta_f32(g, beta, static_cast<const float*>(raw.data), static_cast<const float*>(logits.data),
-                            neg_a.data(), dt_bias, t0, t1, H, K);
+                            a.data(), dt_bias, t0, t1, H, K, form.lower_bound, form.beta_scale);
     }
   });
 }

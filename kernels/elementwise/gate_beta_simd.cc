@@ -22,29 +22,42 @@ KDA_INLINE void GateRowOf(float* g, const TR* raw, const float* bias, float neg_
   }
 }
 
+// g[d] = lower_bound * sigmoid(a * (raw[d] + bias[d])) over one head's row.
+template <class TR>
+KDA_INLINE void LowerBoundRowOf(float* g, const TR* raw, const float* bias, float a, float lower_bound, int len) {
+#pragma omp simd
+  for (int d = 0; d < len; ++d) g[d] = lower_bound * Sigmoid<Scalar>(a * (LoadF(raw[d]) + bias[d]));
+}
+
 template <class TR, class TL>
-KDA_INLINE void GateBetaRows(float* g, float* beta, const TR* raw, const TL* logits, const float* neg_a,
-                             const float* dt_bias, int64_t t0, int64_t t1, int H, int K) {
+KDA_INLINE void GateBetaRows(float* g, float* beta, const TR* raw, const TL* logits, const float* a,
+                             const float* dt_bias, int64_t t0, int64_t t1, int H, int K, float lower_bound,
+                             float beta_scale) {
   const int64_t p = static_cast<int64_t>(H) * K;
   for (int64_t t = t0; t < t1; ++t) {
     for (int h = 0; h < H; ++h) {
       const int64_t base = t * p + static_cast<int64_t>(h) * K;
-      GateRowOf<true>(g + base, raw + base, dt_bias + static_cast<int64_t>(h) * K, neg_a[h], K);
+      const float* bias = dt_bias + static_cast<int64_t>(h) * K;
+      if (lower_bound < 0.0F) {
+        LowerBoundRowOf(g + base, raw + base, bias, a[h], lower_bound, K);
+      } else {
+        GateRowOf<true>(g + base, raw + base, bias, a[h], K);
+      }
     }
 #pragma omp simd
-    for (int h = 0; h < H; ++h) beta[t * H + h] = Sigmoid<Scalar>(LoadF(logits[t * H + h]));
+    for (int h = 0; h < H; ++h) beta[t * H + h] = beta_scale * Sigmoid<Scalar>(LoadF(logits[t * H + h]));
   }
 }
 
 }  // namespace
 
-void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* neg_a, const float* dt_bias,
-                 int64_t t0, int64_t t1, int H, int K) {
-  GateBetaRows(g, beta, raw, logits, neg_a, dt_bias, t0, t1, H, K);
+void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* a, const float* dt_bias,
+                 int64_t t0, int64_t t1, int H, int K, float lower_bound, float beta_scale) {
+  GateBetaRows(g, beta, raw, logits, a, dt_bias, t0, t1, H, K, lower_bound, beta_scale);
 }
-void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a, const float* dt_bias,
-                  int64_t t0, int64_t t1, int H, int K) {
-  GateBetaRows(g, beta, raw, logits, neg_a, dt_bias, t0, t1, H, K);
+void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* a, const float* dt_bias,
+                  int64_t t0, int64_t t1, int H, int K, float lower_bound, float beta_scale) {
+  GateBetaRows(g, beta, raw, logits, a, dt_bias, t0, t1, H, K, lower_bound, beta_scale);
 }
 
 void GateRow(float* g, const float* bias, float neg_a, int len) {

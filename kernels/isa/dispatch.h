@@ -40,11 +40,14 @@ struct KernelTable {
   void (*conv_chunk_f32)(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) = nullptr;
   void (*conv_chunk_bf16)(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc) = nullptr;
 
-  // Forget gate and beta over token rows [t0, t1) (kernels/elementwise/gate_beta_simd.cc).
-  void (*gate_beta_f32)(float* g, float* beta, const float* raw, const float* logits, const float* neg_a,
-                        const float* dt_bias, int64_t t0, int64_t t1, int H, int K) = nullptr;
-  void (*gate_beta_bf16)(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a,
-                         const float* dt_bias, int64_t t0, int64_t t1, int H, int K) = nullptr;
+  // Forget gate and beta over token rows [t0, t1) (kernels/elementwise/gate_beta_simd.cc): per head
+  // a[h] = -exp(A_log[h]) for the softplus gate (lower_bound 0), exp(A_log[h]) for the lower-bound gate.
+  void (*gate_beta_f32)(float* g, float* beta, const float* raw, const float* logits, const float* a,
+                        const float* dt_bias, int64_t t0, int64_t t1, int H, int K, float lower_bound,
+                        float beta_scale) = nullptr;
+  void (*gate_beta_bf16)(float* g, float* beta, const BF16* raw, const BF16* logits, const float* a,
+                         const float* dt_bias, int64_t t0, int64_t t1, int H, int K, float lower_bound,
+                         float beta_scale) = nullptr;
   // The gate of one row in place (bias or null).
   void (*gate_row)(float* g, const float* bias, float neg_a, int len) = nullptr;
 

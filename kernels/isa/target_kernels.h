@@ -42,10 +42,10 @@ void ConvChunkF32(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0
 void ConvChunkBF16(const ShortConvArgs& a, const float* wt, int64_t n, int64_t c0, int64_t nc);
 
 // kernels/elementwise/gate_beta_simd.cc
-void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* neg_a, const float* dt_bias,
-                 int64_t t0, int64_t t1, int H, int K);
-void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* neg_a, const float* dt_bias,
-                  int64_t t0, int64_t t1, int H, int K);
+void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, const float* a, const float* dt_bias,
+                 int64_t t0, int64_t t1, int H, int K, float lower_bound, float beta_scale);
+void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* a, const float* dt_bias,
+                  int64_t t0, int64_t t1, int H, int K, float lower_bound, float beta_scale);
 void GateRow(float* g, const float* bias, float neg_a, int len);
 
 // kernels/elementwise/gated_rms_norm_simd.cc (instantiated for each GateActivation)

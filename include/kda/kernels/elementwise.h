@@ -11,14 +11,21 @@
 
 namespace kda {
 
+// The forms of the forget gate and of beta (DeltaRuleGeometry's variant settings).
+struct GateForm {
+  float lower_bound = 0.0F;  // 0: the softplus gate; < 0: the lower-bound gate (below)
+  float beta_scale = 1.0F;   // beta = beta_scale * sigmoid(logit): 1, or 2 (negative eigenvalues)
+};
+
 // Forget gate and beta (design §2.4), fp32 outputs:
-//   g[t, c]    = -exp(A_log[c / K]) * softplus(raw[t, c] + dt_bias[c])   g [T, P], raw [T, P]
-//   beta[t, h] = sigmoid(logits[t, h])                                    beta, logits [T, H]
-// raw and logits are F32 or BF16.
+//   g[t, c]    = -exp(A_log[c / K]) * softplus(raw[t, c] + dt_bias[c])            g [T, P], raw [T, P]
+//     or, with form.lower_bound L < 0: L * sigmoid(exp(A_log[c / K]) * (raw[t, c] + dt_bias[c]))
+//   beta[t, h] = form.beta_scale * sigmoid(logits[t, h])                         beta, logits [T, H]
+// raw and logits are F32 or BF16. (Gated DeltaNet: K = 1, one gate per value head.)
 void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log, const float* dt_bias,
-                 int64_t T, int H, int K);
+                 int64_t T, int H, int K, GateForm form = {});
 void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
-                          const float* dt_bias, int64_t T, int H, int K);
+                          const float* dt_bias, int64_t T, int H, int K, GateForm form = {});
 
 // The same forget gate over one head's row, in place: the in-kernel gate of
 // the optimized KDA kernels (use_gate_in_kernel). Reference: KdaGate per
