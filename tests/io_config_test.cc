@@ -287,8 +287,10 @@ json Qwen35Config() {
 ModelConfig Parse(const json& config) { return ParseModelConfig(config.dump(), "test-config"); }
 
 TEST(IoConfigTest, SupportedModelTypes) {
-  EXPECT_EQ(SupportedModelTypes(), (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5", "qwen3_5_text",
-                                                             "qwen3_5_moe", "qwen3_5_moe_text"}));
+  EXPECT_EQ(SupportedModelTypes(),
+            (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+                                      "qwen3_5_moe_text", "glm5_next", "glm5_next_text", "bailing_hybrid",
+                                      "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text"}));
 }
 
 TEST(IoConfigTest, GatedDeltaNetGoldenConfigsParse) {
@@ -483,7 +485,8 @@ TEST(IoConfigTest, RefusesUnsupportedModelTypes) {
   config["model_type"] = "llama";
   EXPECT_EQ(ParseError(config),
             "test-config: unsupported model_type \"llama\" (supported: kimi_linear, qwen3_next, qwen3_5, qwen3_5_text, "
-            "qwen3_5_moe, qwen3_5_moe_text)");
+            "qwen3_5_moe, qwen3_5_moe_text, glm5_next, glm5_next_text, bailing_hybrid, olmo_hybrid, lara_mini, "
+            "qwen4_exp, qwen4_exp_text)");
   config["model_type"] = 3;
   ExpectRefused(config, "model_type must be a string, got 3");
 
@@ -494,6 +497,596 @@ TEST(IoConfigTest, RefusesUnsupportedModelTypes) {
   kimi.erase("model_type");
   EXPECT_EQ(Parse(kimi).model_type, "kimi_linear");
   EXPECT_EQ(Parse(kimi).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// Expects `config` to be refused with exactly "test-config: " + `message`.
+void ExpectRefusedWith(const json& config, const std::string& message) {
+  EXPECT_EQ(ParseError(config), "test-config: " + message);
+}
+
+// The variant settings of a config: {gate_lower_bound or "none", allow_neg_eigval, output_gate_activation}.
+std::string Variant(const ModelConfig& c) {
+  return (c.gate_lower_bound ? std::to_string(*c.gate_lower_bound) : std::string("none")) + " " +
+         (c.allow_neg_eigval ? "neg" : "pos") + " \"" + c.output_gate_activation + "\"";
+}
+
+json Repeat(const std::vector<std::string>& pattern, int times) {
+  json out = json::array();
+  for (int i = 0; i < times; ++i) {
+    for (const std::string& type : pattern) out.push_back(type);
+  }
+  return out;
+}
+
+// GLM-5.3-Flash's shape (Glm5NextConfig): the text model under text_config, 64 KDA heads of 128, hidden 4096,
+// every 4th layer indexed (DSA) attention.
+json Glm5NextConfig() {
+  json text = json::parse(R"({
+    "model_type": "glm5_next_text",
+    "hidden_size": 4096,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 64,
+    "rms_norm_eps": 1e-5,
+    "linear_num_heads": 64,
+    "linear_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "linear_lower_bound": -5.0,
+    "qk_nope_head_dim": 256,
+    "kv_lora_rank": 512
+  })");
+  text["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", "indexed_attention"}, 2);
+  return {{"model_type", "glm5_next"}, {"text_config", text}, {"vision_config", {{"hidden_size", 1024}}}};
+}
+
+TEST(IoConfigTest, ReadsGlm5NextFields) {
+  const ModelConfig config = Parse(Glm5NextConfig());
+  EXPECT_EQ(config.model_type, "glm5_next_text");
+  EXPECT_EQ(config.hidden_size, 4096);
+  EXPECT_EQ(config.num_hidden_layers, 8);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-5);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{64, 64, 128, 128}));
+  EXPECT_EQ(config.conv_size, 4);
+  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  ASSERT_TRUE(config.gate_lower_bound.has_value());
+  EXPECT_EQ(*config.gate_lower_bound, -5.0);
+  EXPECT_FALSE(config.allow_neg_eigval);
+  EXPECT_EQ(config.output_gate_activation, "");
+
+  // Flat: glm5_next_text, and glm5_next without (or with a null) text_config, whose fields are then at the top.
+  json flat = Glm5NextConfig()["text_config"];
+  EXPECT_EQ(Parse(flat).model_type, "glm5_next_text");
+  EXPECT_EQ(Parse(flat).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  flat["model_type"] = "glm5_next";
+  EXPECT_EQ(Parse(flat).model_type, "glm5_next_text");
+  EXPECT_EQ(HeadShape(Parse(flat)), (std::vector<int>{64, 64, 128, 128}));
+  flat["text_config"] = nullptr;
+  EXPECT_EQ(Parse(flat).hidden_size, 4096);
+  json nested = Glm5NextConfig();
+  nested["text_config"].erase("model_type");
+  EXPECT_EQ(Parse(nested).model_type, "glm5_next_text");
+
+  // "full_attention" is an indexed-attention layer to transformers: not a delta-rule layer either.
+  nested = Glm5NextConfig();
+  nested["text_config"]["layer_types"][0] = "full_attention";
+  EXPECT_EQ(Parse(nested).linear_layers, (std::vector<int>{1, 2, 4, 5, 6}));
+}
+
+TEST(IoConfigTest, Glm5NextDefaults) {
+  json config = Glm5NextConfig();
+  json& text = config["text_config"];
+  for (const char* field : {"rms_norm_eps", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim",
+                            "linear_lower_bound", "layer_types"}) {
+    text.erase(field);
+  }
+  text["num_hidden_layers"] = 10;
+  const ModelConfig defaults = Parse(config);
+  EXPECT_DOUBLE_EQ(defaults.rms_norm_eps, 1e-5);
+  EXPECT_EQ(HeadShape(defaults), (std::vector<int>{64, 64, 128, 128}));
+  EXPECT_EQ(defaults.conv_size, 4);
+  EXPECT_EQ(Variant(defaults), "-5.000000 pos \"\"");
+  EXPECT_EQ(defaults.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6, 8, 9}));  // layer i % 4 == 3: attention
+
+  // The lower bound: null is none (the softplus gate), any negative number is the bound.
+  text["linear_lower_bound"] = nullptr;
+  EXPECT_FALSE(Parse(config).gate_lower_bound.has_value());
+  text["linear_lower_bound"] = -3.5;
+  EXPECT_EQ(Variant(Parse(config)), "-3.500000 pos \"\"");
+  text["linear_lower_bound"] = -2;
+  EXPECT_EQ(Variant(Parse(config)), "-2.000000 pos \"\"");
+  text["layer_types"] = nullptr;  // null is absent
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6, 8, 9}));
+}
+
+TEST(IoConfigTest, Glm5NextLinearAttnConfigOverrides) {
+  json config = Glm5NextConfig();
+  json& text = config["text_config"];
+  text["linear_attn_config"] = {
+      {"num_heads", 32}, {"head_dim", 64}, {"short_conv_kernel_size", 3}, {"gate_lower_bound", -2.0}};
+  const ModelConfig over = Parse(config);
+  EXPECT_EQ(HeadShape(over), (std::vector<int>{32, 32, 64, 64}));
+  EXPECT_EQ(over.conv_size, 3);
+  EXPECT_EQ(Variant(over), "-2.000000 pos \"\"");
+  // Kimi-Linear's kda_layers is not read: layer_types decides.
+  text["linear_attn_config"]["kda_layers"] = {1};
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+
+  // Fields it lacks keep the top-level values; its safe_gate (default true) turns no bound into -5.
+  text["linear_lower_bound"] = nullptr;
+  text["linear_attn_config"] = json::object();
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{64, 64, 128, 128}));
+  EXPECT_EQ(Variant(Parse(config)), "-5.000000 pos \"\"");
+  text["linear_attn_config"] = {{"gate_lower_bound", nullptr}};
+  EXPECT_EQ(Variant(Parse(config)), "-5.000000 pos \"\"");
+  text["linear_attn_config"]["safe_gate"] = false;
+  EXPECT_EQ(Variant(Parse(config)), "none pos \"\"");
+  text["linear_attn_config"] = {{"safe_gate", false}};
+  EXPECT_EQ(Variant(Parse(config)), "none pos \"\"");
+  text["linear_lower_bound"] = -3.0;  // safe_gate false keeps a given bound
+  EXPECT_EQ(Variant(Parse(config)), "-3.000000 pos \"\"");
+  text["linear_lower_bound"] = nullptr;
+  text["linear_attn_config"] = nullptr;  // null is absent: no safe_gate rule
+  EXPECT_EQ(Variant(Parse(config)), "none pos \"\"");
+}
+
+TEST(IoConfigTest, RefusesBadGlm5NextConfigs) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
+    json config = Glm5NextConfig();
+    edit(config["text_config"]);
+    ExpectRefusedWith(config, message);
+  };
+  refused([](json& t) { t["linear_lower_bound"] = "-5"; },
+          "text_config.linear_lower_bound must be a number or null (no bound), got \"-5\"");
+  refused([](json& t) { t["linear_lower_bound"] = 0.0; },
+          "text_config.linear_lower_bound must be finite and < 0 (a lower bound of the log-space gate), got 0.0");
+  refused([](json& t) { t["linear_lower_bound"] = 5; },
+          "text_config.linear_lower_bound must be finite and < 0 (a lower bound of the log-space gate), got 5");
+  refused(
+      [](json& t) {
+        t["linear_attn_config"] = {{"gate_lower_bound", 0}};
+      },
+      "text_config.linear_attn_config.gate_lower_bound must be finite and < 0 (a lower bound of the log-space "
+      "gate), got 0");
+  refused(
+      [](json& t) {
+        t["linear_attn_config"] = {{"safe_gate", "yes"}};
+      },
+      "text_config.linear_attn_config.safe_gate must be true or false, got \"yes\"");
+  refused([](json& t) { t["linear_attn_config"] = json::array(); },
+          "text_config.linear_attn_config is not a JSON object");
+  refused(
+      [](json& t) {
+        t["linear_attn_config"] = {{"head_dim", nullptr}};
+      },
+      "text_config.linear_attn_config.head_dim must be a positive integer (at most 2147483647), got null");
+  refused([](json& t) { t["linear_num_heads"] = 0; },
+          "text_config.linear_num_heads must be a positive integer (at most 2147483647), got 0");
+  refused([](json& t) { t["linear_conv_kernel_dim"] = 4.5; },
+          "text_config.linear_conv_kernel_dim must be a positive integer (at most 2147483647), got 4.5");
+  refused([](json& t) { t["rms_norm_eps"] = -1e-5; }, "text_config.rms_norm_eps must be > 0, got -1e-05");
+  refused([](json& t) { t.erase("hidden_size"); }, "missing text_config.hidden_size");
+  refused([](json& t) { t["model_type"] = "qwen3_5_text"; },
+          "text_config.model_type must be glm5_next_text, got \"qwen3_5_text\"");
+  refused([](json& t) { t["layer_types"][3] = "sliding_attention"; },
+          "text_config.layer_types entry 3 is \"sliding_attention\", not \"linear_attention\", \"full_attention\" or "
+          "\"indexed_attention\"");
+  refused([](json& t) { t["layer_types"][3] = 7; },
+          "text_config.layer_types entry 3 is 7, not \"linear_attention\", \"full_attention\" or "
+          "\"indexed_attention\"");
+  refused([](json& t) { t["layer_types"].erase(0); },
+          "text_config.layer_types has 7 entries, but text_config.num_hidden_layers is 8");
+  refused([](json& t) { t["layer_types"] = Repeat({"indexed_attention"}, 8); },
+          "text_config.layer_types has no \"linear_attention\" entry");
+  refused(
+      [](json& t) {
+        t.erase("layer_types");
+        t["num_hidden_layers"] = int64_t{1} << 20;
+      },
+      "text_config.num_hidden_layers must be a positive integer (at most 65536), got 1048576");
+  json config = Glm5NextConfig();
+  config["text_config"] = "none";
+  ExpectRefusedWith(config, "text_config is not a JSON object");
+}
+
+// Ling-3.0-Flash's shape (BailingHybridConfig): 32 KDA heads of 128, hidden 2560, every 6th layer MLA.
+json BailingHybridConfig() {
+  return json::parse(R"({
+    "model_type": "bailing_hybrid",
+    "hidden_size": 2560,
+    "num_hidden_layers": 12,
+    "rms_norm_eps": 1e-6,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "kv_lora_rank": 512,
+    "short_conv_kernel_size": 4,
+    "layer_group_size": 6,
+    "kda_safe_gate": true,
+    "kda_lower_bound": -5.0
+  })");
+}
+
+TEST(IoConfigTest, ReadsBailingHybridFields) {
+  const ModelConfig config = Parse(BailingHybridConfig());
+  EXPECT_EQ(config.model_type, "bailing_hybrid");
+  EXPECT_EQ(config.hidden_size, 2560);
+  EXPECT_EQ(config.num_hidden_layers, 12);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{32, 32, 128, 128}));  // head_dim: not qk_rope_head_dim
+  EXPECT_EQ(config.conv_size, 4);
+  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 3, 4, 6, 7, 8, 9, 10}));  // layers 5, 11: MLA
+  EXPECT_EQ(Variant(config), "-5.000000 pos \"\"");
+
+  json listed = BailingHybridConfig();
+  listed["layer_types"] = Repeat({"full_attention", "linear_attention", "linear_attention"}, 4);
+  EXPECT_EQ(Parse(listed).linear_layers, (std::vector<int>{1, 2, 4, 5, 7, 8, 10, 11}));
+}
+
+TEST(IoConfigTest, BailingHybridDefaults) {
+  json config = BailingHybridConfig();
+  for (const char* field : {"rms_norm_eps", "num_attention_heads", "head_dim", "short_conv_kernel_size",
+                            "layer_group_size", "kda_safe_gate", "kda_lower_bound"}) {
+    config.erase(field);
+  }
+  const ModelConfig defaults = Parse(config);
+  EXPECT_DOUBLE_EQ(defaults.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(defaults), (std::vector<int>{32, 32, 128, 128}));
+  EXPECT_EQ(defaults.conv_size, 4);
+  EXPECT_EQ(Variant(defaults), "-5.000000 pos \"\"");
+  EXPECT_EQ(defaults.linear_layers, (std::vector<int>{0, 1, 2, 3, 4, 6, 7, 8, 9, 10}));
+
+  config["layer_group_size"] = 4;
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6, 8, 9, 10}));
+  config["layer_group_size"] = 20;  // beyond the last layer: all KDA
+  EXPECT_EQ(Parse(config).linear_layers.size(), 12U);
+  config["kda_lower_bound"] = -2.5;
+  EXPECT_EQ(Variant(Parse(config)), "-2.500000 pos \"\"");
+  config["kda_safe_gate"] = false;  // the softplus gate; the bound is not read
+  EXPECT_EQ(Variant(Parse(config)), "none pos \"\"");
+  config["kda_lower_bound"] = "unused";
+  EXPECT_EQ(Variant(Parse(config)), "none pos \"\"");
+}
+
+TEST(IoConfigTest, RefusesBadBailingHybridConfigs) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
+    json config = BailingHybridConfig();
+    edit(config);
+    ExpectRefusedWith(config, message);
+  };
+  refused([](json& c) { c["kda_safe_gate"] = 1; }, "kda_safe_gate must be true or false, got 1");
+  refused([](json& c) { c["kda_lower_bound"] = nullptr; }, "kda_lower_bound must be a number, got null");
+  refused([](json& c) { c["kda_lower_bound"] = 0.5; },
+          "kda_lower_bound must be finite and < 0 (a lower bound of the log-space gate), got 0.5");
+  refused([](json& c) { c["head_dim"] = 0; }, "head_dim must be a positive integer (at most 2147483647), got 0");
+  refused([](json& c) { c["num_attention_heads"] = "32"; },
+          "num_attention_heads must be a positive integer (at most 2147483647), got \"32\"");
+  refused([](json& c) { c["layer_group_size"] = 0; },
+          "layer_group_size must be a positive integer (at most 9223372036854775807), got 0");
+  refused([](json& c) { c["layer_group_size"] = 1; },
+          "no linear_attention layer: without layer_types, layer_group_size = 1 makes every layer full attention "
+          "(num_hidden_layers = 12)");
+  refused(
+      [](json& c) {
+        c["layer_types"] = Repeat({"linear_attention", "indexed_attention"}, 6);
+      },
+      "layer_types entry 1 is \"indexed_attention\", not \"linear_attention\" or \"full_attention\"");
+  refused([](json& c) { c["num_hidden_layers"] = 65537; },
+          "num_hidden_layers must be a positive integer (at most 65536), got 65537");
+  refused([](json& c) { c.erase("num_hidden_layers"); }, "missing num_hidden_layers");
+}
+
+// Olmo-Hybrid-7B's shape (OlmoHybridConfig): 30 key and 30 value heads, K 96, V 192, hidden 3840.
+json OlmoHybridConfig() {
+  json config = json::parse(R"({
+    "model_type": "olmo_hybrid",
+    "hidden_size": 3840,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 30,
+    "num_key_value_heads": 30,
+    "rms_norm_eps": 1e-6,
+    "linear_num_key_heads": 30,
+    "linear_num_value_heads": 30,
+    "linear_key_head_dim": 96,
+    "linear_value_head_dim": 192,
+    "linear_conv_kernel_dim": 4,
+    "linear_allow_neg_eigval": true
+  })");
+  config["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", "full_attention"}, 2);
+  return config;
+}
+
+TEST(IoConfigTest, ReadsOlmoHybridFields) {
+  const ModelConfig config = Parse(OlmoHybridConfig());
+  EXPECT_EQ(config.model_type, "olmo_hybrid");
+  EXPECT_EQ(config.hidden_size, 3840);
+  EXPECT_EQ(config.num_hidden_layers, 8);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);  // as given: the layer's own norm uses 1e-5 regardless
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{30, 30, 96, 192}));
+  EXPECT_EQ(config.conv_size, 4);
+  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(Variant(config), "none neg \"\"");
+
+  json positive = OlmoHybridConfig();
+  positive["linear_allow_neg_eigval"] = false;
+  EXPECT_EQ(Variant(Parse(positive)), "none pos \"\"");
+  positive.erase("linear_allow_neg_eigval");  // default true
+  EXPECT_EQ(Variant(Parse(positive)), "none neg \"\"");
+  positive.erase("rms_norm_eps");
+  EXPECT_DOUBLE_EQ(Parse(positive).rms_norm_eps, 1e-6);
+}
+
+TEST(IoConfigTest, OlmoHybridHeadDefaults) {
+  json config = OlmoHybridConfig();
+  for (const char* field :
+       {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"}) {
+    config.erase(field);
+  }
+  // Heads: num_attention_heads; K = int(0.75 * 3840 / 30) = 96; V = 2 K.
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{30, 30, 96, 192}));
+  config.erase("num_attention_heads");  // default 30
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{30, 30, 96, 192}));
+  config["num_attention_heads"] = 32;  // 0.75 * 3840 / 32 = 90
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{32, 32, 90, 180}));
+  config["hidden_size"] = 1000;  // 0.75 * 1000 / 32 = 23.4375, truncated
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{32, 32, 23, 46}));
+  config["linear_num_key_heads"] = 16;  // the key dim follows the key heads: 46.875 -> 46
+  config["linear_num_value_heads"] = 32;
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{16, 32, 46, 92}));
+  config["linear_key_head_dim"] = 64;  // the value dim follows the key dim
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{16, 32, 64, 128}));
+  // null is absent (the fields are `int | None` in transformers).
+  for (const char* field :
+       {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"}) {
+    config[field] = nullptr;
+  }
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{32, 32, 23, 46}));
+}
+
+TEST(IoConfigTest, OlmoHybridLayerDefaults) {
+  json config = OlmoHybridConfig();
+  config.erase("layer_types");
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));  // i % 4 == 3: attention
+  config["num_hidden_layers"] = 4;
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2}));
+  config["num_hidden_layers"] = 3;  // no i % 4 == 3: the last layer is attention
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1}));
+  config["num_hidden_layers"] = 2;
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0}));
+  config["num_hidden_layers"] = 1;
+  ExpectRefusedWith(config,
+                    "no linear_attention layer: without layer_types, the implied list (every 4th layer full attention, "
+                    "and the last one when that makes none) makes every layer full attention (num_hidden_layers = 1)");
+}
+
+TEST(IoConfigTest, RefusesBadOlmoHybridConfigs) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
+    json config = OlmoHybridConfig();
+    edit(config);
+    ExpectRefusedWith(config, message);
+  };
+  refused([](json& c) { c["layer_types"] = Repeat({"linear_attention"}, 8); },
+          "layer_types has only \"linear_attention\" entries (the model needs an attention layer too)");
+  refused([](json& c) { c["layer_types"][3] = "sliding_attention"; },
+          "layer_types entry 3 is \"sliding_attention\", not \"linear_attention\" or \"full_attention\"");
+  refused([](json& c) { c["linear_allow_neg_eigval"] = "true"; },
+          "linear_allow_neg_eigval must be true or false, got \"true\"");
+  refused([](json& c) { c["linear_allow_neg_eigval"] = nullptr; },
+          "linear_allow_neg_eigval must be true or false, got null");
+  refused([](json& c) { c["linear_num_value_heads"] = 45; },
+          "linear_num_value_heads (45) must be a multiple of linear_num_key_heads (30)");
+  refused([](json& c) { c["linear_key_head_dim"] = 0; },
+          "linear_key_head_dim must be a positive integer (at most 2147483647), got 0");
+  refused(
+      [](json& c) {
+        c.erase("linear_num_key_heads");
+        c["num_attention_heads"] = 0;
+      },
+      "num_attention_heads must be a positive integer (at most 2147483647), got 0");
+  refused(
+      [](json& c) {
+        c.erase("linear_key_head_dim");
+        c["hidden_size"] = 32;  // 0.75 * 32 / 30 = 0.8
+      },
+      "linear_key_head_dim is not given, and its default int(0.75 * hidden_size / linear_num_key_heads) = 0 is not a "
+      "positive integer (at most 2147483647)");
+  refused(
+      [](json& c) {
+        c.erase("linear_value_head_dim");
+        c["linear_key_head_dim"] = 2000000000;
+      },
+      "linear_value_head_dim is not given, and its default 2 * linear_key_head_dim = 4000000000 is not a positive "
+      "integer (at most 2147483647)");
+}
+
+// Lara-4-Mini's shape (LaraMiniConfig): 8 key / 16 value heads of 128, hidden 1024, the period-5 layer pattern.
+json LaraMiniConfig() {
+  json config = json::parse(R"({
+    "model_type": "lara_mini",
+    "hidden_size": 1024,
+    "num_hidden_layers": 10,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "sliding_window": 512
+  })");
+  config["layer_types"] =
+      Repeat({"linear_attention", "sliding_attention", "linear_attention", "full_attention", "sliding_attention"}, 2);
+  return config;
+}
+
+TEST(IoConfigTest, ReadsLaraMiniFields) {
+  const ModelConfig config = Parse(LaraMiniConfig());
+  EXPECT_EQ(config.model_type, "lara_mini");
+  EXPECT_EQ(config.hidden_size, 1024);
+  EXPECT_EQ(config.num_hidden_layers, 10);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{8, 16, 128, 128}));
+  EXPECT_EQ(config.conv_size, 4);
+  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 2, 5, 7}));
+  EXPECT_EQ(Variant(config), "none pos \"\"");
+
+  json defaults = LaraMiniConfig();
+  for (const char* field : {"rms_norm_eps", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                            "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types"}) {
+    defaults.erase(field);
+  }
+  defaults["num_hidden_layers"] = 12;
+  const ModelConfig lara = Parse(defaults);
+  EXPECT_DOUBLE_EQ(lara.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(lara), (std::vector<int>{8, 16, 128, 128}));
+  EXPECT_EQ(lara.conv_size, 4);
+  EXPECT_EQ(lara.linear_layers, (std::vector<int>{0, 2, 5, 7, 10}));  // linear, sliding, linear, full, sliding
+  defaults["num_hidden_layers"] = 1;
+  EXPECT_EQ(Parse(defaults).linear_layers, (std::vector<int>{0}));
+
+  json refused = LaraMiniConfig();
+  refused["layer_types"][1] = "indexed_attention";
+  ExpectRefusedWith(refused,
+                    "layer_types entry 1 is \"indexed_attention\", not \"linear_attention\", \"full_attention\" or "
+                    "\"sliding_attention\"");
+  refused = LaraMiniConfig();
+  refused["linear_key_head_dim"] = nullptr;  // `int` in transformers: null is not the default
+  ExpectRefusedWith(refused, "linear_key_head_dim must be a positive integer (at most 2147483647), got null");
+  refused = LaraMiniConfig();
+  refused.erase("linear_num_key_heads");  // the default 8 must divide the value heads
+  refused["linear_num_value_heads"] = 12;
+  ExpectRefusedWith(refused, "linear_num_value_heads (12) must be a multiple of linear_num_key_heads (8)");
+}
+
+// Qwen4-Exp's shape (Qwen4ExpConfig): the text model under text_config, 16 key / 32 value heads of 128, hidden
+// 2048, every 4th layer indexed attention (written "full_attention" in the checkpoint's config).
+json Qwen4ExpConfig() {
+  json text = json::parse(R"({
+    "model_type": "qwen4_exp_text",
+    "hidden_size": 2048,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "output_gate_type": "sigmoid",
+    "rms_norm_eps": 1e-6,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4
+  })");
+  text["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", "full_attention"}, 2);
+  return {{"model_type", "qwen4_exp"}, {"text_config", text}, {"vision_config", {{"hidden_size", 1152}}}};
+}
+
+TEST(IoConfigTest, ReadsQwen4ExpFields) {
+  const ModelConfig config = Parse(Qwen4ExpConfig());
+  EXPECT_EQ(config.model_type, "qwen4_exp_text");
+  EXPECT_EQ(config.hidden_size, 2048);
+  EXPECT_EQ(config.num_hidden_layers, 8);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(config), (std::vector<int>{16, 32, 128, 128}));
+  EXPECT_EQ(config.conv_size, 4);
+  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(Variant(config), "none pos \"sigmoid\"");
+
+  json flat = Qwen4ExpConfig()["text_config"];
+  EXPECT_EQ(Parse(flat).model_type, "qwen4_exp_text");
+  EXPECT_EQ(Parse(flat).output_gate_activation, "sigmoid");
+  json nested = Qwen4ExpConfig();
+  nested["text_config"].erase("model_type");
+  EXPECT_EQ(Parse(nested).model_type, "qwen4_exp_text");
+  nested["text_config"]["layer_types"][7] = "indexed_attention";
+  nested["text_config"]["layer_types"][3] = "linear_attention";
+  EXPECT_EQ(Parse(nested).linear_layers, (std::vector<int>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(IoConfigTest, Qwen4ExpDefaultsAndOutputGate) {
+  json config = Qwen4ExpConfig();
+  json& text = config["text_config"];
+  for (const char* field :
+       {"rms_norm_eps", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "layer_types", "output_gate_type", "hidden_act"}) {
+    text.erase(field);
+  }
+  const ModelConfig defaults = Parse(config);
+  EXPECT_DOUBLE_EQ(defaults.rms_norm_eps, 1e-6);
+  EXPECT_EQ(HeadShape(defaults), (std::vector<int>{16, 32, 128, 128}));
+  EXPECT_EQ(defaults.conv_size, 4);
+  EXPECT_EQ(defaults.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));  // full_attention_interval 4
+  EXPECT_EQ(Variant(defaults), "none pos \"silu\"");                        // hidden_act's default
+  text["full_attention_interval"] = 2;
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 2, 4, 6}));
+
+  // output_gate_type null, absent or "" (falsy to transformers): hidden_act.
+  text["hidden_act"] = "sigmoid";
+  EXPECT_EQ(Parse(config).output_gate_activation, "sigmoid");
+  text["output_gate_type"] = nullptr;
+  EXPECT_EQ(Parse(config).output_gate_activation, "sigmoid");
+  text["output_gate_type"] = "";
+  EXPECT_EQ(Parse(config).output_gate_activation, "sigmoid");
+  text["output_gate_type"] = "silu";
+  EXPECT_EQ(Parse(config).output_gate_activation, "silu");
+  text["hidden_act"] = "gelu";  // the MLPs' activation: only the output gate's when output_gate_type is unset
+  EXPECT_EQ(Parse(config).output_gate_activation, "silu");
+}
+
+TEST(IoConfigTest, RefusesBadQwen4ExpConfigs) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& message) {
+    json config = Qwen4ExpConfig();
+    edit(config["text_config"]);
+    ExpectRefusedWith(config, message);
+  };
+  refused([](json& t) { t["output_gate_type"] = "gelu"; },
+          "text_config.output_gate_type must be \"sigmoid\" or \"silu\", got \"gelu\"");
+  refused([](json& t) { t["output_gate_type"] = 1; }, "text_config.output_gate_type must be a string or null, got 1");
+  refused(
+      [](json& t) {
+        t["output_gate_type"] = nullptr;
+        t["hidden_act"] = "gelu";
+      },
+      "text_config.hidden_act must be \"sigmoid\" or \"silu\" (the output gate's activation when output_gate_type is "
+      "unset), got \"gelu\"");
+  refused(
+      [](json& t) {
+        t.erase("output_gate_type");
+        t["hidden_act"] = nullptr;
+      },
+      "text_config.hidden_act must be a string, got null");
+  refused([](json& t) { t["layer_types"][3] = "sliding_attention"; },
+          "text_config.layer_types entry 3 is \"sliding_attention\", not \"linear_attention\", \"full_attention\" or "
+          "\"indexed_attention\"");
+  refused([](json& t) { t["linear_num_value_heads"] = 24; },
+          "text_config.linear_num_value_heads (24) must be a multiple of text_config.linear_num_key_heads (16)");
+  refused([](json& t) { t["model_type"] = "qwen3_5_text"; },
+          "text_config.model_type must be qwen4_exp_text, got \"qwen3_5_text\"");
+  refused(
+      [](json& t) {
+        t.erase("layer_types");
+        t["full_attention_interval"] = 1;
+      },
+      "no linear_attention layer: without text_config.layer_types, text_config.full_attention_interval = 1 makes "
+      "every layer full attention (text_config.num_hidden_layers = 8)");
+  json config = Qwen4ExpConfig();
+  config.erase("text_config");  // unlike glm5_next, Qwen4ExpConfig does not read a flat text model
+  ExpectRefusedWith(config, "missing text_config (model_type qwen4_exp keeps the text model there)");
+}
+
+// The types without the variant fields leave them at their defaults.
+TEST(IoConfigTest, EarlierTypesHaveNoVariantSettings) {
+  EXPECT_EQ(Variant(Parse(BaseConfig())), "none pos \"\"");
+  EXPECT_EQ(Variant(Parse(QwenNextConfig())), "none pos \"\"");
+  EXPECT_EQ(Variant(Parse(Qwen35Config())), "none pos \"\"");
 }
 
 }  // namespace
