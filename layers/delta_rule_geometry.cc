@@ -1,5 +1,6 @@
 #include "kda/layers/delta_rule_geometry.h"
 
+#include <cmath>
 #include <string>
 
 #include "kda/base/error.h"
@@ -7,20 +8,28 @@
 namespace kda {
 
 DeltaRuleGeometry DeltaRuleGeometry::Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps) {
-  return {hidden, heads, heads, head_dim, head_dim, conv_width, eps, DecayWidth::kPerKeyDim, GateActivation::kSigmoid};
+  return {.hidden = hidden,
+          .H = heads,
+          .HV = heads,
+          .K = head_dim,
+          .V = head_dim,
+          .W = conv_width,
+          .rms_norm_eps = eps,
+          .decay = DecayWidth::kPerKeyDim,
+          .output_gate = GateActivation::kSigmoid};
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,
                                          int conv_width, double eps) {
-  return {hidden,
-          key_heads,
-          value_heads,
-          head_k_dim,
-          head_v_dim,
-          conv_width,
-          eps,
-          DecayWidth::kPerValueHead,
-          GateActivation::kSilu};
+  return {.hidden = hidden,
+          .H = key_heads,
+          .HV = value_heads,
+          .K = head_k_dim,
+          .V = head_v_dim,
+          .W = conv_width,
+          .rms_norm_eps = eps,
+          .decay = DecayWidth::kPerValueHead,
+          .output_gate = GateActivation::kSilu};
 }
 
 RecurrentStateSpec DeltaRuleGeometry::state_spec() const {
@@ -47,6 +56,10 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
   Check(decay == DecayWidth::kPerValueHead || (H == HV && K == V),
         who + ": a per-key-dim decay (KDA) needs as many value heads as key heads and K == V");
   Check(rms_norm_eps > 0, who + ": rms_norm_eps must be > 0");
+  Check(std::isfinite(gate_lower_bound) && gate_lower_bound <= 0.0F,
+        [&] { return who + ": the gate's lower bound must be finite and < 0 (0: none), got " + std::to_string(gate_lower_bound); });
+  Check(beta_scale == 1.0F || beta_scale == 2.0F,
+        [&] { return who + ": beta_scale must be 1 or 2 (negative eigenvalues), got " + std::to_string(beta_scale); });
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count) const {

@@ -114,7 +114,7 @@ std::vector<float> DeltaRuleLayer::ConvWeight(const std::vector<const std::vecto
     const std::vector<float> t = ShortConvWeightFromCheckpoint(*groups[g], width[g], geometry.W);
     r.insert(r.end(), t.begin(), t.end());
   }
-  if (act_dtype_ == DType::kBF16) {
+  if (act_dtype_ == DType::kBF16 && !geometry.conv_weights_f32) {
     for (float& x : r) x = RoundBF16(x);
   }
   return r;

@@ -7,6 +7,9 @@
 // concatenated q|k|v channels (2*H*K + HV*V). The log decay g is one value
 // per key dimension (KDA: [HV, K], HV = H) or per value head (GDN: [HV]).
 // The gated RMSNorm's gate goes through output_gate (KDA sigmoid, GDN silu).
+// The variant settings below are the rest of what a model family's
+// transformers layer fixes (docs/model-families.md): the gate's form, beta's
+// range, and two cast points of the bf16 pipeline. None changes a size.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,20 @@ struct DeltaRuleGeometry {
   double rms_norm_eps = 1e-5;
   DecayWidth decay = DecayWidth::kPerKeyDim;
   GateActivation output_gate = GateActivation::kSigmoid;
+  // The forget gate from the raw gate f and dt_bias (fp32): 0 for the
+  // softplus gate -exp(A_log) * softplus(f + dt_bias); L < 0 for the
+  // lower-bound gate L * sigmoid(exp(A_log) * (f + dt_bias)), g in (L, 0)
+  // (GLM-5 Next's linear_lower_bound, Bailing's kda_safe_gate).
+  float gate_lower_bound = 0.0F;
+  // beta = beta_scale * sigmoid(b): 1, or 2 to let the transition's
+  // eigenvalues go negative (OLMo hybrid's linear_allow_neg_eigval).
+  float beta_scale = 1.0F;
+  // The activated gate rounded to the activation dtype before the kernel
+  // (Bailing casts g to the hidden states' dtype); a no-op in fp32.
+  bool gate_in_act_dtype = false;
+  // The conv weights kept fp32 in the bf16 pipeline (GLM-5 Next and Bailing
+  // keep their conv1d in float32); otherwise rounded to bf16 like the rest.
+  bool conv_weights_f32 = false;
 
   // A KDA layer: H = HV heads of K = V dims, per-key-dim decay, sigmoid output gate.
   static DeltaRuleGeometry Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps);
@@ -48,7 +65,8 @@ struct DeltaRuleGeometry {
   RecurrentStateSpec state_spec() const;
 
   // kda::Error naming the problem unless the geometry is one the kernels and
-  // layers take (positive sizes, HV a multiple of H, K and V in [1, 256]).
+  // layers take (positive sizes, HV a multiple of H, K and V in [1, 256], a
+  // finite gate_lower_bound <= 0, beta_scale 1 or 2).
   void Validate(const std::string& who) const;
   // The layer of key heads [begin, begin + count) (and their value heads):
   // H = count, HV = count * r, everything else unchanged.

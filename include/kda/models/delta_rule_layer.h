@@ -94,7 +94,8 @@ class DeltaRuleLayer {
   void SetCore(const LayerWeights& w, const std::string& out_name, std::unique_ptr<RadixLinearAttention> attn,
                std::vector<float> norm_weight);
   // The convs in the backend's layout from a checkpoint's [C_g, W] rows per q,
-  // k, v group (rounded to bf16 in the bf16 pipeline).
+  // k, v group (rounded to bf16 in the bf16 pipeline unless the geometry keeps
+  // them fp32).
   std::vector<float> ConvWeight(const std::vector<const std::vector<float>*>& groups,
                                 const DeltaRuleGeometry& geometry) const;
   void CheckInputDtype(ConstBuf x) const;

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "base/scratch.h"
+#include "kda/base/bf16.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/layers/radix_linear_attention.h"
 
@@ -25,7 +26,10 @@ GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, C
   GateBeta gb{ScratchArray<float>(static_cast<size_t>(T * geo.gate_width())),
               ScratchArray<float>(static_cast<size_t>(T * geo.HV))};
   KdaGateBeta(gb.g.data(), gb.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T,
-              geo.HV, geo.decay_per_head());
+              geo.HV, geo.decay_per_head(), {.lower_bound = geo.gate_lower_bound, .beta_scale = geo.beta_scale});
+  if (geo.gate_in_act_dtype && gate_raw.dtype == DType::kBF16) {
+    for (size_t i = 0; i < gb.g.size(); ++i) gb.g.data()[i] = RoundBF16(gb.g.data()[i]);
+  }
   return gb;
 }
 
