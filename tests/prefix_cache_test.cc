@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "tests/family_shapes.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
@@ -275,9 +276,11 @@ class Server {
 
 // A tiny layer of each family: KDA, and Gated DeltaNet with GVA 2 and K != V.
 DeltaRuleGeometry TinyOf(const std::string& model_type) {
-  if (model_type == "kimi_linear") return kTiny;
-  return DeltaRuleGeometry::Gdn(kTiny.hidden, /*key_heads=*/2, /*value_heads=*/4, /*head_k_dim=*/16,
-                                /*head_v_dim=*/8, /*conv_width=*/4, /*eps=*/1e-6);
+  if (testing::IsKdaFamily(model_type)) return testing::FamilyGeometry(model_type, kTiny);
+  return testing::FamilyGeometry(model_type,
+                                 DeltaRuleGeometry::Gdn(kTiny.hidden, /*key_heads=*/2, /*value_heads=*/4,
+                                                        /*head_k_dim=*/16, /*head_v_dim=*/8, /*conv_width=*/4,
+                                                        /*eps=*/1e-6));
 }
 
 class PrefixServing : public ::testing::TestWithParam<std::string> {
@@ -471,7 +474,9 @@ TEST_P(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   EXPECT_LE(cache.peak_bytes(), ModelBudget(32));
 }
 
-INSTANTIATE_TEST_SUITE_P(Family, PrefixServing, ::testing::Values("kimi_linear", "qwen3_next"),
+// KDA and Gated DeltaNet, and a variant of each: the lower-bound gate, beta = 2 sigmoid(b).
+INSTANTIATE_TEST_SUITE_P(Family, PrefixServing,
+                         ::testing::Values("kimi_linear", "qwen3_next", "glm5_next", "olmo_hybrid"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

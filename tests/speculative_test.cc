@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "tests/family_shapes.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/radix_state_cache.h"
@@ -231,13 +232,17 @@ struct RollbackCase {
   const char* model_type = "kimi_linear";
 };
 
-// The case's layer: KDA, or Gated DeltaNet (Qwen3-Next: GVA 2, K != V;
-// Qwen3.5: GVA 3), input dims multiples of 32 for int8 weights.
+// The case's layer with its family's variant settings: KDA, or Gated DeltaNet
+// (Qwen3-Next: GVA 2, K != V; Qwen3.5: GVA 3; OLMo hybrid: no GVA, V = 2K),
+// input dims multiples of 32 for int8 weights.
 DeltaRuleGeometry ShapeOf(const RollbackCase& c) {
   const std::string t = c.model_type;
-  if (t == "qwen3_next") return DeltaRuleGeometry::Gdn(64, 2, 4, 32, 16, 4, 1e-6);
-  if (t == "qwen3_5_text") return DeltaRuleGeometry::Gdn(64, 2, 6, 16, 32, 4, 1e-6);
-  return SpecShape();
+  if (testing::IsKdaFamily(t)) return testing::FamilyGeometry(t, SpecShape());
+  if (t == "qwen3_5_text") return testing::FamilyGeometry(t, DeltaRuleGeometry::Gdn(64, 2, 6, 16, 32, 4, 1e-6));
+  if (t == "olmo_hybrid") return testing::FamilyGeometry(t, DeltaRuleGeometry::Gdn(64, 2, 2, 16, 32, 4, 1e-5));
+  DeltaRuleGeometry g = testing::FamilyGeometry(t, DeltaRuleGeometry::Gdn(64, 2, 4, 32, 16, 4, 1e-6));
+  if (t == "qwen4_exp") g.output_gate = GateActivation::kSigmoid;  // output_gate_type "sigmoid"
+  return g;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RollbackCase>& info) {
@@ -297,7 +302,20 @@ INSTANTIATE_TEST_SUITE_P(
                       RollbackCase{DType::kBF16, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "qwen3_next"},
                       RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "qwen3_5_text"},
                       RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates,
-                                   "qwen3_5_text"}),
+                                   "qwen3_5_text"},
+                      // The variants: the lower-bound gate (GLM-5 Next; Bailing, its gate rounded to bf16),
+                      // beta = 2 sigmoid(b) with V = 2K (OLMo hybrid), the fused in_proj (Lara), the sigmoid
+                      // output gate (Qwen4-Exp).
+                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "glm5_next"},
+                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "glm5_next"},
+                      RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates,
+                                   "bailing_hybrid"},
+                      RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "bailing_hybrid"},
+                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "olmo_hybrid"},
+                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "olmo_hybrid"},
+                      RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "lara_mini"},
+                      RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates,
+                                   "qwen4_exp"}),
     CaseName);
 
 std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector<float>(n * hidden, v); }

@@ -1,0 +1,32 @@
+// Small layers of every supported family, for the serving tests: a family's
+// variant settings (those of its reference layer: decay width, output gate,
+// gate lower bound, beta scale, bf16 cast points) at test sizes.
+#pragma once
+
+#include <string>
+
+#include "kda/layers/delta_rule_geometry.h"
+#include "kda/models/layer_family.h"
+
+namespace kda::testing {
+
+// `model_type`'s layer with the sizes (hidden, heads, head dims, conv width,
+// eps) of `sizes`; a KDA family needs a KDA `sizes` (H == HV, K == V).
+inline DeltaRuleGeometry FamilyGeometry(const std::string& model_type, const DeltaRuleGeometry& sizes) {
+  DeltaRuleGeometry g = LayerFamilyFor(model_type).reference;
+  g.hidden = sizes.hidden;
+  g.H = sizes.H;
+  g.HV = sizes.HV;
+  g.K = sizes.K;
+  g.V = sizes.V;
+  g.W = sizes.W;
+  g.rms_norm_eps = sizes.rms_norm_eps;
+  return g;
+}
+
+// Whether `model_type`'s layers are KDA ones (a decay per key dimension).
+inline bool IsKdaFamily(const std::string& model_type) {
+  return LayerFamilyFor(model_type).reference.decay == DecayWidth::kPerKeyDim;
+}
+
+}  // namespace kda::testing
