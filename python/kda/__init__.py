@@ -8,9 +8,12 @@
   arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors,
   JAX arrays), read in place.
 - :class:`DeltaRuleLayer`: one delta-rule layer of a checkpoint, by config.json's model_type:
-  :class:`KimiDeltaAttention` (kimi_linear), :class:`Qwen3NextGatedDeltaNet` (qwen3_next),
-  :class:`Qwen3_5GatedDeltaNet` (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text);
-  :func:`model_config` reads a checkpoint's config as kda does.
+  :class:`KimiDeltaAttention` (kimi_linear), :class:`Glm5NextTextLinearAttention` (glm5_next,
+  glm5_next_text), :class:`BailingHybridDeltaAttention` (bailing_hybrid), :class:`Qwen3NextGatedDeltaNet`
+  (qwen3_next), :class:`Qwen3_5GatedDeltaNet` (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text),
+  :class:`OlmoHybridGatedDeltaNet` (olmo_hybrid), :class:`LaraMiniGatedDeltaNet` (lara_mini),
+  :class:`Qwen4ExpTextGatedDeltaNet` (qwen4_exp, qwen4_exp_text); :func:`model_config` reads a
+  checkpoint's config as kda does.
 - :class:`Engine`: the state pool and scheduler serving requests through all delta-rule layers.
 
 ``import kda.torch`` registers the kernels as torch custom ops; ``import kda.jax`` gives the JAX
@@ -29,11 +32,16 @@ from ._kernels import (
     fused_recurrent_kda_fwd,
 )
 from ._model import (
+    BailingHybridDeltaAttention,
     DeltaRuleLayer,
     Engine,
+    Glm5NextTextLinearAttention,
     KimiDeltaAttention,
+    LaraMiniGatedDeltaNet,
+    OlmoHybridGatedDeltaNet,
     Qwen3_5GatedDeltaNet,
     Qwen3NextGatedDeltaNet,
+    Qwen4ExpTextGatedDeltaNet,
     RequestResult,
     model_config,
 )
@@ -71,8 +79,13 @@ __all__ = [
     "fused_gdn_gate",
     "DeltaRuleLayer",
     "KimiDeltaAttention",
+    "Glm5NextTextLinearAttention",
+    "BailingHybridDeltaAttention",
     "Qwen3NextGatedDeltaNet",
     "Qwen3_5GatedDeltaNet",
+    "OlmoHybridGatedDeltaNet",
+    "LaraMiniGatedDeltaNet",
+    "Qwen4ExpTextGatedDeltaNet",
     "model_config",
     "Engine",
     "RequestResult",

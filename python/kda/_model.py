@@ -1,5 +1,6 @@
-"""One delta-rule layer of a checkpoint (Kimi-Linear's KDA, Qwen3-Next's and Qwen3.5's Gated DeltaNet) and
-the serving engine over all its delta-rule layers."""
+"""One delta-rule layer of a checkpoint (the KDA layers of Kimi-Linear, GLM-5 Next and Bailing hybrid; the Gated
+DeltaNet layers of Qwen3-Next, Qwen3.5, OLMo hybrid, Lara-Mini and Qwen4-exp) and the serving engine over all
+its delta-rule layers."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from ._arrays import BF16, for_core, from_core, int_array, np_dtype, shape_of
 
 def model_config(path) -> dict:
     """config.json of the checkpoint directory ``path`` as kda reads it: ``model_type`` (the text model's:
-    "kimi_linear", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ``family`` (the model type of its
-    layer family: "kimi_linear", "qwen3_next" or "qwen3_5_text"), ``layer_class`` (the transformers class
+    "kimi_linear", "glm5_next_text", "bailing_hybrid", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+    "olmo_hybrid", "lara_mini", "qwen4_exp_text"), ``family`` (the model type of its layer family, the
+    first model_type of a :class:`DeltaRuleLayer` subclass), ``layer_class`` (the transformers class
     of its delta-rule layers), ``hidden_size``, ``num_hidden_layers``, ``num_k_heads`` (H),
     ``num_v_heads`` (HV), ``head_k_dim`` (K), ``head_v_dim`` (V), ``conv_size`` (W), ``rms_norm_eps`` and
     ``linear_layers`` (the delta-rule layers, 0-based). A ValueError names a missing config.json, an
@@ -28,7 +30,9 @@ class DeltaRuleLayer:
     """One delta-rule layer of a checkpoint (projections, short conv, gates, the delta-rule core, gated
     RMSNorm, output projection), in the fp32 or the bf16 pipeline (design §2), of any supported model
     type: :meth:`from_pretrained` gives the subclass of the checkpoint's family
-    (:class:`KimiDeltaAttention`, :class:`Qwen3NextGatedDeltaNet`, :class:`Qwen3_5GatedDeltaNet`).
+    (:class:`KimiDeltaAttention`, :class:`Glm5NextTextLinearAttention`, :class:`BailingHybridDeltaAttention`,
+    :class:`Qwen3NextGatedDeltaNet`, :class:`Qwen3_5GatedDeltaNet`, :class:`OlmoHybridGatedDeltaNet`,
+    :class:`LaraMiniGatedDeltaNet`, :class:`Qwen4ExpTextGatedDeltaNet`).
 
     Shapes: H key heads of K dims (``num_k_heads``, ``head_k_dim``), HV value heads of V dims
     (``num_v_heads``, ``head_v_dim``; HV a multiple of H, KDA: HV = H, V = K), conv width W
@@ -129,7 +133,53 @@ class Qwen3_5GatedDeltaNet(DeltaRuleLayer):
     model_types = ("qwen3_5_text",)
 
 
-_LAYER_CLASSES = (KimiDeltaAttention, Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet)
+class Glm5NextTextLinearAttention(DeltaRuleLayer):
+    """One KDA layer of a GLM-5 Next checkpoint (model types glm5_next, with the text model under
+    ``text_config``, and glm5_next_text; Kimi-Linear's tensors, the text model's layers also under
+    ``model.language_model.``): a decay per key dimension under the gate's lower bound L
+    (``linear_lower_bound``, default -5: g = L * sigmoid(exp(A_log) * (f + dt_bias)); null: Kimi's softplus
+    gate), sigmoid output gate; H = HV heads of K = V dims."""
+
+    model_types = ("glm5_next_text",)
+
+
+class BailingHybridDeltaAttention(DeltaRuleLayer):
+    """One KDA layer of a Bailing hybrid checkpoint (model_type bailing_hybrid; under ``attention.``, full-rank
+    ``f_proj`` and ``g_proj``, the output projection named ``dense``): a decay per key dimension, with
+    ``kda_safe_gate`` (the default) under the lower bound ``kda_lower_bound`` (-5) as GLM-5 Next's, the
+    activated gate rounded to the layer's dtype; sigmoid output gate; H = HV heads of K = V dims."""
+
+    model_types = ("bailing_hybrid",)
+
+
+class OlmoHybridGatedDeltaNet(DeltaRuleLayer):
+    """One Gated DeltaNet layer of an OLMo hybrid checkpoint (model_type olmo_hybrid; separate ``q_proj``,
+    ``k_proj``, ``v_proj``, ``a_proj``, ``b_proj``, ``g_proj`` and q/k/v convs): a decay per value head,
+    beta = 2 * sigmoid(b) (negative eigenvalues, ``linear_allow_neg_eigval``, the default; else sigmoid(b)),
+    silu output gate from ``g_proj``, the norm's eps 1e-5 whatever ``rms_norm_eps`` says."""
+
+    model_types = ("olmo_hybrid",)
+
+
+class LaraMiniGatedDeltaNet(DeltaRuleLayer):
+    """One Gated DeltaNet layer of a Lara-Mini checkpoint (model_type lara_mini; one fused ``in_proj``, rows
+    q|k|v|z|b|a, and the gated norm named ``out_norm``): Qwen3.5's layer, a decay per value head, silu
+    output gate."""
+
+    model_types = ("lara_mini",)
+
+
+class Qwen4ExpTextGatedDeltaNet(DeltaRuleLayer):
+    """One Gated DeltaNet layer of a Qwen4-exp checkpoint (model types qwen4_exp, with the text model under
+    ``text_config``, and qwen4_exp_text; Qwen3.5's tensors, the text model's layers also under
+    ``model.language_model.``): a decay per value head, the output gate's activation ``output_gate_type``
+    ("sigmoid" or "silu"; unset: ``hidden_act``)."""
+
+    model_types = ("qwen4_exp_text",)
+
+
+_LAYER_CLASSES = (KimiDeltaAttention, Glm5NextTextLinearAttention, BailingHybridDeltaAttention, Qwen3NextGatedDeltaNet,
+                  Qwen3_5GatedDeltaNet, OlmoHybridGatedDeltaNet, LaraMiniGatedDeltaNet, Qwen4ExpTextGatedDeltaNet)
 
 
 def _layer_class_for(family: str) -> type[DeltaRuleLayer]:

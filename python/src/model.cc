@@ -381,7 +381,8 @@ void ShapeProperties(nb::class_<C>& c) {
 
 // config.json of a checkpoint directory as kda reads it (kda::LoadModelConfig): the text model's
 // model_type, its family (the family's first model type) and layer class, and the delta-rule layers'
-// geometry; linear_layers 0-based.
+// geometry and variant settings (decay width, output gate, gate lower bound or None, beta scale, the gated
+// norm's eps); linear_layers 0-based.
 nb::dict ModelConfigDict(const std::string& path) {
   const ModelConfig c = LoadModelConfig(path);
   const LayerFamily& family = LayerFamilyFor(c.model_type);
@@ -398,6 +399,13 @@ nb::dict ModelConfigDict(const std::string& path) {
   d["conv_size"] = c.conv_size;
   d["rms_norm_eps"] = c.rms_norm_eps;
   d["linear_layers"] = c.linear_layers;
+  // The layer's variant settings, as the family derives them from the config.
+  const DeltaRuleGeometry g = family.geometry(c);
+  d["decay"] = g.decay == DecayWidth::kPerKeyDim ? "per_key_dim" : "per_value_head";
+  d["output_gate"] = GateActivationName(g.output_gate);
+  d["gate_lower_bound"] = g.gate_lower_bound < 0.0F ? nb::cast(g.gate_lower_bound) : nb::none();
+  d["beta_scale"] = g.beta_scale;
+  d["norm_eps"] = g.rms_norm_eps;
   return d;
 }
 

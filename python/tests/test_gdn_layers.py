@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 import kda  # noqa: E402
 from golden import check_f32, check_state_f32, write_safetensors  # noqa: E402
-from hf_families import linear_layer_modules, tiny_model  # noqa: E402
+from hf_layers import TinyLayer  # noqa: E402
 
 # hf_families family: (kda class, config.json model_type)
 FAMILIES = {
@@ -29,79 +29,27 @@ FAMILIES = {
     "qwen3_5_moe": (kda.Qwen3_5GatedDeltaNet, "qwen3_5_moe_text"),
 }
 KERNELS = ("reference", "auto")
-PREFIX = "model.layers.0.linear_attn."
 T, DECODE = 37, 5  # prefill tokens, decode steps
-
-
-class Tiny:
-    """A family's first Gated DeltaNet module (transformers) and its checkpoint directory."""
-
-    def __init__(self, family: str, root):
-        model = tiny_model(family)
-        self.config = model.config
-        self.module = linear_layer_modules(model)[0]
-        assert self.module.layer_idx == 0
-        self._redraw(seed=7)
-        self.hidden = self.config.hidden_size
-        self.H, self.HV = self.module.num_k_heads, self.module.num_v_heads
-        self.K, self.V = self.module.head_k_dim, self.module.head_v_dim
-        self.W = self.module.conv_kernel_size
-        self.C = 2 * self.H * self.K + self.HV * self.V
-        self.path = root / family
-        self.path.mkdir()
-        (self.path / "config.json").write_text(self.config.to_json_string(use_diff=False))
-        self.tensors = {PREFIX + k: v.detach().numpy().astype(np.float32) for k, v in self.module.state_dict().items()}
-        write_safetensors(self.path / "model.safetensors", self.tensors)
-
-    def _redraw(self, seed: int) -> None:
-        """Projections of unit gain (outputs of order 1, not transformers' 0.02 init), decays
-        exp(A_log) in [0.05, 1] with dt_bias around 0 (g mostly in [-3, -0.01]: the state carries over
-        many tokens), a norm weight around 1 (not all ones)."""
-        g = torch.Generator().manual_seed(seed)
-        m = self.module
-        with torch.no_grad():
-            for name, p in m.named_parameters():
-                if name.endswith("proj.weight") or "proj_" in name:
-                    p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
-            m.conv1d.weight.copy_(0.5 * torch.randn(m.conv1d.weight.shape, generator=g))
-            m.A_log.copy_(torch.empty(m.num_v_heads).uniform_(0.05, 1.0, generator=g).log())
-            m.dt_bias.copy_(0.5 * torch.randn(m.num_v_heads, generator=g))
-            m.norm.weight.copy_(1.0 + 0.3 * torch.randn(m.norm.weight.shape, generator=g))
-
-    def inputs(self, n: int, seed: int = 1) -> np.ndarray:
-        return np.random.default_rng(seed).standard_normal((n, self.hidden)).astype(np.float32)
-
-    def hf(self, x: np.ndarray, cache=None) -> np.ndarray:
-        """The module over one sequence x [t, hidden] (through ``cache`` when given): out [t, hidden]."""
-        with torch.no_grad():
-            return self.module(torch.from_numpy(x)[None], cache=cache)[0].numpy()
-
-    def hf_states(self, cache) -> tuple[np.ndarray, np.ndarray]:
-        """transformers' cached states of layer 0 as kda keeps them: recurrent [1, HV, K, V] and the conv
-        tail [1, W-1, C] (the cache's [1, C, W] without its first column, transposed)."""
-        rec = cache.get_recurrent_state(0).detach().numpy().copy()  # copies: the cache updates them in place
-        conv = cache.get_conv_state(0).detach().numpy().copy()
-        assert rec.shape == (1, self.HV, self.K, self.V) and conv.shape == (1, self.C, self.W)
-        return rec, conv[:, :, 1:].transpose(0, 2, 1)
-
-    def kda_layer(self, kernel: str, cls=kda.DeltaRuleLayer):
-        return cls.from_pretrained(self.path, dtype="float32", kernel=kernel)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def tiny(request, tmp_path_factory):
-    return Tiny(request.param, tmp_path_factory.mktemp("gdn"))
+    return TinyLayer(request.param, tmp_path_factory.mktemp("gdn"))
+
+
+def kda_layer(tiny, kernel: str, cls=kda.DeltaRuleLayer):
+    return cls.from_pretrained(tiny.path, dtype="float32", kernel=kernel)
 
 
 def test_checkpoint_config_and_layer_class(tiny):
-    cls, model_type = FAMILIES[tiny.path.name]
+    cls, model_type = FAMILIES[tiny.family]
     cfg = kda.model_config(tiny.path)
     assert cfg["model_type"] == model_type == tiny.config.model_type
     assert (cfg["family"], cfg["layer_class"]) == (cls.model_types[0], cls.__name__)
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_k_heads"], cfg["num_v_heads"], cfg["head_k_dim"],
             cfg["head_v_dim"], cfg["conv_size"], cfg["rms_norm_eps"], cfg["linear_layers"]) == (
         64, 2, 2, 4, 16, 16, 4, 1e-6, [0])
-    L = tiny.kda_layer("auto")
+    L = kda_layer(tiny, "auto")
     assert type(L) is cls and isinstance(L, kda.DeltaRuleLayer)
     assert (L.model_type, L.layer_class, L.hidden_size, L.num_k_heads, L.num_v_heads, L.head_k_dim, L.head_v_dim,
             L.conv_size, L.dtype) == (cls.model_types[0], cls.__name__, 64, 2, 4, 16, 16, 4, "float32")
@@ -121,48 +69,24 @@ def test_prefill_matches_transformers(tiny, kernel, length):
     x = tiny.inputs(length)
     want = tiny.hf(x)
     assert np.abs(want).max() > 0.1  # outputs of order 1: the 1e-5 rule is a real test
-    out, rec, conv = tiny.kda_layer(kernel)(x)
+    out, rec, conv = kda_layer(tiny, kernel)(x)
     assert out.dtype == np.float32 and rec.shape == (1, tiny.HV, tiny.K, tiny.V) and conv.shape == (1, 3, tiny.C)
-    check_f32(out, want, what=f"{tiny.path.name} out")
+    check_f32(out, want, what=f"{tiny.family} out")
     # With a cache transformers also keeps the final states: the same prefill, its states.
-    cache = transformers.DynamicCache(config=tiny.config)
+    cache = tiny.new_cache()
     check_f32(tiny.hf(x, cache), want, what="transformers with and without its cache")
     want_rec, want_conv = tiny.hf_states(cache)
     check_state_f32(rec, want_rec, what="recurrent state")
     check_state_f32(conv, want_conv, what="conv state")
     # The conv tail is the last W-1 rows of the raw q|k|v projections.
-    np.testing.assert_allclose(conv[0], x[-3:] @ _qkv_weight(tiny).T, rtol=1e-5, atol=1e-5)
-
-
-def _qkv_weight(tiny) -> np.ndarray:
-    """[C, hidden]: the q|k|v rows of the layer's input projection, head-major (Qwen3-Next's
-    in_proj_qkvz interleaves q, k, v, z per key-head group; Qwen3.5's in_proj_qkv is q|k|v already)."""
-    t = {k[len(PREFIX):]: v for k, v in tiny.tensors.items()}
-    if "in_proj_qkv.weight" in t:
-        return t["in_proj_qkv.weight"]
-    r = tiny.HV // tiny.H
-    w = t["in_proj_qkvz.weight"].reshape(tiny.H, 2 * tiny.K + 2 * r * tiny.V, tiny.hidden)
-    q, k, v = w[:, :tiny.K], w[:, tiny.K:2 * tiny.K], w[:, 2 * tiny.K:2 * tiny.K + r * tiny.V]
-    return np.concatenate([a.reshape(-1, tiny.hidden) for a in (q, k, v)])
-
-
-def _hf_prefill_then_decode(tiny, x):
-    """transformers through its cache: prefill x[:T], then one token at a time. (outputs [T + DECODE,
-    hidden], [(recurrent, conv)] after the prefill and after each decode step)."""
-    cache = transformers.DynamicCache(config=tiny.config)
-    outs = [tiny.hf(x[:T], cache)]
-    states = [tiny.hf_states(cache)]
-    for t in range(T, T + DECODE):
-        outs.append(tiny.hf(x[t:t + 1], cache))
-        states.append(tiny.hf_states(cache))
-    return np.concatenate(outs), states
+    np.testing.assert_allclose(conv[0], x[-3:] @ tiny.qkv_weight().T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_decode_through_the_layer_matches_transformers_cache(tiny, kernel):
     x = tiny.inputs(T + DECODE, seed=2)
-    want, want_states = _hf_prefill_then_decode(tiny, x)
-    L = tiny.kda_layer(kernel)
+    want, want_states = tiny.hf_prefill_then_decode(x, T)
+    L = kda_layer(tiny, kernel)
     out, rec, conv = L(x[:T])
     check_f32(out, want[:T], what="prefill out")
     for i, t in enumerate(range(T, T + DECODE + 1)):
@@ -180,9 +104,9 @@ def test_decode_through_the_layer_matches_transformers_cache(tiny, kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_engine_prefill_and_decode_match_transformers_cache(tiny, kernel):
     x = tiny.inputs(T + DECODE, seed=3)
-    want, want_states = _hf_prefill_then_decode(tiny, x)
+    want, want_states = tiny.hf_prefill_then_decode(x, T)
     eng = kda.Engine(tiny.path, max_running=2, prefill_chunk=16, dtype="float32", kernel=kernel)
-    cls, _ = FAMILIES[tiny.path.name]
+    cls, _ = FAMILIES[tiny.family]
     assert (eng.model_type, eng.layer_class, eng.num_layers, eng.layer_ids) == (
         cls.model_types[0], cls.__name__, 1, [0])
     a = eng.submit(x, decode_tokens=DECODE)
@@ -206,7 +130,7 @@ def test_packed_batch_equals_each_sequence_alone(tiny, kernel, seeded):
     rng = np.random.default_rng(5)
     rec0 = (0.5 * rng.standard_normal((2, tiny.HV, tiny.K, tiny.V))).astype(np.float32) if seeded else None
     conv0 = rng.standard_normal((2, tiny.W - 1, tiny.C)).astype(np.float32) if seeded else None
-    L = tiny.kda_layer(kernel)
+    L = kda_layer(tiny, kernel)
     out, rec, conv = L(x, cu, rec0, conv0)
     assert rec.shape == (2, tiny.HV, tiny.K, tiny.V) and conv.shape == (2, tiny.W - 1, tiny.C)
     for n in range(2):
@@ -222,7 +146,7 @@ def test_packed_batch_equals_each_sequence_alone(tiny, kernel, seeded):
 def test_nested_qwen3_5_config_and_multimodal_prefix(tmp_path):
     # Qwen3.5's own checkpoints: config.json with the text model under text_config (model_type qwen3_5), the
     # text layers under model.language_model.layers.{i}.
-    tiny = Tiny("qwen3_5", tmp_path)
+    tiny = TinyLayer("qwen3_5", tmp_path)
     nested = tmp_path / "nested"
     nested.mkdir()
     text = json.loads(tiny.config.to_json_string(use_diff=False))
