@@ -1,9 +1,10 @@
 # Writes the golden sets that are generated at test time (cmake -P; the
 # golden_generate CTest fixture): -DPYTHON=<python3> -DSCRIPT=<kda_ref.py>
-# -DOUT=<build>/golden. A set is regenerated only when its command line or the
-# script changed. Without python3+numpy or the script, nothing is written and
-# the reason goes to OUT/NOT_GENERATED, which the tests show when they skip;
-# under KDA_REQUIRE_GOLDEN=1 that is a failure.
+# -DDELTA_RULE_SCRIPT=<tools/delta_rule_ref.py> -DOUT=<build>/golden. A set is
+# regenerated only when its command line or its script changed. A set whose
+# script (or python3 with numpy) is missing is not written and the reason goes
+# to OUT/NOT_GENERATED, which the tests show when they skip; under
+# KDA_REQUIRE_GOLDEN=1 that is a failure.
 
 # kda-real: the real model's KDA shapes (hidden 2304, 32 heads x 128) with a
 # small batch: four sequences, one over a 64-token chunk, one of a single
@@ -12,52 +13,76 @@
 set(REAL_ARGS --hidden 2304 --heads 32 --head-dim 128 --shards 2 --seed 20261201
     --cases real_varlen_initstate:7+70+1+42:init)
 
+# The delta-rule families' small sets, written by the project's own float64
+# reference (a few seconds together): KDA with the lower-bound gate (glm5_next,
+# bailing_hybrid), Gated DeltaNet with negative eigenvalues (olmo_hybrid), a
+# fused in_proj (lara_mini) and a sigmoid output gate (qwen4_exp).
+set(DELTA_RULE_SETS glm5-mini bailing-mini olmo-mini lara-mini qwen4-mini)
+
 set(NOTE "${OUT}/NOT_GENERATED")
 file(MAKE_DIRECTORY "${OUT}")
+file(REMOVE "${NOTE}")
+set(missing "")  # the reasons of the sets not written
 
-function(not_generated reason)
-  file(REMOVE_RECURSE "${OUT}/kda-real")
-  if("$ENV{KDA_REQUIRE_GOLDEN}" STREQUAL "1")
-    file(WRITE "${NOTE}" "${reason}\n")
-    message(FATAL_ERROR "golden sets not generated: ${reason}")
-  endif()
-  file(WRITE "${NOTE}" "${reason}\n")
-  message(STATUS "golden sets not generated (the tests that need them skip): ${reason}")
+# Records why `set_name` is not written (and removes an older copy of it).
+function(not_generated set_name reason)
+  file(REMOVE_RECURSE "${OUT}/${set_name}")
+  file(APPEND "${NOTE}" "${set_name}: ${reason}\n")
+  set(missing "${missing}${set_name}: ${reason}\n" PARENT_SCOPE)
+  message(STATUS "golden set ${set_name} not generated (the tests that need it skip): ${reason}")
 endfunction()
 
-if(NOT EXISTS "${SCRIPT}")
-  not_generated("${SCRIPT} not found")
-  return()
-endif()
-if(NOT EXISTS "${PYTHON}")
-  not_generated("${PYTHON} not found (Debian package python3)")
-  return()
-endif()
-execute_process(COMMAND "${PYTHON}" -c "import numpy" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
-if(NOT rc EQUAL 0)
-  not_generated("${PYTHON} cannot import numpy (Debian package python3-numpy)")
-  return()
-endif()
-
-set(STAMP "${OUT}/kda-real/STAMP")
-file(SHA256 "${SCRIPT}" script_hash)
-string(JOIN " " want_stamp ${REAL_ARGS} "${script_hash}")
-if(EXISTS "${STAMP}")
-  file(READ "${STAMP}" have_stamp)
-  if(have_stamp STREQUAL want_stamp)
-    file(REMOVE "${NOTE}")
-    message(STATUS "kda-real up to date")
+# Writes OUT/<set_name> with `script` <dir> <args...> unless its stamp (the
+# arguments and the script's hash) is up to date; into a scratch directory
+# first, so that a half-written set is never used.
+function(generate set_name script)
+  set(args ${ARGN})
+  if(NOT EXISTS "${script}")
+    not_generated(${set_name} "${script} not found")
+    set(missing "${missing}" PARENT_SCOPE)
     return()
+  endif()
+  set(dir "${OUT}/${set_name}")
+  file(SHA256 "${script}" script_hash)
+  string(JOIN " " want_stamp ${args} "${script_hash}")
+  if(EXISTS "${dir}/STAMP")
+    file(READ "${dir}/STAMP" have_stamp)
+    if(have_stamp STREQUAL want_stamp)
+      message(STATUS "${set_name} up to date")
+      return()
+    endif()
+  endif()
+  file(REMOVE_RECURSE "${dir}" "${dir}.tmp")
+  execute_process(COMMAND "${PYTHON}" "${script}" "${dir}.tmp" ${args} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    file(REMOVE_RECURSE "${dir}.tmp")
+    message(FATAL_ERROR "${script} failed for ${set_name} (exit ${rc})")
+  endif()
+  file(WRITE "${dir}.tmp/STAMP" "${want_stamp}")
+  file(RENAME "${dir}.tmp" "${dir}")
+endfunction()
+
+set(python_missing "")
+if(NOT EXISTS "${PYTHON}")
+  set(python_missing "${PYTHON} not found (Debian package python3)")
+else()
+  execute_process(COMMAND "${PYTHON}" -c "import numpy" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    set(python_missing "${PYTHON} cannot import numpy (Debian package python3-numpy)")
   endif()
 endif()
 
-# Into a scratch directory first: a half-written set is never used.
-file(REMOVE_RECURSE "${OUT}/kda-real" "${OUT}/kda-real.tmp")
-execute_process(COMMAND "${PYTHON}" "${SCRIPT}" "${OUT}/kda-real.tmp" ${REAL_ARGS} RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  file(REMOVE_RECURSE "${OUT}/kda-real.tmp")
-  message(FATAL_ERROR "${SCRIPT} failed (exit ${rc})")
+if(python_missing)
+  foreach(s kda-real ${DELTA_RULE_SETS})
+    not_generated(${s} "${python_missing}")
+  endforeach()
+else()
+  generate(kda-real "${SCRIPT}" ${REAL_ARGS})
+  foreach(s ${DELTA_RULE_SETS})
+    generate(${s} "${DELTA_RULE_SCRIPT}" --set ${s} --quiet)
+  endforeach()
 endif()
-file(WRITE "${OUT}/kda-real.tmp/STAMP" "${want_stamp}")
-file(RENAME "${OUT}/kda-real.tmp" "${OUT}/kda-real")
-file(REMOVE "${NOTE}")
+
+if(missing AND "$ENV{KDA_REQUIRE_GOLDEN}" STREQUAL "1")
+  message(FATAL_ERROR "golden sets not generated:\n${missing}")
+endif()

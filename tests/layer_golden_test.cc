@@ -89,6 +89,35 @@ const std::vector<GoldenCase>& AllCases() {
       {"gdn-loud", "loud_T300"},
       {"gdn-loud", "loud_varlen"},
       {"gdn-loud", "loud_varlen_initstate"},
+      // The delta-rule families, written at test time by tools/delta_rule_ref.py: KDA with the lower-bound gate
+      // (glm5_next: Kimi's tensors under model.language_model.; bailing_hybrid: full-rank gates, the gate rounded
+      // to bf16), both with fp32 conv weights; Gated DeltaNet with V = 2K and beta up to 2 (olmo_hybrid), a fused
+      // in_proj (lara_mini), a sigmoid output gate (qwen4_exp).
+      {"generated/glm5-mini", "single_T1"},
+      {"generated/glm5-mini", "single_T65"},
+      {"generated/glm5-mini", "single_T130"},
+      {"generated/glm5-mini", "varlen_unbalanced_5_17_1_41"},
+      {"generated/glm5-mini", "varlen_initstate"},
+      {"generated/bailing-mini", "single_T1"},
+      {"generated/bailing-mini", "single_T65"},
+      {"generated/bailing-mini", "single_T130"},
+      {"generated/bailing-mini", "varlen_unbalanced_5_17_1_41"},
+      {"generated/bailing-mini", "varlen_initstate"},
+      {"generated/olmo-mini", "single_T1"},
+      {"generated/olmo-mini", "single_T65"},
+      {"generated/olmo-mini", "single_T130"},
+      {"generated/olmo-mini", "varlen_unbalanced_5_17_1_41"},
+      {"generated/olmo-mini", "varlen_initstate"},
+      {"generated/lara-mini", "single_T1"},
+      {"generated/lara-mini", "single_T65"},
+      {"generated/lara-mini", "single_T130"},
+      {"generated/lara-mini", "varlen_unbalanced_5_17_1_41"},
+      {"generated/lara-mini", "varlen_initstate"},
+      {"generated/qwen4-mini", "single_T1"},
+      {"generated/qwen4-mini", "single_T65"},
+      {"generated/qwen4-mini", "single_T130"},
+      {"generated/qwen4-mini", "varlen_unbalanced_5_17_1_41"},
+      {"generated/qwen4-mini", "varlen_initstate"},
   };
   return cases;
 }

@@ -140,28 +140,34 @@ def model_type(set_dir: Path) -> str:
 KDA_MODEL_TYPES = ("kimi_linear",)
 # The Gated DeltaNet sets' model types (gdn-mini and gdn-loud: qwen3_next, gdn-gva3: qwen3_5_text).
 GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+# The delta-rule families' sets, generated from tools/delta_rule_ref.py (generated/glm5-mini, bailing-mini,
+# olmo-mini, lara-mini, qwen4-mini).
+DELTA_RULE_MODEL_TYPES = ("glm5_next", "bailing_hybrid", "olmo_hybrid", "lara_mini", "qwen4_exp")
+
+
+def _set_cases(root: Path, model_types, prefix: str = "") -> list[tuple[str, str]]:
+    """(prefix + set, case) for every case file of every set under ``root`` whose config.json has one of
+    ``model_types`` (scratch directories of a set being written, ``*.tmp``, left out)."""
+    cases = []
+    if root.is_dir():
+        sets = (p for p in root.iterdir()
+                if not p.name.endswith(".tmp") and (p / "config.json").exists() and model_type(p) in model_types)
+        for d in sorted(sets):
+            for f in sorted(d.glob("*.safetensors")):
+                if f.name != "model.safetensors" and not f.name.startswith("model-"):
+                    cases.append((prefix + d.name, f.stem))
+    return cases
 
 
 def golden_cases(model_types=KDA_MODEL_TYPES) -> list[tuple[str, str]]:
     """(set, case) for every case file of every set under golden_dir() whose config.json has one of
-    ``model_types`` (default: the KDA sets, model_type kimi_linear), plus generated/kda-real when it has
-    been generated and kimi_linear is asked for. Empty when the golden directory is missing (the tests
-    then skip or fail). The Gated DeltaNet sets (gdn-*, GDN_MODEL_TYPES) are the kernel tests of
-    test_gdn.py and, with them asked for, the layer tests'."""
-    cases = []
-    root = golden_dir()
-    if root.is_dir():
-        sets = (p for p in root.iterdir() if (p / "config.json").exists() and model_type(p) in model_types)
-        for d in sorted(sets):
-            for f in sorted(d.glob("*.safetensors")):
-                if f.name != "model.safetensors" and not f.name.startswith("model-"):
-                    cases.append((d.name, f.stem))
-    gen = generated_golden_dir() / "kda-real"
-    if gen.is_dir() and "kimi_linear" in model_types:
-        for f in sorted(gen.glob("*.safetensors")):
-            if f.name != "model.safetensors" and not f.name.startswith("model-"):
-                cases.append((GENERATED_PREFIX + "kda-real", f.stem))
-    return cases
+    ``model_types`` (default: the KDA sets, model_type kimi_linear), then those of the sets generated at
+    test time (generated/kda-real: kimi_linear; the DELTA_RULE_MODEL_TYPES sets) that have been generated.
+    Empty when the golden directory is missing (the tests then skip or fail). The Gated DeltaNet sets
+    (gdn-*, GDN_MODEL_TYPES) are the kernel tests of test_gdn.py and, with them asked for, the layer
+    tests'."""
+    generated = _set_cases(generated_golden_dir(), model_types, GENERATED_PREFIX)
+    return _set_cases(golden_dir(), model_types) + generated
 
 
 def load_case(set_name: str, case: str) -> dict[str, np.ndarray]:

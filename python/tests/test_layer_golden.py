@@ -1,5 +1,6 @@
 """The layer through the numpy API against every golden case (layer level, design §5), of the KDA
-sets (kda-*) and the Gated DeltaNet ones (gdn-*: Qwen3-Next and Qwen3.5 layouts): the fp32 pipeline to
+sets (kda-*), the Gated DeltaNet ones (gdn-*: Qwen3-Next and Qwen3.5 layouts) and the delta-rule families'
+sets generated at test time (generated/glm5-mini, bailing-mini, olmo-mini, lara-mini, qwen4-mini): the fp32 pipeline to
 1e-5 (out_fp32, final states), the bf16 pipeline by the bf16 rule (out_bf16,
 final_recurrent_state_bf16, the conv tail rounded once); the layer classes by model type; and the
 engine against the layers run one-shot."""
@@ -12,6 +13,7 @@ import pytest
 
 import kda
 from golden import (
+    DELTA_RULE_MODEL_TYPES,
     GDN_MODEL_TYPES,
     GENERATED_PREFIX,
     KDA_MODEL_TYPES,
@@ -25,13 +27,18 @@ from golden import (
     rounded_bf16,
 )
 
-CASES = golden_cases(KDA_MODEL_TYPES + GDN_MODEL_TYPES)
+CASES = golden_cases(KDA_MODEL_TYPES + GDN_MODEL_TYPES + DELTA_RULE_MODEL_TYPES)
 BF16 = ml_dtypes.bfloat16
 # The layer class of each golden set's model_type.
 CLASSES = {
     "kimi_linear": kda.KimiDeltaAttention,
     "qwen3_next": kda.Qwen3NextGatedDeltaNet,
     "qwen3_5_text": kda.Qwen3_5GatedDeltaNet,
+    "glm5_next": kda.Glm5NextTextLinearAttention,
+    "bailing_hybrid": kda.BailingHybridDeltaAttention,
+    "olmo_hybrid": kda.OlmoHybridGatedDeltaNet,
+    "lara_mini": kda.LaraMiniGatedDeltaNet,
+    "qwen4_exp": kda.Qwen4ExpTextGatedDeltaNet,
 }
 
 
