@@ -52,7 +52,7 @@ class DistCliTest : public testing::CliTestBase {
   // case's expected tensors.
   void ExpectRunMatches(const std::string& launcher, const std::string& model, const std::string& file,
                         const std::string& flags, bool bf16) {
-    const std::string dir = golden_ + "/" + model;
+    const std::string dir = testing::GoldenSetDir(model);
     const std::string in = dir + "/" + file + ".safetensors";
     KDA_REQUIRE_GOLDEN_PATH(in);
     const fs::path out = dir_ / "out.safetensors";
@@ -104,6 +104,18 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
   ExpectRunMatches(Np(2), "gdn-gva3", "varlen_initstate", "--tp 2", false);
   ExpectRunMatches(Np(2), "gdn-loud", "loud_varlen_initstate", "--tp 2 --kernel reference", true);
   ExpectRunMatches(Np(4), "gdn-mini", "varlen_initstate", "--tp 4", false);
+}
+
+// The variants of the other families (sets from tools/delta_rule_ref.py), each split over two ranks:
+// the lower-bound gate (GLM-5 Next under the multimodal prefix; Bailing's full-rank gates and bf16
+// gate), OLMo hybrid's separate projections and convs with V = 2K and beta in [0, 2], Lara's fused
+// in_proj, Qwen4-Exp's sigmoid output gate.
+TEST_F(DistCliTest, TensorParallelRunMatchesGeneratedSets) {
+  for (const char* set : {"glm5-mini", "bailing-mini", "olmo-mini", "lara-mini", "qwen4-mini"}) {
+    SCOPED_TRACE(set);
+    ExpectRunMatches(Np(2), std::string("generated/") + set, "varlen_initstate", "--tp 2", false);
+  }
+  ExpectRunMatches(Np(2), "generated/bailing-mini", "varlen_initstate", "--tp 2", true);
 }
 
 // Chunked prefill, decode steps and fewer slots than sequences, every layout.

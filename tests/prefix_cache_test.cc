@@ -474,9 +474,10 @@ TEST_P(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   EXPECT_LE(cache.peak_bytes(), ModelBudget(32));
 }
 
-// KDA and Gated DeltaNet, and a variant of each: the lower-bound gate, beta = 2 sigmoid(b).
+// Every family (the Qwen3.5 layer is Qwen4-Exp's with a silu gate).
 INSTANTIATE_TEST_SUITE_P(Family, PrefixServing,
-                         ::testing::Values("kimi_linear", "qwen3_next", "glm5_next", "olmo_hybrid"),
+                         ::testing::Values("kimi_linear", "glm5_next", "bailing_hybrid", "qwen3_next", "qwen4_exp",
+                                           "olmo_hybrid", "lara_mini"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
