@@ -56,8 +56,9 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
   Check(decay == DecayWidth::kPerValueHead || (H == HV && K == V),
         who + ": a per-key-dim decay (KDA) needs as many value heads as key heads and K == V");
   Check(rms_norm_eps > 0, who + ": rms_norm_eps must be > 0");
-  Check(std::isfinite(gate_lower_bound) && gate_lower_bound <= 0.0F,
-        [&] { return who + ": the gate's lower bound must be finite and < 0 (0: none), got " + std::to_string(gate_lower_bound); });
+  Check(std::isfinite(gate_lower_bound) && gate_lower_bound <= 0.0F, [&] {
+    return who + ": the gate's lower bound must be finite and < 0 (0: none), got " + std::to_string(gate_lower_bound);
+  });
   Check(beta_scale == 1.0F || beta_scale == 2.0F,
         [&] { return who + ": beta_scale must be 1 or 2 (negative eigenvalues), got " + std::to_string(beta_scale); });
 }

@@ -20,8 +20,8 @@ DeltaRuleGeometry KdaGeometry(const ModelConfig& c) {
 }
 
 DeltaRuleGeometry GdnGeometry(const ModelConfig& c) {
-  DeltaRuleGeometry g = DeltaRuleGeometry::Gdn(c.hidden_size, c.num_k_heads, c.num_v_heads, c.head_k_dim,
-                                               c.head_v_dim, c.conv_size, c.rms_norm_eps);
+  DeltaRuleGeometry g = DeltaRuleGeometry::Gdn(c.hidden_size, c.num_k_heads, c.num_v_heads, c.head_k_dim, c.head_v_dim,
+                                               c.conv_size, c.rms_norm_eps);
   if (c.output_gate_activation == "sigmoid") g.output_gate = GateActivation::kSigmoid;
   if (c.allow_neg_eigval) g.beta_scale = 2.0F;
   return g;

@@ -226,8 +226,8 @@ TEST_P(GateBetaTest, MatchesOracleIncludingExtremes) {
   for (const GateForm form : {GateForm{}, GateForm{.lower_bound = -5.0F}, GateForm{.beta_scale = 2.0F},
                               GateForm{.lower_bound = -0.5F, .beta_scale = 2.0F}}) {
     for (DType dt : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(std::string(DTypeName(dt)) + " lower bound " + std::to_string(form.lower_bound) +
-                   " beta scale " + std::to_string(form.beta_scale));
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " lower bound " + std::to_string(form.lower_bound) + " beta scale " +
+                   std::to_string(form.beta_scale));
       std::vector<float> raw = Random(static_cast<size_t>(T * H * K), -60, 60, 4);
       raw[0] = 25.0F;  // softplus linear branch
       raw[1] = -200.0F;
@@ -240,8 +240,7 @@ TEST_P(GateBetaTest, MatchesOracleIncludingExtremes) {
       if (variant().optimized()) {
         KdaGateBeta(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K, form);
       } else {
-        KdaGateBetaReference(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K,
-                             form);
+        KdaGateBetaReference(g.data(), beta.data(), rb.view(), lb.view(), a_log.data(), dt_bias.data(), T, H, K, form);
       }
       std::vector<float> want_g(raw.size()), want_beta(logits.size());
       for (size_t i = 0; i < raw.size(); ++i) {

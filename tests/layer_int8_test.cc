@@ -156,16 +156,14 @@ TEST_P(Int8LayerTest, OneTokenPerSequenceEqualsLayerOnDequantizedWeights) { Chec
 
 INSTANTIATE_TEST_SUITE_P(
     Golden, Int8LayerTest,
-    ::testing::Values(Int8Case{"kda-mini", "single_T1"}, Int8Case{"kda-mini", "single_T64"},
-                      Int8Case{"kda-mini", "varlen_initstate"}, Int8Case{"kda-loud", "loud_varlen_initstate"},
-                      Int8Case{"kda-stress", "stress_varlen_initstate"},
-                      Int8Case{"generated/kda-real", "real_varlen_initstate"}, Int8Case{"gdn-mini", "varlen_initstate"},
-                      Int8Case{"gdn-gva3", "varlen_initstate"}, Int8Case{"gdn-loud", "loud_varlen_initstate"},
-                      Int8Case{"generated/glm5-mini", "varlen_initstate"},
-                      Int8Case{"generated/bailing-mini", "varlen_initstate"},
-                      Int8Case{"generated/olmo-mini", "varlen_initstate"},
-                      Int8Case{"generated/lara-mini", "varlen_initstate"},
-                      Int8Case{"generated/qwen4-mini", "varlen_initstate"}),
+    ::testing::Values(
+        Int8Case{"kda-mini", "single_T1"}, Int8Case{"kda-mini", "single_T64"}, Int8Case{"kda-mini", "varlen_initstate"},
+        Int8Case{"kda-loud", "loud_varlen_initstate"}, Int8Case{"kda-stress", "stress_varlen_initstate"},
+        Int8Case{"generated/kda-real", "real_varlen_initstate"}, Int8Case{"gdn-mini", "varlen_initstate"},
+        Int8Case{"gdn-gva3", "varlen_initstate"}, Int8Case{"gdn-loud", "loud_varlen_initstate"},
+        Int8Case{"generated/glm5-mini", "varlen_initstate"}, Int8Case{"generated/bailing-mini", "varlen_initstate"},
+        Int8Case{"generated/olmo-mini", "varlen_initstate"}, Int8Case{"generated/lara-mini", "varlen_initstate"},
+        Int8Case{"generated/qwen4-mini", "varlen_initstate"}),
     testing::GoldenCaseName);
 
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {

@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "base/act_buffer.h"
-#include "tests/family_shapes.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
@@ -23,6 +22,7 @@
 #include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "tests/error_util.h"
+#include "tests/family_shapes.h"
 #include "tests/request_result.h"
 #include "tests/tolerance.h"
 
@@ -474,10 +474,10 @@ TEST_P(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
   EXPECT_LE(cache.peak_bytes(), ModelBudget(32));
 }
 
-// Every family (the Qwen3.5 layer is Qwen4-Exp's with a silu gate).
+// Every layer family, with its variant settings.
 INSTANTIATE_TEST_SUITE_P(Family, PrefixServing,
-                         ::testing::Values("kimi_linear", "glm5_next", "bailing_hybrid", "qwen3_next", "qwen4_exp",
-                                           "olmo_hybrid", "lara_mini"),
+                         ::testing::Values("kimi_linear", "glm5_next", "bailing_hybrid", "qwen3_next", "qwen3_5_text",
+                                           "qwen4_exp", "olmo_hybrid", "lara_mini"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -529,25 +529,22 @@ TEST_P(GoldenInvarianceTest, ChunkedPrefillAndDecodeMatchTheGoldenOutput) {
 
 INSTANTIATE_TEST_SUITE_P(
     Golden, GoldenInvarianceTest,
-    ::testing::Values(InvarianceCase{"kda-mini", "single_T128"}, InvarianceCase{"kda-mini", "single_T65"},
-                      InvarianceCase{"kda-mini", "varlen_unbalanced_5_17_1_41"},
-                      InvarianceCase{"kda-mini", "varlen_initstate"},
-                      InvarianceCase{"kda-mini", "single_T128_initstate"}, InvarianceCase{"kda-stress", "stress_T300"},
-                      InvarianceCase{"kda-stress", "stress_varlen_initstate"},
-                      InvarianceCase{"generated/kda-real", "real_varlen_initstate"},
-                      InvarianceCase{"gdn-mini", "single_T128"},
-                      InvarianceCase{"gdn-mini", "varlen_unbalanced_5_17_1_41"},
-                      InvarianceCase{"gdn-mini", "varlen_initstate_short_1_2_3_70"},
-                      InvarianceCase{"gdn-gva3", "single_T200"}, InvarianceCase{"gdn-gva3", "varlen_initstate"},
-                      InvarianceCase{"gdn-loud", "loud_T300"}, InvarianceCase{"gdn-loud", "loud_varlen_initstate"},
-                      // The other families' variants (tools/delta_rule_ref.py).
-                      InvarianceCase{"generated/glm5-mini", "single_T130"},
-                      InvarianceCase{"generated/glm5-mini", "varlen_initstate"},
-                      InvarianceCase{"generated/bailing-mini", "varlen_initstate"},
-                      InvarianceCase{"generated/olmo-mini", "single_T130"},
-                      InvarianceCase{"generated/olmo-mini", "varlen_initstate"},
-                      InvarianceCase{"generated/lara-mini", "varlen_unbalanced_5_17_1_41"},
-                      InvarianceCase{"generated/qwen4-mini", "varlen_initstate"}),
+    ::testing::Values(
+        InvarianceCase{"kda-mini", "single_T128"}, InvarianceCase{"kda-mini", "single_T65"},
+        InvarianceCase{"kda-mini", "varlen_unbalanced_5_17_1_41"}, InvarianceCase{"kda-mini", "varlen_initstate"},
+        InvarianceCase{"kda-mini", "single_T128_initstate"}, InvarianceCase{"kda-stress", "stress_T300"},
+        InvarianceCase{"kda-stress", "stress_varlen_initstate"},
+        InvarianceCase{"generated/kda-real", "real_varlen_initstate"}, InvarianceCase{"gdn-mini", "single_T128"},
+        InvarianceCase{"gdn-mini", "varlen_unbalanced_5_17_1_41"},
+        InvarianceCase{"gdn-mini", "varlen_initstate_short_1_2_3_70"}, InvarianceCase{"gdn-gva3", "single_T200"},
+        InvarianceCase{"gdn-gva3", "varlen_initstate"}, InvarianceCase{"gdn-loud", "loud_T300"},
+        InvarianceCase{"gdn-loud", "loud_varlen_initstate"},
+        // The other families' variants (tools/delta_rule_ref.py).
+        InvarianceCase{"generated/glm5-mini", "single_T130"}, InvarianceCase{"generated/glm5-mini", "varlen_initstate"},
+        InvarianceCase{"generated/bailing-mini", "varlen_initstate"},
+        InvarianceCase{"generated/olmo-mini", "single_T130"}, InvarianceCase{"generated/olmo-mini", "varlen_initstate"},
+        InvarianceCase{"generated/lara-mini", "varlen_unbalanced_5_17_1_41"},
+        InvarianceCase{"generated/qwen4-mini", "varlen_initstate"}),
     [](const ::testing::TestParamInfo<InvarianceCase>& info) {
       std::string s = info.param.dir + "_" + info.param.name;
       std::replace(s.begin(), s.end(), '-', '_');

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "base/act_buffer.h"
-#include "tests/family_shapes.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/radix_state_cache.h"
@@ -23,6 +22,7 @@
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
 #include "tests/error_util.h"
+#include "tests/family_shapes.h"
 #include "tests/request_result.h"
 #include "tests/tolerance.h"
 
@@ -290,32 +290,30 @@ TEST_P(SpecRollbackTest, CommittedStatesAndKeptOutputsMatchTokenByTokenDecode) {
 
 INSTANTIATE_TEST_SUITE_P(
     Spec, SpecRollbackTest,
-    ::testing::Values(RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute},
-                      RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kRecompute},
-                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates},
-                      RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute},
-                      RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kRecompute},
-                      RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates},
-                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute},
-                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute, "qwen3_next"},
-                      RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen3_next"},
-                      RollbackCase{DType::kBF16, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "qwen3_next"},
-                      RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "qwen3_5_text"},
-                      RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates,
-                                   "qwen3_5_text"},
-                      // The variants: the lower-bound gate (GLM-5 Next; Bailing, its gate rounded to bf16),
-                      // beta = 2 sigmoid(b) with V = 2K (OLMo hybrid), the fused in_proj (Lara), the sigmoid
-                      // output gate (Qwen4-Exp).
-                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "glm5_next"},
-                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "glm5_next"},
-                      RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates,
-                                   "bailing_hybrid"},
-                      RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "bailing_hybrid"},
-                      RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "olmo_hybrid"},
-                      RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "olmo_hybrid"},
-                      RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "lara_mini"},
-                      RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates,
-                                   "qwen4_exp"}),
+    ::testing::Values(
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute},
+        RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kRecompute},
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates},
+        RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute},
+        RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kRecompute},
+        RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates},
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute},
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute, "qwen3_next"},
+        RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen3_next"},
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "qwen3_next"},
+        RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "qwen3_5_text"},
+        RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "qwen3_5_text"},
+        // The variants: the lower-bound gate (GLM-5 Next; Bailing, its gate rounded to bf16),
+        // beta = 2 sigmoid(b) with V = 2K (OLMo hybrid), the fused in_proj (Lara), the sigmoid
+        // output gate (Qwen4-Exp).
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "glm5_next"},
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "glm5_next"},
+        RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "bailing_hybrid"},
+        RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "bailing_hybrid"},
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "olmo_hybrid"},
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "olmo_hybrid"},
+        RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "lara_mini"},
+        RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen4_exp"}),
     CaseName);
 
 std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector<float>(n * hidden, v); }

@@ -38,7 +38,7 @@ void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, 
     for (int64_t c = 0; c < p; ++c) {
       const float x = LoadAsFloat(raw.data, raw.dtype, static_cast<size_t>(t * p + c)) + dt_bias[c];
       g[t * p + c] = form.lower_bound < 0.0F ? KdaLowerBoundGate(x, std::exp(A_log[c / K]), form.lower_bound)
-                                              : KdaGate(x, A_log[c / K]);
+                                             : KdaGate(x, A_log[c / K]);
     }
     for (int h = 0; h < H; ++h) {
       const float x = LoadAsFloat(logits.data, logits.dtype, static_cast<size_t>(t * H + h));

@@ -104,7 +104,7 @@ void KimiDeltaAttention::Project(ConstBuf x, int64_t T, Projected& r) const {
   r.output_gate = ActBuffer::Uninitialized(dt, T * p);
   qkv_proj_->Forward(r.mixed_qkv.mut(), x, T);
   // A gate projection: x -> [T, P] in one GEMM, or low-rank x -> [T, K] -> [T, P].
-  const auto gate = [&](const Linear* const (&proj)[2], ActBuffer& scratch, ActBuffer& out) {
+  const auto gate = [&](const Linear* const(&proj)[2], ActBuffer& scratch, ActBuffer& out) {
     if (proj[1] == nullptr) {
       proj[0]->Forward(out.mut(), x, T);
       return;

@@ -131,8 +131,8 @@ GatedDeltaNet::GatedDeltaNet(GdnLayout layout, int layer_id, const DeltaRuleGeom
       a_proj_ = &AddProjection(w, {{"in_proj_a.weight", 0, g.HV}}, hid, "in_proj_a");
       break;
     case GdnLayout::kOlmoHybrid:
-      qkv_proj_ = &AddProjection(w, {{"q_proj.weight", 0, kd}, {"k_proj.weight", 0, kd}, {"v_proj.weight", 0, vd}},
-                                 hid, "q_proj|k_proj|v_proj");
+      qkv_proj_ = &AddProjection(w, {{"q_proj.weight", 0, kd}, {"k_proj.weight", 0, kd}, {"v_proj.weight", 0, vd}}, hid,
+                                 "q_proj|k_proj|v_proj");
       z_proj_ = &AddProjection(w, {{"g_proj.weight", 0, vd}}, hid, "g_proj");
       b_proj_ = &AddProjection(w, {{"b_proj.weight", 0, g.HV}}, hid, "b_proj");
       a_proj_ = &AddProjection(w, {{"a_proj.weight", 0, g.HV}}, hid, "a_proj");
@@ -159,8 +159,8 @@ GatedDeltaNet::GatedDeltaNet(GdnLayout layout, int layer_id, const DeltaRuleGeom
     conv = ConvWeight({&q, &k, &v}, g);
   }
   // A_log and dt_bias stay fp32 parameters.
-  auto attn = std::make_unique<RadixLinearAttention>(layer_id, g, std::move(conv), w.Dense("A_log"),
-                                                     w.Dense("dt_bias"), 1.0F / std::sqrt(static_cast<float>(K)));
+  auto attn = std::make_unique<RadixLinearAttention>(layer_id, g, std::move(conv), w.Dense("A_log"), w.Dense("dt_bias"),
+                                                     1.0F / std::sqrt(static_cast<float>(K)));
   SetCore(w, OutProjName(layout), std::move(attn), w.Dense(NormName(layout)));
 }
 
