@@ -1,7 +1,7 @@
 """The first delta-rule module of a tiny transformers model (hf_families.py) as a kda checkpoint, and the
 module itself as kda's reference (5.25.0, its torch route, fp32).
 
-A test helper, no tests (test_gdn_layers.py, test_family_layers.py). :class:`TinyLayer` redraws the
+A test helper, no tests (test_family_layers.py). :class:`TinyLayer` redraws the
 module's weights so projections, gates and the norm are non-trivial, converts its state_dict to the
 tensor names of the family's original checkpoints (what safetensors holds: transformers renames them at
 load, ``conversion_mapping.py``, and back when saving) under the model's layer-0 prefix, and writes them

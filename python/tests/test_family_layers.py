@@ -1,18 +1,22 @@
-"""kda's layers of GLM-5 Next, Bailing hybrid, OLMo hybrid, Lara-Mini and Qwen4-exp
-(kda.Glm5NextTextLinearAttention, kda.BailingHybridDeltaAttention, kda.OlmoHybridGatedDeltaNet,
+"""kda's layers of eight delta-rule families, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, GLM-5 Next, Bailing hybrid,
+OLMo hybrid, Lara-Mini and Qwen4-exp (kda.Qwen3NextGatedDeltaNet, kda.Qwen3_5GatedDeltaNet for both Qwen3.5
+families, kda.Glm5NextTextLinearAttention, kda.BailingHybridDeltaAttention, kda.OlmoHybridGatedDeltaNet,
 kda.LaraMiniGatedDeltaNet, kda.Qwen4ExpTextGatedDeltaNet) against transformers' own modules (5.25.0, their
 torch route, fp32): the first linear-attention module of a tiny random model of each family
 (hf_families.py), its weights redrawn so projections, gates (KDA's lower-bound gate down to -5, OLMo's
 beta up to 2) and the norm are non-trivial, saved as a checkpoint in the tensor names of the family's
-original checkpoints (hf_layers.py: GLM-5 Next's and Bailing's flat forget-gate tensors and q/k/v convs,
-Bailing's attention.* prefix and dense output projection, OLMo's q/k/v convs, Lara-Mini's fused in_proj and
-out_norm), which transformers' own loading takes back into the same module. Prefill without a cache, then
-prefill and five decode steps through transformers' cache against kda's layer with its states chained and
-kda's engine (chunked prefill + decode), every output and the final recurrent and conv states to the fp32
-rule (design §5); packed sequences against each alone; the config variants (no gate bound, Bailing's
-unsafe gate, OLMo without negative eigenvalues, Qwen4-exp's silu gate from hidden_act), the nested and
-flat configs, the alternative tensor shapes; a class refusing another family's checkpoint and a missing
-tensor named."""
+original checkpoints (hf_layers.py: the four Qwen families' are transformers' own; GLM-5 Next's and Bailing's
+flat forget-gate tensors and q/k/v convs, Bailing's attention.* prefix and dense output projection, OLMo's
+q/k/v convs, Lara-Mini's fused in_proj and out_norm), which transformers' own loading takes back into the
+same module. For every family: the config read (the tiny model's shapes, the layer's variant settings, its
+class) and every other layer class refusing the checkpoint; prefill without a cache, then prefill and five
+decode steps through transformers' cache against kda's layer with its states chained and kda's engine
+(chunked prefill + decode), every output and the final recurrent and conv states to the fp32 rule (design
+§5); packed sequences against each alone; a missing tensor named, and transformers' runtime names refused
+where they are not the checkpoints'. Then the config variants (no gate bound, Bailing's unsafe gate, OLMo
+without negative eigenvalues, Qwen4-exp's silu gate from hidden_act), the nested configs with the
+multimodal key prefix (Qwen4-exp's composite config, Qwen3.5's text_config) and GLM-5 Next's flat text
+config, the alternative tensor shapes. (The config reader's refusals: test_gdn_layers.py.)"""
 
 from __future__ import annotations
 
@@ -29,15 +33,29 @@ import kda  # noqa: E402
 from golden import check_f32, check_state_f32, read_safetensors, write_safetensors  # noqa: E402
 from hf_layers import TinyLayer  # noqa: E402
 
-# hf_families family: (kda class, config.json model_type and kda's family: the text model's)
+# hf_families family: (kda class, config.json model_type: the text model's, kda's family: the class's)
 FAMILIES = {
-    "glm5_next": ("Glm5NextTextLinearAttention", "glm5_next_text"),
-    "bailing_hybrid": ("BailingHybridDeltaAttention", "bailing_hybrid"),
-    "olmo_hybrid": ("OlmoHybridGatedDeltaNet", "olmo_hybrid"),
-    "lara_mini": ("LaraMiniGatedDeltaNet", "lara_mini"),
-    "qwen4_exp": ("Qwen4ExpTextGatedDeltaNet", "qwen4_exp_text"),
+    "qwen3_next": ("Qwen3NextGatedDeltaNet", "qwen3_next", "qwen3_next"),
+    "qwen3_5": ("Qwen3_5GatedDeltaNet", "qwen3_5_text", "qwen3_5_text"),
+    "qwen3_5_moe": ("Qwen3_5GatedDeltaNet", "qwen3_5_moe_text", "qwen3_5_text"),
+    "glm5_next": ("Glm5NextTextLinearAttention", "glm5_next_text", "glm5_next_text"),
+    "bailing_hybrid": ("BailingHybridDeltaAttention", "bailing_hybrid", "bailing_hybrid"),
+    "olmo_hybrid": ("OlmoHybridGatedDeltaNet", "olmo_hybrid", "olmo_hybrid"),
+    "lara_mini": ("LaraMiniGatedDeltaNet", "lara_mini", "lara_mini"),
+    "qwen4_exp": ("Qwen4ExpTextGatedDeltaNet", "qwen4_exp_text", "qwen4_exp_text"),
 }
-OTHER_CLASSES = ("KimiDeltaAttention", "Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet")
+# The tiny models' shapes (hf_families.py; hidden 64, conv 4, rms_norm_eps 1e-6 in all):
+# family: (layers, H key heads, HV value heads, K, V)
+SHAPES = {
+    "qwen3_next": (2, 2, 4, 16, 16),
+    "qwen3_5": (2, 2, 4, 16, 16),
+    "qwen3_5_moe": (2, 2, 4, 16, 16),
+    "glm5_next": (2, 4, 4, 16, 16),
+    "bailing_hybrid": (2, 4, 4, 16, 16),
+    "olmo_hybrid": (2, 2, 2, 16, 32),
+    "lara_mini": (3, 2, 4, 16, 16),
+    "qwen4_exp": (2, 2, 4, 16, 16),
+}
 KERNELS = ("reference", "auto")
 T, DECODE = 37, 5  # prefill tokens, decode steps
 
@@ -73,6 +91,8 @@ def test_checkpoint_names_load_in_transformers(tiny, tmp_path):
         assert torch.equal(got[k], want[k]), k
 
 
+# Not Qwen3-Next: on these T tokens its beta stays within (0.12, 0.85).
+@pytest.mark.parametrize("tiny", [f for f in FAMILIES if f != "qwen3_next"], indirect=True)
 def test_the_draws_reach_the_gate_and_beta_ranges(tiny):
     # What the parity tests below claim to cover, on their inputs (transformers' own intermediates).
     m = tiny.module
@@ -95,28 +115,33 @@ def test_the_draws_reach_the_gate_and_beta_ranges(tiny):
 
 def test_config_and_layer_class(tiny):
     cls = layer_class(tiny.family)
-    model_type = FAMILIES[tiny.family][1]
+    _, model_type, family = FAMILIES[tiny.family]
     text = tiny.config.get_text_config()
     cfg = kda.model_config(tiny.path)
-    assert cfg["model_type"] == cfg["family"] == model_type == text.model_type
-    assert cls.model_types[0] == model_type and cfg["layer_class"] == cls.__name__
-    # rms_norm_eps: config.json's (OLMo's layer norm uses 1e-5 whatever it says: the parity tests check that)
+    assert cfg["model_type"] == model_type == text.model_type
+    assert cfg["family"] == family == cls.model_types[0] and cfg["layer_class"] == cls.__name__
+    # The shapes of transformers' module, and kda's reading of config.json. rms_norm_eps: config.json's
+    # (OLMo's layer norm uses 1e-5 whatever it says: the parity tests check that)
+    layers, H, HV, K, V = SHAPES[tiny.family]
+    assert (text.hidden_size, text.num_hidden_layers, tiny.H, tiny.HV, tiny.K, tiny.V, tiny.W, text.rms_norm_eps) == (
+        64, layers, H, HV, K, V, 4, 1e-6)
     assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_k_heads"], cfg["num_v_heads"], cfg["head_k_dim"],
             cfg["head_v_dim"], cfg["conv_size"], cfg["rms_norm_eps"], cfg["linear_layers"]) == (
-        64, text.num_hidden_layers, tiny.H, tiny.HV, tiny.K, tiny.V, 4, text.rms_norm_eps, [0])
+        64, layers, H, HV, K, V, 4, 1e-6, [0])
     # The layer's variant settings as the family derives them (tiny_model's configs: hf_families.py).
-    kda_family = tiny.family in ("glm5_next", "bailing_hybrid")
-    assert cfg["decay"] == ("per_key_dim" if kda_family else "per_value_head")
-    assert cfg["output_gate"] == ("sigmoid" if kda_family or tiny.family == "qwen4_exp" else "silu")
-    assert cfg["gate_lower_bound"] == (-5.0 if kda_family else None)
+    is_kda = tiny.family in ("glm5_next", "bailing_hybrid")
+    assert cfg["decay"] == ("per_key_dim" if is_kda else "per_value_head")
+    assert cfg["output_gate"] == ("sigmoid" if is_kda or tiny.family == "qwen4_exp" else "silu")
+    assert cfg["gate_lower_bound"] == (-5.0 if is_kda else None)
     assert cfg["beta_scale"] == (2.0 if tiny.family == "olmo_hybrid" else 1.0)
     assert cfg["norm_eps"] == (1e-5 if tiny.family == "olmo_hybrid" else text.rms_norm_eps)
     L = kda_layer(tiny.path)
     assert type(L) is cls and isinstance(L, kda.DeltaRuleLayer)
     assert (L.model_type, L.layer_class, L.hidden_size, L.num_k_heads, L.num_v_heads, L.head_k_dim, L.head_v_dim,
-            L.conv_size, L.dtype) == (model_type, cls.__name__, 64, tiny.H, tiny.HV, tiny.K, tiny.V, 4, "float32")
+            L.conv_size, L.dtype) == (family, cls.__name__, 64, H, HV, K, V, 4, "float32")
     assert type(kda_layer(tiny.path, cls=cls)) is cls
-    others = [getattr(kda, c) for c in OTHER_CLASSES] + [layer_class(f) for f in FAMILIES if f != tiny.family]
+    others = sorted({kda.KimiDeltaAttention, *map(layer_class, FAMILIES)} - {cls}, key=lambda c: c.__name__)
+    assert len(others) == 7
     for wrong in others:
         with pytest.raises(ValueError, match=rf"model_type '{model_type}' has {cls.__name__} layers, not "
                                              rf"{wrong.__name__}: use kda\.{cls.__name__}\.from_pretrained"):
@@ -171,7 +196,7 @@ def test_engine_prefill_and_decode_match_transformers_cache(tiny, kernel):
     eng = kda.Engine(tiny.path, max_running=2, prefill_chunk=16, dtype="float32", kernel=kernel)
     cls = layer_class(tiny.family)
     assert (eng.model_type, eng.layer_class, eng.num_layers, eng.layer_ids) == (
-        cls.model_types[0], cls.__name__, 1, [0])
+        FAMILIES[tiny.family][2], cls.__name__, 1, [0])
     a = eng.submit(x, decode_tokens=DECODE)
     b = eng.submit(x[:T])  # the prefill alone, beside it
     r = eng.run()
@@ -266,26 +291,44 @@ def _relocated(tiny, root, name: str, config: dict, prefix: str, reshape=None):
     return path
 
 
-def test_nested_and_flat_configs(tmp_path):
-    # Qwen4-exp's own checkpoints nest the text model (model_type qwen4_exp, text_config, layers under
-    # model.language_model.); GLM-5 Next's text model alone is read flat (model_type glm5_next_text).
-    qwen4 = TinyLayer("qwen4_exp", tmp_path)
-    composite = transformers.Qwen4ExpConfig(text_config=qwen4.config.to_dict())
-    composite = json.loads(composite.to_json_string(use_diff=False))
-    assert composite["model_type"] == "qwen4_exp" and composite["text_config"]["model_type"] == "qwen4_exp_text"
-    nested = _relocated(qwen4, tmp_path, "qwen4_nested", composite, "model.language_model.layers.0.linear_attn.")
-    cfg = kda.model_config(nested)
-    assert (cfg["model_type"], cfg["family"], cfg["linear_layers"]) == ("qwen4_exp_text", "qwen4_exp_text", [0])
-    assert type(kda_layer(nested)) is kda.Qwen4ExpTextGatedDeltaNet
-    _check_prefill_and_decode(qwen4, nested, "nested qwen4_exp")
+def _qwen4_composite(tiny):
+    """Qwen4-exp's own checkpoints: its composite config (model_type qwen4_exp, the text model under
+    text_config), layers under model.language_model."""
+    config = json.loads(transformers.Qwen4ExpConfig(text_config=tiny.config.to_dict()).to_json_string(use_diff=False))
+    assert config["model_type"] == "qwen4_exp" and config["text_config"]["model_type"] == "qwen4_exp_text"
+    return config, "model.language_model.layers.0.linear_attn."
 
-    glm5 = TinyLayer("glm5_next", tmp_path)
-    flat = json.loads(glm5.config.text_config.to_json_string(use_diff=False))
+
+def _qwen3_5_nested(tiny):
+    """Qwen3.5's own checkpoints: config.json with the text model under text_config (model_type qwen3_5), the
+    text layers under model.language_model.layers.{i}."""
+    text = json.loads(tiny.config.to_json_string(use_diff=False))
+    return {"model_type": "qwen3_5", "text_config": text}, "model.language_model.layers.0.linear_attn."
+
+
+def _glm5_flat(tiny):
+    """GLM-5 Next's text model alone, read flat (model_type glm5_next_text), layers under model."""
+    flat = json.loads(tiny.config.text_config.to_json_string(use_diff=False))
     assert flat["model_type"] == "glm5_next_text"
-    path = _relocated(glm5, tmp_path, "glm5_flat", flat, "model.layers.0.self_attn.")
+    return flat, "model.layers.0.self_attn."
+
+
+# family: its checkpoints' config.json and layer-0 prefix
+LAYOUTS = {"qwen4_exp": _qwen4_composite, "qwen3_5": _qwen3_5_nested, "glm5_next": _glm5_flat}
+
+
+@pytest.mark.parametrize("family", LAYOUTS)
+def test_nested_and_flat_configs(tmp_path, family):
+    tiny = TinyLayer(family, tmp_path)
+    layout = LAYOUTS[family]
+    config, prefix = layout(tiny)
+    path = _relocated(tiny, tmp_path, layout.__name__, config, prefix)
+    name, model_type, kda_family = FAMILIES[family]
     cfg = kda.model_config(path)
-    assert (cfg["model_type"], cfg["family"], cfg["linear_layers"]) == ("glm5_next_text", "glm5_next_text", [0])
-    _check_prefill_and_decode(glm5, path, "flat glm5_next_text")
+    assert (cfg["model_type"], cfg["family"], cfg["linear_layers"]) == (model_type, kda_family, [0])
+    cls = getattr(kda, name)
+    assert type(kda_layer(path)) is cls and type(kda_layer(path, cls=cls)) is cls
+    _check_prefill_and_decode(tiny, path, layout.__name__)
 
 
 def test_alternative_tensor_shapes(tmp_path):
@@ -300,6 +343,9 @@ def test_alternative_tensor_shapes(tmp_path):
 
 # family: a tensor of its original checkpoints (left out: the error names it)
 MISSING = {
+    "qwen3_next": "in_proj_ba.weight",
+    "qwen3_5": "dt_bias",
+    "qwen3_5_moe": "conv1d.weight",
     "glm5_next": "v_conv1d.weight",
     "bailing_hybrid": "dense.weight",
     "olmo_hybrid": "k_conv1d.weight",
@@ -319,10 +365,10 @@ def test_missing_and_unexpected_tensors_are_named(tiny, tmp_path):
         with pytest.raises(ValueError, match=f"checkpoint is missing tensor {re.escape(key)}"):
             load(path, dtype="float32")
     # transformers' runtime names (its modules' state_dict) are not the checkpoints': refused, naming one of
-    # them (Qwen4-exp's are the same names)
+    # them (the four Qwen families' are the same names)
     runtime = {tiny.prefix + k: v.detach().numpy() for k, v in tiny.module.state_dict().items()}
     unexpected = sorted(set(runtime) - set(tiny.tensors))
-    assert bool(unexpected) == (tiny.family != "qwen4_exp")
+    assert bool(unexpected) == (tiny.family not in ("qwen3_next", "qwen3_5", "qwen3_5_moe", "qwen4_exp"))
     if unexpected:
         path = tmp_path / "runtime_names"
         path.mkdir()
