@@ -22,11 +22,14 @@ KDA_INLINE void GateRowOf(float* g, const TR* raw, const float* bias, float neg_
   }
 }
 
-// g[d] = lower_bound * sigmoid(a * (raw[d] + bias[d])) over one head's row.
-template <class TR>
+// g[d] = lower_bound * sigmoid(a * (raw[d] (+ bias[d]))) over one head's row (g may be raw).
+template <bool kBias, class TR>
 KDA_INLINE void LowerBoundRowOf(float* g, const TR* raw, const float* bias, float a, float lower_bound, int len) {
 #pragma omp simd
-  for (int d = 0; d < len; ++d) g[d] = lower_bound * Sigmoid<Scalar>(a * (LoadF(raw[d]) + bias[d]));
+  for (int d = 0; d < len; ++d) {
+    const float x = LoadF(raw[d]);
+    g[d] = lower_bound * Sigmoid<Scalar>(a * (kBias ? x + bias[d] : x));
+  }
 }
 
 template <class TR, class TL>
@@ -39,7 +42,7 @@ KDA_INLINE void GateBetaRows(float* g, float* beta, const TR* raw, const TL* log
       const int64_t base = t * p + static_cast<int64_t>(h) * K;
       const float* bias = dt_bias + static_cast<int64_t>(h) * K;
       if (lower_bound < 0.0F) {
-        LowerBoundRowOf(g + base, raw + base, bias, a[h], lower_bound, K);
+        LowerBoundRowOf<true>(g + base, raw + base, bias, a[h], lower_bound, K);
       } else {
         GateRowOf<true>(g + base, raw + base, bias, a[h], K);
       }
@@ -65,6 +68,14 @@ void GateRow(float* g, const float* bias, float neg_a, int len) {
     GateRowOf<true>(g, g, bias, neg_a, len);
   } else {
     GateRowOf<false>(g, g, bias, neg_a, len);
+  }
+}
+
+void LowerBoundGateRow(float* g, const float* bias, float a, float lower_bound, int len) {
+  if (bias != nullptr) {
+    LowerBoundRowOf<true>(g, g, bias, a, lower_bound, len);
+  } else {
+    LowerBoundRowOf<false>(g, g, bias, a, lower_bound, len);
   }
 }
 

@@ -47,6 +47,7 @@ void GateBetaF32(float* g, float* beta, const float* raw, const float* logits, c
 void GateBetaBF16(float* g, float* beta, const BF16* raw, const BF16* logits, const float* a, const float* dt_bias,
                   int64_t t0, int64_t t1, int H, int K, float lower_bound, float beta_scale);
 void GateRow(float* g, const float* bias, float neg_a, int len);
+void LowerBoundGateRow(float* g, const float* bias, float a, float lower_bound, int len);
 
 // kernels/elementwise/gated_rms_norm_simd.cc (instantiated for each GateActivation)
 template <GateActivation kAct>

@@ -134,15 +134,7 @@ KDA_INLINE void ActivateGate(const KdaOptions& opt, int h, int len, float* g) {
     GateRow(g, bias, -__builtin_expf(opt.A_log[h]), len);
     return;
   }
-  const float a = opt.A_log != nullptr ? __builtin_expf(opt.A_log[h]) : 1.0F;
-  const float lb = opt.lower_bound;
-  if (bias != nullptr) {
-#pragma omp simd
-    for (int d = 0; d < len; ++d) g[d] = lb * Sigmoid<Scalar>(a * (g[d] + bias[d]));
-  } else {
-#pragma omp simd
-    for (int d = 0; d < len; ++d) g[d] = lb * Sigmoid<Scalar>(a * g[d]);
-  }
+  LowerBoundGateRow(g, bias, opt.A_log != nullptr ? __builtin_expf(opt.A_log[h]) : 1.0F, opt.lower_bound, len);
 }
 
 // beta as the kernels use it: as stored, or beta_scale * sigmoid(logit).
