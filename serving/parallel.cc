@@ -211,38 +211,53 @@ void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int 
             static_cast<int64_t>(L) * (geometry.W - 1), ConvParts(geometry), geometry.H, elem_size, shard, false);
 }
 
-GemmRoute AgreeGemmRoute(Communicator& world) {
-  // Each rank's route (0: its KDA_GEMM_ROUTE is bad) and whether it can run
-  // the bf16 dot, gathered as exact small floats so that no rank leaves
-  // before the others have answered.
+GemmPlan AgreeGemmPlan(Communicator& world) {
+  // Each rank's routes (0: its KDA_GEMM_ROUTE is bad) and which routes it can
+  // run, gathered as exact small floats so that no rank leaves before the
+  // others have answered.
+  constexpr GemmRows kRows[] = {GemmRows::kDecode, GemmRows::kBatch, GemmRows::kPrefill};
+  constexpr int kFields = kGemmRowClasses + 2;
   const int n = world.size();
   std::string error;
-  GemmRoute own = GemmRoute::kAuto;
+  GemmPlan own;
   try {
-    own = ActiveGemmRoute();
+    own = ActiveGemmPlan();
   } catch (const Error& e) {
     error = e.what();
   }
-  std::vector<float> info(static_cast<size_t>(2 * n), 0.0F);
-  info[2 * world.rank()] = static_cast<float>(own);
-  info[2 * world.rank() + 1] = CpuSupportsGemmRoute(GemmRoute::kBf16Dot) ? 1.0F : 0.0F;
-  if (n > 1) world.AllReduceSum(info.data(), 2 * n);
+  std::vector<float> info(static_cast<size_t>(kFields * n), 0.0F);
+  float* mine = &info[static_cast<size_t>(kFields * world.rank())];
+  for (int c = 0; c < kGemmRowClasses; ++c) mine[c] = static_cast<float>(own.For(kRows[c]));
+  mine[kGemmRowClasses] = CpuSupportsGemmRoute(GemmRoute::kBf16Dot) ? 1.0F : 0.0F;
+  mine[kGemmRowClasses + 1] = CpuSupportsGemmRoute(GemmRoute::kAmx) ? 1.0F : 0.0F;
+  if (n > 1) world.AllReduceSum(info.data(), kFields * n);
   for (int r = 0; r < n; ++r) {
-    Check(info[2 * r] != 0.0F, [&] {
+    Check(info[static_cast<size_t>(kFields * r)] != 0.0F, [&] {
       return error.empty() ? "the GEMM route of rank " + std::to_string(r) + " is not valid (KDA_GEMM_ROUTE)" : error;
     });
   }
-  auto route = static_cast<GemmRoute>(static_cast<int>(info[0]));
-  for (int r = 0; r < n && route == GemmRoute::kBf16Dot; ++r) {
-    if (info[2 * r + 1] == 0.0F) route = GemmRoute::kF32Fma;  // rank r's CPU has no bf16 dot
+  bool dot_everywhere = true;
+  bool tiles_everywhere = true;
+  for (int r = 0; r < n; ++r) {
+    dot_everywhere = dot_everywhere && info[static_cast<size_t>(kFields * r + kGemmRowClasses)] != 0.0F;
+    tiles_everywhere = tiles_everywhere && info[static_cast<size_t>(kFields * r + kGemmRowClasses + 1)] != 0.0F;
   }
-  if (route != own) SetGemmRoute(route);
-  return route;
+  GemmPlan plan;
+  for (int c = 0; c < kGemmRowClasses; ++c) {
+    auto route = static_cast<GemmRoute>(static_cast<int>(info[static_cast<size_t>(c)]));
+    // A route some rank cannot run falls back: the tiles to the bf16 dot, the
+    // bf16 dot to fp32 FMAs.
+    if (route == GemmRoute::kAmx && !tiles_everywhere) route = GemmRoute::kBf16Dot;
+    if (route == GemmRoute::kBf16Dot && !dot_everywhere) route = GemmRoute::kF32Fma;
+    plan.At(kRows[c]) = route;
+  }
+  if (plan != own) SetGemmPlan(plan);
+  return plan;
 }
 
 ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
-  AgreeGemmRoute(groups.world());
+  AgreeGemmPlan(groups.world());
   const int L = model.num_layers();
   const DeltaRuleGeometry full = model.full_geometry();
   const HeadShard want = MakeHeadShard(full.H, groups.tp_rank(), groups.tp_size());

@@ -185,25 +185,36 @@ std::vector<Layout> Layouts(int world) {
 
 std::string Name(const Layout& l) { return "tp " + std::to_string(l.tp) + " x dp " + std::to_string(l.dp); }
 
-TEST(ParallelRuntime, AgreesOnWorldRankZerosGemmRoute) {
+TEST(ParallelRuntime, AgreesOnWorldRankZerosGemmPlan) {
   Communicator& w = MpiWorld();
-  // Rank 0 forces fp32_fma and the others take their table's route: every
-  // rank ends on fp32_fma. Then rank 0 the bf16 dot where every rank has it.
+  const auto everywhere = [&](GemmRoute route) {
+    std::vector<float> n{CpuSupportsGemmRoute(route) ? 1.0F : 0.0F};
+    w.AllReduceSum(n.data(), 1);
+    return n[0] == static_cast<float>(w.size());
+  };
+  const bool dot_everywhere = everywhere(GemmRoute::kBf16Dot);
+  const bool tiles_everywhere = everywhere(GemmRoute::kAmx);
+  // Rank 0 forces fp32_fma and the others take their start-up choice: every
+  // rank ends on fp32_fma.
   SetGemmRoute(w.rank() == 0 ? GemmRoute::kF32Fma : GemmRoute::kAuto);
-  const GemmRoute fma = AgreeGemmRoute(w);
-  const GemmRoute fma_active = ActiveGemmRoute();
-  const bool dot_here = CpuSupportsGemmRoute(GemmRoute::kBf16Dot);
-  std::vector<float> all_dot{dot_here ? 1.0F : 0.0F};
-  w.AllReduceSum(all_dot.data(), 1);
-  const bool dot_everywhere = all_dot[0] == static_cast<float>(w.size());
-  SetGemmRoute(w.rank() == 0 && dot_here ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma);
-  const GemmRoute dot = AgreeGemmRoute(w);
-  const GemmRoute dot_active = ActiveGemmRoute();
+  const GemmPlan fma = AgreeGemmPlan(w);
+  const GemmPlan fma_active = ActiveGemmPlan();
+  // Then rank 0 a route per class, each taken where every rank runs it.
+  const GemmPlan want{GemmRoute::kBf16Dot, GemmRoute::kAmx, GemmRoute::kF32Fma};
+  GemmPlan here = want;
+  if (!CpuSupportsGemmRoute(GemmRoute::kAmx)) here.batch = GemmRoute::kAuto;
+  if (!CpuSupportsGemmRoute(GemmRoute::kBf16Dot)) here.decode = here.batch = GemmRoute::kAuto;
+  SetGemmPlan(w.rank() == 0 ? here : GemmPlan{});
+  const GemmPlan mixed = AgreeGemmPlan(w);
+  const GemmPlan mixed_active = ActiveGemmPlan();
   SetGemmRoute(GemmRoute::kAuto);
-  EXPECT_EQ(fma, GemmRoute::kF32Fma);
-  EXPECT_EQ(fma_active, GemmRoute::kF32Fma);
-  EXPECT_EQ(dot, dot_everywhere ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma);
-  EXPECT_EQ(dot_active, dot);
+  EXPECT_EQ(fma, GemmPlan::All(GemmRoute::kF32Fma));
+  EXPECT_EQ(fma_active, fma);
+  EXPECT_EQ(mixed.prefill, GemmRoute::kF32Fma);
+  if (dot_everywhere && tiles_everywhere) EXPECT_EQ(mixed, want);
+  if (!dot_everywhere) EXPECT_NE(mixed.decode, GemmRoute::kBf16Dot);
+  if (!tiles_everywhere) EXPECT_NE(mixed.batch, GemmRoute::kAmx);
+  EXPECT_EQ(mixed_active, mixed);
 }
 
 TEST(DistributedLoading, EachRankReadsOnlyItsHeadsAndHoldsOnlyTheirStates) {

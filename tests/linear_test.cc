@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <ostream>
 #include <random>
@@ -16,6 +17,7 @@
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
 #include "kda/base/tolerance.h"
+#include "kda/kernels/cpu_probe.h"
 #include "kda/kernels/gemm_route.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kda/kernels/linear.h"
@@ -48,7 +50,7 @@ std::vector<RouteCase> SupportedRouteCases() {
   std::vector<RouteCase> r;
   for (KernelIsa isa : testing::SupportedIsas()) {
     SetKernelIsa(isa);
-    for (GemmRoute route : {GemmRoute::kF32Fma, GemmRoute::kBf16Dot}) {
+    for (GemmRoute route : {GemmRoute::kF32Fma, GemmRoute::kBf16Dot, GemmRoute::kAmx}) {
       if (CpuSupportsGemmRoute(route)) r.push_back({isa, route});
     }
   }
@@ -367,26 +369,57 @@ class GemmRouteSwitchTest : public ::testing::Test {
 };
 
 TEST_F(GemmRouteSwitchTest, NamesParseAndUnknownOnesAreAClearError) {
-  for (GemmRoute r : {GemmRoute::kAuto, GemmRoute::kBf16Dot, GemmRoute::kF32Fma}) {
+  for (GemmRoute r : {GemmRoute::kAuto, GemmRoute::kBf16Dot, GemmRoute::kF32Fma, GemmRoute::kAmx}) {
     EXPECT_EQ(ParseGemmRoute(GemmRouteName(r)), r);
+    EXPECT_EQ(ParseGemmPlan(GemmRouteName(r)), GemmPlan::All(r));
   }
-  ExpectErrorContaining([] { ParseGemmRoute("amx"); },
-                        "unknown GEMM route 'amx' (expected auto, bf16_dot or fp32_fma)");
+  ExpectErrorContaining([] { ParseGemmRoute("tiles"); },
+                        "unknown GEMM route 'tiles' (expected auto, bf16_dot, fp32_fma or amx)");
+  const GemmPlan plan{GemmRoute::kBf16Dot, GemmRoute::kAmx, GemmRoute::kF32Fma};
+  EXPECT_EQ(GemmPlanName(plan), "decode=bf16_dot,batch=amx,prefill=fp32_fma");
+  EXPECT_EQ(ParseGemmPlan(GemmPlanName(plan)), plan);
+  EXPECT_EQ(ParseGemmPlan("prefill=amx"), (GemmPlan{GemmRoute::kAuto, GemmRoute::kAuto, GemmRoute::kAmx}));
+  ExpectErrorContaining([] { ParseGemmPlan("verify=amx"); },
+                        "unknown class of rows 'verify' (expected decode, batch or prefill)");
+  ExpectErrorContaining([] { ParseGemmPlan("decode=amx,decode=fp32_fma"); }, "class 'decode' named twice");
+  ExpectErrorContaining([] { ParseGemmPlan("decode=amx,fp32_fma"); }, "'fp32_fma' is not CLASS=ROUTE");
+  ExpectErrorContaining([] { ParseGemmPlan("batch=fast"); }, "unknown GEMM route 'fast'");
+}
+
+TEST_F(GemmRouteSwitchTest, RowCountsFallIntoTheirClasses) {
+  EXPECT_EQ(GemmRowsOf(1), GemmRows::kDecode);
+  EXPECT_EQ(GemmRowsOf(kGemmDecodeMaxRows), GemmRows::kDecode);
+  EXPECT_EQ(GemmRowsOf(kGemmDecodeMaxRows + 1), GemmRows::kBatch);
+  EXPECT_EQ(GemmRowsOf(kGemmBatchMaxRows), GemmRows::kBatch);
+  EXPECT_EQ(GemmRowsOf(kGemmBatchMaxRows + 1), GemmRows::kPrefill);
+  const GemmPlan plan{GemmRoute::kBf16Dot, GemmRoute::kAmx, GemmRoute::kF32Fma};
+  EXPECT_EQ(plan.ForRows(8), GemmRoute::kBf16Dot);
+  EXPECT_EQ(plan.ForRows(32), GemmRoute::kAmx);
+  EXPECT_EQ(plan.ForRows(2048), GemmRoute::kF32Fma);
 }
 
 TEST_F(GemmRouteSwitchTest, ActiveRouteIsNeverAutoAndFollowsSetAndEnvironment) {
-  EXPECT_NE(ActiveGemmRoute(), GemmRoute::kAuto);
-  EXPECT_NE(ActiveGemmRouteDescription().find(GemmRouteName(ActiveGemmRoute())), std::string::npos);
+  const GemmPlan startup = ActiveGemmPlan();
+  for (GemmRoute r : {startup.decode, startup.batch, startup.prefill}) EXPECT_NE(r, GemmRoute::kAuto);
+  EXPECT_NE(ActiveGemmRouteDescription().find(GemmPlanName(startup)), std::string::npos);
+  EXPECT_NE(ActiveGemmRouteDescription().find("start-up choice"), std::string::npos);
   SetGemmRoute(GemmRoute::kF32Fma);
-  EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma);
-  EXPECT_NE(ActiveGemmRouteDescription().find("fp32_fma (forced"), std::string::npos);
+  EXPECT_EQ(ActiveGemmPlan(), GemmPlan::All(GemmRoute::kF32Fma));
+  EXPECT_EQ(ActiveGemmRoute(4096), GemmRoute::kF32Fma);
+  EXPECT_NE(ActiveGemmRouteDescription().find("decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (forced"),
+            std::string::npos);
+  // One class forced, the others the start-up choice.
+  SetGemmPlan({GemmRoute::kAuto, GemmRoute::kAuto, GemmRoute::kF32Fma});
+  EXPECT_EQ(ActiveGemmPlan(), (GemmPlan{startup.decode, startup.batch, GemmRoute::kF32Fma}));
+  EXPECT_NE(ActiveGemmRouteDescription().find("forced in part"), std::string::npos);
   SetGemmRoute(GemmRoute::kAuto);
-  setenv("KDA_GEMM_ROUTE", "fp32_fma", 1);
+  EXPECT_EQ(ActiveGemmPlan(), startup);
+  setenv("KDA_GEMM_ROUTE", "batch=fp32_fma", 1);
   internal::ResetGemmRouteForTesting();
-  EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma);
+  EXPECT_EQ(ActiveGemmPlan(), (GemmPlan{startup.decode, GemmRoute::kF32Fma, startup.prefill}));
   setenv("KDA_GEMM_ROUTE", "fast", 1);
   internal::ResetGemmRouteForTesting();
-  ExpectErrorContaining([] { ActiveGemmRoute(); }, "KDA_GEMM_ROUTE environment variable: unknown GEMM route 'fast'");
+  ExpectErrorContaining([] { ActiveGemmPlan(); }, "KDA_GEMM_ROUTE environment variable: unknown GEMM route 'fast'");
   // A bad value is an error where the route is needed: a Linear's forward.
   const Linear l(std::vector<float>(32, 1.0F), 1, 32, DType::kBF16);
   std::vector<BF16> x(32, ToBF16(1.0F));
@@ -394,15 +427,44 @@ TEST_F(GemmRouteSwitchTest, ActiveRouteIsNeverAutoAndFollowsSetAndEnvironment) {
   ExpectErrorContaining([&] { l.Forward({y.data(), DType::kBF16}, {x.data(), DType::kBF16}, 1); }, "KDA_GEMM_ROUTE");
 }
 
+// The start-up choice follows what the process runs: the tiles for batches and
+// prefill where the OS grants them and oneDNN reaches them; decode steps on
+// kda's small-M kernels, with the faster instruction per core.
+TEST_F(GemmRouteSwitchTest, StartupChoiceTakesTheTilesWhereTheyRun) {
+  const GemmPlan plan = ActiveGemmPlan();
+  EXPECT_NE(plan.decode, GemmRoute::kAmx);
+  if (!CpuSupportsGemmRoute(GemmRoute::kAmx)) {
+    std::printf("[ NOTE     ] this host runs no AMX tiles (%s): the amx route is not tested here\n",
+                AmxTilesGranted() ? "granted, but oneDNN has no bf16 matmul on them" : "none granted");
+    EXPECT_NE(plan.batch, GemmRoute::kAmx);
+    EXPECT_NE(ActiveGemmRouteDescription().find("AMX tiles"), std::string::npos);
+    ExpectErrorContaining([] { SetGemmRoute(GemmRoute::kAmx); }, "GEMM route 'amx' cannot run here");
+    return;
+  }
+  EXPECT_TRUE(AmxTilesGranted());
+  EXPECT_EQ(plan.batch, GemmRoute::kAmx);
+  EXPECT_EQ(plan.prefill, GemmRoute::kAmx);
+  EXPECT_NE(ActiveGemmRouteDescription().find("AMX tiles granted, oneDNN brg:avx512_core_amx"), std::string::npos);
+  // The tile loop runs here.
+  float sink = 0.0F;
+  EXPECT_GT(RunProbeLoop(ProbeInstruction::kAmxBf16, 16, &sink), 0.0);
+  EXPECT_GT(ProbeGflopsOneThread(ProbeInstruction::kAmxBf16, 1e-4, 1),
+            ProbeGflopsOneThread(ProbeInstruction::kFma, 1e-4, 1));
+}
+
 TEST_F(GemmRouteSwitchTest, KernelIsaLimitsTheRoutes) {
-  // The bf16 dot is an AVX-512 instruction: under any other ISA it does not
-  // exist, forcing it is an error and the table's choice falls back to fp32 FMA.
+  // The bf16 dot and the tiles need the avx512 kernels: under any other ISA
+  // they do not exist, forcing them is an error and the start-up choice falls
+  // back to fp32 FMA.
   for (KernelIsa isa : testing::SupportedIsas()) {
     if (isa == KernelIsa::kAvx512) continue;
     SetKernelIsa(isa);
-    EXPECT_FALSE(CpuSupportsGemmRoute(GemmRoute::kBf16Dot)) << KernelIsaName(isa);
-    ExpectErrorContaining([] { SetGemmRoute(GemmRoute::kBf16Dot); }, "GEMM route 'bf16_dot' cannot run here");
-    EXPECT_EQ(ActiveGemmRoute(), GemmRoute::kF32Fma) << KernelIsaName(isa);
+    for (GemmRoute r : {GemmRoute::kBf16Dot, GemmRoute::kAmx}) {
+      EXPECT_FALSE(CpuSupportsGemmRoute(r)) << KernelIsaName(isa);
+      ExpectErrorContaining([r] { SetGemmRoute(r); },
+                            std::string("GEMM route '") + GemmRouteName(r) + "' cannot run here");
+    }
+    EXPECT_EQ(ActiveGemmPlan(), GemmPlan::All(GemmRoute::kF32Fma)) << KernelIsaName(isa);
   }
   internal::ResetKernelIsaForTesting();
   EXPECT_TRUE(CpuSupportsGemmRoute(GemmRoute::kF32Fma));

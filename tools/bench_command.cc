@@ -151,8 +151,10 @@ int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl
   }
   for (const std::string& n : served.notes) std::printf("note: %s\n", n.c_str());
   std::printf("kernels: %s\n", kernels.c_str());
-  // The bf16 pipeline's GEMM route; the fp32 pipeline always uses fp32 FMAs.
-  std::printf("projections: GEMM route %s\n\n", ActiveGemmRouteDescription().c_str());
+  // The bf16 pipeline's GEMM routes per class of rows; the fp32 pipeline always uses fp32 FMAs.
+  std::printf("projections: GEMM routes %s\n\n", model.act_dtype == DType::kF32
+                                                     ? "decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (fp32 pipeline)"
+                                                     : ActiveGemmRouteDescription().c_str());
   std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
   for (const auto& [key, val] : by_batch) {
     const auto mode = static_cast<ForwardMode>(key.first);
@@ -202,19 +204,21 @@ int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl
         worst_ratio, pass ? "PASS" : "FAIL");
   }
   if (opt.json) {
+    const GemmPlan plan = model.act_dtype == DType::kF32 ? GemmPlan::All(GemmRoute::kF32Fma) : ActiveGemmPlan();
     std::printf(
         "{\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"state_bytes_per_request\": %lld, "
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "
         "\"prefill_tokens\": %lld, \"decode_tokens\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
         "\"kernel\": \"%s\", \"tp\": %d, \"dp\": %d, \"rank_state_bytes_per_request\": %lld, "
         "\"allreduce_time_share\": %.6g, \"weights\": \"%s\", \"weight_bytes_per_layer\": %lld, \"gemm_route\": "
-        "\"%s\", "
+        "\"%s\", \"gemm_route_decode\": \"%s\", \"gemm_route_batch\": \"%s\", \"gemm_route_prefill\": \"%s\", "
         "\"model_type\": \"%s\"",
         prefill_tps, decode_tps, static_cast<long long>(per_request), static_cast<long long>(per_request) * running,
         worst_ratio, opt.requests, L, static_cast<long long>(extend_tokens), static_cast<long long>(decode_tokens),
         opt.dtype.c_str(), NumThreads(), ActiveKernelDescription(kernel), groups.tp_size(), groups.dp_size(),
         static_cast<long long>(rank_per_request), worst_share, WeightFormatName(model.weights_format),
-        static_cast<long long>(weight_bytes), GemmRouteName(ActiveGemmRoute()), model.model_type.c_str());
+        static_cast<long long>(weight_bytes), GemmPlanName(plan).c_str(), GemmRouteName(plan.decode),
+        GemmRouteName(plan.batch), GemmRouteName(plan.prefill), model.model_type.c_str());
     if (one_shot_us > 0) {
       std::printf(
           ", \"prefill_us_per_token_per_layer\": %.3f, \"one_shot_layer_us_per_token\": %.3f, "

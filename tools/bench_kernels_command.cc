@@ -6,7 +6,6 @@
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
 
@@ -29,6 +28,7 @@
 #include "kda/bench/kernel_problems.h"
 #include "kda/bench/layer_problem.h"
 #include "kda/bench/timing.h"
+#include "kda/kernels/cpu_probe.h"
 #include "kda/kernels/gemm_route.h"
 #include "kda/kernels/kda_args.h"
 #include "kda/kernels/kda_dispatch.h"
@@ -109,116 +109,39 @@ double InputHugePageFraction(const bench::ChunkProblem& p) {
 
 // ------------------------------------------------------------ machine ceilings
 
-// A register-only FMA loop: 12 independent accumulators (enough to cover the
-// FMA latency at full throughput), `iters` rounds; returns a value that
-// depends on every accumulator so that nothing is optimised away.
-constexpr int kFmaChains = 12;
-
-#if defined(__x86_64__)
-// The loop for one vector ISA: VEC its register type, P the prefix of its
-// intrinsics (_mm512, _mm256); the accumulators are summed lane by lane.
-#define KDA_FMA_LOOP(NAME, TARGET, VEC, P)                                                                   \
-  __attribute__((target(TARGET))) float NAME(int64_t iters) {                                                \
-    VEC acc[kFmaChains];                                                                                     \
-    for (int i = 0; i < kFmaChains; ++i) acc[i] = P##_set1_ps(1.0F + 0.001F * static_cast<float>(i));        \
-    const VEC mul = P##_set1_ps(0.999999F);                                                                  \
-    const VEC add = P##_set1_ps(1e-7F);                                                                      \
-    for (int64_t it = 0; it < iters; ++it) {                                                                 \
-      _Pragma("GCC unroll 12") for (int i = 0; i < kFmaChains; ++i) acc[i] = P##_fmadd_ps(acc[i], mul, add); \
-    }                                                                                                        \
-    VEC sum = acc[0];                                                                                        \
-    for (int i = 1; i < kFmaChains; ++i) sum = P##_add_ps(sum, acc[i]);                                      \
-    float lanes[sizeof(VEC) / sizeof(float)];                                                                \
-    P##_storeu_ps(lanes, sum);                                                                               \
-    float r = 0.0F;                                                                                          \
-    for (float x : lanes) r += x;                                                                            \
-    return r;                                                                                                \
-  }
-KDA_FMA_LOOP(FmaLoopAvx512, "avx512f", __m512, _mm512)
-KDA_FMA_LOOP(FmaLoopAvx2, "avx2,fma", __m256, _mm256)
-#undef KDA_FMA_LOOP
-#endif
-
-#if defined(__x86_64__)
-// The bf16 dot product (vdpbf16ps: per fp32 lane, two bf16 products added to
-// the accumulator, 4 flops), 12 independent chains as the FMA loop, so that the
-// two rates compare instruction for instruction: which of them is the faster
-// route for bf16 GEMMs differs between CPUs (design §6).
-__attribute__((target("avx512bf16,avx512f"))) float Bf16DotLoopAvx512(int64_t iters) {
-  __m512 acc[kFmaChains];
-  for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_set1_ps(1.0F + 0.001F * static_cast<float>(i));
-  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.999F), _mm512_set1_ps(1e-3F));
-  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-4F), _mm512_set1_ps(-1e-4F));
-  for (int64_t it = 0; it < iters; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < kFmaChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
-  }
-  __m512 sum = acc[0];
-  for (int i = 1; i < kFmaChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
-  return _mm512_reduce_add_ps(sum);
-}
-#endif
-
-// Multiply-adds of the portable build (the compiler may vectorise them).
-float FmaLoopScalar(int64_t iters) {
-  float acc[kFmaChains];
-  for (int i = 0; i < kFmaChains; ++i) acc[i] = 1.0F + 0.001F * static_cast<float>(i);
-  for (int64_t it = 0; it < iters; ++it) {
-    for (float& a : acc) a = a * 0.999999F + 1e-7F;
-  }
-  float r = 0.0F;
-  for (float a : acc) r += a;
-  return r;
-}
-
-// The best rate in GFLOP/s of `threads` threads each running loop(iters)
-// (flops_per_iter flops per iteration and thread), the best of max(3, repeats)
-// timed runs after a short one that wakes the threads: a ceiling, so the best
-// run, the least disturbed one.
-double BestLoopGflops(int threads, int repeats, float (*loop)(int64_t), int64_t iters, double flops_per_iter) {
+// The best rate in GFLOP/s of `threads` threads each running the register-only
+// loop of `p` (kda/kernels/cpu_probe.h) for `iters` rounds, the best of
+// max(3, repeats) timed runs after a short one that wakes the threads: a
+// ceiling, so the best run, the least disturbed one. 0 where the instruction
+// cannot run here.
+double BestLoopGflops(int threads, int repeats, ProbeInstruction p, int64_t iters) {
+  if (!CanRunProbe(p)) return 0.0;
   std::vector<float> sink(static_cast<size_t>(threads), 0.0F);
-  ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters / 8); });  // wakes the threads
+  ParallelFor(threads, [&](int64_t i) { RunProbeLoop(p, iters / 8, &sink[static_cast<size_t>(i)]); });
   double best = 0.0;
   for (int r = 0; r < std::max(3, repeats); ++r) {
     const Clock::time_point t0 = Clock::now();
-    ParallelFor(threads, [&](int64_t i) { sink[static_cast<size_t>(i)] += loop(iters); });
+    ParallelFor(threads, [&](int64_t i) { RunProbeLoop(p, iters, &sink[static_cast<size_t>(i)]); });
     const double s = Seconds(t0);
-    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * flops_per_iter / s);
+    best = std::max(best, static_cast<double>(threads) * static_cast<double>(iters) * ProbeFlopsPerRound(p) / s);
   }
   if (sink[0] == 42.0F) std::fputs("", stdout);  // keeps the loops observable
   return best / 1e9;
 }
 
-// The fp32 FMA peak of `threads` threads in GFLOP/s (2 flops per lane per
-// FMA), with the widest FMA this CPU has (BestLoopGflops).
+// Each loop runs about 0.15 s per thread at the rates of the CPUs measured.
 double MeasureFmaPeakGflops(int threads, int repeats) {
-  int lanes = 1;
-  float (*loop)(int64_t) = &FmaLoopScalar;
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f")) {
-    loop = &FmaLoopAvx512;
-    lanes = 16;
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    loop = &FmaLoopAvx2;
-    lanes = 8;
-  }
-#endif
-  const int64_t iters = 240'000'000 / lanes;  // ~0.15 s per thread at ~100 GFLOP/s
-  return BestLoopGflops(threads, repeats, loop, iters, kFmaChains * lanes * 2.0);
+  return BestLoopGflops(threads, repeats, ProbeInstruction::kFma,
+                        static_cast<int64_t>(5.76e9 / std::max(1.0, ProbeFlopsPerRound(ProbeInstruction::kFma))));
 }
 
-// The bf16 dot-product peak of `threads` threads in GFLOP/s (4 flops per fp32
-// lane per vdpbf16ps, BestLoopGflops); 0 where the CPU has no AVX512-BF16.
 double MeasureBf16DotPeakGflops(int threads, int repeats) {
-#if defined(__x86_64__)
-  if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
-  constexpr int kLanes = 16;
-  return BestLoopGflops(threads, repeats, &Bf16DotLoopAvx512, 240'000'000 / kLanes / 2, kFmaChains * kLanes * 4.0);
-#else
-  static_cast<void>(threads);
-  static_cast<void>(repeats);
-  return 0.0;
-#endif
+  return BestLoopGflops(threads, repeats, ProbeInstruction::kBf16Dot, 240'000'000 / 16 / 2);
+}
+
+// The tile unit's peak (bf16 tdpbf16ps, int8 tdpbssd); 0 without granted AMX tiles.
+double MeasureTilePeakGflops(int threads, int repeats, ProbeInstruction p) {
+  return BestLoopGflops(threads, repeats, p, 200'000);
 }
 
 // memcpy bandwidth on buffers far larger than the last-level cache, split over
@@ -287,6 +210,8 @@ struct Machine {
   int threads = 1;
   double fma_peak_gflops = 0.0;
   double bf16_dot_gflops = 0.0;  // vdpbf16ps peak; 0: no AVX512-BF16
+  double amx_bf16_gflops = 0.0;  // tdpbf16ps peak; 0: no AMX tiles granted
+  double amx_int8_gops = 0.0;    // tdpbssd peak (integer operations)
   double copy_gbps = 0.0;
   double rmw_gbps = 0.0;
   int64_t llc_bytes = 0;     // the last-level cache (sysfs; 0: unknown)
@@ -348,10 +273,11 @@ void PrintRow(const BenchRow& r, bool json) {
 void PrintHeader(const Machine& m, bool json) {
   if (json) return;
   std::printf(
-      "machine: %d threads, fp32 FMA peak %.1f GFLOP/s, bf16 dot peak %.1f GFLOP/s, memcpy %.2f GB/s copied, "
+      "machine: %d threads, fp32 FMA peak %.1f GFLOP/s, bf16 dot peak %.1f GFLOP/s, AMX bf16 peak %.1f GFLOP/s, AMX "
+      "int8 peak %.1f GOP/s, memcpy %.2f GB/s copied, "
       "in-place r+w %.2f GB/s, read %.2f GB/s over %.0f MiB (last-level cache %.0f MiB)\n",
-      m.threads, m.fma_peak_gflops, m.bf16_dot_gflops, m.copy_gbps, m.rmw_gbps, m.read_gbps,
-      static_cast<double>(m.stream_bytes) / 1048576.0, static_cast<double>(m.llc_bytes) / 1048576.0);
+      m.threads, m.fma_peak_gflops, m.bf16_dot_gflops, m.amx_bf16_gflops, m.amx_int8_gops, m.copy_gbps, m.rmw_gbps,
+      m.read_gbps, static_cast<double>(m.stream_bytes) / 1048576.0, static_cast<double>(m.llc_bytes) / 1048576.0);
   std::printf("%-9s %-9s %-7s %-8s %3s %4s %3s %5s %3s %11s\n", "kernel", "impl", "isa", "dtype", "H", "K", "N", "T",
               "thr", "us/token");
 }
@@ -396,6 +322,26 @@ BenchRow Row(const Machine& m, const char* kernel, KernelImpl impl, DType dtype,
   return r;
 }
 
+// The peak of the instruction a GEMM route multiplies with, measured in this run.
+double RoutePeakGflops(const Machine& m, GemmRoute route) {
+  switch (route) {
+    case GemmRoute::kAmx:
+      return m.amx_bf16_gflops;
+    case GemmRoute::kBf16Dot:
+      return m.bf16_dot_gflops;
+    default:
+      return m.fma_peak_gflops;
+  }
+}
+
+// A row's rate as a share of the tile unit's bf16 peak of the same run, where
+// the process has the tiles.
+void AddTileShare(const Machine& m, double gflops, BenchRow* r) {
+  if (m.amx_bf16_gflops <= 0.0) return;
+  r->extra.emplace_back("amx_bf16_peak_gflops", m.amx_bf16_gflops);
+  r->extra.emplace_back("share_of_amx_peak", gflops / m.amx_bf16_gflops);
+}
+
 // Prefill: chunk_kda over `lengths`. us_per_token is the median call time / T
 // (best_us_per_token: the best call's); the floor is the recurrent form's
 // 7 K V H flops per token at the FMA peak (itself the best of its runs).
@@ -417,6 +363,8 @@ BenchRow ChunkRow(const Machine& m, KernelImpl impl, DType dtype, const std::vec
              {"minflt_per_call", static_cast<double>(c1.minor_faults - c0.minor_faults) / repeats},
              {"vcsw_per_call", static_cast<double>(c1.voluntary_switches - c0.voluntary_switches) / repeats},
              {"input_huge_page_fraction", InputHugePageFraction(p)}};
+  // The recurrent form's flops as a share of the tile unit's peak.
+  AddTileShare(m, 7.0 * kHeadDim * kHeadDim * kHeads / (r.us_per_token * 1e3), &r);
   return r;
 }
 
@@ -491,6 +439,8 @@ BenchRow LayerRow(const Machine& m, const std::string& model_type, KernelImpl im
              {"gemm_gflops", gemm_gflops},
              {"fma_peak_gflops", m.fma_peak_gflops},
              {"bf16_dot_gflops", m.bf16_dot_gflops}};
+  r.gemm_route = dtype == DType::kBF16 ? GemmRouteName(ActiveGemmRoute(t)) : "fp32_fma";
+  AddTileShare(m, gemm_gflops * gemm_us_per_token / us_per_token, &r);
   return r;
 }
 
@@ -593,8 +543,8 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
     const bench::ProjectionProblem& p = *problems[i];
     const double call_us = Median(t[i]) * 1e6;
     // The fp32 pipeline always multiplies with fp32 FMAs; the bf16 one as the route says.
-    const GemmRoute route = cases[i].dtype == DType::kF32 ? GemmRoute::kF32Fma : ActiveGemmRoute();
-    const double peak = route == GemmRoute::kBf16Dot ? m.bf16_dot_gflops : m.fma_peak_gflops;
+    const GemmRoute route = cases[i].dtype == DType::kF32 ? GemmRoute::kF32Fma : ActiveGemmRoute(rows);
+    const double peak = RoutePeakGflops(m, route);
     const auto bytes = static_cast<double>(p.StepBytes());
     BenchRow r = Row(m, "projections", KernelImpl::kOptimized, cases[i].dtype, 1, rows, static_cast<int>(calls));
     r.weights = cases[i].weights;
@@ -609,6 +559,7 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
                {"compute_peak_gflops", peak},
                {"flop_floor_us", flops / (peak * 1e3)},
                {"ratio_to_flop_floor", call_us * peak * 1e3 / flops}};
+    AddTileShare(m, flops / (call_us * 1e3), &r);
     if (streamed) {
       const double read_floor_us = bytes / (m.read_gbps * 1e3);
       r.extra.insert(r.extra.end(), {{"streamed_bytes", static_cast<double>(p.model.num_layers()) * bytes},
@@ -845,6 +796,8 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   m.threads = NumThreads();
   m.fma_peak_gflops = MeasureFmaPeakGflops(m.threads, opt.repeats);
   m.bf16_dot_gflops = MeasureBf16DotPeakGflops(m.threads, opt.repeats);
+  m.amx_bf16_gflops = MeasureTilePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxBf16);
+  m.amx_int8_gops = MeasureTilePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxInt8);
   m.copy_gbps = MeasureCopyGbps(m.threads, opt.repeats);
   m.rmw_gbps = MeasureReadWriteGbps(m.threads, opt.repeats, opt.repeats > 0 ? 1.0F : 0.5F);
   m.llc_bytes = bench::LastLevelCacheBytes();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kda/base/bf16.h"
 
@@ -50,6 +51,15 @@ struct GemvArgs {
   float* y_f32 = nullptr;
   BF16* y_bf16 = nullptr;
 };
+
+// oneDNN's implementation of a bf16 matmul on the AMX tiles (e.g.
+// "brg:avx512_core_amx_bf16"), empty where it offers none; with allow_tiles
+// false, oneDNN's instruction set is capped below the tiles for the process
+// (before its first primitive) and "" returned (kernels/gemm/linear.cc).
+std::string OneDnnTileImplementation(bool allow_tiles);
+// Finds the GEMM engines once (kernels/gemm/gemm_route.cc): called before
+// oneDNN's first primitive.
+void FindGemmEngines();
 
 // Forgets the SetGemmRoute value and the parsed KDA_GEMM_ROUTE environment
 // variable (tests; kernels/gemm/gemm_route.cc).

@@ -1,17 +1,17 @@
-// The GEMM route (kda/kernels/gemm_route.h): the table of measured CPUs, the
-// CPU's identity, and the one switch (SetGemmRoute / KDA_GEMM_ROUTE / table).
+// The GEMM route (kda/kernels/gemm_route.h): what this process can run, the
+// start-up choice per class of rows, and the one switch (SetGemmPlan /
+// KDA_GEMM_ROUTE / the start-up choice).
 #include "kda/kernels/gemm_route.h"
 
+#include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
+#include <sstream>
 #include <string>
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 #include "base/named_choice.h"
 #include "kda/base/error.h"
+#include "kda/kernels/cpu_probe.h"
 #include "kda/kernels/kernel_isa.h"
 #include "kernels/gemm/gemm_internal.h"
 
@@ -19,94 +19,175 @@ namespace kda {
 namespace {
 
 // In the enum's order.
-constexpr const char* kRouteNames[] = {"auto", "bf16_dot", "fp32_fma"};
+constexpr const char* kRouteNames[] = {"auto", "bf16_dot", "fp32_fma", "amx"};
+constexpr const char* kRowsNames[] = {"decode", "batch", "prefill"};
+constexpr GemmRows kAllRows[] = {GemmRows::kDecode, GemmRows::kBatch, GemmRows::kPrefill};
 
-// Register-only rates of one core (`kda bench-kernels --json`: fma_peak_gflops
-// and bf16_dot_gflops over its threads), fp32 FMA counted as 2 flops per lane
-// and vdpbf16ps as 4. The bf16 dot is the route where it is the faster.
-struct MeasuredCpu {
-  const char* vendor;
-  unsigned family;
-  unsigned model;
-  const char* name;
-  double fma_gflops;
-  double bf16_dot_gflops;
-};
-
-constexpr MeasuredCpu kMeasuredCpus[] = {
-    // Zen 4 runs a 512-bit FMA as two halves; its bf16 dot is the fast route.
-    {"AuthenticAMD", 25, 17, "Zen 4", 116.0, 230.0},
-    // vdpbf16ps issues at half the FMA rate here.
-    {"GenuineIntel", 6, 207, "Xeon, Emerald Rapids", 167.0, 82.0},
-};
-
-struct CpuIdentity {
-  char vendor[13] = {};
-  unsigned family = 0;
-  unsigned model = 0;
-  bool avx512_bf16 = false;
-  CpuIdentity() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    unsigned eax = 0;
-    unsigned ebx = 0;
-    unsigned ecx = 0;
-    unsigned edx = 0;
-    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0) {
-      std::memcpy(vendor, &ebx, 4);
-      std::memcpy(vendor + 4, &edx, 4);
-      std::memcpy(vendor + 8, &ecx, 4);
+// oneDNN takes the tiles for every bf16 matmul it can once its instruction
+// set allows them, whichever route is asked (it has no per-product choice),
+// and fixes that set at its first primitive: where KDA_GEMM_ROUTE names a
+// route for every class and none is amx, the tiles are kept off for the
+// process, so that the bf16 dot is what runs.
+bool EnvRulesOutTiles() {
+  const char* text = std::getenv("KDA_GEMM_ROUTE");
+  if (text == nullptr || text[0] == '\0') return false;
+  try {
+    const GemmPlan plan = ParseGemmPlan(text);
+    for (GemmRows rows : kAllRows) {
+      if (plan.For(rows) == GemmRoute::kAuto || plan.For(rows) == GemmRoute::kAmx) return false;
     }
-    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) {
-      // The displayed family and model (Intel SDM / AMD APM): the extended
-      // fields add in where the base family is 15 (and 6, for the model).
-      const unsigned base_family = (eax >> 8) & 0xfU;
-      const unsigned base_model = (eax >> 4) & 0xfU;
-      family = base_family == 0xfU ? base_family + ((eax >> 20) & 0xffU) : base_family;
-      model = base_family == 0xfU || base_family == 6U ? base_model + (((eax >> 16) & 0xfU) << 4) : base_model;
-    }
-    __builtin_cpu_init();
-    avx512_bf16 = __builtin_cpu_supports("avx512bf16") != 0;
-#endif
+    return true;
+  } catch (const Error&) {
+    return false;  // reported where the route is needed
   }
-  const MeasuredCpu* Measured() const {
-    for (const MeasuredCpu& c : kMeasuredCpus) {
-      if (std::strcmp(c.vendor, vendor) == 0 && c.family == family && c.model == model) return &c;
+}
+
+// What this process can run, found once: the CPU's bf16 dot, the tile unit
+// (granted by the OS and reached by oneDNN's bf16 matmul), and the
+// register-only rates of one core's fp32 FMA and bf16 dot.
+struct Engines {
+  bool bf16_dot = false;
+  bool amx = false;
+  std::string amx_impl;          // oneDNN's implementation of a bf16 matmul on the tiles
+  bool tiles_ruled_out = false;  // KDA_GEMM_ROUTE names a route for every class, none the tiles
+  double fma_gflops = 0.0;
+  double dot_gflops = 0.0;
+  double decided_ms = 0.0;
+  Engines() {
+    const auto t0 = std::chrono::steady_clock::now();
+    bf16_dot = CanRunProbe(ProbeInstruction::kBf16Dot);
+    if (AmxTilesGranted()) {
+      tiles_ruled_out = EnvRulesOutTiles();
+      amx_impl = internal::OneDnnTileImplementation(!tiles_ruled_out);
+      amx = !amx_impl.empty();
     }
-    return nullptr;
+    // About 1 ms a rate: the choice between the two is a factor of two either
+    // way on the CPUs measured (docs/projections.md).
+    constexpr double kProbeSeconds = 3e-4;
+    constexpr int kProbeRepeats = 3;
+    fma_gflops = ProbeGflopsOneThread(ProbeInstruction::kFma, kProbeSeconds, kProbeRepeats);
+    if (bf16_dot) dot_gflops = ProbeGflopsOneThread(ProbeInstruction::kBf16Dot, kProbeSeconds, kProbeRepeats);
+    decided_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 };
 
-const CpuIdentity& Cpu() {
-  static const CpuIdentity cpu;
-  return cpu;
+const Engines& Found() {
+  static const Engines engines;
+  return engines;
 }
 
-// The table's route for this CPU, whether or not it can run now; a CPU not in
-// the table takes the bf16 dot where it has the instruction.
-GemmRoute TableRoute() {
-  const MeasuredCpu* m = Cpu().Measured();
-  if (m != nullptr) return m->bf16_dot_gflops > m->fma_gflops ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma;
-  return Cpu().avx512_bf16 ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma;
+bool Avx512Kernels() { return ActiveKernelIsa() == KernelIsa::kAvx512; }
+
+// The start-up choice for a class, under the active KDA_ISA: the tiles for
+// batches and prefill where they run, else the faster instruction per core.
+GemmRoute StartupRoute(GemmRows rows) {
+  if (!Avx512Kernels()) return GemmRoute::kF32Fma;
+  const Engines& e = Found();
+  if (rows != GemmRows::kDecode && e.amx) return GemmRoute::kAmx;
+  return e.bf16_dot && e.dot_gflops > e.fma_gflops ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma;
 }
 
-EnvSetting<GemmRoute>& Env() {
-  static EnvSetting<GemmRoute> env("KDA_GEMM_ROUTE", GemmRoute::kAuto);
+// The forced plan packed into an int for EnvSetting (two bits a class).
+enum class PackedPlan : int {};
+PackedPlan Pack(const GemmPlan& p) {
+  return static_cast<PackedPlan>(static_cast<int>(p.decode) | (static_cast<int>(p.batch) << 2) |
+                                 (static_cast<int>(p.prefill) << 4));
+}
+GemmPlan Unpack(PackedPlan packed) {
+  const int v = static_cast<int>(packed);
+  return {static_cast<GemmRoute>(v & 3), static_cast<GemmRoute>((v >> 2) & 3), static_cast<GemmRoute>((v >> 4) & 3)};
+}
+
+EnvSetting<PackedPlan>& Env() {
+  static EnvSetting<PackedPlan> env("KDA_GEMM_ROUTE", Pack(GemmPlan{}));
   return env;
 }
 
+GemmPlan Forced() {
+  return Unpack(Env().Get([](const char* text) { return Pack(ParseGemmPlan(text)); }));
+}
+
 std::string Unsupported(GemmRoute route) {
-  return std::string("GEMM route '") + GemmRouteName(route) + "' cannot run here (" +
-         (Cpu().avx512_bf16
-              ? "the bf16 dot needs the avx512 kernels; KDA_ISA is " + std::string(KernelIsaName(ActiveKernelIsa()))
-              : std::string("the CPU has no AVX512-BF16")) +
-         ")";
+  std::string why;
+  const Engines& e = Found();
+  if (route == GemmRoute::kBf16Dot && !e.bf16_dot) {
+    why = "the CPU has no AVX512-BF16";
+  } else if (route == GemmRoute::kAmx && !e.amx) {
+    why = AmxTilesGranted() ? "oneDNN has no bf16 matmul on the tiles" : "no AMX tile state granted to this process";
+  } else {
+    why = std::string("it needs the avx512 kernels; KDA_ISA is ") + KernelIsaName(ActiveKernelIsa());
+  }
+  return std::string("GEMM route '") + GemmRouteName(route) + "' cannot run here (" + why + ")";
+}
+
+void CheckRuns(const GemmPlan& plan) {
+  for (GemmRows rows : kAllRows) {
+    const GemmRoute r = plan.For(rows);
+    Check(CpuSupportsGemmRoute(r), [r] { return Unsupported(r); });
+  }
 }
 
 }  // namespace
 
+GemmRows GemmRowsOf(int64_t m) {
+  if (m <= kGemmDecodeMaxRows) return GemmRows::kDecode;
+  return m <= kGemmBatchMaxRows ? GemmRows::kBatch : GemmRows::kPrefill;
+}
+
+const char* GemmRowsName(GemmRows rows) { return NameOf(rows, kRowsNames); }
+
+GemmRoute GemmPlan::For(GemmRows rows) const {
+  switch (rows) {
+    case GemmRows::kDecode:
+      return decode;
+    case GemmRows::kBatch:
+      return batch;
+    case GemmRows::kPrefill:
+      return prefill;
+  }
+  return prefill;
+}
+
+GemmRoute& GemmPlan::At(GemmRows rows) {
+  switch (rows) {
+    case GemmRows::kDecode:
+      return decode;
+    case GemmRows::kBatch:
+      return batch;
+    case GemmRows::kPrefill:
+      break;
+  }
+  return prefill;
+}
+
 GemmRoute ParseGemmRoute(const std::string& name) { return ParseNamed<GemmRoute>(name, kRouteNames, "GEMM route"); }
 
 const char* GemmRouteName(GemmRoute route) { return NameOf(route, kRouteNames); }
+
+GemmPlan ParseGemmPlan(const std::string& text) {
+  if (text.find('=') == std::string::npos) return GemmPlan::All(ParseGemmRoute(text));
+  GemmPlan plan;
+  bool named[kGemmRowClasses] = {};
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    const size_t eq = part.find('=');
+    Check(eq != std::string::npos, "GEMM routes: '" + part + "' is not CLASS=ROUTE");
+    const auto rows = ParseNamed<GemmRows>(part.substr(0, eq), kRowsNames, "class of rows");
+    Check(!named[static_cast<int>(rows)], "GEMM routes: class '" + part.substr(0, eq) + "' named twice");
+    named[static_cast<int>(rows)] = true;
+    plan.At(rows) = ParseGemmRoute(part.substr(eq + 1));
+  }
+  return plan;
+}
+
+std::string GemmPlanName(const GemmPlan& plan) {
+  std::string s;
+  for (GemmRows rows : kAllRows) {
+    s += std::string(s.empty() ? "" : ",") + GemmRowsName(rows) + "=" + GemmRouteName(plan.For(rows));
+  }
+  return s;
+}
 
 bool CpuSupportsGemmRoute(GemmRoute route) {
   switch (route) {
@@ -114,54 +195,64 @@ bool CpuSupportsGemmRoute(GemmRoute route) {
     case GemmRoute::kF32Fma:
       return true;
     case GemmRoute::kBf16Dot:
-      return Cpu().avx512_bf16 && ActiveKernelIsa() == KernelIsa::kAvx512;
+      return Found().bf16_dot && Avx512Kernels();
+    case GemmRoute::kAmx:
+      return Found().amx && Avx512Kernels();
   }
   return false;
 }
 
-void SetGemmRoute(GemmRoute route) {
-  Check(CpuSupportsGemmRoute(route), [route] { return Unsupported(route); });
-  if (route == GemmRoute::kAuto) {
+void SetGemmRoute(GemmRoute route) { SetGemmPlan(GemmPlan::All(route)); }
+
+void SetGemmPlan(const GemmPlan& plan) {
+  CheckRuns(plan);
+  if (plan == GemmPlan{}) {
     Env().Unset();
   } else {
-    Env().Set(route);
+    Env().Set(Pack(plan));
   }
 }
 
-GemmRoute ActiveGemmRoute() {
-  const GemmRoute chosen = Env().Get([](const char* text) { return ParseGemmRoute(text); });
-  if (chosen != GemmRoute::kAuto) {
-    // Checked on every use: KDA_ISA may change what can run.
-    Check(CpuSupportsGemmRoute(chosen), [chosen] { return Unsupported(chosen); });
-    return chosen;
+GemmPlan ActiveGemmPlan() {
+  GemmPlan plan = Forced();
+  // Checked on every use: KDA_ISA may change what can run.
+  CheckRuns(plan);
+  for (GemmRows rows : kAllRows) {
+    if (plan.For(rows) == GemmRoute::kAuto) plan.At(rows) = StartupRoute(rows);
   }
-  const GemmRoute table = TableRoute();
-  return CpuSupportsGemmRoute(table) ? table : GemmRoute::kF32Fma;
+  return plan;
 }
+
+GemmRoute ActiveGemmRoute(int64_t m) { return ActiveGemmPlan().ForRows(m); }
 
 std::string ActiveGemmRouteDescription() {
-  const GemmRoute route = ActiveGemmRoute();
-  const CpuIdentity& cpu = Cpu();
-  char id[96];
-  std::snprintf(id, sizeof(id), "%s family %u model %u", cpu.vendor, cpu.family, cpu.model);
+  const GemmPlan plan = ActiveGemmPlan();
+  const GemmPlan forced = Forced();
+  const Engines& e = Found();
+  char rates[256];
+  std::snprintf(rates, sizeof(rates), "per core fp32 FMA %.0f, bf16 dot %.0f GFLOP/s; found in %.1f ms", e.fma_gflops,
+                e.dot_gflops, e.decided_ms);
   std::string why;
-  if (Env().Get([](const char* text) { return ParseGemmRoute(text); }) != GemmRoute::kAuto) {
+  if (forced == GemmPlan::All(forced.decode) && forced.decode != GemmRoute::kAuto) {
     why = "forced (SetGemmRoute or KDA_GEMM_ROUTE)";
-  } else if (route != TableRoute()) {
-    why = Unsupported(TableRoute());
-  } else if (const MeasuredCpu* m = cpu.Measured()) {
-    char rates[160];
-    std::snprintf(rates, sizeof(rates), "%s, %s: bf16 dot %.0f vs fp32 FMA %.0f GFLOP/s per core", id, m->name,
-                  m->bf16_dot_gflops, m->fma_gflops);
-    why = rates;
   } else {
-    why = std::string(id) + ": not in the table of measured CPUs; " +
-          (cpu.avx512_bf16 ? "the bf16 dot where the CPU has AVX512-BF16" : "no AVX512-BF16");
+    why = forced == GemmPlan{} ? "start-up choice"
+                               : "forced in part (SetGemmPlan or KDA_GEMM_ROUTE), else start-up choice";
+    why += std::string(": ") +
+           (e.amx ? "AMX tiles granted, oneDNN " + e.amx_impl
+                  : (AmxTilesGranted() ? "AMX tiles granted, no oneDNN bf16 matmul on them" : "no AMX tiles"));
+    if (!Avx512Kernels()) why += std::string(", KDA_ISA ") + KernelIsaName(ActiveKernelIsa());
   }
-  return std::string(GemmRouteName(route)) + " (" + why + ")";
+  if (e.tiles_ruled_out) why += "; oneDNN kept off the tiles";
+  if (e.amx && (plan.batch == GemmRoute::kBf16Dot || plan.prefill == GemmRoute::kBf16Dot)) {
+    why += "; oneDNN runs bf16_dot's products of more than 16 rows on the tiles where its brgemm takes them";
+  }
+  return GemmPlanName(plan) + " (" + why + "; " + rates + ")";
 }
 
 namespace internal {
+
+void FindGemmEngines() { Found(); }
 
 void ResetGemmRouteForTesting() { Env().Reset(); }
 

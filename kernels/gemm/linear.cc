@@ -18,11 +18,45 @@ namespace kda {
 namespace {
 
 dnnl::engine& CpuEngine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  // oneDNN fixes its instruction set at its first primitive: the GEMM
+  // engines are found (and the tiles kept off where KDA_GEMM_ROUTE rules
+  // them out) before.
+  static dnnl::engine engine = [] {
+    internal::FindGemmEngines();
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
 }  // namespace
+
+namespace internal {
+
+std::string OneDnnTileImplementation(bool allow_tiles) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  try {
+    if (!allow_tiles) {
+      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
+      return "";
+    }
+    // A shape oneDNN 2.6's brgemm puts on the tiles where it can.
+    const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc src({64, 64}, dt::bf16, tag::ab);
+    const dnnl::memory::desc w({64, 64}, dt::bf16, dnnl::memory::dims{1, 64});
+    const dnnl::memory::desc dst({64, 64}, dt::bf16, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, w, dst), engine);
+    do {
+      const std::string impl = pd.impl_info_str();
+      if (impl.find("amx") != std::string::npos) return impl;
+    } while (pd.next_impl());
+  } catch (const dnnl::error&) {
+    return "";
+  }
+  return "";
+}
+
+}  // namespace internal
 
 constexpr size_t kMaxCachedPrimitives = 64;
 
@@ -34,9 +68,9 @@ struct Linear::Impl {
   std::vector<BF16> w_bf16;  // a BF16 Linear's dense weights
   Q8Weight q8;               // Q8 weights
   mutable std::mutex mu;
-  // (rows, output columns, bf16 compute, bf16 output): Q8 and widened bf16
-  // weights run tiles of the columns.
-  using PrimitiveKey = std::tuple<int64_t, int64_t, bool, bool>;
+  // (rows, output columns, route, bf16 output): Q8 and widened bf16 weights
+  // run tiles of the columns.
+  using PrimitiveKey = std::tuple<int64_t, int64_t, GemmRoute, bool>;
   mutable std::map<PrimitiveKey, dnnl::matmul> primitives;
 };
 
@@ -140,15 +174,16 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   Check(y.dtype == DType::kF32 || y.dtype == dtype_, "Linear: output dtype must be F32 or the weight dtype");
   Check(m >= 0, "Linear: negative row count");
   if (m == 0) return;
-  // The bf16 pipeline's route (kda/kernels/gemm_route.h); fp32 is fp32 FMA.
-  const bool bf16_dot = dtype_ == DType::kBF16 && ActiveGemmRoute() == GemmRoute::kBf16Dot;
-  if (m <= internal::kGemvMaxRows && (format_ == WeightFormat::kInt8 || in_ % internal::kGemvBlock == 0)) {
-    ForwardSmall(y, x, m, bf16_dot);
+  // The bf16 pipeline's route for m rows (kda/kernels/gemm_route.h); fp32 is fp32 FMA.
+  const GemmRoute route = dtype_ == DType::kBF16 ? ActiveGemmRoute(m) : GemmRoute::kF32Fma;
+  if (route != GemmRoute::kAmx && m <= internal::kGemvMaxRows &&
+      (format_ == WeightFormat::kInt8 || in_ % internal::kGemvBlock == 0)) {
+    ForwardSmall(y, x, m, route == GemmRoute::kBf16Dot);
     return;
   }
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
-  const dt ct = bf16_dot ? dt::bf16 : dt::f32;
+  const dt ct = route == GemmRoute::kF32Fma ? dt::f32 : dt::bf16;
 
   // Inputs in the compute type (bf16 widened to fp32 on the fp32 FMA route).
   std::vector<float> x_wide;
@@ -186,7 +221,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     dnnl::matmul prim;
     {
       std::lock_guard<std::mutex> lock(impl_->mu);
-      const Impl::PrimitiveKey key{m, cols, ct == dt::bf16, native_bf16_out};
+      const Impl::PrimitiveKey key{m, cols, route, native_bf16_out};
       auto it = impl_->primitives.find(key);
       if (it == impl_->primitives.end()) {
         // A serving loop sees many row counts: keep the cache bounded.

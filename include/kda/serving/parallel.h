@@ -74,12 +74,13 @@ struct ParallelServeResult {
 std::vector<RequestResult> GatherResults(const DeltaRuleModel& model, const ParallelGroups& groups,
                                          std::vector<RequestResult> local);
 
-// The projections' GEMM route (kda/kernels/gemm_route.h) of world rank 0, set
-// on every rank, so that a job's ranks sum in one order and report one route;
-// fp32_fma when some rank's CPU cannot run rank 0's bf16 dot. kda::Error on
-// every rank when some rank's KDA_GEMM_ROUTE is invalid. Collective over
-// `world`; ServeParallel calls it first.
-GemmRoute AgreeGemmRoute(Communicator& world);
+// The projections' GEMM routes (kda/kernels/gemm_route.h, one per class of
+// rows) of world rank 0, set on every rank, so that a job's ranks sum in one
+// order and report one plan; where some rank cannot run rank 0's route for a
+// class, the tiles fall back to the bf16 dot and the bf16 dot to fp32_fma.
+// kda::Error on every rank when some rank's KDA_GEMM_ROUTE is invalid.
+// Collective over `world`; ServeParallel calls it first.
+GemmPlan AgreeGemmPlan(Communicator& world);
 
 // Serves `requests` (every request of the job, the same list on every rank,
 // distinct ids) over `groups` with `model`, this rank's tensor-parallel shard
