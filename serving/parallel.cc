@@ -225,26 +225,28 @@ GemmPlan AgreeGemmPlan(Communicator& world) {
   } catch (const Error& e) {
     error = e.what();
   }
-  std::vector<float> info(static_cast<size_t>(kFields * n), 0.0F);
-  float* mine = &info[static_cast<size_t>(kFields * world.rank())];
+  std::vector<float> info(static_cast<size_t>(kFields) * static_cast<size_t>(n), 0.0F);
+  // Field f of rank r.
+  const auto at = [&](int r, int f) { return info[static_cast<size_t>(r) * kFields + static_cast<size_t>(f)]; };
+  float* mine = &info[static_cast<size_t>(kFields) * static_cast<size_t>(world.rank())];
   for (int c = 0; c < kGemmRowClasses; ++c) mine[c] = static_cast<float>(own.For(kRows[c]));
   mine[kGemmRowClasses] = CpuSupportsGemmRoute(GemmRoute::kBf16Dot) ? 1.0F : 0.0F;
   mine[kGemmRowClasses + 1] = CpuSupportsGemmRoute(GemmRoute::kAmx) ? 1.0F : 0.0F;
   if (n > 1) world.AllReduceSum(info.data(), kFields * n);
   for (int r = 0; r < n; ++r) {
-    Check(info[static_cast<size_t>(kFields * r)] != 0.0F, [&] {
+    Check(at(r, 0) != 0.0F, [&] {
       return error.empty() ? "the GEMM route of rank " + std::to_string(r) + " is not valid (KDA_GEMM_ROUTE)" : error;
     });
   }
   bool dot_everywhere = true;
   bool tiles_everywhere = true;
   for (int r = 0; r < n; ++r) {
-    dot_everywhere = dot_everywhere && info[static_cast<size_t>(kFields * r + kGemmRowClasses)] != 0.0F;
-    tiles_everywhere = tiles_everywhere && info[static_cast<size_t>(kFields * r + kGemmRowClasses + 1)] != 0.0F;
+    dot_everywhere = dot_everywhere && at(r, kGemmRowClasses) != 0.0F;
+    tiles_everywhere = tiles_everywhere && at(r, kGemmRowClasses + 1) != 0.0F;
   }
   GemmPlan plan;
   for (int c = 0; c < kGemmRowClasses; ++c) {
-    auto route = static_cast<GemmRoute>(static_cast<int>(info[static_cast<size_t>(c)]));
+    auto route = static_cast<GemmRoute>(static_cast<int>(at(0, c)));
     // A route some rank cannot run falls back: the tiles to the bf16 dot, the
     // bf16 dot to fp32 FMAs.
     if (route == GemmRoute::kAmx && !tiles_everywhere) route = GemmRoute::kBf16Dot;

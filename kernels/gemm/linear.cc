@@ -47,7 +47,7 @@ std::string OneDnnTileImplementation(bool allow_tiles) {
     const dnnl::memory::desc dst({64, 64}, dt::bf16, tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, w, dst), engine);
     do {
-      const std::string impl = pd.impl_info_str();
+      std::string impl = pd.impl_info_str();
       if (impl.find("amx") != std::string::npos) return impl;
     } while (pd.next_impl());
   } catch (const dnnl::error&) {
