@@ -92,25 +92,24 @@ __attribute__((target("amx-tile,amx-bf16,amx-int8"))) float AmxLoop(int64_t iter
   _tile_zero(3);
   _tile_zero(4);
   _tile_zero(5);
+  // Six independent accumulators a round (the tile numbers are immediates).
+#define KDA_TILE_ROUND(OP) \
+  OP(0, 6, 7);             \
+  OP(1, 6, 7);             \
+  OP(2, 6, 7);             \
+  OP(3, 6, 7);             \
+  OP(4, 6, 7);             \
+  OP(5, 6, 7)
   if (int8) {
     for (int64_t i = 0; i < iters; ++i) {
-      _tile_dpbssd(0, 6, 7);
-      _tile_dpbssd(1, 6, 7);
-      _tile_dpbssd(2, 6, 7);
-      _tile_dpbssd(3, 6, 7);
-      _tile_dpbssd(4, 6, 7);
-      _tile_dpbssd(5, 6, 7);
+      KDA_TILE_ROUND(_tile_dpbssd);
     }
   } else {
     for (int64_t i = 0; i < iters; ++i) {
-      _tile_dpbf16ps(0, 6, 7);
-      _tile_dpbf16ps(1, 6, 7);
-      _tile_dpbf16ps(2, 6, 7);
-      _tile_dpbf16ps(3, 6, 7);
-      _tile_dpbf16ps(4, 6, 7);
-      _tile_dpbf16ps(5, 6, 7);
+      KDA_TILE_ROUND(_tile_dpbf16ps);
     }
   }
+#undef KDA_TILE_ROUND
   alignas(64) float out[256];
   _tile_stored(5, out, 64);
   _tile_release();

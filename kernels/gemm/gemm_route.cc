@@ -136,29 +136,27 @@ GemmRows GemmRowsOf(int64_t m) {
 
 const char* GemmRowsName(GemmRows rows) { return NameOf(rows, kRowsNames); }
 
-GemmRoute GemmPlan::For(GemmRows rows) const {
-  switch (rows) {
-    case GemmRows::kDecode:
-      return decode;
-    case GemmRows::kBatch:
-      return batch;
-    case GemmRows::kPrefill:
-      return prefill;
-  }
-  return prefill;
-}
+namespace {
 
-GemmRoute& GemmPlan::At(GemmRows rows) {
+// The plan's field for a class (const or not).
+template <class Plan>
+auto& FieldOf(Plan& plan, GemmRows rows) {
   switch (rows) {
     case GemmRows::kDecode:
-      return decode;
+      return plan.decode;
     case GemmRows::kBatch:
-      return batch;
+      return plan.batch;
     case GemmRows::kPrefill:
       break;
   }
-  return prefill;
+  return plan.prefill;
 }
+
+}  // namespace
+
+GemmRoute GemmPlan::For(GemmRows rows) const { return FieldOf(*this, rows); }
+
+GemmRoute& GemmPlan::At(GemmRows rows) { return FieldOf(*this, rows); }
 
 GemmRoute ParseGemmRoute(const std::string& name) { return ParseNamed<GemmRoute>(name, kRouteNames, "GEMM route"); }
 
