@@ -232,7 +232,7 @@ void BM_Linear(benchmark::State& state) {
   const ConstBuf src = dtype == DType::kF32 ? ConstBuf{x.data(), DType::kF32} : ConstBuf{xb.data(), DType::kBF16};
   const MutBuf dst{y.data(), DType::kF32};
   state.SetLabel(std::string(ActiveKernelDescription(KernelImpl::kOptimized)) + " " +
-                 (dtype == DType::kBF16 ? GemmRouteName(ActiveGemmRoute(m)) : "fp32"));
+                 GemmRouteName(PipelineGemmPlan(dtype).ForRows(m)));
   for (const Linear& l : copies) l.Forward(dst, src, m);  // warm-up
   size_t i = 0;
   for (auto _ : state) {  // NOLINT(clang-analyzer-deadcode.DeadStores): the benchmark idiom

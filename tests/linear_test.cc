@@ -401,17 +401,21 @@ TEST_F(GemmRouteSwitchTest, RowCountsFallIntoTheirClasses) {
 TEST_F(GemmRouteSwitchTest, ActiveRouteIsNeverAutoAndFollowsSetAndEnvironment) {
   const GemmPlan startup = ActiveGemmPlan();
   for (GemmRoute r : {startup.decode, startup.batch, startup.prefill}) EXPECT_NE(r, GemmRoute::kAuto);
-  EXPECT_NE(ActiveGemmRouteDescription().find(GemmPlanName(startup)), std::string::npos);
-  EXPECT_NE(ActiveGemmRouteDescription().find("start-up choice"), std::string::npos);
+  EXPECT_NE(GemmRouteDescription(DType::kBF16).find(GemmPlanName(startup)), std::string::npos);
+  EXPECT_NE(GemmRouteDescription(DType::kBF16).find("start-up choice"), std::string::npos);
+  // The fp32 pipeline multiplies with fp32 FMAs whatever the routes.
+  EXPECT_EQ(PipelineGemmPlan(DType::kF32), GemmPlan::All(GemmRoute::kF32Fma));
+  EXPECT_EQ(PipelineGemmPlan(DType::kBF16), startup);
+  EXPECT_EQ(GemmRouteDescription(DType::kF32), "decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (the fp32 pipeline)");
   SetGemmRoute(GemmRoute::kF32Fma);
   EXPECT_EQ(ActiveGemmPlan(), GemmPlan::All(GemmRoute::kF32Fma));
   EXPECT_EQ(ActiveGemmRoute(4096), GemmRoute::kF32Fma);
-  EXPECT_NE(ActiveGemmRouteDescription().find("decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (forced"),
+  EXPECT_NE(GemmRouteDescription(DType::kBF16).find("decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (forced"),
             std::string::npos);
   // One class forced, the others the start-up choice.
   SetGemmPlan({GemmRoute::kAuto, GemmRoute::kAuto, GemmRoute::kF32Fma});
   EXPECT_EQ(ActiveGemmPlan(), (GemmPlan{startup.decode, startup.batch, GemmRoute::kF32Fma}));
-  EXPECT_NE(ActiveGemmRouteDescription().find("forced in part"), std::string::npos);
+  EXPECT_NE(GemmRouteDescription(DType::kBF16).find("forced in part"), std::string::npos);
   SetGemmRoute(GemmRoute::kAuto);
   EXPECT_EQ(ActiveGemmPlan(), startup);
   setenv("KDA_GEMM_ROUTE", "batch=fp32_fma", 1);
@@ -437,14 +441,15 @@ TEST_F(GemmRouteSwitchTest, StartupChoiceTakesTheTilesWhereTheyRun) {
     std::printf("[ NOTE     ] this host runs no AMX tiles (%s): the amx route is not tested here\n",
                 AmxTilesGranted() ? "granted, but oneDNN has no bf16 matmul on them" : "none granted");
     EXPECT_NE(plan.batch, GemmRoute::kAmx);
-    EXPECT_NE(ActiveGemmRouteDescription().find("AMX tiles"), std::string::npos);
+    EXPECT_NE(GemmRouteDescription(DType::kBF16).find("AMX tiles"), std::string::npos);
     ExpectErrorContaining([] { SetGemmRoute(GemmRoute::kAmx); }, "GEMM route 'amx' cannot run here");
     return;
   }
   EXPECT_TRUE(AmxTilesGranted());
   EXPECT_EQ(plan.batch, GemmRoute::kAmx);
   EXPECT_EQ(plan.prefill, GemmRoute::kAmx);
-  EXPECT_NE(ActiveGemmRouteDescription().find("AMX tiles granted, oneDNN brg:avx512_core_amx"), std::string::npos);
+  EXPECT_NE(GemmRouteDescription(DType::kBF16).find("AMX tiles granted, oneDNN brg:avx512_core_amx"),
+            std::string::npos);
   // The tile loop runs here.
   float sink = 0.0F;
   EXPECT_GT(RunProbeLoop(ProbeInstruction::kAmxBf16, 16, &sink), 0.0);

@@ -151,10 +151,8 @@ int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl
   }
   for (const std::string& n : served.notes) std::printf("note: %s\n", n.c_str());
   std::printf("kernels: %s\n", kernels.c_str());
-  // The bf16 pipeline's GEMM routes per class of rows; the fp32 pipeline always uses fp32 FMAs.
-  std::printf("projections: GEMM routes %s\n\n", model.act_dtype == DType::kF32
-                                                     ? "decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma (fp32 pipeline)"
-                                                     : ActiveGemmRouteDescription().c_str());
+  // The GEMM routes per class of rows; the fp32 pipeline always uses fp32 FMAs.
+  std::printf("projections: GEMM routes %s\n\n", GemmRouteDescription(model.act_dtype).c_str());
   std::printf("  %-8s %6s %8s %12s %14s\n", "mode", "batch", "steps", "ms/step", "tokens/s");
   for (const auto& [key, val] : by_batch) {
     const auto mode = static_cast<ForwardMode>(key.first);
@@ -204,7 +202,7 @@ int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl
         worst_ratio, pass ? "PASS" : "FAIL");
   }
   if (opt.json) {
-    const GemmPlan plan = model.act_dtype == DType::kF32 ? GemmPlan::All(GemmRoute::kF32Fma) : ActiveGemmPlan();
+    const GemmPlan plan = PipelineGemmPlan(model.act_dtype);
     std::printf(
         "{\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"state_bytes_per_request\": %lld, "
         "\"state_bytes_total\": %lld, \"self_check_max_ratio\": %.6g, \"requests\": %d, \"layers\": %d, "

@@ -1,14 +1,5 @@
 #include "tools/bench_kernels_command.h"
 
-#if defined(__x86_64__)
-// g++ 12 warns about the intentionally undefined operands in its own AVX-512
-// headers (GCC bug 105593); the pragma covers only those headers.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic pop
-#endif
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -129,19 +120,14 @@ double BestLoopGflops(int threads, int repeats, ProbeInstruction p, int64_t iter
   return best / 1e9;
 }
 
-// Each loop runs about 0.15 s per thread at the rates of the CPUs measured.
-double MeasureFmaPeakGflops(int threads, int repeats) {
-  return BestLoopGflops(threads, repeats, ProbeInstruction::kFma,
-                        static_cast<int64_t>(5.76e9 / std::max(1.0, ProbeFlopsPerRound(ProbeInstruction::kFma))));
-}
-
-double MeasureBf16DotPeakGflops(int threads, int repeats) {
-  return BestLoopGflops(threads, repeats, ProbeInstruction::kBf16Dot, 240'000'000 / 16 / 2);
-}
-
-// The tile unit's peak (bf16 tdpbf16ps, int8 tdpbssd); 0 without granted AMX tiles.
-double MeasureTilePeakGflops(int threads, int repeats, ProbeInstruction p) {
-  return BestLoopGflops(threads, repeats, p, 200'000);
+// The peak of `threads` threads for the instruction of `p` in GFLOP/s (GOP/s
+// for int8 tiles), each loop sized to about 30 ms at one thread's rate; 0
+// where the instruction cannot run here.
+double MeasurePeakGflops(int threads, int repeats, ProbeInstruction p) {
+  const double one_thread = ProbeGflopsOneThread(p, 1e-3, 1);
+  if (one_thread <= 0.0) return 0.0;
+  const double iters = 0.03 * one_thread * 1e9 / ProbeFlopsPerRound(p);
+  return BestLoopGflops(threads, repeats, p, std::max<int64_t>(1, static_cast<int64_t>(iters)));
 }
 
 // memcpy bandwidth on buffers far larger than the last-level cache, split over
@@ -439,7 +425,7 @@ BenchRow LayerRow(const Machine& m, const std::string& model_type, KernelImpl im
              {"gemm_gflops", gemm_gflops},
              {"fma_peak_gflops", m.fma_peak_gflops},
              {"bf16_dot_gflops", m.bf16_dot_gflops}};
-  r.gemm_route = dtype == DType::kBF16 ? GemmRouteName(ActiveGemmRoute(t)) : "fp32_fma";
+  r.gemm_route = GemmRouteName(PipelineGemmPlan(dtype).ForRows(t));
   AddTileShare(m, gemm_gflops * gemm_us_per_token / us_per_token, &r);
   return r;
 }
@@ -543,7 +529,7 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
     const bench::ProjectionProblem& p = *problems[i];
     const double call_us = Median(t[i]) * 1e6;
     // The fp32 pipeline always multiplies with fp32 FMAs; the bf16 one as the route says.
-    const GemmRoute route = cases[i].dtype == DType::kF32 ? GemmRoute::kF32Fma : ActiveGemmRoute(rows);
+    const GemmRoute route = PipelineGemmPlan(cases[i].dtype).ForRows(rows);
     const double peak = RoutePeakGflops(m, route);
     const auto bytes = static_cast<double>(p.StepBytes());
     BenchRow r = Row(m, "projections", KernelImpl::kOptimized, cases[i].dtype, 1, rows, static_cast<int>(calls));
@@ -794,10 +780,10 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   SetNumThreads(opt.threads);
   Machine m;
   m.threads = NumThreads();
-  m.fma_peak_gflops = MeasureFmaPeakGflops(m.threads, opt.repeats);
-  m.bf16_dot_gflops = MeasureBf16DotPeakGflops(m.threads, opt.repeats);
-  m.amx_bf16_gflops = MeasureTilePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxBf16);
-  m.amx_int8_gops = MeasureTilePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxInt8);
+  m.fma_peak_gflops = MeasurePeakGflops(m.threads, opt.repeats, ProbeInstruction::kFma);
+  m.bf16_dot_gflops = MeasurePeakGflops(m.threads, opt.repeats, ProbeInstruction::kBf16Dot);
+  m.amx_bf16_gflops = MeasurePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxBf16);
+  m.amx_int8_gops = MeasurePeakGflops(m.threads, opt.repeats, ProbeInstruction::kAmxInt8);
   m.copy_gbps = MeasureCopyGbps(m.threads, opt.repeats);
   m.rmw_gbps = MeasureReadWriteGbps(m.threads, opt.repeats, opt.repeats > 0 ? 1.0F : 0.5F);
   m.llc_bytes = bench::LastLevelCacheBytes();

@@ -202,11 +202,9 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
       "layer %d (%s, %s weights, kernel %s, GEMM routes %s%s): %lld tokens in %lld sequences, %lld steps (%lld "
       "EXTEND, %lld DECODE), %.3f ms -> %s\n",
       layer, opt.dtype.c_str(), WeightFormatName(wf), ActiveKernelDescription(kernel),
-      ParseActivationDType(opt.dtype) == DType::kF32 ? "decode=fp32_fma,batch=fp32_fma,prefill=fp32_fma"
-                                                     : GemmPlanName(ActiveGemmPlan()).c_str(),
-      ParallelNote(groups).c_str(), static_cast<long long>(T), static_cast<long long>(N),
-      static_cast<long long>(s.steps), static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps),
-      secs * 1e3, opt.output.c_str());
+      GemmPlanName(PipelineGemmPlan(ParseActivationDType(opt.dtype))).c_str(), ParallelNote(groups).c_str(),
+      static_cast<long long>(T), static_cast<long long>(N), static_cast<long long>(s.steps),
+      static_cast<long long>(s.extend_steps), static_cast<long long>(s.decode_steps), secs * 1e3, opt.output.c_str());
   return 0;
 }
 

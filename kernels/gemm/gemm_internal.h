@@ -7,12 +7,14 @@
 #include <string>
 
 #include "kda/base/bf16.h"
+#include "kda/kernels/gemm_route.h"
 
 namespace kda::internal {
 
-// The most input rows the small-M kernels take (decode batches); larger
-// products go to the GEMM library (Q8 weights dequantized into panels).
-inline constexpr int64_t kGemvMaxRows = 16;
+// The most input rows the small-M kernels take: the decode class of the GEMM
+// routes; larger products go to the GEMM library (Q8 weights dequantized
+// into panels).
+inline constexpr int64_t kGemvMaxRows = kGemmDecodeMaxRows;
 // Dense weights reach the small-M kernels when their input dim is a multiple
 // of this (the kernels' block; Q8 weights always are).
 inline constexpr int64_t kGemvBlock = 32;
@@ -53,10 +55,11 @@ struct GemvArgs {
 };
 
 // oneDNN's implementation of a bf16 matmul on the AMX tiles (e.g.
-// "brg:avx512_core_amx_bf16"), empty where it offers none; with allow_tiles
-// false, oneDNN's instruction set is capped below the tiles for the process
-// (before its first primitive) and "" returned (kernels/gemm/linear.cc).
-std::string OneDnnTileImplementation(bool allow_tiles);
+// "brg:avx512_core_amx_bf16"), empty where it offers none (kernels/gemm/linear.cc).
+std::string OneDnnTileImplementation();
+// Caps oneDNN's instruction set below the tiles for the process; before its
+// first primitive.
+void CapOneDnnBelowTiles();
 // Finds the GEMM engines once (kernels/gemm/gemm_route.cc): called before
 // oneDNN's first primitive.
 void FindGemmEngines();

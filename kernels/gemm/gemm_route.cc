@@ -58,7 +58,11 @@ struct Engines {
     bf16_dot = CanRunProbe(ProbeInstruction::kBf16Dot);
     if (AmxTilesGranted()) {
       tiles_ruled_out = EnvRulesOutTiles();
-      amx_impl = internal::OneDnnTileImplementation(!tiles_ruled_out);
+      if (tiles_ruled_out) {
+        internal::CapOneDnnBelowTiles();
+      } else {
+        amx_impl = internal::OneDnnTileImplementation();
+      }
       amx = !amx_impl.empty();
     }
     // About 1 ms a rate: the choice between the two is a factor of two either
@@ -76,12 +80,25 @@ const Engines& Found() {
   return engines;
 }
 
-bool Avx512Kernels() { return ActiveKernelIsa() == KernelIsa::kAvx512; }
+// Whether the route runs under the kernels' instruction set `isa` (KDA_ISA):
+// the bf16 dot and the tiles need the avx512 kernels.
+bool Runs(GemmRoute route, KernelIsa isa) {
+  switch (route) {
+    case GemmRoute::kAuto:
+    case GemmRoute::kF32Fma:
+      return true;
+    case GemmRoute::kBf16Dot:
+      return Found().bf16_dot && isa == KernelIsa::kAvx512;
+    case GemmRoute::kAmx:
+      return Found().amx && isa == KernelIsa::kAvx512;
+  }
+  return false;
+}
 
-// The start-up choice for a class, under the active KDA_ISA: the tiles for
-// batches and prefill where they run, else the faster instruction per core.
-GemmRoute StartupRoute(GemmRows rows) {
-  if (!Avx512Kernels()) return GemmRoute::kF32Fma;
+// The start-up choice for a class under `isa`: the tiles for batches and
+// prefill where they run, else the faster instruction per core.
+GemmRoute StartupRoute(GemmRows rows, KernelIsa isa) {
+  if (isa != KernelIsa::kAvx512) return GemmRoute::kF32Fma;
   const Engines& e = Found();
   if (rows != GemmRows::kDecode && e.amx) return GemmRoute::kAmx;
   return e.bf16_dot && e.dot_gflops > e.fma_gflops ? GemmRoute::kBf16Dot : GemmRoute::kF32Fma;
@@ -113,17 +130,20 @@ std::string Unsupported(GemmRoute route) {
   if (route == GemmRoute::kBf16Dot && !e.bf16_dot) {
     why = "the CPU has no AVX512-BF16";
   } else if (route == GemmRoute::kAmx && !e.amx) {
-    why = AmxTilesGranted() ? "oneDNN has no bf16 matmul on the tiles" : "no AMX tile state granted to this process";
+    why = !AmxTilesGranted() ? "no AMX tile state granted to this process"
+          : e.tiles_ruled_out
+              ? "KDA_GEMM_ROUTE named every class without amx at start-up, so oneDNN was kept off the tiles"
+              : "oneDNN has no bf16 matmul on the tiles";
   } else {
     why = std::string("it needs the avx512 kernels; KDA_ISA is ") + KernelIsaName(ActiveKernelIsa());
   }
   return std::string("GEMM route '") + GemmRouteName(route) + "' cannot run here (" + why + ")";
 }
 
-void CheckRuns(const GemmPlan& plan) {
+void CheckRuns(const GemmPlan& plan, KernelIsa isa) {
   for (GemmRows rows : kAllRows) {
     const GemmRoute r = plan.For(rows);
-    Check(CpuSupportsGemmRoute(r), [r] { return Unsupported(r); });
+    Check(Runs(r, isa), [r] { return Unsupported(r); });
   }
 }
 
@@ -187,23 +207,12 @@ std::string GemmPlanName(const GemmPlan& plan) {
   return s;
 }
 
-bool CpuSupportsGemmRoute(GemmRoute route) {
-  switch (route) {
-    case GemmRoute::kAuto:
-    case GemmRoute::kF32Fma:
-      return true;
-    case GemmRoute::kBf16Dot:
-      return Found().bf16_dot && Avx512Kernels();
-    case GemmRoute::kAmx:
-      return Found().amx && Avx512Kernels();
-  }
-  return false;
-}
+bool CpuSupportsGemmRoute(GemmRoute route) { return Runs(route, ActiveKernelIsa()); }
 
 void SetGemmRoute(GemmRoute route) { SetGemmPlan(GemmPlan::All(route)); }
 
 void SetGemmPlan(const GemmPlan& plan) {
-  CheckRuns(plan);
+  CheckRuns(plan, ActiveKernelIsa());
   if (plan == GemmPlan{}) {
     Env().Unset();
   } else {
@@ -214,16 +223,22 @@ void SetGemmPlan(const GemmPlan& plan) {
 GemmPlan ActiveGemmPlan() {
   GemmPlan plan = Forced();
   // Checked on every use: KDA_ISA may change what can run.
-  CheckRuns(plan);
+  const KernelIsa isa = ActiveKernelIsa();
+  CheckRuns(plan, isa);
   for (GemmRows rows : kAllRows) {
-    if (plan.For(rows) == GemmRoute::kAuto) plan.At(rows) = StartupRoute(rows);
+    if (plan.For(rows) == GemmRoute::kAuto) plan.At(rows) = StartupRoute(rows, isa);
   }
   return plan;
 }
 
 GemmRoute ActiveGemmRoute(int64_t m) { return ActiveGemmPlan().ForRows(m); }
 
-std::string ActiveGemmRouteDescription() {
+GemmPlan PipelineGemmPlan(DType act_dtype) {
+  return act_dtype == DType::kF32 ? GemmPlan::All(GemmRoute::kF32Fma) : ActiveGemmPlan();
+}
+
+std::string GemmRouteDescription(DType act_dtype) {
+  if (act_dtype == DType::kF32) return GemmPlanName(PipelineGemmPlan(act_dtype)) + " (the fp32 pipeline)";
   const GemmPlan plan = ActiveGemmPlan();
   const GemmPlan forced = Forced();
   const Engines& e = Found();
@@ -239,7 +254,7 @@ std::string ActiveGemmRouteDescription() {
     why += std::string(": ") +
            (e.amx ? "AMX tiles granted, oneDNN " + e.amx_impl
                   : (AmxTilesGranted() ? "AMX tiles granted, no oneDNN bf16 matmul on them" : "no AMX tiles"));
-    if (!Avx512Kernels()) why += std::string(", KDA_ISA ") + KernelIsaName(ActiveKernelIsa());
+    if (ActiveKernelIsa() != KernelIsa::kAvx512) why += std::string(", KDA_ISA ") + KernelIsaName(ActiveKernelIsa());
   }
   if (e.tiles_ruled_out) why += "; oneDNN kept off the tiles";
   if (e.amx && (plan.batch == GemmRoute::kBf16Dot || plan.prefill == GemmRoute::kBf16Dot)) {

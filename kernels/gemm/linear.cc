@@ -32,14 +32,10 @@ dnnl::engine& CpuEngine() {
 
 namespace internal {
 
-std::string OneDnnTileImplementation(bool allow_tiles) {
+std::string OneDnnTileImplementation() {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   try {
-    if (!allow_tiles) {
-      dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16);
-      return "";
-    }
     // A shape oneDNN 2.6's brgemm puts on the tiles where it can.
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     const dnnl::memory::desc src({64, 64}, dt::bf16, tag::ab);
@@ -55,6 +51,8 @@ std::string OneDnnTileImplementation(bool allow_tiles) {
   }
   return "";
 }
+
+void CapOneDnnBelowTiles() { dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16); }
 
 }  // namespace internal
 
@@ -175,7 +173,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   Check(m >= 0, "Linear: negative row count");
   if (m == 0) return;
   // The bf16 pipeline's route for m rows (kda/kernels/gemm_route.h); fp32 is fp32 FMA.
-  const GemmRoute route = dtype_ == DType::kBF16 ? ActiveGemmRoute(m) : GemmRoute::kF32Fma;
+  const GemmRoute route = PipelineGemmPlan(dtype_).ForRows(m);
   if (route != GemmRoute::kAmx && m <= internal::kGemvMaxRows &&
       (format_ == WeightFormat::kInt8 || in_ % internal::kGemvBlock == 0)) {
     ForwardSmall(y, x, m, route == GemmRoute::kBf16Dot);

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kda/base/dtype.h"
+
 namespace kda {
 
 enum class GemmRoute : uint8_t {
@@ -78,10 +80,13 @@ void SetGemmPlan(const GemmPlan& plan);
 GemmPlan ActiveGemmPlan();
 // The route for M rows (ActiveGemmPlan().ForRows(m)).
 GemmRoute ActiveGemmRoute(int64_t m);
-// The active routes and why, for a run's log line, e.g. "decode=fp32_fma,
-// batch=amx, prefill=amx (start-up choice: AMX-BF16 tiles granted, oneDNN
-// brg:avx512_core_amx_bf16; per core fp32 FMA 160, bf16 dot 80 GFLOP/s;
-// decided in 4.1 ms)".
-std::string ActiveGemmRouteDescription();
+// The routes a pipeline multiplies with: ActiveGemmPlan() for bf16
+// activations, fp32_fma for every class of the fp32 pipeline.
+GemmPlan PipelineGemmPlan(DType act_dtype);
+// The pipeline's routes and why, for a run's log line, e.g.
+// "decode=fp32_fma,batch=amx,prefill=amx (start-up choice: AMX tiles granted,
+// oneDNN brg:avx512_core_amx_bf16; per core fp32 FMA 236, bf16 dot 118
+// GFLOP/s; found in 1.3 ms)".
+std::string GemmRouteDescription(DType act_dtype);
 
 }  // namespace kda
