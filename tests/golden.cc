@@ -11,9 +11,14 @@ namespace kda::testing {
 
 std::string GoldenDir() {
   if (const char* env = std::getenv("KDA_GOLDEN_DIR"); env != nullptr && *env != '\0') return env;
-  return std::string(KDA_SOURCE_DIR) + "/../shared/golden";
+  return GeneratedGoldenDir();
 }
 
 std::string GeneratedGoldenDir() { return std::string(KDA_BINARY_DIR) + "/golden"; }
+
+std::string SharedGoldenDir() {
+  if (const char* env = std::getenv("KDA_SHARED_GOLDEN_DIR"); env != nullptr) return env;
+  return std::string(KDA_SOURCE_DIR) + "/../shared/golden";
+}
 
 }  // namespace kda::testing

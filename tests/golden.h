@@ -1,8 +1,11 @@
-// Locating the golden cases: $KDA_GOLDEN_DIR, else ../shared/golden beside the
-// source tree; sets named "generated/<set>" are written into the build tree at
-// test time (tests/generate_golden.cmake, the golden_generate fixture). Missing
-// golden data skips the golden tests visibly, or fails them when
-// KDA_REQUIRE_GOLDEN=1.
+// Locating the golden cases. Every test runs on the sets the project's own
+// float64 reference writes into the build tree at test time
+// (tests/generate_golden.cmake, the golden_generate fixture), or on
+// $KDA_GOLDEN_DIR's; sets named "generated/<set>" are read from the build tree
+// always. The independent sets of ../shared/golden (or $KDA_SHARED_GOLDEN_DIR;
+// empty: none), named "shared/<set>", run in addition in the golden layer
+// tests where that directory exists. Missing golden data skips the golden
+// tests visibly, or fails them when KDA_REQUIRE_GOLDEN=1.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,22 +16,30 @@
 #include <ostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace kda::testing {
 
-// $KDA_GOLDEN_DIR, else ../shared/golden beside the source tree (tests/golden.cc).
+// $KDA_GOLDEN_DIR, else GeneratedGoldenDir() (tests/golden.cc).
 std::string GoldenDir();
 
 // Where the golden_generate fixture writes its sets (tests/golden.cc).
 std::string GeneratedGoldenDir();
 
+// ../shared/golden beside the source tree, or $KDA_SHARED_GOLDEN_DIR (tests/golden.cc).
+std::string SharedGoldenDir();
+
 inline constexpr const char* kGeneratedPrefix = "generated/";
+inline constexpr const char* kSharedPrefix = "shared/";
 
 // The directory of a golden set: "kda-mini" under GoldenDir(),
-// "generated/kda-real" under GeneratedGoldenDir().
+// "generated/kda-real" under GeneratedGoldenDir(), "shared/kda-mini" under
+// SharedGoldenDir().
 inline std::string GoldenSetDir(const std::string& set) {
-  const std::string prefix = kGeneratedPrefix;
-  if (set.rfind(prefix, 0) == 0) return GeneratedGoldenDir() + "/" + set.substr(prefix.size());
+  const std::string generated = kGeneratedPrefix;
+  const std::string shared = kSharedPrefix;
+  if (set.rfind(generated, 0) == 0) return GeneratedGoldenDir() + "/" + set.substr(generated.size());
+  if (set.rfind(shared, 0) == 0) return SharedGoldenDir() + "/" + set.substr(shared.size());
   return GoldenDir() + "/" + set;
 }
 
@@ -54,6 +65,21 @@ struct GoldenCase {
   std::string dir;
   std::string name;
 };
+
+// `cases`, then the same cases of ../shared/golden's independent sets
+// ("shared/<set>") for each set that directory holds: where it exists, they
+// run in addition; where it does not, they are not listed (nothing skips).
+inline std::vector<GoldenCase> WithSharedSets(std::vector<GoldenCase> cases) {
+  const size_t n = cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    const GoldenCase c = cases[i];
+    if (c.dir.find('/') != std::string::npos) continue;  // generated/ or shared/ already
+    const std::string shared = std::string(kSharedPrefix) + c.dir;
+    if (std::filesystem::exists(GoldenSetDir(shared) + "/" + c.name + ".safetensors"))
+      cases.push_back({shared, c.name});
+  }
+  return cases;
+}
 
 inline void PrintTo(const GoldenCase& c, std::ostream* os) { *os << c.dir << "/" << c.name; }
 

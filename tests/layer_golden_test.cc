@@ -48,8 +48,9 @@ struct TensorRecorder : LayerObserver {
   }
 };
 
+// The project's sets, then ../shared/golden's independent ones where they exist.
 const std::vector<GoldenCase>& AllCases() {
-  static const std::vector<GoldenCase> cases = {
+  static const std::vector<GoldenCase> cases = testing::WithSharedSets({
       {"kda-mini", "single_T1"},
       {"kda-mini", "single_T8"},
       {"kda-mini", "single_T64"},
@@ -118,7 +119,7 @@ const std::vector<GoldenCase>& AllCases() {
       {"generated/qwen4-mini", "single_T130"},
       {"generated/qwen4-mini", "varlen_unbalanced_5_17_1_41"},
       {"generated/qwen4-mini", "varlen_initstate"},
-  };
+  });
   return cases;
 }
 

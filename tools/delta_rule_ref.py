@@ -421,6 +421,94 @@ class Qwen4Exp(Family):
                 "norm": w["norm.weight"], "out": w["out_proj.weight"], "A_log": w["A_log"], "dt_bias": w["dt_bias"]}
 
 
+class KimiLinear(Glm5Next):
+    """Kimi-Linear's KDA layer: Glm5Next's tensors under model.layers.{i}.self_attn., the softplus gate, bf16 conv
+    weights, A_log stored [1, 1, H, 1]."""
+    set_name, model_type = "kda-mini", "kimi_linear"
+    root, prefix = "model.layers.", "self_attn."
+    lower_bound, conv_f32 = None, False
+
+    def layer_types(self):
+        return ["linear_attention"] * 3 + ["full_attention"]
+
+    def config(self):
+        return {
+            "architectures": ["KimiLinearForCausalLM"],
+            "model_type": "kimi_linear",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.n_layers,
+            "num_attention_heads": self.H,
+            "rms_norm_eps": self.eps,
+            "torch_dtype": "bfloat16",
+            "linear_attn_config": {
+                "kda_layers": [i + 1 for i in self.linear_layers()],  # 1-based
+                "full_attn_layers": [i + 1 for i, t in enumerate(self.layer_types()) if t != "linear_attention"],
+                "head_dim": self.K,
+                "num_heads": self.H,
+                "short_conv_kernel_size": self.W,
+            },
+        }
+
+    def to_checkpoint(self, c):
+        return {**super().to_checkpoint(c), "A_log": c["A_log"].reshape(1, 1, self.H, 1)}
+
+
+class Qwen35Text(Qwen4Exp):
+    """Qwen3.5's Gated DeltaNet (qwen3_5_text): Qwen4Exp's tensors under model.layers.{i}.linear_attn., silu output
+    gate, a flat config."""
+    set_name, model_type = "gdn-gva3", "qwen3_5_text"
+    root, out_act = "model.layers.", "silu"
+
+    def config(self):
+        return {
+            "architectures": ["Qwen3_5ForCausalLM"],
+            "model_type": "qwen3_5_text",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.n_layers,
+            "layer_types": self.layer_types(),
+            "full_attention_interval": 4,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.eps,
+            "linear_num_key_heads": self.H,
+            "linear_num_value_heads": self.HV,
+            "linear_key_head_dim": self.K,
+            "linear_value_head_dim": self.V,
+            "linear_conv_kernel_dim": self.W,
+            "torch_dtype": "bfloat16",
+        }
+
+
+class Qwen3Next(Qwen35Text):
+    """Qwen3-Next's Gated DeltaNet: in_proj_qkvz and in_proj_ba interleaved per key head (for key head h: q_h, k_h,
+    then the r value heads' v rows, then their z rows; b rows then a rows), conv1d channels q|k|v."""
+    set_name, model_type = "gdn-mini", "qwen3_next"
+
+    def config(self):
+        return {**super().config(), "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}
+
+    def to_checkpoint(self, c):
+        (a,), (z,) = c["gate"], c["z"]
+        H, K, V, r = self.H, self.K, self.V, self.HV // self.H
+        qkvz, ba = [], []
+        for h in range(H):
+            vs = slice(h * r * V, (h + 1) * r * V)
+            qkvz += [c["q"][h * K:(h + 1) * K], c["k"][h * K:(h + 1) * K], c["v"][vs], z[vs]]
+            ba += [c["b"][h * r:(h + 1) * r], a[h * r:(h + 1) * r]]
+        return {"in_proj_qkvz.weight": np.concatenate(qkvz, axis=0), "in_proj_ba.weight": np.concatenate(ba, axis=0),
+                "conv1d.weight": c["conv"][:, None, :], "A_log": c["A_log"], "dt_bias": c["dt_bias"],
+                "norm.weight": c["norm"], "out_proj.weight": c["out"]}
+
+    def from_checkpoint(self, w):
+        H, K, V, r = self.H, self.K, self.V, self.HV // self.H
+        qkvz = w["in_proj_qkvz.weight"].reshape(H, 2 * K + 2 * r * V, -1)
+        ba = w["in_proj_ba.weight"].reshape(H, 2 * r, -1)
+        cat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+        return {"q": cat(qkvz[:, :K]), "k": cat(qkvz[:, K:2 * K]), "v": cat(qkvz[:, 2 * K:2 * K + r * V]),
+                "conv": w["conv1d.weight"].reshape(-1, self.W), "gate": [cat(ba[:, r:])], "b": cat(ba[:, :r]),
+                "z": [cat(qkvz[:, 2 * K + r * V:])], "norm": w["norm.weight"], "out": w["out_proj.weight"],
+                "A_log": w["A_log"], "dt_bias": w["dt_bias"]}
+
+
 # ------------------------------------------------------------------------------------------ weights
 
 
@@ -428,6 +516,9 @@ def make_weights(fam: Family, rng: np.random.Generator, gates: str, v_scale: flo
                  gate_std: float = 0.5, b_std: float = 0.05) -> dict:
     """Canonical random weights, every checkpoint value bf16-exact except fp32 conv weights.
 
+    gates (KDA softplus gate; u = f + dt_bias, g = -exp(A_log) softplus(u)):
+      "mild":   A = U(1, 16), softplus(dt_bias) log-uniform in [1e-3, 1e-1], f of std about gate_std.
+      "stress": A = U(1, 16), dt_bias ~ N(0, 1), f of std about 8: g down to about -250 per token.
     gates (KDA lower-bound gate; u = f + dt_bias, g = L sigmoid(exp(A_log) u)):
       "bound":  A = U(1, 16), dt_bias ~ N(0, 1), f of std about gate_std: many dims saturate at L, others
                 decay slowly.
@@ -445,8 +536,10 @@ def make_weights(fam: Family, rng: np.random.Generator, gates: str, v_scale: flo
     c["conv"] = conv.astype(np.float32).astype(np.float64) if fam.conv_f32 else bf16(conv)
     c["b"] = lin(HV, h, b_std)
     if fam.kda:
-        assert gates == "bound" and fam.lower_bound is not None
+        assert (gates == "bound") == (fam.lower_bound is not None)
         p = H * K
+        if gates == "stress":  # the softplus gate's argument up to about 16: g down to about -250 per token
+            gate_std = 8.0
         if isinstance(fam, Glm5Next):  # low-rank f_a [K, hid] -> f_b [p, K]; x f_a^T has std ~ 0.02 sqrt(hid)
             fa = lin(K, h)
             c["gate"] = [fa, lin(p, K, gate_std / (0.02 * math.sqrt(h) * math.sqrt(K)))]
@@ -455,7 +548,11 @@ def make_weights(fam: Family, rng: np.random.Generator, gates: str, v_scale: flo
             c["gate"] = [lin(p, h, gate_std / math.sqrt(h))]
             c["z"] = [lin(p, h)]
         c["A_log"] = bf16(np.log(rng.uniform(1.0, 16.0, H)))
-        c["dt_bias"] = bf16(rng.normal(0.0, 1.0, p))
+        if gates == "mild":  # the softplus gate near dt = softplus(dt_bias), log-uniform in [1e-3, 1e-1]
+            dt = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), p))
+            c["dt_bias"] = bf16(dt + np.log(-np.expm1(-dt)))
+        else:
+            c["dt_bias"] = bf16(rng.normal(0.0, 1.0, p))
     else:
         c["gate"] = [lin(HV, h, 0.05)]
         c["z"] = [lin(HV * V, h)]
@@ -504,6 +601,14 @@ def delta_rule(q, k, v, g, beta, S):
         S = S + k[t][:, :, None] * u[:, None, :]
         o[t] = np.einsum("hk,hkv->hv", q[t], S)
     return o, S
+
+
+def recurrent(q, k, v, g, beta, S):
+    """delta_rule with either gate width: g [T, H, K] (KDA, HV = H) or [T, HV] (GDN, broadcast over K)."""
+    g = np.asarray(g, dtype=np.float64)
+    if g.ndim == 2:
+        g = np.repeat(g[:, :, None], q.shape[-1], axis=2)
+    return delta_rule(q, k, v, g, beta, S)
 
 
 def forward(fam: Family, c: dict, x, cu, rec0=None, conv0=None, bf16_pipeline=False):
@@ -574,7 +679,7 @@ def forward(fam: Family, c: dict, x, cu, rec0=None, conv0=None, bf16_pipeline=Fa
 
 # -------------------------------------------------------------------------------------------- sets
 
-# Every set's cases: (name, sequence lengths, with initial states).
+# A set's cases: (name, sequence lengths, with initial states).
 CASES = [
     ("single_T1", [1], False),
     ("single_T65", [65], False),
@@ -582,23 +687,69 @@ CASES = [
     ("varlen_unbalanced_5_17_1_41", [5, 17, 1, 41], False),
     ("varlen_initstate", [5, 17, 1, 41], True),
 ]
+# The Kimi-Linear, Qwen3-Next and Qwen3.5 sets: the cases (names, lengths) that the independent sets of
+# ../shared/golden hold, so that a clone without them runs every test on these.
+MINI_CASES = [(f"single_T{t}", [t], False) for t in (1, 8, 64, 65, 128)] + [
+    ("varlen_balanced_4x32", [32] * 4, False),
+    ("varlen_unbalanced_5_17_1_41", [5, 17, 1, 41], False),
+    ("single_T128_initstate", [128], True),
+    ("varlen_initstate", [5, 17, 1, 41], True),
+]
+KDA_MINI_CASES = MINI_CASES + [("single_T256", [256], False), ("single_T1024", [1024], False),
+                               ("varlen_single_T128", [128], False)]
+GDN_MINI_CASES = MINI_CASES + [("single_T300", [300], False), ("varlen_initstate_short_1_2_3_70", [1, 2, 3, 70], True)]
+GVA_CASES = [("single_T1", [1], False), ("single_T65", [65], False), ("single_T200", [200], False),
+             ("varlen_unbalanced_5_17_1_41", [5, 17, 1, 41], False), ("single_T128_initstate", [128], True),
+             ("varlen_initstate", [5, 17, 1, 41], True)]
+STRESS_CASES = [("stress_T64", [64], False), ("stress_T300", [300], False),
+                ("stress_varlen_initstate", [100, 1, 63, 200], True)]
 
-# set: (family, make_weights arguments, seed). Small shapes; gates that exercise each variant.
+
+def loud_cases(varlen):
+    return [("loud_T128", [128], False), ("loud_T300", [300], False), ("loud_varlen", varlen, False),
+            ("loud_varlen_initstate", [5, 17, 1, 41], True)]
+
+
+# set: (family, make_weights arguments, seed, cases). Small shapes; gates that exercise each variant.
 SETS = {
     # KDA, lower bound -5 reached (g down to -5 within bf16 precision), low-rank gates.
-    "glm5-mini": (lambda: Glm5Next(hidden=128, H=4, HV=4, K=32, V=32, eps=1e-5), dict(gates="bound"), 20261301),
+    "glm5-mini": (lambda: Glm5Next(hidden=128, H=4, HV=4, K=32, V=32, eps=1e-5), dict(gates="bound"), 20261301,
+                  CASES),
     # KDA, full-rank gates, the activated gate rounded to bf16; v 4x louder (o^2 well above eps).
     "bailing-mini": (lambda: BailingHybrid(hidden=256, H=4, HV=4, K=32, V=32, eps=1e-6),
-                     dict(gates="bound", v_scale=4.0), 20261302),
+                     dict(gates="bound", v_scale=4.0), 20261302, CASES),
     # GDN, V = 2K, beta = 2 sigmoid(b) up to 2 (negative eigenvalues), norm eps 1e-5.
     "olmo-mini": (lambda: OlmoHybrid(hidden=128, H=2, HV=2, K=32, V=64, eps=1e-6, norm_eps=1e-5),
-                  dict(gates="mild", b_std=0.3), 20261303),
+                  dict(gates="mild", b_std=0.3), 20261303, CASES),
     # GDN, GVA 2, fused in_proj; linear layers 0 and 2 (period-5 pattern).
-    "lara-mini": (lambda: LaraMini(hidden=128, H=2, HV=4, K=32, V=32, eps=1e-6), dict(gates="mild"), 20261304),
+    "lara-mini": (lambda: LaraMini(hidden=128, H=2, HV=4, K=32, V=32, eps=1e-6), dict(gates="mild"), 20261304,
+                  CASES),
     # GDN, GVA 2, sigmoid output gate, transformers' init gates (down to about -20); v 4x louder.
     "qwen4-mini": (lambda: Qwen4Exp(hidden=128, H=2, HV=4, K=32, V=32, eps=1e-6),
-                   dict(gates="init", v_scale=4.0), 20261305),
+                   dict(gates="init", v_scale=4.0), 20261305, CASES),
+    # Kimi-Linear (the design's shapes: hidden 512, 4 heads x 128): mild gates; trained-like gates down to about
+    # -250 per token; v 30x louder (mean o^2 far above the norm's eps).
+    "kda-mini": (lambda: KimiLinear(hidden=512, H=4, HV=4, K=128, V=128, eps=1e-5), dict(gates="mild"), 20261306,
+                 KDA_MINI_CASES),
+    "kda-stress": (lambda: KimiLinear(hidden=512, H=4, HV=4, K=128, V=128, eps=1e-5), dict(gates="stress"),
+                   20261307, STRESS_CASES),
+    "kda-loud": (lambda: KimiLinear(hidden=512, H=4, HV=4, K=128, V=128, eps=1e-5),
+                 dict(gates="mild", v_scale=30.0), 20261308, loud_cases([5, 17, 1, 41, 64])),
+    # Qwen3-Next (interleaved projections), GVA 2; Qwen3.5 (flat), GVA 3 with K != V; Qwen3-Next with
+    # transformers' init gates (down to about -20 per token) and v 30x louder.
+    "gdn-mini": (lambda: Qwen3Next(hidden=256, H=4, HV=8, K=32, V=32, eps=1e-6), dict(gates="mild"), 20261309,
+                 GDN_MINI_CASES),
+    "gdn-gva3": (lambda: Qwen35Text(hidden=256, H=2, HV=6, K=64, V=48, eps=1e-6), dict(gates="mild"), 20261310,
+                 GVA_CASES),
+    "gdn-loud": (lambda: Qwen3Next(hidden=512, H=2, HV=4, K=128, V=128, eps=1e-6),
+                 dict(gates="init", v_scale=30.0), 20261311, loud_cases([37, 60, 1, 30])),
+    # Kimi-Linear-48B's layer shapes (hidden 2304, 32 heads x 128), one small packed batch with initial states;
+    # the checkpoint in two shards with Hugging Face's index.
+    "kda-real": (lambda: KimiLinear(hidden=2304, H=32, HV=32, K=128, V=128, eps=1e-5), dict(gates="mild"), 20261312,
+                 [("real_varlen_initstate", [7, 70, 1, 42], True)]),
 }
+# Sets whose checkpoint is written in this many shards (model-0000i-of-0000n.safetensors + index); else one file.
+SHARDS = {"kda-real": 2}
 
 
 def case_tensors(fam: Family, c: dict, lens, init: bool, rng: np.random.Generator) -> dict:
@@ -629,14 +780,17 @@ def case_tensors(fam: Family, c: dict, lens, init: bool, rng: np.random.Generato
 
 
 def load_layer(dirname: str, fam: Family, layer: int = 0) -> dict:
-    """Canonical weights of one layer of a written set (its model.safetensors)."""
+    """Canonical weights of one layer of a written set (its model.safetensors, or its shards)."""
     p = f"{fam.root}{layer}.{fam.prefix}"
-    w = read_safetensors(os.path.join(dirname, "model.safetensors"))
+    files = sorted(f for f in os.listdir(dirname) if f.startswith("model") and f.endswith(".safetensors"))
+    w = {}
+    for f in files:
+        w.update(read_safetensors(os.path.join(dirname, f)))
     return fam.from_checkpoint({k[len(p):]: v for k, v in w.items() if k.startswith(p)})
 
 
 def write_set(set_name: str, outdir: str, quiet: bool = False) -> None:
-    make_family, wargs, seed = SETS[set_name]
+    make_family, wargs, seed, cases = SETS[set_name]
     fam = make_family()
     rng = np.random.default_rng(seed)
     os.makedirs(outdir, exist_ok=True)
@@ -647,13 +801,25 @@ def write_set(set_name: str, outdir: str, quiet: bool = False) -> None:
             tensors[f"{fam.root}{i}.{fam.prefix}{k}"] = v
             if k in fam.f32_names():
                 f32.add(f"{fam.root}{i}.{fam.prefix}{k}")
-    write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, bf16_names=set(tensors) - f32,
-                      meta={"format": "pt"})
+    shards = SHARDS.get(set_name, 1)
+    if shards == 1:
+        write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, bf16_names=set(tensors) - f32,
+                          meta={"format": "pt"})
+    else:
+        names, weight_map = sorted(tensors), {}
+        for i in range(shards):
+            fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: tensors[n] for n in names[i::shards]}
+            write_safetensors(os.path.join(outdir, fname), part, bf16_names=set(part) - f32, meta={"format": "pt"})
+            weight_map.update({n: fname for n in part})
+        with open(os.path.join(outdir, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f, indent=2)
+            f.write("\n")
     with open(os.path.join(outdir, "config.json"), "w") as f:
         json.dump(fam.config(), f, indent=2)
         f.write("\n")
     c = load_layer(outdir, fam, fam.linear_layers()[0])  # what the checkpoint holds, read back
-    for name, lens, init in CASES:
+    for name, lens, init in cases:
         t = case_tensors(fam, c, lens, init, rng)
         write_safetensors(os.path.join(outdir, f"{name}.safetensors"), t,
                           meta={"case": name, "layer": str(fam.linear_layers()[0]), "model_type": fam.model_type})
@@ -666,7 +832,7 @@ def write_set(set_name: str, outdir: str, quiet: bool = False) -> None:
 
 def selfcheck(set_name: str) -> None:
     """Split prefill + decode steps against one prefill (float64): the tails and states carry."""
-    make_family, wargs, seed = SETS[set_name]
+    make_family, wargs, seed, _ = SETS[set_name]
     fam = make_family()
     rng = np.random.default_rng(seed)
     c = make_weights(fam, rng, **wargs)

@@ -1,8 +1,11 @@
 """Golden cases for the Python tests: locating them and reading their safetensors.
 
-The golden directory is $KDA_GOLDEN_DIR, else ``<repo>/../shared/golden`` (as tests/golden.h).
-Sets generated at test time (``generated/<set>``) live in ``$KDA_BINARY_DIR/golden`` (default
-``<repo>/build/golden``). Missing golden data skips visibly, or fails when KDA_REQUIRE_GOLDEN=1.
+As tests/golden.h: every test runs on the sets the project's own float64 reference
+(tools/delta_rule_ref.py) writes at test time into ``$KDA_BINARY_DIR/golden`` (default
+``<repo>/build/golden``; ctest's golden_generate fixture), or on $KDA_GOLDEN_DIR's; ``generated/<set>``
+names a set of the build tree always. The independent sets of ``<repo>/../shared/golden`` (or
+$KDA_SHARED_GOLDEN_DIR), named ``shared/<set>``, run in addition where they exist. Missing golden data
+skips visibly, or fails when KDA_REQUIRE_GOLDEN=1.
 
 The tolerance rules of design §5 (base/tolerance.cc) are ported here as numpy checks, unchanged.
 """
@@ -32,17 +35,22 @@ _DTYPES = {
 }
 
 GENERATED_PREFIX = "generated/"
-
+SHARED_PREFIX = "shared/"
+# The sets every test runs on by these names (the others of the build tree are ``generated/<set>``).
+PROJECT_SETS = ("kda-mini", "kda-stress", "kda-loud", "gdn-mini", "gdn-gva3", "gdn-loud")
 
 TOOLS = REPO.parent / "shared" / "tools"
 
 
 def shared_tool(name: str):
-    """A float64 reference of ../shared/tools (kda_ref, gdn_ref), imported from there (never copied here)."""
-    require_golden(TOOLS / f"{name}.py")
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))
-    return importlib.import_module(name)
+    """A float64 recurrence ``recurrent(q, k, v, g, beta, S)`` (kda_ref: g [T, H, K]; gdn_ref: g [T, HV]):
+    the independent one of ../shared/tools where it exists (imported from there, never copied here), else
+    the project's own (tools/delta_rule_ref.py, which takes either gate width)."""
+    tools = TOOLS if (TOOLS / f"{name}.py").exists() else REPO / "tools"
+    module = name if tools == TOOLS else "delta_rule_ref"
+    if str(tools) not in sys.path:
+        sys.path.insert(0, str(tools))
+    return importlib.import_module(module)
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +61,28 @@ def gdn_ref():
     return shared_tool("gdn_ref")
 
 
-def golden_dir() -> Path:
-    env = os.environ.get("KDA_GOLDEN_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "golden"
-
-
 def generated_golden_dir() -> Path:
     env = os.environ.get("KDA_BINARY_DIR")
     return (Path(env) if env else REPO / "build") / "golden"
 
 
+def golden_dir() -> Path:
+    env = os.environ.get("KDA_GOLDEN_DIR")
+    return Path(env) if env else generated_golden_dir()
+
+
+def shared_golden_dir() -> Path:
+    env = os.environ.get("KDA_SHARED_GOLDEN_DIR")
+    return Path(env) if env is not None else REPO.parent / "shared" / "golden"
+
+
 def golden_set_dir(name: str) -> Path:
-    """``kda-mini`` under golden_dir(); ``generated/kda-real`` under generated_golden_dir()."""
+    """``kda-mini`` under golden_dir(); ``generated/kda-real`` under generated_golden_dir();
+    ``shared/kda-mini`` under shared_golden_dir()."""
     if name.startswith(GENERATED_PREFIX):
         return generated_golden_dir() / name[len(GENERATED_PREFIX):]
+    if name.startswith(SHARED_PREFIX):
+        return shared_golden_dir() / name[len(SHARED_PREFIX):]
     return golden_dir() / name
 
 
@@ -145,13 +161,15 @@ GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen
 DELTA_RULE_MODEL_TYPES = ("glm5_next", "bailing_hybrid", "olmo_hybrid", "lara_mini", "qwen4_exp")
 
 
-def _set_cases(root: Path, model_types, prefix: str = "") -> list[tuple[str, str]]:
+def _set_cases(root: Path, model_types, prefix: str = "", keep=lambda name: True) -> list[tuple[str, str]]:
     """(prefix + set, case) for every case file of every set under ``root`` whose config.json has one of
-    ``model_types`` (scratch directories of a set being written, ``*.tmp``, left out)."""
+    ``model_types`` and whose name ``keep`` takes (scratch directories of a set being written, ``*.tmp``,
+    left out)."""
     cases = []
     if root.is_dir():
         sets = (p for p in root.iterdir()
-                if not p.name.endswith(".tmp") and (p / "config.json").exists() and model_type(p) in model_types)
+                if not p.name.endswith(".tmp") and (p / "config.json").exists() and model_type(p) in model_types
+                and keep(p.name))
         for d in sorted(sets):
             for f in sorted(d.glob("*.safetensors")):
                 if f.name != "model.safetensors" and not f.name.startswith("model-"):
@@ -160,14 +178,16 @@ def _set_cases(root: Path, model_types, prefix: str = "") -> list[tuple[str, str
 
 
 def golden_cases(model_types=KDA_MODEL_TYPES) -> list[tuple[str, str]]:
-    """(set, case) for every case file of every set under golden_dir() whose config.json has one of
-    ``model_types`` (default: the KDA sets, model_type kimi_linear), then those of the sets generated at
-    test time (generated/kda-real: kimi_linear; the DELTA_RULE_MODEL_TYPES sets) that have been generated.
-    Empty when the golden directory is missing (the tests then skip or fail). The Gated DeltaNet sets
-    (gdn-*, GDN_MODEL_TYPES) are the kernel tests of test_gdn.py and, with them asked for, the layer
-    tests'."""
-    generated = _set_cases(generated_golden_dir(), model_types, GENERATED_PREFIX)
-    return _set_cases(golden_dir(), model_types) + generated
+    """(set, case) for every case file of the project's sets (PROJECT_SETS under golden_dir()) whose
+    config.json has one of ``model_types`` (default: the KDA sets, model_type kimi_linear), then those of the
+    other sets generated at test time (generated/kda-real: kimi_linear; the DELTA_RULE_MODEL_TYPES sets), then
+    the independent sets of shared_golden_dir() (shared/<set>) where it exists. Empty when nothing has been
+    generated (the tests then skip or fail). The Gated DeltaNet sets (gdn-*, GDN_MODEL_TYPES) are the kernel
+    tests of test_gdn.py and, with them asked for, the layer tests'."""
+    project = _set_cases(golden_dir(), model_types, keep=lambda n: n in PROJECT_SETS)
+    generated = _set_cases(generated_golden_dir(), model_types, GENERATED_PREFIX, keep=lambda n: n not in PROJECT_SETS)
+    shared = _set_cases(shared_golden_dir(), model_types, SHARED_PREFIX, keep=lambda n: n in PROJECT_SETS)
+    return project + generated + shared
 
 
 def load_case(set_name: str, case: str) -> dict[str, np.ndarray]:
