@@ -10,6 +10,7 @@
 #include "fuzz/fuzz_util.h"
 #include "kda/base/error.h"
 #include "kda/io/config.h"
+#include "kda/models/layer_family.h"
 
 extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size, unsigned int seed) {
   return kda::fuzz::MutateWithMacros(data, size, max_size, seed);
@@ -24,14 +25,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     }
     if (c.num_v_heads % c.num_k_heads != 0) std::abort();
-    // The reported type is a text model's: never a nested (qwen3_5, qwen3_5_moe) or unsupported one.
-    if (c.model_type != "kimi_linear" && c.model_type != "qwen3_next" && c.model_type != "qwen3_5_text" &&
-        c.model_type != "qwen3_5_moe_text") {
+    // The reported type is a text model's, one a family serves: never a nested (qwen3_5, glm5_next, ...) or
+    // unsupported one. A KDA family's heads are as many and as wide for keys and values.
+    const kda::LayerFamily& family = kda::LayerFamilyFor(c.model_type);  // kda::Error here would be a bug
+    bool flat = false;
+    for (const kda::ModelTypeName& t : family.model_types) {
+      flat = flat || (t.name == c.model_type && t.nesting == kda::ConfigNesting::kFlat);
+    }
+    if (!flat) std::abort();
+    const kda::DeltaRuleGeometry g = family.geometry(c);
+    if (g.decay == kda::DecayWidth::kPerKeyDim && (c.num_v_heads != c.num_k_heads || c.head_v_dim != c.head_k_dim)) {
       std::abort();
     }
-    if (c.model_type == "kimi_linear" && (c.num_v_heads != c.num_k_heads || c.head_v_dim != c.head_k_dim)) {
-      std::abort();
-    }
+    if (g.H != c.num_k_heads || g.HV != c.num_v_heads || g.K != c.head_k_dim || g.V != c.head_v_dim) std::abort();
+    if (!(g.gate_lower_bound <= 0.0F && std::isfinite(g.gate_lower_bound))) std::abort();
     if (!(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0)) std::abort();
     if (c.linear_layers.empty() || !std::is_sorted(c.linear_layers.begin(), c.linear_layers.end()) ||
         std::adjacent_find(c.linear_layers.begin(), c.linear_layers.end()) != c.linear_layers.end()) {

@@ -1,26 +1,34 @@
 #include "kda/models/delta_rule_layer.h"
 
+#include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "base/act_buffer.h"
 #include "kda/base/error.h"
 #include "kda/distributed/communicator.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/layers/attention/linear/linear_recurrent_backend.h"
 #include "kda/models/layer_weights.h"
-#include "models/projected.h"
 
 namespace kda {
 
-DeltaRuleLayer::DeltaRuleLayer(DType act_dtype, Communicator* tp, WeightFormat weights_format)
-    : act_dtype_(act_dtype), weights_format_(weights_format), tp_(tp) {
-  Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, "delta-rule layer: dtype must be F32 or BF16");
-}
+struct DeltaRuleLayer::Projected {
+  ActBuffer mixed_qkv;    // [T, C] the conv inputs q|k|v
+  ActBuffer gate_raw;     // [T, gate_width] before dt_bias
+  ActBuffer beta_logits;  // [T, HV]
+  ActBuffer output_gate;  // [T, HV * V] the gated norm's gate input
+  ActBuffer scratch[2];   // the low-rank projections' intermediates
+};
 
-DeltaRuleLayer::~DeltaRuleLayer() = default;
+namespace {
 
-void DeltaRuleLayer::CheckWeights(const LayerWeights& w, const TensorTable& table, const std::string& who) {
+// kda::Error naming the tensor unless `w` holds every tensor of `table` with its size (a Q8 tensor: its rows and
+// cols), and nothing else. `who` starts the message.
+void CheckWeights(const LayerWeights& w, const TensorTable& table, const std::string& who) {
   for (const TensorSpec& t : table) {
     if (const auto q = w.q8.find(t.name); q != w.q8.end()) {
       Check(t.quantizable && q->second.rows == t.rows() && q->second.cols == t.cols, [&] {
@@ -39,6 +47,148 @@ void DeltaRuleLayer::CheckWeights(const LayerWeights& w, const TensorTable& tabl
   }
   Check(w.dense.size() + w.q8.size() == table.size(), who + ": weights hold tensors the layer does not have");
 }
+
+// The name of the table's tensor of `role` (A_log, dt_bias, the norm, the output projection).
+const TensorSpec& TensorOf(const TensorTable& table, TensorRole role, const std::string& who) {
+  for (const TensorSpec& t : table) {
+    if (!t.parts.empty() && t.parts.front().role == role) return t;
+  }
+  throw Error(who + ": the tensor table has no tensor for one of the layer's parameters");
+}
+
+}  // namespace
+
+std::vector<DeltaRuleLayer::RowBlock> DeltaRuleLayer::RoleRows(const TensorTable& table, TensorRole role,
+                                                               bool projections, int key_heads, int64_t* cols) {
+  std::vector<RowBlock> blocks;
+  *cols = 0;
+  for (const TensorSpec& t : table) {
+    if (t.quantizable != projections || t.shard == ShardAxis::kCols) continue;
+    const size_t first = blocks.size();
+    if (t.shard == ShardAxis::kNone) {
+      if (t.parts.front().role == role) blocks.push_back({t.name, 0, t.rows()});
+    } else if (t.interleaved) {
+      int64_t group = 0;
+      for (const TensorPart& p : t.parts) group += p.units;
+      for (int64_t h = 0; h < key_heads; ++h) {
+        int64_t offset = h * group;
+        for (const TensorPart& p : t.parts) {
+          if (p.role == role) blocks.push_back({t.name, offset, offset + p.units});
+          offset += p.units;
+        }
+      }
+    } else {
+      int64_t base = 0;
+      for (const TensorPart& p : t.parts) {
+        if (p.role == role) blocks.push_back({t.name, base, base + key_heads * p.units});
+        base += key_heads * p.units;
+      }
+    }
+    if (blocks.size() == first) continue;
+    Check(*cols == 0 || *cols == t.cols, "tensor table: the rows of one role have different column counts");
+    *cols = t.cols;
+  }
+  return blocks;
+}
+
+DeltaRuleLayer::Projection DeltaRuleLayer::AddRole(const LayerWeights& w, const TensorTable& table,
+                                                   const DeltaRuleGeometry& g, const std::vector<TensorRole>& roles,
+                                                   std::optional<TensorRole> down, int64_t rows,
+                                                   const std::string& what, const std::string& who) {
+  std::vector<RowBlock> blocks;
+  int64_t cols = 0;
+  for (TensorRole r : roles) {
+    int64_t c = 0;
+    const std::vector<RowBlock> b = RoleRows(table, r, /*projections=*/true, g.H, &c);
+    Check(!b.empty(), who + ": the tensor table has no rows for the " + what);
+    Check(cols == 0 || c == cols, who + ": the " + what + " rows have different column counts");
+    cols = c;
+    blocks.insert(blocks.end(), b.begin(), b.end());
+  }
+  std::string names;  // "q_proj|k_proj|v_proj", for messages
+  int64_t total = 0;
+  for (const RowBlock& b : blocks) {
+    const std::string name = b.name.substr(0, b.name.rfind(".weight"));
+    if (("|" + names + "|").find("|" + name + "|") == std::string::npos) names += (names.empty() ? "" : "|") + name;
+    total += b.r1 - b.r0;
+  }
+  Check(total == rows, [&] {
+    return who + ": the " + what + " has " + std::to_string(total) + " rows in the tensor table, the geometry " +
+           std::to_string(rows) + " (a decay per " +
+           (g.decay == DecayWidth::kPerKeyDim ? "key dimension" : "value head") + ")";
+  });
+  Projection p;
+  int64_t down_cols = 0;
+  const std::vector<RowBlock> first =
+      down ? RoleRows(table, *down, /*projections=*/true, g.H, &down_cols) : std::vector<RowBlock>{};
+  if (first.empty()) {
+    Check(cols == g.hidden, who + ": the " + what + " must read the hidden states");
+    p.first = &AddProjection(w, blocks, cols, names);
+    return p;
+  }
+  Check(down_cols == g.hidden, who + ": a low-rank projection's first half must read the hidden states");
+  p.first = &AddProjection(w, first, g.hidden, first.front().name);
+  p.second = &AddProjection(w, blocks, cols, names);
+  Check(p.first->out_features() == cols, who + ": a low-rank projection's halves do not chain");
+  return p;
+}
+
+DeltaRuleLayer::DeltaRuleLayer(const std::string& who, const TensorTable& table, int layer_id,
+                               const DeltaRuleGeometry& g, const LayerWeights& w, DType act_dtype, Communicator* tp,
+                               WeightFormat weights_format)
+    : act_dtype_(act_dtype), weights_format_(weights_format), tp_(tp) {
+  Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, who + ": dtype must be F32 or BF16");
+  g.Validate(who);
+  Check(g.decay == DecayWidth::kPerValueHead || (g.K % 16 == 0 && g.K >= 16),
+        who + ": a KDA layer's head dim must be a multiple of 16 in [16, 256], got " + std::to_string(g.K));
+  CheckWeights(w, table, who);
+  const int64_t hid = g.hidden;
+  // The input projections by role: q|k|v in one GEMM (the conv's channels in order), the raw gate, beta and
+  // the output gate, each with its low-rank first half where the table has one.
+  using R = TensorRole;
+  qkv_proj_ = AddRole(w, table, g, {R::kQ, R::kK, R::kV}, std::nullopt, g.conv_channels(), "q|k|v projection", who);
+  gate_proj_ = AddRole(w, table, g, {R::kGate}, R::kGateDown, g.gate_width(), "gate projection", who);
+  beta_proj_ = AddRole(w, table, g, {R::kBeta}, std::nullopt, g.HV, "beta projection", who);
+  out_gate_proj_ = AddRole(w, table, g, {R::kOutGate}, R::kOutGateDown, g.value_dim(), "output gate projection", who);
+
+  // The convs in the backend's layout from the checkpoint's [C_g, W] rows of q, k and v (rounded to bf16 in
+  // the bf16 pipeline unless the geometry keeps them fp32).
+  std::vector<float> conv;
+  conv.reserve(static_cast<size_t>(g.conv_channels() * g.W));
+  const int64_t widths[3] = {g.key_dim(), g.key_dim(), g.value_dim()};
+  const TensorRole qkv[3] = {TensorRole::kQ, TensorRole::kK, TensorRole::kV};
+  for (int c = 0; c < 3; ++c) {
+    int64_t cols = 0;
+    std::vector<float> rows;
+    for (const RowBlock& b : RoleRows(table, qkv[c], /*projections=*/false, g.H, &cols)) {
+      const std::vector<float>& m = w.Dense(b.name);
+      rows.insert(rows.end(), m.begin() + b.r0 * cols, m.begin() + b.r1 * cols);
+    }
+    Check(cols == g.W && static_cast<int64_t>(rows.size()) == widths[c] * g.W,
+          who + ": the tensor table's conv rows do not fit the geometry");
+    const std::vector<float> t = ShortConvWeightFromCheckpoint(rows, widths[c], g.W);
+    conv.insert(conv.end(), t.begin(), t.end());
+  }
+  if (act_dtype_ == DType::kBF16 && !g.conv_weights_f32) {
+    for (float& x : conv) x = RoundBF16(x);
+  }
+  // A_log and dt_bias stay fp32 parameters (design §1).
+  attn_ = std::make_unique<RadixLinearAttention>(
+      layer_id, g, std::move(conv), w.Dense(TensorOf(table, TensorRole::kALog, who).name),
+      w.Dense(TensorOf(table, TensorRole::kDtBias, who).name), 1.0F / std::sqrt(static_cast<float>(g.K)));
+  norm_weight_ = w.Dense(TensorOf(table, TensorRole::kNorm, who).name);
+  Check(static_cast<int64_t>(norm_weight_.size()) == g.V, who + ": the norm weight must be [V]");
+  if (act_dtype_ == DType::kBF16) {
+    for (float& x : norm_weight_) x = RoundBF16(x);
+  }
+  // The output projection [hidden, HV*V] is built like the others, then set apart.
+  const std::string& out_name = TensorOf(table, TensorRole::kOut, who).name;
+  AddProjection(w, {{out_name, 0, hid}}, g.value_dim(), out_name);
+  out_proj_ = std::move(projections_.back());
+  projections_.pop_back();
+}
+
+DeltaRuleLayer::~DeltaRuleLayer() = default;
 
 const Linear& DeltaRuleLayer::AddProjection(const LayerWeights& w, const std::vector<RowBlock>& blocks, int64_t cols,
                                             const std::string& what) {
@@ -88,38 +238,6 @@ const Linear& DeltaRuleLayer::AddProjection(const LayerWeights& w, const std::ve
   return *projections_.back();
 }
 
-void DeltaRuleLayer::SetCore(const LayerWeights& w, const std::string& out_name,
-                             std::unique_ptr<RadixLinearAttention> attn, std::vector<float> norm_weight) {
-  const DeltaRuleGeometry& geo = attn->geometry();
-  Check(static_cast<int64_t>(norm_weight.size()) == geo.V, "delta-rule layer: the norm weight must be [V]");
-  // The output projection [hidden, HV*V] is built like the others, then set apart.
-  const int64_t cols = geo.value_dim();
-  AddProjection(w, {{out_name, 0, geo.hidden}}, cols, out_name);
-  out_proj_ = std::move(projections_.back());
-  projections_.pop_back();
-  attn_ = std::move(attn);
-  norm_weight_ = std::move(norm_weight);
-  if (act_dtype_ == DType::kBF16) {
-    for (float& x : norm_weight_) x = RoundBF16(x);
-  }
-}
-
-std::vector<float> DeltaRuleLayer::ConvWeight(const std::vector<const std::vector<float>*>& groups,
-                                              const DeltaRuleGeometry& geometry) const {
-  const int64_t width[3] = {geometry.key_dim(), geometry.key_dim(), geometry.value_dim()};
-  Check(groups.size() == 3, "delta-rule layer: the conv has three groups (q, k, v)");
-  std::vector<float> r;
-  r.reserve(static_cast<size_t>(geometry.conv_channels() * geometry.W));
-  for (int g = 0; g < 3; ++g) {
-    const std::vector<float> t = ShortConvWeightFromCheckpoint(*groups[g], width[g], geometry.W);
-    r.insert(r.end(), t.begin(), t.end());
-  }
-  if (act_dtype_ == DType::kBF16 && !geometry.conv_weights_f32) {
-    for (float& x : r) x = RoundBF16(x);
-  }
-  return r;
-}
-
 int64_t DeltaRuleLayer::projection_weight_bytes() const {
   int64_t n = out_proj_->weight_bytes();
   for (const auto& l : projections_) n += l->weight_bytes();
@@ -129,6 +247,25 @@ int64_t DeltaRuleLayer::projection_weight_bytes() const {
 void DeltaRuleLayer::CheckInputDtype(ConstBuf x) const {
   Check(x.dtype == act_dtype_, std::string("hidden_states dtype ") + DTypeName(x.dtype) +
                                    " does not match the layer dtype " + DTypeName(act_dtype_));
+}
+
+void DeltaRuleLayer::Project(ConstBuf x, int64_t T, Projected& r) const {
+  // fp32 accumulation, rounded once in the bf16 pipeline (a low-rank pair: after each half).
+  const auto run = [&](const Projection& p, ActBuffer& scratch, ActBuffer& out) {
+    const Linear& last = p.second != nullptr ? *p.second : *p.first;
+    out = ActBuffer::Uninitialized(act_dtype_, T * last.out_features());
+    if (p.second == nullptr) {
+      p.first->Forward(out.mut(), x, T);
+      return;
+    }
+    scratch = ActBuffer::Uninitialized(act_dtype_, T * p.first->out_features());
+    p.first->Forward(scratch.mut(), x, T);
+    p.second->Forward(out.mut(), scratch.view(), T);
+  };
+  run(qkv_proj_, r.scratch[0], r.mixed_qkv);
+  run(gate_proj_, r.scratch[0], r.gate_raw);
+  run(beta_proj_, r.scratch[0], r.beta_logits);
+  run(out_gate_proj_, r.scratch[1], r.output_gate);
 }
 
 void DeltaRuleLayer::ForwardProjections(ConstBuf x, int64_t T) const {

@@ -8,6 +8,7 @@
 #include "kda/distributed/communicator.h"
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
+#include "kda/models/layer_family.h"
 
 namespace kda {
 namespace {
@@ -38,7 +39,7 @@ DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtyp
   const DeltaRuleGeometry full = family.geometry(config);
   full.Validate("config.json in " + model_dir);
   DeltaRuleModel m;
-  m.model_type = family.model_types.front();
+  m.model_type = family.name();
   m.heads = ShardFor(full.H, tp);  // before opening the weights: a bad --tp fails fast
   const Checkpoint ckpt = Checkpoint::Open(model_dir);
   m.geometry = full.Shard(m.heads.begin, m.heads.count);
@@ -59,7 +60,7 @@ DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtyp
     MaybeInjectFault(FaultPoint::kLoad);
     const LayerWeights w = LoadLayerWeights(ckpt, LayerKeyPrefix(ckpt, family, id), table, m.heads);
     m.layers.push_back(
-        family.make_layer(static_cast<int>(m.layers.size()), m.geometry, w, act_dtype, m.tp, weights_format));
+        family.MakeLayer(static_cast<int>(m.layers.size()), m.geometry, w, act_dtype, m.tp, weights_format));
     m.model_layer_ids.push_back(id);
   }
   Check(!m.layers.empty(), "model in " + model_dir + " has no " + family.layer_class + " layer");
@@ -72,7 +73,7 @@ DeltaRuleModel DeltaRuleModel::Random(const std::string& model_type, const Delta
   const LayerFamily& family = LayerFamilyFor(model_type);
   geometry.Validate(family.layer_class);
   DeltaRuleModel m;
-  m.model_type = family.model_types.front();
+  m.model_type = family.name();
   m.heads = ShardFor(geometry.H, tp);
   m.geometry = geometry.Shard(m.heads.begin, m.heads.count);
   m.act_dtype = act_dtype;
@@ -82,9 +83,8 @@ DeltaRuleModel DeltaRuleModel::Random(const std::string& model_type, const Delta
   for (int l = 0; l < num_layers; ++l) {
     MaybeInjectFault(FaultPoint::kLoad);
     const LayerWeights full = RandomLayerWeights(table, seed + static_cast<uint64_t>(l));
-    m.layers.push_back(family.make_layer(l, m.geometry,
-                                         m.tp == nullptr ? full : ShardLayerWeights(full, table, m.heads), act_dtype,
-                                         m.tp, weights_format));
+    m.layers.push_back(family.MakeLayer(l, m.geometry, m.tp == nullptr ? full : ShardLayerWeights(full, table, m.heads),
+                                        act_dtype, m.tp, weights_format));
     m.model_layer_ids.push_back(l);
   }
   return m;

@@ -1,7 +1,9 @@
 #include "kda/models/layer_weights.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -119,13 +121,20 @@ Q8Weight ReadQ8Block(const Checkpoint& ckpt, const std::string& wname, int64_t r
 std::vector<std::pair<int64_t, int64_t>> ShardRanges(const TensorSpec& spec, const HeadShard& shard) {
   std::vector<std::pair<int64_t, int64_t>> r;
   int64_t base = 0;
-  for (int64_t units : spec.parts) {
+  const auto cut = [&](int64_t units) {
     r.emplace_back(base + int64_t{shard.begin} * units, base + int64_t{shard.begin + shard.count} * units);
     base += int64_t{shard.total} * units;
+  };
+  if (spec.interleaved) {
+    int64_t group = 0;  // one part: a key head's rows of every part
+    for (const TensorPart& p : spec.parts) group += p.units;
+    cut(group);
+  } else {
+    for (const TensorPart& p : spec.parts) cut(p.units);
   }
   const int64_t axis = spec.shard == ShardAxis::kRows ? spec.rows() : spec.cols;
   Check(base == axis, "tensor table: " + spec.name + "'s parts do not cover its cut axis");
-  Check(spec.shard != ShardAxis::kCols || spec.parts.size() == 1,
+  Check(spec.shard != ShardAxis::kCols || r.size() == 1,
         "tensor table: " + spec.name + " is cut along its columns in more than one part");
   return r;
 }
@@ -138,6 +147,80 @@ std::vector<float> CutBlock(const std::vector<float>& m, int64_t cols, int64_t r
     out.insert(out.end(), m.begin() + r * cols + c0, m.begin() + r * cols + c1);
   }
   return out;
+}
+
+// A group's tensors as the checkpoint stores them (TensorSpec::group): their keys and row counts, and
+// whether each has its table shape (then each is read as itself).
+struct StoredGroup {
+  std::vector<std::string> keys;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> rows;
+  bool as_table = true;
+};
+
+// The stored split of the group of `spec` (the table's tensors of its group, in table order): every part
+// present, F32 or BF16, with a table shape's trailing dims, and the table's rows in all.
+StoredGroup ReadGroup(const Checkpoint& ckpt, const std::string& prefix, const TensorTable& table,
+                      const TensorSpec& spec) {
+  StoredGroup g;
+  int64_t want = 0;
+  int64_t have = 0;
+  std::string names;
+  for (const TensorSpec& t : table) {
+    if (t.group != spec.group) continue;
+    const std::string key = prefix + t.name;
+    Check(ckpt.Has(key), "checkpoint is missing tensor " + key);
+    const TensorInfo& info = ckpt.Get(key);
+    Check(info.dtype == DType::kF32 || info.dtype == DType::kBF16,
+          "tensor " + key + " has dtype " + DTypeName(info.dtype) + ", expected BF16 or F32");
+    bool table_shape = false;
+    bool split_shape = false;
+    for (const auto& s : t.shapes) {
+      table_shape = table_shape || s == info.shape;
+      split_shape = split_shape || (s.size() == info.shape.size() && !s.empty() && info.shape[0] > 0 &&
+                                    std::equal(s.begin() + 1, s.end(), info.shape.begin() + 1));
+    }
+    Check(split_shape, "tensor " + key + " has shape " + ShapeString(info.shape) + ", expected " +
+                           ShapeString(t.shapes.front()) + " (or rows of " + spec.group + " split elsewhere)");
+    g.as_table = g.as_table && table_shape;
+    g.keys.push_back(key);
+    g.shapes.push_back(info.shape);
+    g.rows.push_back(info.shape[0]);
+    want += t.shapes.front()[0];
+    have += info.shape[0];
+    names += (names.empty() ? "" : ", ") + t.name;
+  }
+  Check(have == want, "tensors " + names + " under " + prefix + " have " + std::to_string(have) +
+                          " rows in all, expected " + std::to_string(want) + " (the rows of " + spec.group + ")");
+  return g;
+}
+
+// Rows [r0, r1) of a group's concatenation (rows of `cols` values), read from its stored parts.
+std::vector<float> ReadGroupRows(const Checkpoint& ckpt, const StoredGroup& g, int64_t cols, int64_t r0, int64_t r1,
+                                 std::vector<TensorRead>* reads) {
+  std::vector<float> out;
+  int64_t base = 0;
+  for (size_t i = 0; i < g.keys.size(); ++i) {
+    const int64_t a = std::max(r0, base);
+    const int64_t b = std::min(r1, base + g.rows[i]);
+    if (a < b) {
+      const std::vector<float> block =
+          ReadBlock(ckpt, g.keys[i], {g.shapes[i]}, cols, a - base, b - base, 0, cols, reads);
+      out.insert(out.end(), block.begin(), block.end());
+    }
+    base += g.rows[i];
+  }
+  return out;
+}
+
+// The rows before `spec`'s in its group's concatenation (the table's earlier tensors of the group).
+int64_t GroupOffset(const TensorTable& table, const TensorSpec& spec) {
+  int64_t offset = 0;
+  for (const TensorSpec& t : table) {
+    if (&t == &spec) break;
+    if (t.group == spec.group) offset += t.shapes.front()[0];
+  }
+  return offset;
 }
 
 }  // namespace
@@ -205,10 +288,19 @@ LayerWeights LoadLayerWeights(const Checkpoint& ckpt, const std::string& prefix,
       w.q8.emplace(spec.name, blocks.size() == 1 ? std::move(blocks.front()) : ConcatQ8Rows(ptrs));
       continue;
     }
+    std::optional<StoredGroup> group;
+    if (!spec.group.empty()) {
+      Check(spec.shard != ShardAxis::kCols && !spec.quantizable,
+            "tensor table: " + spec.name + " is in a group of rows but not cut by rows");
+      group = ReadGroup(ckpt, prefix, table, spec);
+      if (group->as_table) group.reset();
+    }
     std::vector<float> values;
     for (const auto& [b, e] : cut) {
-      std::vector<float> block = by_cols ? ReadBlock(ckpt, key, spec.shapes, cols, 0, rows, b, e, reads)
-                                         : ReadBlock(ckpt, key, spec.shapes, cols, b, e, 0, cols, reads);
+      const int64_t offset = group ? GroupOffset(table, spec) : 0;
+      std::vector<float> block = group     ? ReadGroupRows(ckpt, *group, cols, offset + b, offset + e, reads)
+                                 : by_cols ? ReadBlock(ckpt, key, spec.shapes, cols, 0, rows, b, e, reads)
+                                           : ReadBlock(ckpt, key, spec.shapes, cols, b, e, 0, cols, reads);
       values.insert(values.end(), block.begin(), block.end());
     }
     w.dense.emplace(spec.name, std::move(values));

@@ -26,7 +26,7 @@
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/seeded_drafts.h"
@@ -232,7 +232,7 @@ TEST(DistributedLoading, EachRankReadsOnlyItsHeadsAndHoldsOnlyTheirStates) {
     std::vector<TensorRead> reads;
     const LayerWeights mine = testing::LoadKdaLayer(ckpt, config, 0, shard, &reads);
     EXPECT_EQ(testing::ByTensor(reads), testing::ExpectedShardReads(0, full, shard));
-    const LayerWeights cut = ShardLayerWeights(all, KimiDeltaAttentionTensors(full), shard);
+    const LayerWeights cut = ShardLayerWeights(all, LayerFamilyFor("kimi_linear").tensors(full), shard);
     EXPECT_EQ(mine.Dense("q_proj.weight"), cut.Dense("q_proj.weight"));
     EXPECT_EQ(mine.Dense("o_proj.weight"), cut.Dense("o_proj.weight"));
     EXPECT_EQ(mine.Dense("A_log"), cut.Dense("A_log"));

@@ -22,7 +22,7 @@
 #include "kda/io/config.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
+#include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "kda/serving/parallel.h"
 #include "tests/distributed_util.h"
@@ -118,7 +118,7 @@ TEST(ShardedLoading, EachRankReadsOnlyItsSlices) {
   KDA_REQUIRE_GOLDEN_PATH(dir);
   const ModelConfig config = LoadModelConfig(dir);
   const DeltaRuleGeometry full = testing::KdaGeometry(config);
-  const TensorTable table = KimiDeltaAttentionTensors(full);
+  const TensorTable table = LayerFamilyFor("kimi_linear").tensors(full);
   const Checkpoint ckpt = Checkpoint::Open(dir);
   std::vector<TensorRead> all_reads;
   const LayerWeights all = testing::LoadKdaLayer(ckpt, config, 0, MakeHeadShard(full.H, 0, 1), &all_reads);

@@ -1,5 +1,5 @@
-// Helpers shared by the tensor/data-parallel tests: a KDA layer's weights
-// loaded whole or by head shard, the element runs a sharded load must read,
+// Helpers shared by the tensor/data-parallel and int8 checkpoint tests: a KDA
+// layer's weights loaded whole or by head shard, the element runs a sharded load must read,
 // and golden cases as served requests.
 #pragma once
 
@@ -15,7 +15,6 @@
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/layers/delta_rule_geometry.h"
-#include "kda/models/kimi_delta_attention.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "kda/serving/scheduler.h"
@@ -37,7 +36,8 @@ inline LayerWeights LoadKdaLayer(const Checkpoint& ckpt, const ModelConfig& conf
                                  std::vector<TensorRead>* reads = nullptr) {
   const DeltaRuleGeometry full = KdaGeometry(config);
   return LoadLayerWeights(ckpt, "model.layers." + std::to_string(layer) + ".self_attn.",
-                          KimiDeltaAttentionTensors(full), shard.value_or(MakeHeadShard(full.H, 0, 1)), reads);
+                          LayerFamilyFor("kimi_linear").tensors(full), shard.value_or(MakeHeadShard(full.H, 0, 1)),
+                          reads);
 }
 
 // Tensor name -> the runs of elements the shard's load must read (and nothing

@@ -1,4 +1,5 @@
 #include "kda/io/config.h"
+#include "kda/models/layer_family.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -114,14 +115,6 @@ TEST(IoConfigTest, RmsNormEpsDefaultsAndMustBePositive) {
   ExpectRefused(config, "rms_norm_eps must be a number");
 }
 
-TEST(IoConfigTest, RefusesMissingLinearAttnConfig) {
-  json config = BaseConfig();
-  config.erase("linear_attn_config");
-  ExpectRefused(config, "missing linear_attn_config");
-  config["linear_attn_config"] = json::array();
-  ExpectRefused(config, "linear_attn_config is not a JSON object");
-}
-
 TEST(IoConfigTest, RefusesBadKdaLayers) {
   json config = BaseConfig();
   config["linear_attn_config"]["kda_layers"] = {0, 1};
@@ -140,8 +133,8 @@ TEST(IoConfigTest, RefusesBadKdaLayers) {
   ExpectRefused(config, "linear_attn_config.kda_layers is empty");
   config["linear_attn_config"]["kda_layers"] = 3;
   ExpectRefused(config, "linear_attn_config.kda_layers is not an array");
-  config["linear_attn_config"].erase("kda_layers");
-  ExpectRefused(config, "missing linear_attn_config.kda_layers");
+  config["linear_attn_config"].erase("kda_layers");  // the implied list
+  EXPECT_EQ(ParseModelConfig(config.dump(), "test-config").linear_layers, (std::vector<int>{0, 1, 2, 3, 5, 6, 7}));
 }
 
 TEST(IoConfigTest, RefusesBadSizes) {
@@ -159,8 +152,8 @@ TEST(IoConfigTest, RefusesBadSizes) {
   for (const char* field : {"num_heads", "head_dim", "short_conv_kernel_size"}) {
     const std::string name = std::string("linear_attn_config.") + field;
     json config = BaseConfig();
-    config["linear_attn_config"].erase(field);
-    ExpectRefused(config, "missing " + name);
+    config["linear_attn_config"].erase(field);  // KimiLinearConfig's default
+    EXPECT_NO_THROW(ParseModelConfig(config.dump(), "test-config")) << field;
     config["linear_attn_config"][field] = 0;
     ExpectRefused(config, name + " must be a positive integer");
     config["linear_attn_config"][field] = "4";
@@ -288,9 +281,9 @@ ModelConfig Parse(const json& config) { return ParseModelConfig(config.dump(), "
 
 TEST(IoConfigTest, SupportedModelTypes) {
   EXPECT_EQ(SupportedModelTypes(),
-            (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
-                                      "qwen3_5_moe_text", "glm5_next", "glm5_next_text", "bailing_hybrid",
-                                      "olmo_hybrid", "lara_mini", "qwen4_exp", "qwen4_exp_text"}));
+            (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text",
+                                      "qwen3_5_moe", "glm5_next_text", "glm5_next", "bailing_hybrid", "olmo_hybrid",
+                                      "lara_mini", "qwen4_exp_text", "qwen4_exp"}));
 }
 
 TEST(IoConfigTest, GatedDeltaNetGoldenConfigsParse) {
@@ -484,9 +477,9 @@ TEST(IoConfigTest, RefusesUnsupportedModelTypes) {
   json config = QwenNextConfig();
   config["model_type"] = "llama";
   EXPECT_EQ(ParseError(config),
-            "test-config: unsupported model_type \"llama\" (supported: kimi_linear, qwen3_next, qwen3_5, qwen3_5_text, "
-            "qwen3_5_moe, qwen3_5_moe_text, glm5_next, glm5_next_text, bailing_hybrid, olmo_hybrid, lara_mini, "
-            "qwen4_exp, qwen4_exp_text)");
+            "test-config: unsupported model_type \"llama\" (supported: kimi_linear, qwen3_next, qwen3_5_text, qwen3_5, "
+            "qwen3_5_moe_text, qwen3_5_moe, glm5_next_text, glm5_next, bailing_hybrid, olmo_hybrid, lara_mini, "
+            "qwen4_exp_text, qwen4_exp)");
   config["model_type"] = 3;
   ExpectRefused(config, "model_type must be a string, got 3");
 
@@ -727,6 +720,60 @@ TEST(IoConfigTest, ReadsBailingHybridFields) {
   json listed = BailingHybridConfig();
   listed["layer_types"] = Repeat({"full_attention", "linear_attention", "linear_attention"}, 4);
   EXPECT_EQ(Parse(listed).linear_layers, (std::vector<int>{1, 2, 4, 5, 7, 8, 10, 11}));
+}
+
+// transformers (5.25) writes a Kimi-Linear config without linear_attn_config: linear_num_heads,
+// linear_head_dim, linear_conv_kernel_dim and layer_types, each with KimiLinearConfig's default.
+TEST(IoConfigTest, ReadsKimiLinearAsTransformersWritesIt) {
+  json config = BaseConfig();
+  config.erase("linear_attn_config");
+  config["linear_num_heads"] = 4;
+  config["linear_head_dim"] = 16;
+  config["linear_conv_kernel_dim"] = 3;
+  config["layer_types"] = Repeat({"linear_attention", "full_attention"}, 4);
+  const ModelConfig written = Parse(config);
+  EXPECT_EQ(HeadShape(written), (std::vector<int>{4, 4, 16, 16}));
+  EXPECT_EQ(written.conv_size, 3);
+  EXPECT_EQ(written.linear_layers, (std::vector<int>{0, 2, 4, 6}));
+  config.erase("layer_types");  // every layer but each 4th from layer 4 on
+  EXPECT_EQ(Parse(config).linear_layers, (std::vector<int>{0, 1, 2, 3, 5, 6, 7}));
+  for (const char* field : {"linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"}) config.erase(field);
+  const ModelConfig defaults = Parse(config);
+  EXPECT_EQ(HeadShape(defaults), (std::vector<int>{32, 32, 128, 128}));
+  EXPECT_EQ(defaults.conv_size, 4);
+  // The original checkpoints' linear_attn_config wins over the written fields; layer_types over kda_layers.
+  json both = BaseConfig();
+  both["linear_num_heads"] = 4;
+  both["linear_head_dim"] = 16;
+  EXPECT_EQ(HeadShape(Parse(both)), HeadShape(Parse(BaseConfig())));
+  both["layer_types"] = Repeat({"full_attention", "linear_attention"}, 4);
+  EXPECT_EQ(Parse(both).linear_layers, (std::vector<int>{1, 3, 5, 7}));
+  config["num_hidden_layers"] = int64_t{1} << 20;  // an implied list: bounded
+  ExpectRefused(config,
+                "num_hidden_layers must be a positive integer (at most 65536) without "
+                "linear_attn_config.kda_layers, got 1048576");
+  config = BaseConfig();
+  config["linear_attn_config"] = json::array();
+  ExpectRefused(config, "linear_attn_config is not a JSON object");
+}
+
+// transformers' save_pretrained writes the KDA shape as linear_* fields and head_dim as the RoPE width.
+TEST(IoConfigTest, ReadsBailingHybridAsTransformersWritesIt) {
+  json config = BailingHybridConfig();
+  config["head_dim"] = 64;
+  config["linear_num_heads"] = 32;
+  config["linear_head_dim"] = 128;
+  config["linear_conv_kernel_dim"] = 4;
+  config["short_conv_kernel_size"] = 4;
+  EXPECT_EQ(HeadShape(Parse(config)), (std::vector<int>{32, 32, 128, 128}));
+  config["linear_head_dim"] = 96;
+  config["linear_num_heads"] = 16;
+  config["linear_conv_kernel_dim"] = 3;
+  const ModelConfig written = Parse(config);
+  EXPECT_EQ(HeadShape(written), (std::vector<int>{16, 16, 96, 96}));
+  EXPECT_EQ(written.conv_size, 3);
+  config["linear_head_dim"] = 0;
+  ExpectRefusedWith(config, "linear_head_dim must be a positive integer (at most 2147483647), got 0");
 }
 
 TEST(IoConfigTest, BailingHybridDefaults) {

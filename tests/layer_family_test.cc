@@ -116,7 +116,7 @@ TEST(LayerFamily, ShardedLoadsEqualTheCutOfTheWholeLayer) {
           EXPECT_EQ(static_cast<int64_t>(part.Dense(t.name).size()), t.numel()) << f.set << " " << t.name;
         }
         // The shard builds a layer of its geometry.
-        EXPECT_NO_THROW(family.make_layer(0, g, part, DType::kF32, nullptr, WeightFormat::kDense)) << f.set;
+        EXPECT_NO_THROW(family.MakeLayer(0, g, part, DType::kF32, nullptr, WeightFormat::kDense)) << f.set;
         // It read less than the whole of every cut tensor.
         int64_t read = 0;
         for (const TensorRead& r : reads) read += r.end - r.begin;

@@ -20,7 +20,6 @@
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "tests/error_util.h"
@@ -326,12 +325,14 @@ INSTANTIATE_TEST_SUITE_P(Golden, GoldenTest, ::testing::ValuesIn(AllCases()), te
 TEST(KimiDeltaAttentionProjections, RunAloneAndRefuseAnotherDtype) {
   const DeltaRuleGeometry s = DeltaRuleGeometry::Kda(/*hidden=*/64, /*heads=*/2, /*head_dim=*/32, /*conv_width=*/4,
                                                      /*eps=*/1e-5);
-  const KimiDeltaAttention layer(0, s, RandomLayerWeights(KimiDeltaAttentionTensors(s), 1), DType::kBF16);
+  const LayerFamily& kimi = LayerFamilyFor("kimi_linear");
+  const std::unique_ptr<DeltaRuleLayer> layer =
+      kimi.MakeLayer(0, s, RandomLayerWeights(kimi.tensors(s), 1), DType::kBF16);
   const ActBuffer x(DType::kBF16, 3 * s.hidden);
-  layer.ForwardProjections(x.view(), 3);
-  layer.ForwardProjections(x.view(), 0);
+  layer->ForwardProjections(x.view(), 3);
+  layer->ForwardProjections(x.view(), 0);
   const ActBuffer x32(DType::kF32, 3 * s.hidden);
-  testing::ExpectErrorContaining([&] { layer.ForwardProjections(x32.view(), 3); },
+  testing::ExpectErrorContaining([&] { layer->ForwardProjections(x32.view(), 3); },
                                  "hidden_states dtype F32 does not match the layer dtype BF16");
 }
 

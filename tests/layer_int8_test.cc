@@ -28,7 +28,6 @@
 #include "kda/mem_cache/memory_pools.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "tests/golden.h"
@@ -83,7 +82,7 @@ class Int8LayerTest : public ::testing::TestWithParam<Int8Case> {
   // One EXTEND step of the sequences [cu[n], cu[n+1]) (first_token_only: only
   // each sequence's first token), seeded with the case's initial states.
   Result Run(const LayerWeights& w, DType dtype, WeightFormat format, bool first_token_only) const {
-    const std::unique_ptr<DeltaRuleLayer> layer = family_->make_layer(0, shape_, w, dtype, nullptr, format);
+    const std::unique_ptr<DeltaRuleLayer> layer = family_->MakeLayer(0, shape_, w, dtype, nullptr, format);
     const DeltaRuleLayer& attn = *layer;
     EXPECT_EQ(attn.weights_format(), format);
     const int64_t n_seq = static_cast<int64_t>(cu_.size()) - 1;
@@ -169,9 +168,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {
   const DeltaRuleGeometry s = DeltaRuleGeometry::Kda(/*hidden=*/48, /*heads=*/2, /*head_dim=*/32, /*conv_width=*/4,
                                                      /*eps=*/1e-5);
-  const LayerWeights w = RandomLayerWeights(KimiDeltaAttentionTensors(s), 1);
+  const LayerWeights w = RandomLayerWeights(LayerFamilyFor("kimi_linear").tensors(s), 1);
   try {
-    KimiDeltaAttention attn(0, s, w, DType::kF32, nullptr, WeightFormat::kInt8);
+    LayerFamilyFor("kimi_linear").MakeLayer(0, s, w, DType::kF32, nullptr, WeightFormat::kInt8);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("q_proj|k_proj|v_proj has input dim 48, which is not a multiple of the "

@@ -17,11 +17,11 @@
 #include "kda/kernels/q8.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "kda/models/quantize.h"
 #include "tests/checkpoint_util.h"
+#include "tests/distributed_util.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/temp_dir.h"
@@ -45,17 +45,8 @@ class Q8CheckpointTest : public testing::TempDirTest {
   std::string q8_;
 };
 
-// The config's KDA layer geometry (the full layer's).
-DeltaRuleGeometry KdaGeometry(const ModelConfig& config) { return LayerFamilyFor(config.model_type).geometry(config); }
-
-// Layer `layer`'s KDA weights as the model loads them: the whole layer, or only `shard`'s heads.
-LayerWeights LoadKdaLayer(const Checkpoint& ckpt, const ModelConfig& config, int layer,
-                          const std::optional<HeadShard>& shard = std::nullopt,
-                          std::vector<TensorRead>* reads = nullptr) {
-  const DeltaRuleGeometry full = KdaGeometry(config);
-  return LoadLayerWeights(ckpt, "model.layers." + std::to_string(layer) + ".self_attn.",
-                          KimiDeltaAttentionTensors(full), shard.value_or(MakeHeadShard(full.H, 0, 1)), reads);
-}
+using testing::KdaGeometry;
+using testing::LoadKdaLayer;
 
 void ExpectSameQ8(const Q8Weight& a, const Q8Weight& b, const std::string& what) {
   EXPECT_EQ(a.rows, b.rows) << what;
@@ -71,7 +62,7 @@ TEST_F(Q8CheckpointTest, RoundTripGivesTheWeightsQuantizedAtLoad) {
   const SafetensorsFile file = SafetensorsFile::Open(q8_ + "/model.safetensors");
   EXPECT_EQ(file.metadata().at("kda_quantization"), "q8_0");
   const DeltaRuleGeometry s = KdaGeometry(config);
-  const TensorTable table = KimiDeltaAttentionTensors(s);
+  const TensorTable table = LayerFamilyFor("kimi_linear").tensors(s);
   for (int layer : config.linear_layers) {
     const LayerWeights w = LoadKdaLayer(src, config, layer);
     const LayerWeights r = LoadKdaLayer(q8, config, layer);

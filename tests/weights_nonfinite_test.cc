@@ -8,7 +8,6 @@
 #include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/models/delta_rule_model.h"
-#include "kda/models/kimi_delta_attention.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 #include "kda/serving/model_runner.h"
@@ -27,7 +26,7 @@ using testing::ErrorOf;
 LayerWeights LoadKdaLayer(const Checkpoint& ckpt, const ModelConfig& config, int layer) {
   const DeltaRuleGeometry full = LayerFamilyFor(config.model_type).geometry(config);
   return LoadLayerWeights(ckpt, "model.layers." + std::to_string(layer) + ".self_attn.",
-                          KimiDeltaAttentionTensors(full), MakeHeadShard(full.H, 0, 1));
+                          LayerFamilyFor("kimi_linear").tensors(full), MakeHeadShard(full.H, 0, 1));
 }
 
 class WeightsNonFiniteTest : public testing::TempDirTest {

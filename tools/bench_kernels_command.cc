@@ -486,7 +486,7 @@ std::vector<BenchRow> LayerDecodeRows(const Machine& m, const std::string& model
   return rows;
 }
 
-// The projection GEMMs of one layer at real shapes (KimiDeltaAttention's own
+// The projection GEMMs of one layer at real shapes (DeltaRuleLayer's own
 // Linears, q/k/v fused; kda::Linear's engines at M rows), with bf16, fp32 and
 // int8 weights (bf16 activations, fp32 for the fp32 weights), the three timed
 // alternately. At M <= kDecodeRows each call runs a different layer of

@@ -207,6 +207,20 @@ class Family:
         """Checkpoint tensors stored F32 (the rest: BF16)."""
         return {f"{g}_conv1d.weight" for g in "qkv"} if self.conv_f32 else set()
 
+    # Shared by the configs: the text model's sizes, the Gated DeltaNet head fields, and the file around them
+    # (flat, or the text model under text_config of type `text_type`).
+    def text_fields(self, **fields) -> dict:
+        return {"hidden_size": self.hidden, "num_hidden_layers": self.n_layers, "hidden_act": "silu",
+                "rms_norm_eps": self.eps, **fields}
+
+    def gdn_fields(self) -> dict:
+        return {"linear_num_key_heads": self.H, "linear_num_value_heads": self.HV, "linear_key_head_dim": self.K,
+                "linear_value_head_dim": self.V, "linear_conv_kernel_dim": self.W}
+
+    def hf_config(self, architecture: str, text: dict, text_type: str | None = None) -> dict:
+        body = {"text_config": {"model_type": text_type, **text}} if text_type else text
+        return {"architectures": [architecture], "model_type": self.model_type, **body, "torch_dtype": "bfloat16"}
+
     # Shared by the layouts: separate q/k/v convs [rows, 1, W] <-> one [C, W].
     def split_conv(self, conv):
         kd = self.key_dim
@@ -226,23 +240,9 @@ class Glm5Next(Family):
         return ["linear_attention"] * 3 + ["indexed_attention"]
 
     def config(self):
-        return {
-            "architectures": ["Glm5NextForConditionalGeneration"],
-            "model_type": "glm5_next",
-            "text_config": {
-                "model_type": "glm5_next_text",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.n_layers,
-                "hidden_act": "silu",
-                "rms_norm_eps": self.eps,
-                "layer_types": self.layer_types(),
-                "linear_num_heads": self.H,
-                "linear_head_dim": self.K,
-                "linear_conv_kernel_dim": self.W,
-                "linear_lower_bound": self.lower_bound,
-            },
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("Glm5NextForConditionalGeneration", self.text_fields(
+            layer_types=self.layer_types(), linear_num_heads=self.H, linear_head_dim=self.K,
+            linear_conv_kernel_dim=self.W, linear_lower_bound=self.lower_bound), "glm5_next_text")
 
     def to_checkpoint(self, c):
         fa, fb = c["gate"]
@@ -268,22 +268,9 @@ class BailingHybrid(Family):
         return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.n_layers)]
 
     def config(self):
-        return {
-            "architectures": ["BailingHybridForCausalLM"],
-            "model_type": "bailing_hybrid",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.H,
-            "num_key_value_heads": self.H,
-            "head_dim": self.K,
-            "short_conv_kernel_size": self.W,
-            "layer_group_size": 4,
-            "kda_safe_gate": True,
-            "kda_lower_bound": self.lower_bound,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.eps,
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("BailingHybridForCausalLM", self.text_fields(
+            num_attention_heads=self.H, num_key_value_heads=self.H, head_dim=self.K, short_conv_kernel_size=self.W,
+            layer_group_size=4, kda_safe_gate=True, kda_lower_bound=self.lower_bound))
 
     def to_checkpoint(self, c):
         (f,), (g,) = c["gate"], c["z"]
@@ -307,22 +294,8 @@ class OlmoHybrid(Family):
         return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(self.n_layers)]
 
     def config(self):
-        return {
-            "architectures": ["OlmoHybridForCausalLM"],
-            "model_type": "olmo_hybrid",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.H,
-            "linear_num_key_heads": self.H,
-            "linear_num_value_heads": self.HV,
-            "linear_key_head_dim": self.K,
-            "linear_value_head_dim": self.V,
-            "linear_conv_kernel_dim": self.W,
-            "linear_allow_neg_eigval": True,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.eps,
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("OlmoHybridForCausalLM", self.text_fields(
+            num_attention_heads=self.H, **self.gdn_fields(), linear_allow_neg_eigval=True))
 
     def to_checkpoint(self, c):
         (a,), (g,) = c["gate"], c["z"]
@@ -345,23 +318,8 @@ class LaraMini(Family):
         return [pattern[i % 5] for i in range(self.n_layers)]
 
     def config(self):
-        return {
-            "architectures": ["LaraMiniForCausalLM"],
-            "model_type": "lara_mini",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "linear_num_key_heads": self.H,
-            "linear_num_value_heads": self.HV,
-            "linear_key_head_dim": self.K,
-            "linear_value_head_dim": self.V,
-            "linear_conv_kernel_dim": self.W,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.eps,
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("LaraMiniForCausalLM", self.text_fields(
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, **self.gdn_fields()))
 
     def to_checkpoint(self, c):
         (a,), (z,) = c["gate"], c["z"]
@@ -387,26 +345,9 @@ class Qwen4Exp(Family):
         return ["linear_attention"] * 3 + ["full_attention"]
 
     def config(self):
-        return {
-            "architectures": ["Qwen4ExpForConditionalGeneration"],
-            "model_type": "qwen4_exp",
-            "text_config": {
-                "model_type": "qwen4_exp_text",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.n_layers,
-                "layer_types": self.layer_types(),
-                "full_attention_interval": 4,
-                "linear_num_key_heads": self.H,
-                "linear_num_value_heads": self.HV,
-                "linear_key_head_dim": self.K,
-                "linear_value_head_dim": self.V,
-                "linear_conv_kernel_dim": self.W,
-                "hidden_act": "silu",
-                "output_gate_type": self.out_act,
-                "rms_norm_eps": self.eps,
-            },
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("Qwen4ExpForConditionalGeneration", self.text_fields(
+            layer_types=self.layer_types(), full_attention_interval=4, **self.gdn_fields(),
+            output_gate_type=self.out_act), "qwen4_exp_text")
 
     def to_checkpoint(self, c):
         (a,), (z,) = c["gate"], c["z"]
@@ -432,22 +373,10 @@ class KimiLinear(Glm5Next):
         return ["linear_attention"] * 3 + ["full_attention"]
 
     def config(self):
-        return {
-            "architectures": ["KimiLinearForCausalLM"],
-            "model_type": "kimi_linear",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.H,
-            "rms_norm_eps": self.eps,
-            "torch_dtype": "bfloat16",
-            "linear_attn_config": {
-                "kda_layers": [i + 1 for i in self.linear_layers()],  # 1-based
-                "full_attn_layers": [i + 1 for i, t in enumerate(self.layer_types()) if t != "linear_attention"],
-                "head_dim": self.K,
-                "num_heads": self.H,
-                "short_conv_kernel_size": self.W,
-            },
-        }
+        return self.hf_config("KimiLinearForCausalLM", self.text_fields(num_attention_heads=self.H, linear_attn_config={
+            "kda_layers": [i + 1 for i in self.linear_layers()],  # 1-based
+            "full_attn_layers": [i + 1 for i, t in enumerate(self.layer_types()) if t != "linear_attention"],
+            "head_dim": self.K, "num_heads": self.H, "short_conv_kernel_size": self.W}))
 
     def to_checkpoint(self, c):
         return {**super().to_checkpoint(c), "A_log": c["A_log"].reshape(1, 1, self.H, 1)}
@@ -460,22 +389,8 @@ class Qwen35Text(Qwen4Exp):
     root, out_act = "model.layers.", "silu"
 
     def config(self):
-        return {
-            "architectures": ["Qwen3_5ForCausalLM"],
-            "model_type": "qwen3_5_text",
-            "hidden_size": self.hidden,
-            "num_hidden_layers": self.n_layers,
-            "layer_types": self.layer_types(),
-            "full_attention_interval": 4,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.eps,
-            "linear_num_key_heads": self.H,
-            "linear_num_value_heads": self.HV,
-            "linear_key_head_dim": self.K,
-            "linear_value_head_dim": self.V,
-            "linear_conv_kernel_dim": self.W,
-            "torch_dtype": "bfloat16",
-        }
+        return self.hf_config("Qwen3_5ForCausalLM", self.text_fields(
+            layer_types=self.layer_types(), full_attention_interval=4, **self.gdn_fields()))
 
 
 class Qwen3Next(Qwen35Text):

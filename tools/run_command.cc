@@ -19,6 +19,7 @@
 #include "kda/io/safetensors.h"
 #include "kda/kernels/gemm_route.h"
 #include "kda/kernels/q8.h"
+#include "kda/models/layer_family.h"
 #include "kda/serving/parallel.h"
 #include "kda/serving/scheduler.h"
 #include "tools/rank_errors.h"

@@ -7,7 +7,8 @@
   :func:`fused_recurrent_gated_delta_rule_fwd` (vLLM's) and :func:`fused_gdn_gate`. Over numpy
   arrays (bfloat16 as ``ml_dtypes.bfloat16``) and any CPU array that speaks DLPack (torch tensors,
   JAX arrays), read in place.
-- :class:`DeltaRuleLayer`: one delta-rule layer of a checkpoint, by config.json's model_type:
+- :class:`DeltaRuleLayer`: one delta-rule layer of a checkpoint, by config.json's model_type, and one
+  subclass per layer family of kda's registry, named as transformers' module (``LAYER_CLASSES``):
   :class:`KimiDeltaAttention` (kimi_linear), :class:`Glm5NextTextLinearAttention` (glm5_next,
   glm5_next_text), :class:`BailingHybridDeltaAttention` (bailing_hybrid), :class:`Qwen3NextGatedDeltaNet`
   (qwen3_next), :class:`Qwen3_5GatedDeltaNet` (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text),
@@ -31,20 +32,10 @@ from ._kernels import (
     fused_recurrent_kda,
     fused_recurrent_kda_fwd,
 )
-from ._model import (
-    BailingHybridDeltaAttention,
-    DeltaRuleLayer,
-    Engine,
-    Glm5NextTextLinearAttention,
-    KimiDeltaAttention,
-    LaraMiniGatedDeltaNet,
-    OlmoHybridGatedDeltaNet,
-    Qwen3_5GatedDeltaNet,
-    Qwen3NextGatedDeltaNet,
-    Qwen4ExpTextGatedDeltaNet,
-    RequestResult,
-    model_config,
-)
+from ._model import LAYER_CLASSES, DeltaRuleLayer, Engine, RequestResult, model_config
+
+# One layer class per family of kda's registry (KimiDeltaAttention, Qwen3NextGatedDeltaNet, ...).
+globals().update(LAYER_CLASSES)
 
 __version__ = "0.1.0"
 
@@ -78,14 +69,7 @@ __all__ = [
     "fused_recurrent_gated_delta_rule_fwd",
     "fused_gdn_gate",
     "DeltaRuleLayer",
-    "KimiDeltaAttention",
-    "Glm5NextTextLinearAttention",
-    "BailingHybridDeltaAttention",
-    "Qwen3NextGatedDeltaNet",
-    "Qwen3_5GatedDeltaNet",
-    "OlmoHybridGatedDeltaNet",
-    "LaraMiniGatedDeltaNet",
-    "Qwen4ExpTextGatedDeltaNet",
+    *LAYER_CLASSES,
     "model_config",
     "Engine",
     "RequestResult",

@@ -29,10 +29,8 @@ def model_config(path) -> dict:
 class DeltaRuleLayer:
     """One delta-rule layer of a checkpoint (projections, short conv, gates, the delta-rule core, gated
     RMSNorm, output projection), in the fp32 or the bf16 pipeline (design §2), of any supported model
-    type: :meth:`from_pretrained` gives the subclass of the checkpoint's family
-    (:class:`KimiDeltaAttention`, :class:`Glm5NextTextLinearAttention`, :class:`BailingHybridDeltaAttention`,
-    :class:`Qwen3NextGatedDeltaNet`, :class:`Qwen3_5GatedDeltaNet`, :class:`OlmoHybridGatedDeltaNet`,
-    :class:`LaraMiniGatedDeltaNet`, :class:`Qwen4ExpTextGatedDeltaNet`).
+    type: :meth:`from_pretrained` gives the subclass of the checkpoint's family (``LAYER_CLASSES``, one per
+    family of kda's registry: :class:`KimiDeltaAttention`, :class:`Qwen3NextGatedDeltaNet`, ...).
 
     Shapes: H key heads of K dims (``num_k_heads``, ``head_k_dim``), HV value heads of V dims
     (``num_v_heads``, ``head_v_dim``; HV a multiple of H, KDA: HV = H, V = K), conv width W
@@ -111,80 +109,25 @@ class DeltaRuleLayer:
                 f"weights={self.weights!r})")
 
 
-class KimiDeltaAttention(DeltaRuleLayer):
-    """One KDA layer of a Kimi-Linear checkpoint (model_type kimi_linear): a decay per key dimension,
-    sigmoid output gate; H = HV heads of K = V dims."""
-
-    model_types = ("kimi_linear",)
-
-
-class Qwen3NextGatedDeltaNet(DeltaRuleLayer):
-    """One Gated DeltaNet layer of a Qwen3-Next checkpoint (model_type qwen3_next; ``in_proj_qkvz`` and
-    ``in_proj_ba`` interleaved per key-head group): a decay per value head, silu output gate."""
-
-    model_types = ("qwen3_next",)
+def _make_layer_classes() -> dict[str, type[DeltaRuleLayer]]:
+    """One :class:`DeltaRuleLayer` subclass per layer family of kda's registry (its transformers class name,
+    the family's model types and its layout in the docstring): the registry is the one list of families."""
+    classes = {}
+    for family in _core.layer_families():
+        doc = f"{family['description']}\n\n    model_type: {', '.join(family['model_types'])}."
+        classes[family["layer_class"]] = type(family["layer_class"], (DeltaRuleLayer,),
+                                              {"__doc__": doc, "__module__": "kda",
+                                               "model_types": (family["name"],)})
+    return classes
 
 
-class Qwen3_5GatedDeltaNet(DeltaRuleLayer):
-    """One Gated DeltaNet layer of a Qwen3.5 checkpoint (model types qwen3_5, qwen3_5_text, qwen3_5_moe,
-    qwen3_5_moe_text; ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``; the text model's
-    layers also under ``model.language_model.``): a decay per value head, silu output gate."""
-
-    model_types = ("qwen3_5_text",)
-
-
-class Glm5NextTextLinearAttention(DeltaRuleLayer):
-    """One KDA layer of a GLM-5 Next checkpoint (model types glm5_next, with the text model under
-    ``text_config``, and glm5_next_text; Kimi-Linear's tensors, the text model's layers also under
-    ``model.language_model.``): a decay per key dimension under the gate's lower bound L
-    (``linear_lower_bound``, default -5: g = L * sigmoid(exp(A_log) * (f + dt_bias)); null: Kimi's softplus
-    gate), sigmoid output gate; H = HV heads of K = V dims."""
-
-    model_types = ("glm5_next_text",)
-
-
-class BailingHybridDeltaAttention(DeltaRuleLayer):
-    """One KDA layer of a Bailing hybrid checkpoint (model_type bailing_hybrid; under ``attention.``, full-rank
-    ``f_proj`` and ``g_proj``, the output projection named ``dense``): a decay per key dimension, with
-    ``kda_safe_gate`` (the default) under the lower bound ``kda_lower_bound`` (-5) as GLM-5 Next's, the
-    activated gate rounded to the layer's dtype; sigmoid output gate; H = HV heads of K = V dims."""
-
-    model_types = ("bailing_hybrid",)
-
-
-class OlmoHybridGatedDeltaNet(DeltaRuleLayer):
-    """One Gated DeltaNet layer of an OLMo hybrid checkpoint (model_type olmo_hybrid; separate ``q_proj``,
-    ``k_proj``, ``v_proj``, ``a_proj``, ``b_proj``, ``g_proj`` and q/k/v convs): a decay per value head,
-    beta = 2 * sigmoid(b) (negative eigenvalues, ``linear_allow_neg_eigval``, the default; else sigmoid(b)),
-    silu output gate from ``g_proj``, the norm's eps 1e-5 whatever ``rms_norm_eps`` says."""
-
-    model_types = ("olmo_hybrid",)
-
-
-class LaraMiniGatedDeltaNet(DeltaRuleLayer):
-    """One Gated DeltaNet layer of a Lara-Mini checkpoint (model_type lara_mini; one fused ``in_proj``, rows
-    q|k|v|z|b|a, and the gated norm named ``out_norm``): Qwen3.5's layer, a decay per value head, silu
-    output gate."""
-
-    model_types = ("lara_mini",)
-
-
-class Qwen4ExpTextGatedDeltaNet(DeltaRuleLayer):
-    """One Gated DeltaNet layer of a Qwen4-exp checkpoint (model types qwen4_exp, with the text model under
-    ``text_config``, and qwen4_exp_text; Qwen3.5's tensors, the text model's layers also under
-    ``model.language_model.``): a decay per value head, the output gate's activation ``output_gate_type``
-    ("sigmoid" or "silu"; unset: ``hidden_act``)."""
-
-    model_types = ("qwen4_exp_text",)
-
-
-_LAYER_CLASSES = (KimiDeltaAttention, Glm5NextTextLinearAttention, BailingHybridDeltaAttention, Qwen3NextGatedDeltaNet,
-                  Qwen3_5GatedDeltaNet, OlmoHybridGatedDeltaNet, LaraMiniGatedDeltaNet, Qwen4ExpTextGatedDeltaNet)
+#: The layer classes by name, one per family (kda.KimiDeltaAttention, kda.Qwen3NextGatedDeltaNet, ...).
+LAYER_CLASSES = _make_layer_classes()
 
 
 def _layer_class_for(family: str) -> type[DeltaRuleLayer]:
     """The layer class of a family (DeltaRuleLayer for one without a class of its own)."""
-    return next((c for c in _LAYER_CLASSES if family in c.model_types), DeltaRuleLayer)
+    return next((c for c in LAYER_CLASSES.values() if family in c.model_types), DeltaRuleLayer)
 
 
 class RequestResult(NamedTuple):

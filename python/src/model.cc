@@ -388,7 +388,7 @@ nb::dict ModelConfigDict(const std::string& path) {
   const LayerFamily& family = LayerFamilyFor(c.model_type);
   nb::dict d;
   d["model_type"] = c.model_type;
-  d["family"] = family.model_types.front();
+  d["family"] = family.name();
   d["layer_class"] = family.layer_class;
   d["hidden_size"] = c.hidden_size;
   d["num_hidden_layers"] = c.num_hidden_layers;
@@ -413,6 +413,22 @@ nb::dict ModelConfigDict(const std::string& path) {
 
 void BindModel(nb::module_& m) {
   m.def("model_config", &ModelConfigDict, nb::arg("path"));
+  // The layer families of the registry (kda/models/layer_family.h), kimi_linear first: the family's name (its
+  // first model type), every model type it serves, its transformers class and a sentence on its layout.
+  m.def("layer_families", [] {
+    nb::list out;
+    for (const LayerFamily& f : LayerFamilies()) {
+      nb::dict d;
+      d["name"] = f.name();
+      nb::list types;
+      for (const ModelTypeName& t : f.model_types) types.append(t.name);
+      d["model_types"] = types;
+      d["layer_class"] = f.layer_class;
+      d["description"] = f.description;
+      out.append(d);
+    }
+    return out;
+  });
 
   nb::class_<Layer> layer(m, "Layer");
   layer.def(nb::init<const std::string&, int, const std::string&, const std::string&, const std::string&>(),

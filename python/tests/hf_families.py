@@ -126,7 +126,9 @@ _FAMILIES = {
         dict(
             _MLA,
             qk_rope_head_dim=16,
-            head_dim=16,  # K = V of the KDA layers (the config then sets head_dim to the RoPE width, also 16)
+            # K = V of the KDA layers: the config keeps it as linear_head_dim and sets head_dim to the RoPE
+            # width, 16 (what it writes to config.json).
+            head_dim=32,
             num_attention_heads=4,
             num_key_value_heads=4,
             intermediate_size=128,

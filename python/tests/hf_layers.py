@@ -55,6 +55,7 @@ def _lara_names(t: dict, m) -> dict:
 
 # family: (layer 0's prefix in its checkpoints, state_dict -> checkpoint names)
 _CHECKPOINT = {
+    "kimi_linear": ("model.layers.0.self_attn.", _kimi_names),
     "glm5_next": ("model.language_model.layers.0.self_attn.", _kimi_names),  # the multimodal model's text layers
     "bailing_hybrid": ("model.layers.0.attention.", _bailing_names),
     "olmo_hybrid": ("model.layers.0.linear_attn.", _olmo_names),
@@ -119,7 +120,7 @@ class TinyLayer:
                     p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
                     if self.family == "olmo_hybrid" and name == "b_proj.weight":
                         p.mul_(2.0)  # beta = 2 sigmoid(b) over most of (0, 2)
-                elif name == "conv1d.weight":
+                elif name.endswith("conv1d.weight"):
                     p.copy_(0.5 * torch.randn(p.shape, generator=g))
                 elif name.endswith("norm.weight"):
                     p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import re
 
+import hf_families
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,7 @@ SHAPES = {
     "qwen3_5": (2, 2, 4, 16, 16),
     "qwen3_5_moe": (2, 2, 4, 16, 16),
     "glm5_next": (2, 4, 4, 16, 16),
-    "bailing_hybrid": (2, 4, 4, 16, 16),
+    "bailing_hybrid": (2, 4, 4, 32, 32),
     "olmo_hybrid": (2, 2, 2, 16, 32),
     "lara_mini": (3, 2, 4, 16, 16),
     "qwen4_exp": (2, 2, 4, 16, 16),
@@ -376,3 +378,21 @@ def test_missing_and_unexpected_tensors_are_named(tiny, tmp_path):
         with pytest.raises(ValueError, match=rf"checkpoint tensor ({'|'.join(map(re.escape, unexpected))}) is not "
                                              r"a tensor of this layer type \(unexpected key\)"):
             kda.DeltaRuleLayer.from_pretrained(path, dtype="float32")
+
+
+@pytest.mark.parametrize("family", hf_families.FAMILIES)
+def test_checkpoints_saved_by_transformers_load(family, tmp_path):
+    # What transformers' own save_pretrained writes (5.25: its config, with Bailing's linear_num_heads /
+    # linear_head_dim and head_dim overwritten by the RoPE width; its tensors, with OLMo's q/k/v convs cut into
+    # three near-equal parts when V != K) serves as the module it was saved from, to the fp32 rule.
+    tiny = TinyLayer(family, tmp_path)
+    saved = tmp_path / "saved"
+    tiny.model.save_pretrained(saved)
+    written = json.loads((saved / "config.json").read_text())
+    tensors = read_safetensors(saved / "model.safetensors")
+    if family == "bailing_hybrid":
+        assert written["head_dim"] != written["linear_head_dim"] == tiny.K
+    if family == "olmo_hybrid":
+        q_conv = tensors[tiny.prefix + "q_conv1d.weight"]
+        assert q_conv.shape[0] == -(-tiny.C // 3) != tiny.H * tiny.K  # torch.chunk's split of C
+    _check_prefill_and_decode(tiny, saved, "save_pretrained")

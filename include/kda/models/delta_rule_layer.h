@@ -1,10 +1,14 @@
-// DeltaRuleLayer: one delta-rule layer of a model, the abstract layer the
-// model, the runner and the benchmarks hold (models/delta_rule_layer.cc). A
-// layer type (KimiDeltaAttention, GatedDeltaNet) supplies its projections of
-// the input; the rest is shared: the attention core through
-// RadixLinearAttention and the backend (conv with pool tails, gate, kernel,
-// pool states), the gated RMSNorm per value head (the geometry's output gate
-// activation) and the output projection, with its tensor-parallel sum.
+// DeltaRuleLayer: one delta-rule layer of a model, the layer the model, the
+// runner and the benchmarks hold (models/delta_rule_layer.cc), for every
+// family: its projections are cut from the checkpoint's tensors by the roles
+// its family's tensor table gives their rows (kda/models/layer_weights.h) —
+// q|k|v (one GEMM: the conv's channels), the raw gate and the output gate
+// (each one projection, or a low-rank pair x -> [K] -> [P]), beta — and the
+// rest is shared: the attention core through RadixLinearAttention and the
+// backend (conv with pool tails, gate, kernel, pool states), the gated
+// RMSNorm per value head (the geometry's output gate activation) and the
+// output projection, with its tensor-parallel sum. The cast points are those
+// of the design (§2) and ../shared/tools/gdn_ref.py.
 //
 // Shapes: T packed tokens, hidden model width, H key heads of K, HV value
 // heads of V (DeltaRuleGeometry). Per-sequence state in the pool: its
@@ -13,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +35,24 @@ class LinearRecurrentAttnBackend;
 
 class DeltaRuleLayer {
  public:
-  virtual ~DeltaRuleLayer();
+  // A layer of the family whose tensor table at `geometry` is `table` (the
+  // family's `layer_class`, `who`, starts messages). layer_id: the layer's
+  // index in the state pool. `geometry` and `weights`: this rank's shard (the
+  // whole layer without tp); kda::Error unless the weights hold every tensor
+  // of the table with its size and nothing else, and the table's rows fit the
+  // geometry. act_dtype F32: the fp32 pipeline; BF16: the bf16 pipeline
+  // (weights rounded to bf16). Tensor parallelism: with a `tp` group of size
+  // > 1 the partial output projections are summed in fp32 across the group
+  // and rounded once; `tp` must outlive the layer. weights_format kInt8:
+  // every projection is quantized to Q8 here (kda::Error when an input dim is
+  // not a multiple of 32) unless the weights already hold Q8 values; the
+  // convs, A_log, dt_bias and the norm stay as they are. The layer then
+  // equals the one built from DequantizeLayerWeights with kDense, up to the
+  // order of fp32 sums.
+  DeltaRuleLayer(const std::string& who, const TensorTable& table, int layer_id, const DeltaRuleGeometry& geometry,
+                 const LayerWeights& weights, DType act_dtype, Communicator* tp = nullptr,
+                 WeightFormat weights_format = WeightFormat::kDense);
+  ~DeltaRuleLayer();
   DeltaRuleLayer(const DeltaRuleLayer&) = delete;
   DeltaRuleLayer& operator=(const DeltaRuleLayer&) = delete;
 
@@ -58,25 +80,23 @@ class DeltaRuleLayer {
   int64_t projection_weight_bytes() const;
   const RadixLinearAttention& attn() const { return *attn_; }
 
+ private:
   // The four inputs of the core and the norm, in the activation dtype.
   struct Projected;
-
- protected:
-  // act_dtype F32: the fp32 pipeline; BF16: the bf16 pipeline (weights
-  // rounded to bf16). Tensor parallelism: with a `tp` group of size > 1 the
-  // layer is this rank's shard (its key heads and their value heads); the
-  // partial output projections are summed in fp32 across the group and
-  // rounded once. `tp` must outlive the layer.
-  DeltaRuleLayer(DType act_dtype, Communicator* tp, WeightFormat weights_format);
+  // A projection: one Linear, or a low-rank pair (first [K, hidden], then [rows, K]).
+  struct Projection {
+    const Linear* first = nullptr;
+    const Linear* second = nullptr;
+  };
 
   // mixed_qkv [T, C], gate_raw [T, gate_width], beta_logits [T, HV] and
   // output_gate [T, HV*V] from x [T, hidden].
-  virtual void Project(ConstBuf x, int64_t T, Projected& out) const = 0;
-
-  // kda::Error naming the tensor unless `w` holds every tensor of `table`
-  // (the layer type's table at this layer's geometry) with its size (a Q8
-  // tensor: its rows and cols), and nothing else. `who` starts the message.
-  static void CheckWeights(const LayerWeights& w, const TensorTable& table, const std::string& who);
+  void Project(ConstBuf x, int64_t T, Projected& out) const;
+  // The projection of the rows of `roles` (in that order), after the low-rank first half of role `down`
+  // where the table has one; `rows`: the geometry's count of its output rows, checked against the table.
+  Projection AddRole(const LayerWeights& w, const TensorTable& table, const DeltaRuleGeometry& g,
+                     const std::vector<TensorRole>& roles, std::optional<TensorRole> down, int64_t rows,
+                     const std::string& what, const std::string& who);
   // A block of rows [r0, r1) of the weight tensor `name` ([rows, cols]).
   struct RowBlock {
     std::string name;
@@ -89,27 +109,20 @@ class DeltaRuleLayer {
   // projection_weight_bytes.
   const Linear& AddProjection(const LayerWeights& w, const std::vector<RowBlock>& blocks, int64_t cols,
                               const std::string& what);
-  // Sets what the shared part needs: the output projection [hidden, HV*V]
-  // (tensor `out_name`), the core, and the norm weight [V].
-  void SetCore(const LayerWeights& w, const std::string& out_name, std::unique_ptr<RadixLinearAttention> attn,
-               std::vector<float> norm_weight);
-  // The convs in the backend's layout from a checkpoint's [C_g, W] rows per q,
-  // k, v group (rounded to bf16 in the bf16 pipeline unless the geometry keeps
-  // them fp32).
-  std::vector<float> ConvWeight(const std::vector<const std::vector<float>*>& groups,
-                                const DeltaRuleGeometry& geometry) const;
+  // The rows of `role` in the table's projections (`projections`) or other tensors, in table order and
+  // head-major; *cols receives their tensors' columns (one value, else kda::Error).
+  static std::vector<RowBlock> RoleRows(const TensorTable& table, TensorRole role, bool projections, int key_heads,
+                                        int64_t* cols);
   void CheckInputDtype(ConstBuf x) const;
 
-  // The projections every layer type has (set by its constructor through
-  // AddProjection): q|k|v, the conv's channels (mixed_qkv), and b (beta_logits).
-  const Linear* qkv_proj_ = nullptr;
-  const Linear* b_proj_ = nullptr;
-
- private:
   DType act_dtype_;
   WeightFormat weights_format_;
   Communicator* tp_ = nullptr;
-  std::vector<std::unique_ptr<Linear>> projections_;  // the input projections, in Project's order
+  std::vector<std::unique_ptr<Linear>> projections_;  // the input projections
+  Projection qkv_proj_;
+  Projection gate_proj_;
+  Projection beta_proj_;
+  Projection out_gate_proj_;
   std::unique_ptr<Linear> out_proj_;
   std::unique_ptr<RadixLinearAttention> attn_;
   std::vector<float> norm_weight_;  // [V]

@@ -1,10 +1,12 @@
-// The weights of one delta-rule layer as a layer type declares them: a tensor
+// The weights of one delta-rule layer as its family declares them: a tensor
 // table (one entry per checkpoint tensor: Hugging Face name, shape, how
-// tensor parallelism cuts it, whether it is a quantizable projection, how a
-// random model fills it), and the generic code it drives
-// (models/layer_weights.cc): loading from a checkpoint (whole, or one
-// tensor-parallel rank's heads), random init, sharding, and the int8 round
-// trip. A layer type adds a table, not code here.
+// tensor parallelism cuts it, what the layer makes of its rows, whether it is
+// a quantizable projection, how a random model fills it), and the generic
+// code it drives (models/layer_weights.cc): loading from a checkpoint (whole,
+// or one tensor-parallel rank's heads), random init, sharding, and the int8
+// round trip. The layer (models/delta_rule_layer.cc) cuts its projections,
+// conv and parameters from the same table by role. A family adds a table,
+// not code.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +22,38 @@ class Checkpoint;
 
 // How tensor parallelism over key heads cuts a tensor: not at all
 // (replicated), or along its rows / columns. A cut axis is the concatenation
-// of `parts`, each holding `units` rows (columns) per key head, heads in
+// of parts, each holding `units` rows (columns) per key head, heads in
 // order: a shard of key heads [h0, h1) keeps rows [h0*u, h1*u) of each part,
-// its value heads with their key head (a part of r*V rows per key head).
+// its value heads with their key head (a part of r*V rows per key head). An
+// interleaved tensor instead groups its rows by key head, each head's units
+// of every part in turn (Qwen3-Next's in_proj_qkvz: q_i, k_i, v_i, z_i).
 enum class ShardAxis : uint8_t { kNone, kRows, kCols };
+
+// What the layer makes of a part of a tensor's rows: the conv's q, k and v
+// channels (rows of an input projection, or of the conv weights), the raw
+// gate (KDA's f [P], GDN's a [HV]), the beta logits, the output gate (KDA's
+// g, GDN's z [HV*V]), a low-rank projection's first half (x -> [K], before the
+// gate's or the output gate's rows [P, K]), the decay's A_log and dt_bias, the
+// gated norm's weight, the output projection.
+enum class TensorRole : uint8_t {
+  kQ,
+  kK,
+  kV,
+  kGate,
+  kBeta,
+  kOutGate,
+  kGateDown,
+  kOutGateDown,
+  kALog,
+  kDtBias,
+  kNorm,
+  kOut,
+};
+
+struct TensorPart {
+  int64_t units = 0;  // rows (columns) per key head; a replicated tensor's one part: 0 (all of it)
+  TensorRole role = TensorRole::kQ;
+};
 
 // How a random model fills a tensor (values rounded to bf16):
 // kNormal N(0, a); kUniform U[a, b); kDtBias softplus^-1(dt) with dt
@@ -39,9 +69,15 @@ struct TensorSpec {
   std::vector<std::vector<int64_t>> shapes;  // accepted checkpoint shapes (one element count); the first is canonical
   int64_t cols = 1;                          // the tensor viewed as a row-major [numel / cols, cols] matrix
   ShardAxis shard = ShardAxis::kNone;
-  std::vector<int64_t> parts;  // units per key head of each part of the cut axis
-  bool quantizable = false;    // a Linear weight [out, in]: Q8 with int8 weights
+  std::vector<TensorPart> parts;  // the cut axis's parts (a replicated tensor: one, units 0)
+  bool interleaved = false;       // rows grouped by key head (see ShardAxis)
+  bool quantizable = false;       // a Linear weight [out, in]: Q8 with int8 weights
   TensorInit init;
+  // Non-empty: the tensor's rows and those of the table's other tensors of this group, in table order, are
+  // one concatenation (transformers' loading concatenates them, e.g. OLMo hybrid's q|k|v convs into one
+  // conv1d), which a checkpoint may also store split at other rows (transformers 5.25 saves OLMo's as
+  // three near-equal parts): any split whose parts have the tensors' trailing dims and their rows in all.
+  std::string group;
 
   int64_t numel() const;
   int64_t rows() const { return numel() / cols; }
@@ -81,7 +117,8 @@ struct TensorRead {
 
 // Reads every tensor of `table` (the full layer's) named `prefix` + spec.name
 // from the checkpoint, only `shard`'s part (every tensor's full shape is still
-// checked), into the layout of the shard's table. Checks presence, dtype
+// checked; a group's tensors, see TensorSpec::group, as their concatenation),
+// into the layout of the shard's table. Checks presence, dtype
 // (F32 or BF16; I8 + F16 scales for the quantizable tensors of a `kda
 // quantize` checkpoint), shape and that every value read is finite (a NaN or
 // infinity is a kda::Error naming the key and element); a tensor under
