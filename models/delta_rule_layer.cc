@@ -12,6 +12,7 @@
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
 #include "kda/layers/attention/linear/linear_recurrent_backend.h"
+#include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 
 namespace kda {
@@ -318,6 +319,17 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
     for (size_t i = 0; i < partial.size(); ++i) StoreFromFloat(out.data, out.dtype, i, partial[i]);
   }
   if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutput, {out.data, out.dtype}, T * geo.hidden);
+}
+
+std::unique_ptr<DeltaRuleLayer> LayerFamily::MakeLayer(int layer_id, const DeltaRuleGeometry& geometry,
+                                                       const LayerWeights& weights, DType act_dtype, Communicator* tp,
+                                                       WeightFormat weights_format) const {
+  Check(geometry.decay == reference.decay,
+        layer_class + ": the geometry must be a " +
+            (reference.decay == DecayWidth::kPerKeyDim ? "KDA one (a decay per key dimension)"
+                                                       : "Gated DeltaNet one (a decay per value head)"));
+  return std::make_unique<DeltaRuleLayer>(layer_class, tensors(geometry), layer_id, geometry, weights, act_dtype, tp,
+                                          weights_format);
 }
 
 }  // namespace kda

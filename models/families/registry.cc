@@ -104,15 +104,4 @@ ModelConfig LoadModelConfig(const std::string& model_dir) {
   return ParseModelConfig(io_internal::ReadFile(path.string()), path.string());
 }
 
-std::unique_ptr<DeltaRuleLayer> LayerFamily::MakeLayer(int layer_id, const DeltaRuleGeometry& geometry,
-                                                       const LayerWeights& weights, DType act_dtype, Communicator* tp,
-                                                       WeightFormat weights_format) const {
-  Check(geometry.decay == reference.decay,
-        layer_class + ": the geometry must be a " +
-            (reference.decay == DecayWidth::kPerKeyDim ? "KDA one (a decay per key dimension)"
-                                                       : "Gated DeltaNet one (a decay per value head)"));
-  return std::make_unique<DeltaRuleLayer>(layer_class, tensors(geometry), layer_id, geometry, weights, act_dtype, tp,
-                                          weights_format);
-}
-
 }  // namespace kda
