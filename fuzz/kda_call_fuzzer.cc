@@ -27,6 +27,7 @@
 #include "kda/kernels/chunk_kda_reference.h"
 #include "kda/kernels/fused_recurrent_kda_reference.h"
 #include "kda/kernels/kda_args.h"
+#include "kda/kernels/kda_dispatch.h"
 #include "kda/kernels/kda_optimized.h"
 #include "kda/kernels/kernel_isa.h"
 
@@ -210,10 +211,15 @@ using kda::TensorView;
 
 template <class Call>
 void SetTokens(Call& call, Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
-  call.o = b.Make<MutTensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat, false, c.OneIn(8));
+  // k and v now and then in another float dtype than q (fla's mixed dtypes: run on fp32 copies), o then
+  // in q's or v's.
+  static constexpr DType kFloats[] = {DType::kF32, DType::kBF16, DType::kF16};
+  const DType kt = c.OneIn(6) ? kFloats[c.Below(3)] : act;
+  const DType vt = c.OneIn(6) ? kFloats[c.Below(3)] : act;
+  call.o = b.Make<MutTensorView>({s.B, s.T, s.HV, s.V}, c.OneIn(2) ? act : vt, Fill::kFloat, false, c.OneIn(8));
   call.q = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
-  call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, act, Fill::kFloat, false, true);
-  call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, act, Fill::kFloat, false, true);
+  call.k = b.Make<TensorView>({s.B, s.T, s.H, s.K}, kt, Fill::kFloat, false, true);
+  call.v = b.Make<TensorView>({s.B, s.T, s.HV, s.V}, vt, Fill::kFloat, false, true);
   // A gate per key dimension (KDA), or one per value head (Gated DeltaNet) one time in 3.
   call.g = c.OneIn(3) ? b.Make<TensorView>({s.B, s.T, s.HV}, gb, Fill::kFloat)
                       : b.Make<TensorView>({s.B, s.T, s.HV, s.K}, gb, Fill::kFloat, false, c.OneIn(8));
@@ -239,11 +245,19 @@ void SetOptions(Call& call, Choices& c, CaseBuilder& b, const Sizes& s) {
   }
 }
 
-// [rows, HV, K, V] f32 states, [rows, HV, V, K] with state_v_first.
+// [rows, HV, K, V] states, [rows, HV, V, K] with state_v_first: f32, or `dt` (an initial state fla also takes
+// in bf16 or f16).
 template <class View, class Call>
-View States(CaseBuilder& b, const Call& call, const Sizes& s, int64_t rows, bool optional_absent = false) {
-  return call.state_v_first ? b.Make<View>({rows, s.HV, s.V, s.K}, DType::kF32, Fill::kFloat, optional_absent)
-                            : b.Make<View>({rows, s.HV, s.K, s.V}, DType::kF32, Fill::kFloat, optional_absent);
+View States(CaseBuilder& b, const Call& call, const Sizes& s, int64_t rows, bool optional_absent = false,
+            DType dt = DType::kF32) {
+  return call.state_v_first ? b.Make<View>({rows, s.HV, s.V, s.K}, dt, Fill::kFloat, optional_absent)
+                            : b.Make<View>({rows, s.HV, s.K, s.V}, dt, Fill::kFloat, optional_absent);
+}
+
+// An initial state's dtype: now and then bf16 or f16.
+DType InitialStateDType(Choices& c) {
+  if (!c.OneIn(6)) return DType::kF32;
+  return c.OneIn(2) ? DType::kBF16 : DType::kF16;
 }
 
 // A call's token tensors, options and sequences: packed ones (B = 1, cu_seqlens
@@ -289,7 +303,8 @@ Call WithoutData(Call call) {
 // then binds it and runs it: each a kda::Error or a call in bounds.
 template <class Call, class Args>
 void Exercise(Choices& c, const Call& call, kda::KdaCallShapes (*check)(const Call&), Args (*bind)(const Call&),
-              void (*optimized)(const Args&), void (*reference)(const Args&)) {
+              void (*optimized)(const Args&), void (*reference)(const Args&),
+              void (*dispatch)(const Call&, kda::KernelImpl)) {
   const Call shapes = WithoutData(call);
   const bool use_optimized = ChooseOptimized(c);
   try {
@@ -297,7 +312,11 @@ void Exercise(Choices& c, const Call& call, kda::KdaCallShapes (*check)(const Ca
   } catch (const kda::Error&) {
   }
   try {
-    (use_optimized ? optimized : reference)(bind(call));
+    if (kda::NeedsFloat32Copies(call)) {  // a bind refuses it: the entry runs it on fp32 copies
+      dispatch(call, use_optimized ? kda::KernelImpl::kOptimized : kda::KernelImpl::kReference);
+    } else {
+      (use_optimized ? optimized : reference)(bind(call));
+    }
   } catch (const kda::Error&) {
   }
 }
@@ -314,7 +333,7 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
     call.has_initial_state = b.Make<TensorView>({n}, DType::kU8, Fill::kFlags, true);
     if (c.OneIn(16)) call.initial_state = States<TensorView>(b, call, s, n);
   } else {
-    call.initial_state = States<TensorView>(b, call, s, n, true);
+    call.initial_state = States<TensorView>(b, call, s, n, true, InitialStateDType(c));
     call.output_final_state = !c.OneIn(4);
     if (call.output_final_state || c.OneIn(8)) call.final_state = States<MutTensorView>(b, call, s, n);
   }
@@ -327,7 +346,8 @@ void RunChunk(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
     call.intermediate_states = call.state_v_first ? b.Make<MutTensorView>({s.B, nt, s.HV, s.V, s.K}, dt, Fill::kFloat)
                                                   : b.Make<MutTensorView>({s.B, nt, s.HV, s.K, s.V}, dt, Fill::kFloat);
   }
-  Exercise(c, call, kda::CheckChunkKdaShapes, kda::BindChunkKda, kda::chunk_kda_optimized, kda::chunk_kda_reference);
+  Exercise(c, call, kda::CheckChunkKdaShapes, kda::BindChunkKda, kda::chunk_kda_optimized, kda::chunk_kda_reference,
+           kda::chunk_kda);
 }
 
 void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType gb) {
@@ -338,13 +358,13 @@ void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType g
   call.output_final_state = c.OneIn(2);
   switch (c.Below(3)) {
     case 0:  // contiguous states
-      call.initial_state = States<MutTensorView>(b, call, s, n, !call.inplace_final_state);
+      call.initial_state = States<MutTensorView>(b, call, s, n, !call.inplace_final_state, InitialStateDType(c));
       if (!call.inplace_final_state && (call.output_final_state || c.OneIn(8))) {
         call.final_state = States<MutTensorView>(b, call, s, n);
       }
       break;
     case 1:  // the pool, a slot per sequence
-      call.initial_state = States<MutTensorView>(b, call, s, s.S);
+      call.initial_state = States<MutTensorView>(b, call, s, s.S, false, InitialStateDType(c));
       call.ssm_state_indices = b.Make<TensorView>({n}, DType::kI32, Fill::kIndices);
       break;
     default:  // the pool, a slot per token, accepted counts
@@ -360,7 +380,7 @@ void RunRecurrent(Choices& c, CaseBuilder& b, const Sizes& s, DType act, DType g
     call.num_accepted_tokens = b.Make<TensorView>({n}, DType::kI32, Fill::kFlags);
   }
   Exercise(c, call, kda::CheckRecurrentKdaShapes, kda::BindRecurrentKda, kda::fused_recurrent_kda_optimized,
-           kda::fused_recurrent_kda_reference);
+           kda::fused_recurrent_kda_reference, kda::fused_recurrent_kda);
 }
 
 }  // namespace

@@ -343,10 +343,10 @@ std::vector<BadCase<C>> TokenCases() {
        kDType},
       {"q float64", [](C& c) { c.q.foreign_dtype = "float64"; },
        "q: dtype must be float32, bfloat16 or float16, got float64", kDType},
-      {"k bfloat16", [](C& c) { c.k.dtype = DType::kBF16; },
-       "q, k and v must have one dtype, got float32, bfloat16, float32", kDType},
-      {"v bfloat16", [](C& c) { c.v.dtype = DType::kBF16; },
-       "q, k and v must have one dtype, got float32, float32, bfloat16", kDType},
+      {"k int32", [](C& c) { c.k.dtype = DType::kI32; }, "k: dtype must be float32, bfloat16 or float16, got int32",
+       kDType},
+      {"v float64", [](C& c) { c.v.foreign_dtype = "float64"; },
+       "v: dtype must be float32, bfloat16 or float16, got float64", kDType},
       {"g int64", [](C& c) { c.g.dtype = DType::kI64; }, "g: dtype must be float32, bfloat16 or float16, got int64",
        kDType},
       {"g float64", [](C& c) { c.g.foreign_dtype = "float64"; },
@@ -355,10 +355,9 @@ std::vector<BadCase<C>> TokenCases() {
        "beta: dtype must be float32, bfloat16 or float16, got int32", kDType},
       {"beta uint8", [](C& c) { c.beta.dtype = DType::kU8; },
        "beta: dtype must be float32, bfloat16 or float16, got uint8", kDType},
-      {"v float16", [](C& c) { c.v.dtype = DType::kF16; },
-       "q, k and v must have one dtype, got float32, float32, float16", kDType},
-      {"o bfloat16", [](C& c) { c.o.dtype = DType::kBF16; }, "o: dtype must be q's (float32), got bfloat16", kDType},
-      {"o float64", [](C& c) { c.o.foreign_dtype = "float64"; }, "o: dtype must be q's (float32), got float64", kDType},
+      // fla's dtype of o: q's for chunk_kda, v's for fused_recurrent_kda (the same here).
+      {"o bfloat16", [](C& c) { c.o.dtype = DType::kBF16; }, "'s (float32), got bfloat16", kDType},
+      {"o float64", [](C& c) { c.o.foreign_dtype = "float64"; }, "'s (float32), got float64", kDType},
       // Options.
       {"nan scale", [](C& c) { c.scale = std::nanf(""); }, "scale: must be a finite number > 0"},
       {"infinite scale", [](C& c) { c.scale = INFINITY; }, "scale: must be a finite number > 0"},
@@ -648,8 +647,8 @@ TEST(KdaValidation, RecurrentRejectsBadCallsWithoutWriting) {
        },
        "q: must be C-contiguous or a token-strided slice [B, T, heads, dim] with strides [T * s, s, dim, 1], s >= "
        "heads * dim (a fused projection's columns); shape [3, 2, 2, 16] has strides [112, 48, 16, 1]"},
-      {"pool bfloat16", [](C& c) { c.initial_state.dtype = DType::kBF16; },
-       "initial_state: dtype must be float32, got bfloat16", kDType},
+      {"pool float64", [](C& c) { c.initial_state.foreign_dtype = "float64"; },
+       "initial_state: dtype must be float32, bfloat16 or float16, got float64", kDType},
       {"indices int64", [](C& c) { c.ssm_state_indices.dtype = DType::kI64; },
        "ssm_state_indices: dtype must be int32, got int64", kDType},
       // The shape check names the call's ssm_state_indices, the bind the kernel's state_indices.
@@ -757,7 +756,7 @@ TEST(KdaValidation, DtypeProblemsThrowDTypeError) {
   EXPECT_THROW(CheckChunkKdaShapes(chunk.call), DTypeError);
   EXPECT_THROW(chunk_kda(chunk.call), DTypeError);
   RecurrentFixture rec;
-  rec.call.k.dtype = DType::kBF16;
+  rec.call.k.dtype = DType::kI32;
   EXPECT_THROW(BindRecurrentKda(rec.call), DTypeError);
   EXPECT_THROW(CheckRecurrentKdaShapes(rec.call), DTypeError);
   EXPECT_THROW(fused_recurrent_kda(rec.call), DTypeError);

@@ -524,13 +524,10 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
     c.Shape(call.beta, {s.B, s.T, hv}, "beta", beta_per_value_allowed ? "[B, T, HV] or [B, T, HV, V]" : "[B, T, HV]");
   }
   const std::string& who = c.who();
+  // Each of q, k and v any float dtype, as fla reads them (the kernels take one: see chunk_kda).
   const DType qt = c.Float(call.q, "q");
-  const DType kt = c.Float(call.k, "k");
+  c.Float(call.k, "k");
   const DType vt = c.Float(call.v, "v");
-  CheckDType(kt == qt && vt == qt, [&] {
-    return who + ": q, k and v must have one dtype, got " + TorchDTypeName(qt) + ", " + TorchDTypeName(kt) + ", " +
-           TorchDTypeName(vt);
-  });
   c.Float(call.g, "g");
   c.Float(call.beta, "beta");
   s.token_strides = {c.TokenLayout(call.q, "q"), c.TokenLayout(call.k, "k"), c.TokenLayout(call.v, "v")};
@@ -551,8 +548,12 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
   s.V = static_cast<int>(vd);
   if (c.full()) c.Present(call.o, "o", "required (the output [B, T, HV, V])");
   if (call.o.present()) {
-    CheckDType(call.o.foreign_dtype == nullptr && call.o.dtype == qt, [&] {
-      return who + ": o: dtype must be q's (" + TorchDTypeName(qt) + "), got " + ViewDTypeName(call.o);
+    // fla's: the chunk entries return o in q's dtype, the recurrent ones in v's.
+    const bool chunk = min_sequences > 0;
+    const DType ot = chunk ? qt : vt;
+    CheckDType(call.o.foreign_dtype == nullptr && call.o.dtype == ot, [&] {
+      return who + ": o: dtype must be " + (chunk ? "q's (" : "v's (") + TorchDTypeName(ot) + "), got " +
+             ViewDTypeName(call.o);
     });
     c.Shape(call.o, {s.B, s.T, hv, vd}, "o", "[B, T, HV, V]");
     c.Layout(call.o, "o");
@@ -592,9 +593,13 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
 // returns its rows.
 template <class V>
 int64_t CheckStates(const ViewChecker& c, const V& v, const KdaCallShapes& s, bool v_first, int64_t rows,
-                    const char* name, const char* rows_name) {
+                    const char* name, const char* rows_name, bool any_float = false) {
   const std::string layout = std::string("[") + rows_name + (v_first ? ", HV, V, K] (state_v_first)" : ", HV, K, V]");
-  c.Exact(v, DType::kF32, name);
+  if (any_float) {
+    c.Float(v, name);
+  } else {
+    c.Exact(v, DType::kF32, name);
+  }
   c.Ndim(v, name, 4, layout.c_str());
   const int64_t S = v.shape[0];
   const int64_t r = rows < 0 ? S : rows;
@@ -694,7 +699,11 @@ KdaCallShapes CheckChunkCall(const ChunkKdaCall& call, bool full) {
     CheckIndexView(c, call.state_indices, s.N, s.num_states, "state_indices");
   } else {
     Check(!call.state.present(), [&] { return who + ": state (pool form) requires state_indices"; });
-    if (call.initial_state.present()) CheckStates(c, call.initial_state, s, vf, s.N, "initial_state", "N");
+    // fla's chunk_gated_delta_rule takes a float16 or bfloat16 initial state; its chunk_kda asserts float32.
+    if (call.initial_state.present()) {
+      CheckStates(c, call.initial_state, s, vf, s.N, "initial_state", "N",
+                  /*any_float=*/call.entry == DeltaRuleEntry::kGatedDeltaRule);
+    }
     if (call.output_final_state && full) {
       c.Present(call.final_state, "final_state", "required with output_final_state (shape [N, HV, K, V])");
     }
@@ -795,7 +804,9 @@ KdaCallShapes CheckRecurrentCall(const RecurrentKdaCall& call, bool full) {
     }
   }
   if (call.initial_state.present()) {
-    s.num_states = CheckStates(c, call.initial_state, s, vf, pool ? -1 : s.N, "initial_state", pool ? "S" : "N");
+    // Any float dtype, as fla's recurrent entries take it (the final states written back in it).
+    s.num_states = CheckStates(c, call.initial_state, s, vf, pool ? -1 : s.N, "initial_state", pool ? "S" : "N",
+                               /*any_float=*/true);
   }
   if (!pool) s.num_states = 0;
   if (pool && !full) CheckGivenSlots(who, call, s);
@@ -819,6 +830,21 @@ KdaOptions OptionsOf(const KdaCallCommon& call) {
 }
 
 ConstBuf Buf(const TensorView& v) { return {v.data, v.dtype}; }
+
+// Whether q, k and v share one dtype (what the kernels read).
+bool OneTokenDType(const KdaCallCommon& call) { return call.k.dtype == call.q.dtype && call.v.dtype == call.q.dtype; }
+
+// The kernels' arguments hold one dtype for q, k and v and fp32 states: a call in several dtypes runs through
+// chunk_kda / fused_recurrent_kda, which make fp32 copies (NeedsFloat32Copies).
+template <class Call>
+void RefuseMixedBind(const Call& call) {
+  CheckDType(!NeedsFloat32Copies(call), [&] {
+    return std::string("binding kernel arguments: q, k, v (") + TorchDTypeName(call.q.dtype) + ", " +
+           TorchDTypeName(call.k.dtype) + ", " + TorchDTypeName(call.v.dtype) +
+           ") and the initial state must have one dtype and float32 here; chunk_kda and fused_recurrent_kda "
+           "take such calls (on float32 copies)";
+  });
+}
 
 // The fields both kernels' arguments share, the boundaries int64 (BoundariesOf: a buffer of the thread's per kind
 // of arguments).
@@ -863,8 +889,20 @@ bool ReadsTokensInPlace(const TensorView& v) { return v.ndim != 4 || TokenStride
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call) { return CheckChunkCall(call, false); }
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call) { return CheckRecurrentCall(call, false); }
 
+bool NeedsFloat32Copies(const ChunkKdaCall& call) {
+  return !OneTokenDType(call) || (call.initial_state.present() && call.initial_state.dtype != DType::kF32);
+}
+
+bool NeedsFloat32Copies(const RecurrentKdaCall& call) {
+  return !OneTokenDType(call) || (call.initial_state.present() && call.initial_state.dtype != DType::kF32);
+}
+
+void CheckCallToCopy(const ChunkKdaCall& call) { CheckChunkCall(call, true); }
+void CheckCallToCopy(const RecurrentKdaCall& call) { CheckRecurrentCall(call, true); }
+
 ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
   const KdaCallShapes s = CheckChunkCall(call, true);
+  RefuseMixedBind(call);
   ChunkKdaArgs a = BindCommon<ChunkKdaArgs>(call, s);
   a.final_state = static_cast<float*>(call.final_state.data);
   a.initial_state = static_cast<const float*>(call.initial_state.data);
@@ -886,6 +924,7 @@ ChunkKdaArgs BindChunkKda(const ChunkKdaCall& call) {
 
 RecurrentKdaArgs BindRecurrentKda(const RecurrentKdaCall& call) {
   const KdaCallShapes s = CheckRecurrentCall(call, true);
+  RefuseMixedBind(call);
   RecurrentKdaArgs a = BindCommon<RecurrentKdaArgs>(call, s);
   a.beta_per_value = call.beta.ndim == 4;
   auto* initial = static_cast<float*>(call.initial_state.data);

@@ -273,9 +273,10 @@ def _common(q, k, v, g, beta, scale, cu_seqlens, use_qk_l2norm_in_kernel, use_ga
     return args
 
 
-def _output(q, s: dict):
-    """o [B, T, HV, V] in q's dtype (checked by the core), in q's framework."""
-    return empty_like_framework(q, (s["B"], s["T"], s["HV"], s["V"]), np_dtype(q))
+def _output(q, s: dict, like=None):
+    """o [B, T, HV, V] in q's framework and fla's dtype (checked by the core): ``like``'s (v for the recurrent
+    entries), else q's."""
+    return empty_like_framework(q, (s["B"], s["T"], s["HV"], s["V"]), np_dtype(q if like is None else like))
 
 
 def _states(q, rows: int, s: dict, state_v_first: bool, zero: bool = False):
@@ -326,7 +327,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     """Chunked KDA prefill: fla's ``chunk_kda`` (fla-core 0.6.0's signature and defaults).
 
     q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]`` (HV a multiple
-    of H: grouped value heads; K, V <= 256): float32, bfloat16 or float16 (q, k, v one dtype). With
+    of H: grouped value heads; K, V <= 256): float32, bfloat16 or float16 (q, k and v each its own, as fla: see docs/fla-api.md). With
     ``cu_seqlens`` (``[N + 1]``) B must be 1 and the T tokens are N packed sequences; without it the B
     rows are N = B sequences of T tokens. ``g`` is the log decay, or the raw gate with
     ``use_gate_in_kernel`` (``A_log`` [HV], ``dt_bias`` [HV*K] as keywords; with ``lower_bound`` fla's
@@ -375,7 +376,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     ``cu_seqlens_cpu``, given with ``cu_seqlens``, must hold its values.
 
     Returns ``(o, final_state or None)`` (the pool itself with ``state_indices`` and
-    ``output_final_state``); o ``[B, T, HV, V]`` has q's dtype, in q's framework.
+    ``output_final_state``); o ``[B, T, HV, V]`` has v's dtype (fla's), in q's framework.
     """
     state_v_first = _gdn_chunk_keywords(state_v_first, cp_context, kwargs, q=q, k=k, v=v, g=g, beta=beta,
                                         initial_state=initial_state)
@@ -431,7 +432,7 @@ def _run_recurrent(entry: str, q, k, v, g, beta, A_log, dt_bias, initial_state, 
     else:
         state = for_core(initial_state, "initial_state")
     s = _core.fused_recurrent_kda(o=None, final_state=None, initial_state=state, check_only=True, **args)
-    o = _output(q, s) if out is None else out
+    o = _output(q, s, like=v) if out is None else out
     final = None
     if not inplace_final_state and output_final_state:
         # A state per token with indices: zeros where nothing is written (padding sequences).
@@ -458,7 +459,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     to slot ``[n]``, and without indices state n of an ``[N, HV, K, V]`` buffer. Otherwise, with
     ``output_final_state``, a new buffer receives them: ``[N, HV, K, V]`` without indices, and with
     indices the state after every token (row ``bos + t`` of ``[B * T, HV, K, V]``; zeros for padding
-    sequences). ``out``: o's buffer (v's shape, q's dtype), written in place. ``transpose_state_layout``
+    sequences). ``out``: o's buffer (v's shape and dtype), written in place. ``transpose_state_layout``
     (deprecated), ``kernel`` and fla's hints (ignored) are accepted; any other keyword is a TypeError.
     Torch tensors that require grad are read (no backward, as fla).
 

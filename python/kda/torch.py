@@ -59,12 +59,12 @@ def _empty_state(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((0,), dtype=torch.float32)  # outputs may not alias an input
 
 
-def _fake_o_states(q, v, state_v_first: bool, rows=None, o: bool = True):
-    """A fake call's o [B, T, HV, V] (empty [0] when ``o`` is False: written into out) and float32 states
-    [rows, HV, K, V] ([rows, HV, V, K] V-first; empty when rows is None)."""
+def _fake_o_states(q, v, state_v_first: bool, rows=None, o: bool = True, recurrent: bool = False):
+    """A fake call's o [B, T, HV, V] in fla's dtype (q's; ``recurrent``: v's; empty [0] when ``o`` is False:
+    written into out) and float32 states [rows, HV, K, V] ([rows, HV, V, K] V-first; empty when rows is None)."""
     B, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
-    out = q.new_empty((B, T, HV, V) if o else (0,))
+    out = q.new_empty((B, T, HV, V) if o else (0,), dtype=v.dtype if recurrent else q.dtype)
     if rows is None:
         return out, _empty_state(q)
     return out, q.new_empty((rows, HV, V, K) if state_v_first else (rows, HV, K, V), dtype=torch.float32)
@@ -174,7 +174,7 @@ def _recurrent_fake(q, v, output_final_state, inplace_final_state, state_v_first
     rows = None
     if output_final_state and not inplace_final_state:
         rows = q.shape[0] * q.shape[1] if ssm_state_indices is not None else _num_sequences(q, cu_seqlens)
-    return _fake_o_states(q, v, state_v_first, rows, o=out is None)
+    return _fake_o_states(q, v, state_v_first, rows, o=out is None, recurrent=True)
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=("initial_state", "out"), device_types="cpu")
@@ -353,14 +353,14 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 
 
 def _check_out(who: str, out, q, v) -> None:
-    """``out`` of a recurrent entry: a torch tensor of v's shape and q's dtype (refused before the op writes)."""
+    """``out`` of a recurrent entry: a torch tensor of v's shape and dtype (refused before the op writes)."""
     if out is None:
         return
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{who}: out: expected a torch tensor, got {type(out).__name__}")
-    if tuple(out.shape) != tuple(v.shape) or out.dtype != q.dtype:
-        raise ValueError(f"{who}: out: expected shape {list(v.shape)} and dtype {q.dtype} (v's shape, q's "
-                         f"dtype), got {list(out.shape)} {out.dtype}")
+    if tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype:
+        raise ValueError(f"{who}: out: expected shape {list(v.shape)} and dtype {v.dtype} (v's), got "
+                         f"{list(out.shape)} {out.dtype}")
 
 
 def _fwd_results(o, final, out, initial_state, inplace_final_state, output_final_state):

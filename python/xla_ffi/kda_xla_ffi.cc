@@ -11,7 +11,9 @@
 // Targets (inputs in this order, results; q, k [B,T,H,K], v [B,T,HV,V],
 // g [B,T,HV,K] (KDA) or [B,T,HV] (a scalar gate per value head: GDN; the
 // call description takes the width from g's rank), beta [B,T,HV] (or
-// [B,T,HV,V] in the recurrent target), q/k/v one of f32/bf16/f16; states f32
+// [B,T,HV,V] in the recurrent target), q/k/v each one of f32/bf16/f16 (as
+// fla: see NeedsFloat32Copies); states f32 (the initial state also bf16/f16
+// where fla takes it)
 // [.., HV, K, V], or [.., HV, V, K] with state_v_first; absent optional
 // operands are [0] buffers):
 //   KdaChunkKda(q, k, v, g, beta, cu_seqlens [N+1] s32 or [0] (B rows), state,
@@ -28,7 +30,8 @@
 //   KdaFusedRecurrentKda(q, k, v, g, beta, initial_state, ssm_state_indices
 //               [N] or [N,C] s32 or [0], num_accepted_tokens [N] s32 or [0],
 //               cu_seqlens, A_log, dt_bias as above, out (o's buffer) or [0])
-//     -> (o [B,T,HV,V] (aliased to out when given: {11: 0}), states f32)
+//     -> (o [B,T,HV,V] dtype of v (aliased to out when given: {11: 0}), states:
+//        the pool's dtype with inplace_final_state, else f32)
 //     With inplace_final_state the states result is initial_state (the pool,
 //     or [N,HV,K,V]), aliased to it ({5: 1}); otherwise initial_state is only
 //     read (or [0]: zeros) and the states result is the final_state of

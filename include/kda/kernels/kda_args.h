@@ -198,8 +198,10 @@ enum class DeltaRuleEntry : uint8_t { kKda, kGatedDeltaRule };
 // sequences of T tokens.
 struct KdaCallCommon {
   DeltaRuleEntry entry = DeltaRuleEntry::kKda;
-  MutTensorView o;  // [B, T, HV, V], q's dtype (absent in a shape check)
-  // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, one dtype. C-contiguous, or
+  // [B, T, HV, V] in fla's dtype: q's for chunk_kda, v's for fused_recurrent_kda (absent in a shape check)
+  MutTensorView o;
+  // q, k [B, T, H, K] and v [B, T, HV, V]: float32, bfloat16 or float16, each its own (as fla reads them;
+  // the kernels take one: see NeedsFloat32Copies). C-contiguous, or
   // token-strided (read in place, see QkvTokenStrides): strides [T * s, s, K, 1] ([T * s, s, V, 1] for v)
   // with s >= the row, any stride on a unit dimension. The other tensors are C-contiguous.
   TensorView q, k, v;
@@ -223,7 +225,9 @@ struct KdaCallCommon {
 // chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.
 struct ChunkKdaCall : KdaCallCommon {
   MutTensorView final_state;  // [N, HV, K, V] f32; required with output_final_state (contiguous form)
-  TensorView initial_state;   // [N, HV, K, V] f32, optional (zeros); may be final_state's buffer
+  // [N, HV, K, V] f32, optional (zeros); may be final_state's buffer. Gated DeltaNet's entry also takes
+  // float16 and bfloat16 (as fla's chunk_gated_delta_rule; its chunk_kda asserts float32).
+  TensorView initial_state;
   bool output_final_state = false;
   bool safe_gate = false;  // validated as fla does (lower_bound in [-5, 0) with use_gate_in_kernel)
   int chunk_size = 64;     // 32 or 64, as fla
@@ -263,8 +267,10 @@ struct ChunkKdaCall : KdaCallCommon {
 // num_accepted_tokens [N] (2-D indices only): sequence n starts from slot
 // idx[n][num_accepted_tokens[n] - 1].
 struct RecurrentKdaCall : KdaCallCommon {
-  MutTensorView initial_state;  // f32: the pool, or [N, HV, K, V]; optional without inplace_final_state
-  MutTensorView final_state;    // f32, see above
+  // The pool, or [N, HV, K, V]; optional without inplace_final_state. float32, or as fla takes it float16
+  // or bfloat16: the states computed in fp32 and written back rounded to nearest even.
+  MutTensorView initial_state;
+  MutTensorView final_state;  // f32, see above
   bool output_final_state = false;
   bool inplace_final_state = true;
   TensorView ssm_state_indices;    // [N] or [N, C] i32; < 0 padding
@@ -297,6 +303,17 @@ struct KdaCallShapes {
 // kda::Error naming the argument (kda::DTypeError for element types).
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call);
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call);
+
+// Whether a call holds q, k and v of different dtypes or a float16 / bfloat16 initial state: the kernels
+// read one dtype and fp32 states, so chunk_kda and fused_recurrent_kda (kda_dispatch.h) run it on fp32
+// copies (exact), which is what fla computes (each tensor read in its own dtype, fp32 math); a bind
+// (BindChunkKda, BindRecurrentKda) refuses it.
+bool NeedsFloat32Copies(const ChunkKdaCall& call);
+bool NeedsFloat32Copies(const RecurrentKdaCall& call);
+// What a bind checks of such a call's views before it is copied: everything CheckChunkKdaShapes checks, every
+// output present and data behind every element (the values are the bind's of the fp32 call).
+void CheckCallToCopy(const ChunkKdaCall& call);
+void CheckCallToCopy(const RecurrentKdaCall& call);
 
 // Whether the kernels read a [B, T, heads, dim] token view (q, k, v) in place:
 // C-contiguous, or token-strided (see KdaCallCommon::q). A view of another rank

@@ -24,7 +24,8 @@ The kernel entries dispatch to one of two backends:
 
 Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; g [B, T, HV, K] (KDA) or [B, T, HV] (GDN, dt_bias [HV]);
 beta [B, T, HV] (the recurrent entries also [B, T, HV, V]); HV a multiple of H; K, V <= 256. q, k, v
-float32, bfloat16 or float16 (one dtype); o [B, T, HV, V] in q's dtype. With ``cu_seqlens`` ([N + 1])
+float32, bfloat16 or float16 (each its own, as fla); o [B, T, HV, V] in q's dtype (chunk entries) or v's
+(recurrent ones). With ``cu_seqlens`` ([N + 1])
 B = 1 and the T tokens are N packed sequences; without it each of the B rows is a sequence. States are
 float32 [N, HV, K, V] ([.., HV, V, K] with ``state_v_first``); pools [S, HV, K, V]. All math is fp32.
 ``scale`` and ``lower_bound`` are static Python floats, ``chunk_size`` and ``num_chunks`` static ints.
@@ -210,7 +211,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
     ``[n]``; no indices: state n of [N, HV, K, V]) and the updated array is returned. Otherwise, with
     ``output_final_state``, a new array: [N, HV, K, V], or with indices the state after every token
     (row ``bos + t`` of [B * T, HV, K, V]; zeros for padding sequences). ``out``: o's buffer (v's
-    shape, q's dtype), donated and returned as o. ``kernel`` as chunk_kda.
+    shape and dtype), donated and returned as o. ``kernel`` as chunk_kda.
 
     Returns ``(o, the updated initial_state, or the new states, or None)``.
     """

@@ -150,9 +150,14 @@ def _attributes(st: _args.Statics) -> dict:
                 state_v_first=st.state_v_first, output_final_state=st.output_final_state)
 
 
+def _o_dtype(c: _args.Call):
+    """fla's dtype of o: q's for the chunk entries, v's for the recurrent ones."""
+    return c.q.dtype if c.st.kind == "chunk" else c.v.dtype
+
+
 def _o_type(c: _args.Call):
     st = c.st
-    return jax.ShapeDtypeStruct((st.B, st.T, st.HV, st.V), c.q.dtype)
+    return jax.ShapeDtypeStruct((st.B, st.T, st.HV, st.V), _o_dtype(c))
 
 
 def chunk(c: _args.Call):
@@ -184,8 +189,8 @@ def recurrent(c: _args.Call):
     _require(_kernels.RECURRENT_NAMES[c.st.entry])
     st = c.st
     aliases = {} if c.out is None else {11: 0}
-    if st.inplace_final_state:
-        s_type = jax.ShapeDtypeStruct(c.state.shape, jnp.float32)
+    if st.inplace_final_state:  # the states written back in the pool's own dtype (fp32, fp16 or bf16)
+        s_type = jax.ShapeDtypeStruct(c.state.shape, c.state.dtype)
         aliases[5] = 1
     elif st.output_final_state:
         rows = st.B * st.T if c.indices is not None else st.N  # with indices: the state after every token
@@ -195,7 +200,7 @@ def recurrent(c: _args.Call):
     call = jax.ffi.ffi_call(TARGETS[st.entry][1], (_o_type(c), s_type), input_output_aliases=aliases or None)
     o, s = call(c.q, c.k, c.v, c.g, c.beta, _opt(c.state, jnp.float32), _opt(c.indices, jnp.int32),
                 _opt(c.num_accepted_tokens, jnp.int32), _opt(c.cu_seqlens, jnp.int32), _opt(c.A_log, jnp.float32),
-                _opt(c.dt_bias, jnp.float32), _opt(c.out, c.q.dtype), **_attributes(st),
+                _opt(c.dt_bias, jnp.float32), _opt(c.out, _o_dtype(c)), **_attributes(st),
                 inplace_final_state=st.inplace_final_state)
     return o, (s if st.inplace_final_state or st.output_final_state else None)
 

@@ -124,10 +124,10 @@ def run(c: _args.Call):
             read = jnp.take_along_axis(idx, (accepted - 1)[:, None], axis=1)[:, 0]
         else:
             read = idx
-        states = state
+        states = state.astype(f32)  # a float16 / bfloat16 pool: fp32 math, written back rounded
     else:
         read = jnp.arange(N, dtype=jnp.int32)
-        states = state if state is not None else jnp.zeros((N, HV, K, V), f32)
+        states = state.astype(f32) if state is not None else jnp.zeros((N, HV, K, V), f32)
     valid = (read >= 0)[seq]  # a negative read slot: padding
     none = states.shape[0]  # an index past the states: reads zeros, writes nothing
     read_t = jnp.where((pos == 0) & valid, read[seq], none)
@@ -164,7 +164,7 @@ def run(c: _args.Call):
     S0 = jnp.zeros((HV, K, V), f32)
     (_, states, h), (o, token_states) = lax.scan(body, (S0, states, h),
                                                  (q, k, v, g, beta, read_t, write_t, h_t, valid))
-    o = o.reshape(st.B, st.T, HV, V).astype(c.q.dtype)
+    o = o.reshape(st.B, st.T, HV, V).astype(c.q.dtype if st.kind == "chunk" else c.v.dtype)  # fla's dtypes
     if c.out is not None:  # o written into out's buffer (donated by the entry)
         o = lax.dynamic_update_slice(c.out, o, (0, 0, 0, 0))
     if st.kind == "chunk":
@@ -174,7 +174,7 @@ def run(c: _args.Call):
         h = kv(h).reshape(st.B, st.num_chunks, HV, *st.state_dims).astype(c.k.dtype)
         return o, final, h
     if st.inplace_final_state:
-        return o, kv(states)
+        return o, kv(states).astype(c.state.dtype)
     if not st.output_final_state:
         return o, None
     if per_token:
