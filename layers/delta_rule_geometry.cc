@@ -8,15 +8,10 @@
 namespace kda {
 
 DeltaRuleGeometry DeltaRuleGeometry::Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps) {
-  return {.hidden = hidden,
-          .H = heads,
-          .HV = heads,
-          .K = head_dim,
-          .V = head_dim,
-          .W = conv_width,
-          .rms_norm_eps = eps,
-          .decay = DecayWidth::kPerKeyDim,
-          .output_gate = GateActivation::kSigmoid};
+  DeltaRuleGeometry g = Gdn(hidden, heads, heads, head_dim, head_dim, conv_width, eps);
+  g.decay = DecayWidth::kPerKeyDim;
+  g.output_gate = GateActivation::kSigmoid;
+  return g;
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,

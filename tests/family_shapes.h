@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/models/layer_family.h"
@@ -14,13 +15,8 @@ namespace kda::testing {
 // eps) of `sizes`; a KDA family needs a KDA `sizes` (H == HV, K == V).
 inline DeltaRuleGeometry FamilyGeometry(const std::string& model_type, const DeltaRuleGeometry& sizes) {
   DeltaRuleGeometry g = LayerFamilyFor(model_type).reference;
-  g.hidden = sizes.hidden;
-  g.H = sizes.H;
-  g.HV = sizes.HV;
-  g.K = sizes.K;
-  g.V = sizes.V;
-  g.W = sizes.W;
-  g.rms_norm_eps = sizes.rms_norm_eps;
+  std::tie(g.hidden, g.H, g.HV, g.K, g.V, g.W, g.rms_norm_eps) =
+      std::tie(sizes.hidden, sizes.H, sizes.HV, sizes.K, sizes.V, sizes.W, sizes.rms_norm_eps);
   return g;
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,16 @@ json BaseConfig() {
 
 // A config's head shape {H, HV, K, V}: num_k_heads, num_v_heads, head_k_dim, head_v_dim.
 std::vector<int> HeadShape(const ModelConfig& c) { return {c.num_k_heads, c.num_v_heads, c.head_k_dim, c.head_v_dim}; }
+
+// What every model type reads, in one line: "TYPE hidden N layers L eps E heads H/HV/K/V conv W linear 0,1,..".
+std::string Summary(const ModelConfig& c) {
+  std::ostringstream s;
+  s << c.model_type << " hidden " << c.hidden_size << " layers " << c.num_hidden_layers << " eps " << c.rms_norm_eps
+    << " heads " << c.num_k_heads << "/" << c.num_v_heads << "/" << c.head_k_dim << "/" << c.head_v_dim << " conv "
+    << c.conv_size << " linear ";
+  for (size_t i = 0; i < c.linear_layers.size(); ++i) s << (i == 0 ? "" : ",") << c.linear_layers[i];
+  return s.str();
+}
 
 std::string ParseError(const json& config) {
   try {
@@ -539,13 +550,8 @@ json Glm5NextConfig() {
 
 TEST(IoConfigTest, ReadsGlm5NextFields) {
   const ModelConfig config = Parse(Glm5NextConfig());
-  EXPECT_EQ(config.model_type, "glm5_next_text");
-  EXPECT_EQ(config.hidden_size, 4096);
-  EXPECT_EQ(config.num_hidden_layers, 8);
-  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-5);
-  EXPECT_EQ(HeadShape(config), (std::vector<int>{64, 64, 128, 128}));
-  EXPECT_EQ(config.conv_size, 4);
-  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(Summary(config),
+            "glm5_next_text hidden 4096 layers 8 eps 1e-05 heads 64/64/128/128 conv 4 linear 0,1,2,4,5,6");
   ASSERT_TRUE(config.gate_lower_bound.has_value());
   EXPECT_EQ(*config.gate_lower_bound, -5.0);
   EXPECT_FALSE(config.allow_neg_eigval);
@@ -708,13 +714,9 @@ json BailingHybridConfig() {
 
 TEST(IoConfigTest, ReadsBailingHybridFields) {
   const ModelConfig config = Parse(BailingHybridConfig());
-  EXPECT_EQ(config.model_type, "bailing_hybrid");
-  EXPECT_EQ(config.hidden_size, 2560);
-  EXPECT_EQ(config.num_hidden_layers, 12);
-  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
-  EXPECT_EQ(HeadShape(config), (std::vector<int>{32, 32, 128, 128}));  // head_dim: not qk_rope_head_dim
-  EXPECT_EQ(config.conv_size, 4);
-  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 3, 4, 6, 7, 8, 9, 10}));  // layers 5, 11: MLA
+  // The heads' dim is head_dim, not qk_rope_head_dim; layers 5 and 11 are MLA.
+  EXPECT_EQ(Summary(config),
+            "bailing_hybrid hidden 2560 layers 12 eps 1e-06 heads 32/32/128/128 conv 4 linear 0,1,2,3,4,6,7,8,9,10");
   EXPECT_EQ(Variant(config), "-5.000000 pos \"\"");
 
   json listed = BailingHybridConfig();
@@ -851,13 +853,8 @@ json OlmoHybridConfig() {
 
 TEST(IoConfigTest, ReadsOlmoHybridFields) {
   const ModelConfig config = Parse(OlmoHybridConfig());
-  EXPECT_EQ(config.model_type, "olmo_hybrid");
-  EXPECT_EQ(config.hidden_size, 3840);
-  EXPECT_EQ(config.num_hidden_layers, 8);
-  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);  // as given: the layer's own norm uses 1e-5 regardless
-  EXPECT_EQ(HeadShape(config), (std::vector<int>{30, 30, 96, 192}));
-  EXPECT_EQ(config.conv_size, 4);
-  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  // eps as given: the layer's own norm uses 1e-5 regardless.
+  EXPECT_EQ(Summary(config), "olmo_hybrid hidden 3840 layers 8 eps 1e-06 heads 30/30/96/192 conv 4 linear 0,1,2,4,5,6");
   EXPECT_EQ(Variant(config), "none neg \"\"");
 
   json positive = OlmoHybridConfig();
@@ -976,13 +973,7 @@ json LaraMiniConfig() {
 
 TEST(IoConfigTest, ReadsLaraMiniFields) {
   const ModelConfig config = Parse(LaraMiniConfig());
-  EXPECT_EQ(config.model_type, "lara_mini");
-  EXPECT_EQ(config.hidden_size, 1024);
-  EXPECT_EQ(config.num_hidden_layers, 10);
-  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
-  EXPECT_EQ(HeadShape(config), (std::vector<int>{8, 16, 128, 128}));
-  EXPECT_EQ(config.conv_size, 4);
-  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 2, 5, 7}));
+  EXPECT_EQ(Summary(config), "lara_mini hidden 1024 layers 10 eps 1e-06 heads 8/16/128/128 conv 4 linear 0,2,5,7");
   EXPECT_EQ(Variant(config), "none pos \"\"");
 
   json defaults = LaraMiniConfig();
@@ -1038,13 +1029,8 @@ json Qwen4ExpConfig() {
 
 TEST(IoConfigTest, ReadsQwen4ExpFields) {
   const ModelConfig config = Parse(Qwen4ExpConfig());
-  EXPECT_EQ(config.model_type, "qwen4_exp_text");
-  EXPECT_EQ(config.hidden_size, 2048);
-  EXPECT_EQ(config.num_hidden_layers, 8);
-  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
-  EXPECT_EQ(HeadShape(config), (std::vector<int>{16, 32, 128, 128}));
-  EXPECT_EQ(config.conv_size, 4);
-  EXPECT_EQ(config.linear_layers, (std::vector<int>{0, 1, 2, 4, 5, 6}));
+  EXPECT_EQ(Summary(config),
+            "qwen4_exp_text hidden 2048 layers 8 eps 1e-06 heads 16/32/128/128 conv 4 linear 0,1,2,4,5,6");
   EXPECT_EQ(Variant(config), "none pos \"sigmoid\"");
 
   json flat = Qwen4ExpConfig()["text_config"];
