@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "kda/base/error.h"
-#include "kda/layers/attention/linear/linear_recurrent_backend.h"
 
 namespace kda {
 
@@ -24,11 +23,6 @@ RadixLinearAttention::RadixLinearAttention(int layer_id, const DeltaRuleGeometry
   Check(static_cast<int64_t>(A_log_.size()) == geometry.HV, "RadixLinearAttention: A_log must be [HV]");
   Check(static_cast<int64_t>(dt_bias_.size()) == geometry.gate_width(),
         "RadixLinearAttention: dt_bias must have one entry per gate value (KDA [HV*K], GDN [HV])");
-}
-
-void RadixLinearAttention::Forward(LinearRecurrentAttnBackend& backend, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-                                   ConstBuf beta_logits) const {
-  backend.Forward(*this, o, mixed_qkv, gate_raw, beta_logits);
 }
 
 }  // namespace kda

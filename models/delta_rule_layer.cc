@@ -301,7 +301,7 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
 
   // The attention core: conv, gates, kernel, states.
   ActBuffer o = ActBuffer::Uninitialized(dt, T * geo.value_dim());
-  attn_->Forward(backend, o.mut(), pr.mixed_qkv.view(), pr.gate_raw.view(), pr.beta_logits.view());
+  backend.Forward(*attn_, o.mut(), pr.mixed_qkv.view(), pr.gate_raw.view(), pr.beta_logits.view());
   if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutputGate, pr.output_gate.view(), pr.output_gate.size());
 
   // Gated RMSNorm per token and value head over V, then the output projection.

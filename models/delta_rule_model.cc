@@ -34,7 +34,11 @@ std::string LayerKeyPrefix(const Checkpoint& ckpt, const LayerFamily& family, in
 
 DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer,
                                     Communicator* tp, WeightFormat weights_format) {
-  const ModelConfig config = LoadModelConfig(model_dir);
+  return Load(model_dir, LoadModelConfig(model_dir), act_dtype, only_layer, tp, weights_format);
+}
+
+DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, const ModelConfig& config, DType act_dtype,
+                                    std::optional<int> only_layer, Communicator* tp, WeightFormat weights_format) {
   const LayerFamily& family = LayerFamilyFor(config.model_type);
   const DeltaRuleGeometry full = family.geometry(config);
   full.Validate("config.json in " + model_dir);

@@ -156,7 +156,7 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
     // The input is checked (shapes, cu_seqlens, finite values) before the weights are read.
     const DeltaRuleGeometry shape = LayerFamilyFor(config.model_type).geometry(config);
     RunInput input = ReadRunInput(SafetensorsFile::Open(opt.input), shape);
-    model = DeltaRuleModel::Load(opt.model_dir, dtype, layer, &groups.tp(), wf);
+    model = DeltaRuleModel::Load(opt.model_dir, config, dtype, layer, &groups.tp(), wf);
     T = input.T;
     N = input.N;
     cu = std::move(input.cu);

@@ -181,6 +181,28 @@ void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl) {
   }
 }
 
+void RunTrusted(const ChunkKdaArgs& a, KernelImpl impl) {
+#ifdef KDA_VALIDATE_TRUSTED_CALLS
+  ValidateChunkKda(a);
+#endif
+  if (impl == KernelImpl::kReference) {
+    internal::ChunkKdaReferenceUnchecked(a);
+  } else {
+    internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
+  }
+}
+
+void RunTrusted(const RecurrentKdaArgs& a, KernelImpl impl) {
+#ifdef KDA_VALIDATE_TRUSTED_CALLS
+  ValidateRecurrentKda(a);
+#endif
+  if (impl == KernelImpl::kReference) {
+    internal::FusedRecurrentKdaReferenceUnchecked(a);
+  } else {
+    internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
+  }
+}
+
 namespace internal {
 
 void ResetDefaultKernelImplForTesting() { Env().Reset(); }

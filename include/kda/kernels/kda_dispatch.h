@@ -37,4 +37,13 @@ const char* ActiveKernelDescription(KernelImpl requested = KernelImpl::kAuto);
 void chunk_kda(const ChunkKdaCall& call, KernelImpl impl = KernelImpl::kAuto);
 void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl = KernelImpl::kAuto);
 
+// The entry of the layers' backend, validated once, trusted after: kernel
+// arguments it builds from a geometry checked at model and pool construction
+// and step metadata it checked itself, run as they are by `impl` (resolved,
+// ResolveKernelImpl). Arguments that break ValidateChunkKda's rules are
+// undefined behaviour; builds with KDA_VALIDATE_TRUSTED_CALLS (the sanitizer
+// build) check them anyway.
+void RunTrusted(const ChunkKdaArgs& a, KernelImpl impl);
+void RunTrusted(const RecurrentKdaArgs& a, KernelImpl impl);
+
 }  // namespace kda

@@ -1,7 +1,8 @@
-// RadixLinearAttention: the layer -> backend dispatch entry of a linear
-// recurrent attention layer. It holds the layer's metadata (pool layer id,
-// geometry, conv weights, A_log, dt_bias, scale) and hands the layer's
-// projections to the attention backend, which owns the states.
+// RadixLinearAttention: what the attention backend needs of one linear
+// recurrent attention layer (pool layer id, geometry, conv weights, A_log,
+// dt_bias, scale), checked once when it is made; the layer hands it with its
+// projections to the backend (LinearRecurrentAttnBackend::Forward), which owns
+// the states.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,6 @@
 
 namespace kda {
 
-class LinearRecurrentAttnBackend;
-
 class RadixLinearAttention {
  public:
   // layer_id: this layer's index in the state pool (its ordinal among the
@@ -23,13 +22,6 @@ class RadixLinearAttention {
   // [geometry.gate_width()] (KDA [HV*K], GDN [HV]); scale multiplies q (K^-0.5).
   RadixLinearAttention(int layer_id, const DeltaRuleGeometry& geometry, std::vector<float> conv_weight,
                        std::vector<float> A_log, std::vector<float> dt_bias, float scale);
-
-  // o [T, HV, V] from this step's projections: mixed_qkv [T, C] (before the
-  // conv, C = geometry.conv_channels()), gate_raw [T, gate_width] (before
-  // dt_bias), beta_logits [T, HV]; all in the activation dtype. The backend's
-  // metadata describes the batch.
-  void Forward(LinearRecurrentAttnBackend& backend, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
-               ConstBuf beta_logits) const;
 
   int layer_id() const { return layer_id_; }
   const DeltaRuleGeometry& geometry() const { return geometry_; }

@@ -57,6 +57,10 @@ struct DeltaRuleModel {
   static DeltaRuleModel Load(const std::string& model_dir, DType act_dtype,
                              std::optional<int> only_layer = std::nullopt, Communicator* tp = nullptr,
                              WeightFormat weights_format = WeightFormat::kDense);
+  // The same with model_dir's config.json already read (LoadModelConfig): not parsed again.
+  static DeltaRuleModel Load(const std::string& model_dir, const ModelConfig& config, DType act_dtype,
+                             std::optional<int> only_layer = std::nullopt, Communicator* tp = nullptr,
+                             WeightFormat weights_format = WeightFormat::kDense);
   // `num_layers` layers of the family of `model_type` at the full layer
   // geometry `geometry`, with deterministic random weights (the same full
   // weights on every rank; a `tp` rank keeps its heads' shard).

@@ -1,6 +1,7 @@
 #include "kda/layers/attention/linear/delta_rule_backend.h"
 
 #include <cstdint>
+#include <vector>
 
 #include "base/scratch.h"
 #include "kda/base/bf16.h"
@@ -33,37 +34,57 @@ GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, C
   return gb;
 }
 
-// g's view of `rows` batch rows of `t` tokens: [rows, t, HV, K] or [rows, t, HV].
-TensorView GateView(const DeltaRuleGeometry& geo, const float* g, int64_t rows, int64_t t) {
-  if (geo.decay == DecayWidth::kPerValueHead) return ContiguousView<const void*>(g, DType::kF32, {rows, t, geo.HV});
-  return ContiguousView<const void*>(g, DType::kF32, {rows, t, geo.HV, geo.K});
+// A view's data, or for an empty one (no sequences) a valid address: the kernels tell the pool form apart by
+// its index pointer, and read nothing through it.
+template <class T, class View>
+T* DataOrEmpty(const View& v) {
+  static T empty{};
+  return v.data != nullptr ? static_cast<T*>(v.data) : &empty;
 }
 
-// The step's tokens and options as a core call: `rows` batch rows of `t`
-// tokens ([1, T, ...] for prefill, [N, 1, ...] for decode).
-template <class Call>
-Call CoreCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, int64_t rows, int64_t t) {
+// The step's tokens and options as kernel arguments, trusted (RunTrusted): their shapes are the layer's
+// geometry, checked when the layer and the pool were built, and the step's sequences and slots were checked
+// by InitForwardMetadata.
+template <class Args>
+Args CoreArgs(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb) {
   const DeltaRuleGeometry& geo = s.layer.geometry();
-  Call c;
-  c.o = ContiguousView<void*>(s.o.data, s.o.dtype, {rows, t, geo.HV, geo.V});
-  c.q = ContiguousView<const void*>(s.q.data, s.q.dtype, {rows, t, geo.H, geo.K});
-  c.k = ContiguousView<const void*>(s.k.data, s.k.dtype, {rows, t, geo.H, geo.K});
-  c.v = ContiguousView<const void*>(s.v.data, s.v.dtype, {rows, t, geo.HV, geo.V});
-  c.g = GateView(geo, gb.g.data(), rows, t);
-  c.beta = ContiguousView<const void*>(gb.beta.data(), DType::kF32, {rows, t, geo.HV});
-  c.scale = s.layer.scale();
-  c.use_qk_l2norm_in_kernel = true;
-  return c;
+  Args a;
+  a.o = s.o;
+  a.q = s.q;
+  a.k = s.k;
+  a.v = s.v;
+  a.g = {gb.g.data(), DType::kF32};
+  a.beta = {gb.beta.data(), DType::kF32};
+  a.scalar_gate = geo.decay == DecayWidth::kPerValueHead;
+  a.T = s.num_tokens;
+  a.N = s.num_seqs;
+  a.H = geo.H;
+  a.HV = geo.HV;
+  a.K = geo.K;
+  a.V = geo.V;
+  a.options.scale = s.layer.scale();
+  a.options.use_qk_l2norm_in_kernel = true;
+  return a;
 }
 
-// The recurrent kernel over the step's sequences, each starting from its
-// slot: packed ([1, T, ...] with cu_seqlens), or one token each ([N, 1, ...]).
-RecurrentKdaCall SlotsCall(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, bool packed) {
-  RecurrentKdaCall c = CoreCall<RecurrentKdaCall>(s, gb, packed ? 1 : s.num_seqs, packed ? s.num_tokens : 1);
-  if (packed) c.cu_seqlens = s.cu_seqlens;
-  c.initial_state = s.state;
-  c.ssm_state_indices = s.state_indices;
-  return c;
+// The recurrent kernel over the step's sequences, each from its pool slot (written back with `write`):
+// packed ([T] tokens in cu_seqlens' sequences), or one token each (decode: the boundaries 0, 1, .., N in
+// `decode_cu`, a buffer the arguments point to).
+RecurrentKdaArgs SlotsArgs(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb, bool packed, bool write,
+                           std::vector<int64_t>& decode_cu) {
+  RecurrentKdaArgs a = CoreArgs<RecurrentKdaArgs>(s, gb);
+  if (packed) {
+    a.cu_seqlens = static_cast<const int64_t*>(s.cu_seqlens.data);
+  } else {
+    decode_cu.resize(static_cast<size_t>(s.num_seqs) + 1);
+    for (int64_t n = 0; n <= s.num_seqs; ++n) decode_cu[n] = n;
+    a.cu_seqlens = decode_cu.data();
+  }
+  a.state = DataOrEmpty<float>(s.state);
+  a.state_indices = DataOrEmpty<const int32_t>(s.state_indices);
+  a.num_states = s.state.shape[0];
+  a.write_slots = write;
+  return a;
 }
 
 }  // namespace
@@ -81,70 +102,63 @@ void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
 
 void DeltaRuleAttnBackend::RunExtend(const CoreStep& s) {
   WithGate(s, [&](const GateBeta& gb) {
-    ChunkKdaCall c = CoreCall<ChunkKdaCall>(s, gb, 1, s.num_tokens);
-    c.cu_seqlens = s.cu_seqlens;
-    c.state = s.state;  // fresh requests start from zeros (has_initial_state)
-    c.state_indices = s.state_indices;
-    c.has_initial_state = s.has_initial_state;
-    c.snapshot_cu = s.snapshot_cu;
-    c.snapshot_offsets = s.snapshot_offsets;
-    c.snapshot_states = s.snapshot_states;
-    chunk_kda(c, kernel_);
+    ChunkKdaArgs a = CoreArgs<ChunkKdaArgs>(s, gb);
+    a.cu_seqlens = static_cast<const int64_t*>(s.cu_seqlens.data);
+    a.state = DataOrEmpty<float>(s.state);  // fresh requests start from zeros (has_initial_state)
+    a.state_indices = DataOrEmpty<const int32_t>(s.state_indices);
+    a.num_states = s.state.shape[0];
+    a.has_initial_state = static_cast<const uint8_t*>(s.has_initial_state.data);
+    a.snapshot_cu = s.snapshot_cu;
+    a.snapshot_offsets = s.snapshot_offsets;
+    a.snapshot_states = s.snapshot_states;
+    RunTrusted(a, kernel_);
   });
 }
 
 void DeltaRuleAttnBackend::RunDecode(const CoreStep& s) {
-  WithGate(s, [&](const GateBeta& gb) { fused_recurrent_kda(SlotsCall(s, gb, false), kernel_); });
+  WithGate(s, [&](const GateBeta& gb) { RunTrusted(SlotsArgs(s, gb, false, true, decode_cu_), kernel_); });
 }
 
 void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
   WithGate(s, [&](const GateBeta& gb) {
     if (s.token_states == nullptr) {
-      RecurrentKdaCall c = SlotsCall(s, gb, true);
-      c.inplace_final_state = false;  // the slots are only read
-      fused_recurrent_kda(c, kernel_);
-    } else {
-      // The state after every token of sequence n goes to its own area: one call per sequence.
-      const DeltaRuleGeometry& geo = s.layer.geometry();
-      const int64_t H = geo.H;
-      const int64_t HV = geo.HV;
-      const int64_t K = geo.K;
-      const int64_t V = geo.V;
-      const int64_t G = geo.gate_width();
-      const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
-      const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
-      const size_t esize = DTypeSize(s.q.dtype);
-      for (int64_t n = 0; n < s.num_seqs; ++n) {
-        const int64_t b = cu[n];
-        const int64_t len = cu[n + 1] - b;
-        if (len == 0) continue;
-        const auto at = [&](const void* base, size_t elem, int64_t per_token) {
-          return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
-        };
-        RecurrentKdaCall c;
-        c.o = ContiguousView<void*>(static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * HV * V) * esize,
-                                    s.o.dtype, {1, len, HV, V});
-        c.q = ContiguousView<const void*>(at(s.q.data, esize, H * K), s.q.dtype, {1, len, H, K});
-        c.k = ContiguousView<const void*>(at(s.k.data, esize, H * K), s.k.dtype, {1, len, H, K});
-        c.v = ContiguousView<const void*>(at(s.v.data, esize, HV * V), s.v.dtype, {1, len, HV, V});
-        c.g = GateView(geo, reinterpret_cast<const float*>(at(gb.g.data(), sizeof(float), G)), 1, len);
-        c.beta = ContiguousView<const void*>(at(gb.beta.data(), sizeof(float), HV), DType::kF32, {1, len, HV});
-        c.scale = s.layer.scale();
-        c.use_qk_l2norm_in_kernel = true;
-        c.initial_state = s.state;
-        c.ssm_state_indices = ContiguousView<const void*>(slots + n, DType::kI32, {1});
-        c.inplace_final_state = false;
-        c.output_final_state = true;
-        c.final_state = ContiguousView<void*>(s.token_states[n], DType::kF32, {len, HV, K, V});
-        fused_recurrent_kda(c, kernel_);
-      }
+      RunTrusted(SlotsArgs(s, gb, true, /*write=*/false, decode_cu_), kernel_);  // the slots are only read
+      return;
+    }
+    // The state after every token of sequence n goes to its own area: one call per sequence.
+    const DeltaRuleGeometry& geo = s.layer.geometry();
+    const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
+    const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
+    const size_t esize = DTypeSize(s.q.dtype);
+    for (int64_t n = 0; n < s.num_seqs; ++n) {
+      const int64_t b = cu[n];
+      const int64_t len = cu[n + 1] - b;
+      if (len == 0) continue;
+      // Token b on of a per-token buffer of `per_token` elements of `elem` bytes.
+      const auto at = [&](const void* base, size_t elem, int64_t per_token) {
+        return static_cast<const uint8_t*>(base) + static_cast<size_t>(b * per_token) * elem;
+      };
+      const int64_t bounds[2] = {0, len};
+      RecurrentKdaArgs a = SlotsArgs(s, gb, true, /*write=*/false, decode_cu_);
+      a.o.data = static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * geo.value_dim()) * esize;
+      a.q.data = at(s.q.data, esize, geo.key_dim());
+      a.k.data = at(s.k.data, esize, geo.key_dim());
+      a.v.data = at(s.v.data, esize, geo.value_dim());
+      a.g.data = at(gb.g.data(), sizeof(float), geo.gate_width());
+      a.beta.data = at(gb.beta.data(), sizeof(float), geo.HV);
+      a.T = len;
+      a.N = 1;
+      a.cu_seqlens = bounds;
+      a.state_indices = slots + n;
+      a.token_states = s.token_states[n];
+      RunTrusted(a, kernel_);
     }
   });
 }
 
 void DeltaRuleAttnBackend::RunCommit(const CoreStep& s) {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  fused_recurrent_kda(SlotsCall(s, gb, true), kernel_);
+  RunTrusted(SlotsArgs(s, gb, true, /*write=*/true, decode_cu_), kernel_);
 }
 
 }  // namespace kda

@@ -70,7 +70,11 @@ class LinearRecurrentAttnBackend {
   // once, when it is made; Forward checks a layer the first time it sees it.
   void CheckLayer(const RadixLinearAttention& layer) const;
 
-  // One layer's attention core for the current batch (see RadixLinearAttention::Forward).
+  // One layer's attention core for the current batch: o [T, HV, V] from the
+  // step's projections, mixed_qkv [T, C] (before the conv, C =
+  // geometry.conv_channels()), gate_raw [T, gate_width] (before dt_bias),
+  // beta_logits [T, HV], all in the activation dtype; the metadata describes
+  // the batch.
   void Forward(const RadixLinearAttention& layer, MutBuf o, ConstBuf mixed_qkv, ConstBuf gate_raw,
                ConstBuf beta_logits);
 
