@@ -1,4 +1,4 @@
-// The registry's entries (models/families/*.cc, listed in registry.cc) and
+// The registry's entries (models/families/*.cc, listed in models/layer_family.cc) and
 // what they are written with: the geometry of each layer kind from a config,
 // and the tensor-table builders. Internal to models/.
 #pragma once

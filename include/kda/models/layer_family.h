@@ -1,8 +1,8 @@
 // The delta-rule layer families kda serves, as data: one registry keyed by
-// config.json's model_type (models/families/), each entry holding how the
-// family's config is read, its geometry and variant settings, where its
-// tensors sit in a checkpoint and its tensor table (which also says what the
-// layer makes of each tensor's rows). Everything else (the one layer class,
+// config.json's model_type (models/layer_family.cc; the entries in
+// models/families/), each entry holding how the family's config is read, its
+// geometry and variant settings, where its tensors sit in a checkpoint and its
+// tensor table (which also says what the layer makes of each tensor's rows). Everything else (the one layer class,
 // the pool, the prefix cache, the scheduler, the parallel code, int8
 // weights, `kda quantize`, the CLI and Python) works from these. Adding a
 // family: docs/model-families.md.

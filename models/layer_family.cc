@@ -1,5 +1,6 @@
-// The registry of layer families (kda/models/layer_family.h): the list, the
-// lookup by model_type, and config.json's reading through the family's entry.
+// The registry of layer families (kda/models/layer_family.h): the list of the
+// entries (models/families/), the lookup by model_type, and config.json's
+// reading through the family's entry.
 #include <algorithm>
 #include <filesystem>
 #include <string>
