@@ -831,8 +831,13 @@ KdaOptions OptionsOf(const KdaCallCommon& call) {
 
 ConstBuf Buf(const TensorView& v) { return {v.data, v.dtype}; }
 
-// Whether q, k and v share one dtype (what the kernels read).
-bool OneTokenDType(const KdaCallCommon& call) { return call.k.dtype == call.q.dtype && call.v.dtype == call.q.dtype; }
+// Whether a call needs fp32 copies (see NeedsFloat32Copies): q, k and v of several dtypes (the kernels read
+// one), or an initial state not fp32.
+template <class Call>
+bool NeedsCopies(const Call& call) {
+  return call.k.dtype != call.q.dtype || call.v.dtype != call.q.dtype ||
+         (call.initial_state.present() && call.initial_state.dtype != DType::kF32);
+}
 
 // The kernels' arguments hold one dtype for q, k and v and fp32 states: a call in several dtypes runs through
 // chunk_kda / fused_recurrent_kda, which make fp32 copies (NeedsFloat32Copies).
@@ -872,16 +877,6 @@ Args BindCommon(const KdaCallCommon& call, const KdaCallShapes& s) {
   return a;
 }
 
-// A view's data, or for an empty view without data (an empty batch: N = 0, or
-// a pool of no states) a valid address: the pool form is told apart by its
-// index pointer, so an empty one must not read as absent. Nothing is read
-// through it.
-template <class T, class View>
-T* DataOrEmpty(const View& v) {
-  static T empty{};
-  return v.data != nullptr ? static_cast<T*>(v.data) : &empty;
-}
-
 }  // namespace
 
 bool ReadsTokensInPlace(const TensorView& v) { return v.ndim != 4 || TokenStrideOf(v) >= 0; }
@@ -889,13 +884,8 @@ bool ReadsTokensInPlace(const TensorView& v) { return v.ndim != 4 || TokenStride
 KdaCallShapes CheckChunkKdaShapes(const ChunkKdaCall& call) { return CheckChunkCall(call, false); }
 KdaCallShapes CheckRecurrentKdaShapes(const RecurrentKdaCall& call) { return CheckRecurrentCall(call, false); }
 
-bool NeedsFloat32Copies(const ChunkKdaCall& call) {
-  return !OneTokenDType(call) || (call.initial_state.present() && call.initial_state.dtype != DType::kF32);
-}
-
-bool NeedsFloat32Copies(const RecurrentKdaCall& call) {
-  return !OneTokenDType(call) || (call.initial_state.present() && call.initial_state.dtype != DType::kF32);
-}
+bool NeedsFloat32Copies(const ChunkKdaCall& call) { return NeedsCopies(call); }
+bool NeedsFloat32Copies(const RecurrentKdaCall& call) { return NeedsCopies(call); }
 
 void CheckCallToCopy(const ChunkKdaCall& call) { CheckChunkCall(call, true); }
 void CheckCallToCopy(const RecurrentKdaCall& call) { CheckRecurrentCall(call, true); }

@@ -32,6 +32,22 @@ KernelImpl EnvKernelImpl() {
 // In the enum's order.
 constexpr const char* kImplNames[] = {"auto", "reference", "optimized"};
 
+// Checked arguments (bound, or trusted) on the kernels of `impl` (resolved).
+void Run(const ChunkKdaArgs& a, KernelImpl impl) {
+  if (impl == KernelImpl::kReference) {
+    internal::ChunkKdaReferenceUnchecked(a);
+  } else {
+    internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
+  }
+}
+void Run(const RecurrentKdaArgs& a, KernelImpl impl) {
+  if (impl == KernelImpl::kReference) {
+    internal::FusedRecurrentKdaReferenceUnchecked(a);
+  } else {
+    internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
+  }
+}
+
 // A call in several dtypes (NeedsFloat32Copies) on fp32 copies: what fla computes (each tensor read in its
 // own dtype, fp32 math). The copies are C-contiguous (a token-strided q, k or v read by its strides); the
 // outputs in another dtype than fp32 (o, fla's h, a float16 / bfloat16 pool written in place) get fp32
@@ -152,12 +168,7 @@ void chunk_kda(const ChunkKdaCall& call, KernelImpl impl) {
     copies.Finish();
     return;
   }
-  const ChunkKdaArgs a = BindChunkKda(call);  // checked there
-  if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
-    internal::ChunkKdaReferenceUnchecked(a);
-  } else {
-    internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
-  }
+  Run(BindChunkKda(call), ResolveKernelImpl(impl));  // checked by the bind
 }
 
 void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl) {
@@ -173,34 +184,21 @@ void fused_recurrent_kda(const RecurrentKdaCall& call, KernelImpl impl) {
     copies.Finish();
     return;
   }
-  const RecurrentKdaArgs a = BindRecurrentKda(call);
-  if (ResolveKernelImpl(impl) == KernelImpl::kReference) {
-    internal::FusedRecurrentKdaReferenceUnchecked(a);
-  } else {
-    internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
-  }
+  Run(BindRecurrentKda(call), ResolveKernelImpl(impl));  // checked by the bind
 }
 
 void RunTrusted(const ChunkKdaArgs& a, KernelImpl impl) {
 #ifdef KDA_VALIDATE_TRUSTED_CALLS
   ValidateChunkKda(a);
 #endif
-  if (impl == KernelImpl::kReference) {
-    internal::ChunkKdaReferenceUnchecked(a);
-  } else {
-    internal::ChunkKdaOptimizedUnchecked(a, ActiveKernelIsa());
-  }
+  Run(a, impl);
 }
 
 void RunTrusted(const RecurrentKdaArgs& a, KernelImpl impl) {
 #ifdef KDA_VALIDATE_TRUSTED_CALLS
   ValidateRecurrentKda(a);
 #endif
-  if (impl == KernelImpl::kReference) {
-    internal::FusedRecurrentKdaReferenceUnchecked(a);
-  } else {
-    internal::FusedRecurrentKdaOptimizedUnchecked(a, ActiveKernelIsa());
-  }
+  Run(a, impl);
 }
 
 namespace internal {

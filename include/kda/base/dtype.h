@@ -129,6 +129,16 @@ struct BasicTensorView {
 using TensorView = BasicTensorView<const void*>;
 using MutTensorView = BasicTensorView<void*>;
 
+// A view's data, or for an empty view without data (an empty batch: N = 0, or
+// a pool of no states) a valid address: the kernels tell a pool form apart by
+// its index pointer, so an empty one must not read as absent. Nothing is read
+// through it.
+template <class T, class View>
+T* DataOrEmpty(const View& v) {
+  static T empty{};
+  return v.data != nullptr ? static_cast<T*>(v.data) : &empty;
+}
+
 // A C-contiguous view of `data` (at most kMaxViewDims dimensions; more are a
 // programming error and throw std::invalid_argument).
 template <class Ptr>

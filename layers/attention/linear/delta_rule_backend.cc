@@ -34,14 +34,6 @@ GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, C
   return gb;
 }
 
-// A view's data, or for an empty one (no sequences) a valid address: the kernels tell the pool form apart by
-// its index pointer, and read nothing through it.
-template <class T, class View>
-T* DataOrEmpty(const View& v) {
-  static T empty{};
-  return v.data != nullptr ? static_cast<T*>(v.data) : &empty;
-}
-
 // The step's tokens and options as kernel arguments, trusted (RunTrusted): their shapes are the layer's
 // geometry, checked when the layer and the pool were built, and the step's sequences and slots were checked
 // by InitForwardMetadata.
