@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 
 #include "base/fault_inject.h"
 
@@ -11,6 +12,13 @@ namespace kda {
 
 const char* VerifyMethodName(VerifyMethod method) {
   return method == VerifyMethod::kTokenStates ? "token_states" : "recompute";
+}
+
+VerifyMethod ParseVerifyMethod(std::string_view name) {
+  if (name == "recompute") return VerifyMethod::kRecompute;
+  Check(name == "token_states",
+        [&] { return "verify_method must be 'recompute' or 'token_states', got '" + std::string(name) + "'"; });
+  return VerifyMethod::kTokenStates;
 }
 
 RecurrentStatePool::RecurrentStatePool(int num_layers, int64_t max_requests, const RecurrentStateSpec& spec,

@@ -46,6 +46,17 @@ void ModelRunner::Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out) {
   backend_.EndVerify();  // TARGET_VERIFY: every layer ran, its positions wait for their commit
 }
 
+void ModelRunner::ForwardLayer(int l, const ForwardBatch& batch, ConstBuf x, MutBuf out) {
+  Check(l >= 0 && l < model_.num_layers(),
+        [&] { return "model runner: layer " + std::to_string(l) + " of " + std::to_string(model_.num_layers()); });
+  Check(batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kDecode,
+        "model runner: one layer alone runs EXTEND or DECODE batches");
+  Check(x.dtype == model_.act_dtype && out.dtype == model_.act_dtype,
+        "model runner: activations must be in the model's dtype");
+  backend_.InitForwardMetadata(batch);
+  model_.layers[l]->Forward(out, x, backend_);
+}
+
 void ModelRunner::CommitVerify(const std::vector<int64_t>& req_ids, const std::vector<int64_t>& keep) {
   backend_.InitCommit(req_ids, keep);
   for (const auto& layer : model_.layers) backend_.CommitLayer(layer->attn());

@@ -259,6 +259,7 @@ GemmPlan AgreeGemmPlan(Communicator& world) {
 
 ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGroups& groups,
                                   const std::vector<ServeRequest>& requests, const ParallelServeOptions& options) {
+  ValidateServingOptions(options);  // on every rank alike, before the first collective
   AgreeGemmPlan(groups.world());
   const int L = model.num_layers();
   const DeltaRuleGeometry full = model.full_geometry();
@@ -295,35 +296,22 @@ ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGro
 
   ParallelServeResult res;
   if (!mine.empty()) {
-    const auto share = static_cast<int64_t>(mine.size());
-    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(
-        options.scheduler.max_running > 0 ? std::min(options.scheduler.max_running, share) : share,
-        options.state_budget_bytes, L, model.state_spec(), model.act_dtype, options.verify);
-    RecurrentStatePool pool(L, capacity, model.state_spec(), model.act_dtype, options.verify);
-    HybridReqToTokenPool req_pool(&pool);
-    const MemoryPools pools{&pool, &req_pool};
-    ModelRunner runner(model, pools, options.kernel);
-    runner.SetObserver(options.observer);
-    SchedulerConfig cfg = options.scheduler;
-    cfg.max_running = capacity;
-    // This rank's own prefix cache, over its heads' states: the tensor-parallel ranks of one data-parallel index
-    // see the same requests and snapshots of equal size, so they hit and snapshot alike.
-    std::optional<RadixStateCache> cache;
-    if (options.prefix_cache_bytes > 0) {
-      cache.emplace(L, model.state_spec(), model.act_dtype, options.prefix_cache_bytes);
-      cfg.prefix_cache = &*cache;
-    }
-    Scheduler sched(runner, cfg);
+    // This rank's own pool and prefix cache, over its heads' states: the tensor-parallel ranks of one
+    // data-parallel index see the same requests and snapshots of equal size, so they hit and snapshot alike.
+    ServingStack stack(model, options, static_cast<int64_t>(mine.size()));
+    Scheduler& sched = stack.scheduler();
     for (const ServeRequest& r : mine) sched.Submit(r);
     sched.RunToCompletion();
     res.local = sched.finished();
     SortById(res.local);
     res.steps = sched.steps();
     res.notes = sched.notes();
-    res.pool_capacity = capacity;
-    res.pool_bytes = pool.total_bytes();
+    res.pool_capacity = stack.capacity();
+    res.pool_bytes = stack.pool().total_bytes();
     res.cache_hit_tokens = sched.cache_hit_tokens();
-    if (cache) res.snapshot_bytes_peak = cache->peak_bytes();
+    if (const RadixStateCache* cache = stack.prefix_cache(); cache != nullptr) {
+      res.snapshot_bytes_peak = cache->peak_bytes();
+    }
   }
   if (options.gather) res.gathered = GatherResults(model, groups, res.local);
   return res;

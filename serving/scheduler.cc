@@ -12,7 +12,35 @@
 
 namespace kda {
 
+std::string OptionName(const char* field, OptionNames names) {
+  if (names == OptionNames::kFields) return field;
+  const std::string f = field;
+  if (f == "state_budget_bytes") return "--state-budget-mib";
+  if (f == "prefix_cache_bytes") return "--prefix-cache-mib";
+  if (f == "step_token_budget") return "--step-tokens";
+  std::string flag = "--" + f;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+void ValidateSchedulerConfig(const SchedulerConfig& config, OptionNames names) {
+  const auto at_least = [names](int64_t value, int64_t least, const char* field, const char* meaning) {
+    Check(value >= least, [&] {
+      return OptionName(field, names) + " must be >= " + std::to_string(least) + meaning + ", got " +
+             std::to_string(value);
+    });
+  };
+  at_least(config.max_running, 0, "max_running", " (0: every request, or what the state budget holds)");
+  at_least(config.prefill_chunk, 0, "prefill_chunk", " (0: no limit)");
+  at_least(config.step_token_budget, 1, "step_token_budget", "");
+  Check(config.snapshot_interval >= kSnapshotAlign && config.snapshot_interval % kSnapshotAlign == 0, [&] {
+    return OptionName("snapshot_interval", names) + " must be a positive multiple of " +
+           std::to_string(kSnapshotAlign) + ", got " + std::to_string(config.snapshot_interval);
+  });
+}
+
 std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
+  ValidateSchedulerConfig(config);
   std::vector<std::string> notes;
   Check(!config.enable_mixed_chunk,
         "mixed chunk (prefill and decode segments in one EXTEND batch) is not supported for KDA models");
@@ -22,12 +50,6 @@ std::vector<std::string> CheckServerArgs(SchedulerConfig& config) {
         "caching: a RadixStateCache, --prefix-cache-mib)");
     config.enable_radix_cache = false;
   }
-  Check(config.snapshot_interval >= kSnapshotAlign && config.snapshot_interval % kSnapshotAlign == 0,
-        "snapshot_interval must be a positive multiple of " + std::to_string(kSnapshotAlign) + ", got " +
-            std::to_string(config.snapshot_interval));
-  Check(config.max_running >= 0, "max_running must be >= 0");
-  Check(config.prefill_chunk >= 0, "prefill_chunk must be >= 0");
-  Check(config.step_token_budget >= 1, "step_token_budget must be >= 1");
   return notes;
 }
 
@@ -161,13 +183,26 @@ bool Scheduler::Step() {
   Admit();
   if (running_.empty()) return false;
   const DeltaRuleModel& model = runner_.model();
-  const int64_t hidden = model.geometry.hidden;
-  const size_t row_bytes = static_cast<size_t>(hidden) * DTypeSize(model.act_dtype);
-
   // Prefill first: every running request with prefill left gets a chunk while
-  // the step budget lasts; otherwise one decode token for every request.
-  ForwardBatch batch;
-  std::vector<size_t> members;
+  // the step budget lasts; otherwise one decode row for every request.
+  StepPlan plan;
+  PlanExtend(plan);
+  if (plan.members.empty()) PlanDecode(plan);
+  if (plan.batch.mode == ForwardMode::kExtend && caching()) ReserveSnapshots(plan);
+  const std::vector<uint8_t> x = GatherInputs(plan);
+  const int64_t T = plan.batch.num_tokens();
+  ActBuffer out(model.act_dtype, T * model.geometry.hidden);
+  const auto t0 = std::chrono::steady_clock::now();
+  RunForward(plan, x, out.mut());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t kept = 0;
+  for (int64_t n : plan.keep) kept += n;
+  steps_.push_back({plan.batch.mode, static_cast<int64_t>(plan.members.size()), T, secs, kept});
+  Deliver(plan, out.view());
+  return true;
+}
+
+void Scheduler::PlanExtend(StepPlan& plan) const {
   int64_t budget = config_.step_token_budget;
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     const Running& r = running_[i];
@@ -180,165 +215,176 @@ bool Scheduler::Step() {
       const int64_t q = (r.done / config_.snapshot_interval + 1) * config_.snapshot_interval;
       if (q <= r.done + n && (q - r.done) % kSnapshotAlign != 0) n = q - r.done;
     }
-    batch.mode = ForwardMode::kExtend;
-    members.push_back(i);
-    batch.extend_lens.push_back(n);
+    plan.batch.mode = ForwardMode::kExtend;
+    plan.members.push_back(i);
+    plan.batch.extend_lens.push_back(n);
     budget -= n;
   }
-  // Decode: one row per request, plus the drafts its draft source proposes
-  // (a TARGET_VERIFY step when any request has some).
-  std::vector<uint8_t> drafts;        // the members' draft rows, in order
-  std::vector<int32_t> draft_ids;     // their token ids (-1: the request's own)
-  std::vector<int64_t> draft_counts;  // [members] k
-  if (members.empty()) {
-    batch.mode = ForwardMode::kDecode;
-    const int64_t max_draft = pools_.state_pool->verify().max_draft_tokens;
-    for (size_t i = 0; i < running_.size(); ++i) {
-      const Running& r = running_[i];
-      if (r.done >= r.req.length) continue;
-      int64_t k = 0;
-      const int64_t max_k = std::min(max_draft, r.req.length - r.done - 1);
-      if (max_k > 0 && r.req.draft.propose) {
-        const size_t at = drafts.size(), at_id = draft_ids.size();
-        drafts.resize(at + static_cast<size_t>(max_k) * row_bytes);
-        draft_ids.resize(at_id + static_cast<size_t>(max_k), -1);
+}
+
+void Scheduler::PlanDecode(StepPlan& plan) {
+  plan.batch.mode = ForwardMode::kDecode;
+  const int64_t max_draft = pools_.state_pool->verify().max_draft_tokens;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Running& r = running_[i];
+    if (r.done >= r.req.length) continue;
+    const int64_t max_k = std::min(max_draft, r.req.length - r.done - 1);
+    const int64_t k = max_k > 0 && r.req.draft.propose ? ProposeDrafts(i, max_k, plan) : 0;
+    if (k > 0) plan.batch.mode = ForwardMode::kTargetVerify;
+    plan.members.push_back(i);
+    plan.draft_counts.push_back(k);
+    plan.batch.extend_lens.push_back(1 + k);
+  }
+}
+
+int64_t Scheduler::ProposeDrafts(size_t index, int64_t max_k, StepPlan& plan) {
+  const Running& r = running_[index];
+  const DeltaRuleModel& model = runner_.model();
+  const size_t row_bytes = static_cast<size_t>(model.geometry.hidden) * DTypeSize(model.act_dtype);
+  const size_t at = plan.drafts.size(), at_id = plan.draft_ids.size();
+  plan.drafts.resize(at + static_cast<size_t>(max_k) * row_bytes);
+  plan.draft_ids.resize(at_id + static_cast<size_t>(max_k), -1);
+  int64_t k = 0;
+  try {
+    k = r.req.draft.propose(r.done, max_k, plan.drafts.data() + at, plan.draft_ids.data() + at_id);
+    Check(k >= 0 && k <= max_k, "proposed " + std::to_string(k) + " drafts, expected 0.." + std::to_string(max_k));
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t id = plan.draft_ids[at_id + static_cast<size_t>(j)];
+      Check(id >= -1, [&] { return "draft " + std::to_string(j) + ": token id " + std::to_string(id); });
+    }
+  } catch (const std::exception& e) {
+    const std::string error = "request " + std::to_string(r.req.id) + ": draft source: " + e.what();
+    Drop(index, error);
+    throw Error(error);
+  }
+  plan.drafts.resize(at + static_cast<size_t>(k) * row_bytes);
+  plan.draft_ids.resize(at_id + static_cast<size_t>(k));
+  return k;
+}
+
+void Scheduler::ReserveSnapshots(StepPlan& plan) {
+  ForwardBatch& batch = plan.batch;
+  RadixStateCache& cache = *config_.prefix_cache;
+  batch.snapshot_cu.assign(1, 0);
+  for (size_t m = 0; m < plan.members.size(); ++m) {
+    const Running& r = running_[plan.members[m]];
+    const int64_t n = batch.extend_lens[m];
+    if (r.cacheable) {
+      std::vector<int64_t> offsets;
+      for (int64_t q = (r.done / config_.snapshot_interval + 1) * config_.snapshot_interval; q <= r.done + n;
+           q += config_.snapshot_interval) {
+        offsets.push_back(q - r.done);
+      }
+      if (r.done + n == r.prefill_len() && (offsets.empty() || offsets.back() != n)) offsets.push_back(n);
+      for (int64_t off : offsets) {
+        // Locked until committed after the forward (or abandoned with the step).
+        std::optional<RadixStateCache::Snapshot> s;
         try {
-          k = r.req.draft.propose(r.done, max_k, drafts.data() + at, draft_ids.data() + at_id);
-          Check(k >= 0 && k <= max_k,
-                "proposed " + std::to_string(k) + " drafts, expected 0.." + std::to_string(max_k));
-          for (int64_t j = 0; j < k; ++j) {
-            const int32_t id = draft_ids[at_id + static_cast<size_t>(j)];
-            Check(id >= -1, [&] { return "draft " + std::to_string(j) + ": token id " + std::to_string(id); });
-          }
-        } catch (const std::exception& e) {
-          const std::string error = "request " + std::to_string(r.req.id) + ": draft source: " + e.what();
-          Drop(i, error);
-          throw Error(error);
+          s = cache.Reserve(r.result.token_ids.data(), r.done + off);
+        } catch (...) {
+          for (int32_t id : plan.reserved) cache.Abandon(id);
+          throw;
         }
-        drafts.resize(at + static_cast<size_t>(k) * row_bytes);
-        draft_ids.resize(at_id + static_cast<size_t>(k));
+        if (!s) continue;
+        plan.reserved.push_back(s->id);
+        batch.snapshot_offsets.push_back(off);
+        batch.snapshot_recurrent.push_back(s->recurrent);
+        batch.snapshot_conv.push_back(s->conv);
       }
-      if (k > 0) batch.mode = ForwardMode::kTargetVerify;
-      members.push_back(i);
-      draft_counts.push_back(k);
-      batch.extend_lens.push_back(1 + k);
     }
+    batch.snapshot_cu.push_back(static_cast<int64_t>(batch.snapshot_offsets.size()));
   }
-  // Snapshots of the step (EXTEND): every interval point inside a segment and the end of each prompt, reserved
-  // in the cache now (locked until committed after the forward).
-  std::vector<int32_t> reserved;
-  if (batch.mode == ForwardMode::kExtend && caching()) {
-    batch.snapshot_cu.assign(1, 0);
-    for (size_t m = 0; m < members.size(); ++m) {
-      const Running& r = running_[members[m]];
-      const int64_t n = batch.extend_lens[m];
-      if (r.cacheable) {
-        std::vector<int64_t> offsets;
-        for (int64_t q = (r.done / config_.snapshot_interval + 1) * config_.snapshot_interval; q <= r.done + n;
-             q += config_.snapshot_interval) {
-          offsets.push_back(q - r.done);
-        }
-        if (r.done + n == r.prefill_len() && (offsets.empty() || offsets.back() != n)) offsets.push_back(n);
-        for (int64_t off : offsets) {
-          std::optional<RadixStateCache::Snapshot> s;
-          try {
-            s = config_.prefix_cache->Reserve(r.result.token_ids.data(), r.done + off);
-          } catch (...) {
-            for (int32_t id : reserved) config_.prefix_cache->Abandon(id);
-            throw;
-          }
-          if (!s) continue;
-          reserved.push_back(s->id);
-          batch.snapshot_offsets.push_back(off);
-          batch.snapshot_recurrent.push_back(s->recurrent);
-          batch.snapshot_conv.push_back(s->conv);
-        }
-      }
-      batch.snapshot_cu.push_back(static_cast<int64_t>(batch.snapshot_offsets.size()));
-    }
-    if (reserved.empty()) batch.snapshot_cu.clear();
-  }
-  const bool verify = batch.mode == ForwardMode::kTargetVerify;
+  if (plan.reserved.empty()) batch.snapshot_cu.clear();
+}
+
+std::vector<uint8_t> Scheduler::GatherInputs(StepPlan& plan) const {
+  const DeltaRuleModel& model = runner_.model();
+  const size_t row_bytes = static_cast<size_t>(model.geometry.hidden) * DTypeSize(model.act_dtype);
+  const bool verify = plan.batch.mode == ForwardMode::kTargetVerify;
+  ForwardBatch& batch = plan.batch;
   std::vector<uint8_t> x;
   size_t draft_at = 0;
-  for (size_t m = 0; m < members.size(); ++m) {
-    const Running& r = running_[members[m]];
+  for (size_t m = 0; m < plan.members.size(); ++m) {
+    const Running& r = running_[plan.members[m]];
     batch.req_ids.push_back(r.req.id);
     batch.req_pool_indices.push_back(r.slot);
     batch.prefix_lens.push_back(r.done);
     batch.state_seeded.push_back(r.seeded ? 1 : 0);
     const auto* src = static_cast<const uint8_t*>(r.req.input.data) + static_cast<size_t>(r.done) * row_bytes;
-    const int64_t own = verify ? 1 : batch.extend_lens[m];  // a verify step: the next row, then the drafts
+    const int64_t own = verify ? 1 : batch.extend_lens[m];
     x.insert(x.end(), src, src + static_cast<size_t>(own) * row_bytes);
     if (verify) {
-      const size_t n = static_cast<size_t>(draft_counts[m]) * row_bytes;
-      x.insert(x.end(), drafts.begin() + static_cast<std::ptrdiff_t>(draft_at),
-               drafts.begin() + static_cast<std::ptrdiff_t>(draft_at + n));
+      const size_t n = static_cast<size_t>(plan.draft_counts[m]) * row_bytes;
+      x.insert(x.end(), plan.drafts.begin() + static_cast<std::ptrdiff_t>(draft_at),
+               plan.drafts.begin() + static_cast<std::ptrdiff_t>(draft_at + n));
       draft_at += n;
     }
   }
-  const int64_t T = batch.num_tokens();
-  ActBuffer out(model.act_dtype, T * hidden);
-  std::vector<int64_t> keep = batch.extend_lens;  // rows each member keeps
-  const auto t0 = std::chrono::steady_clock::now();
+  return x;
+}
+
+void Scheduler::RunForward(StepPlan& plan, const std::vector<uint8_t>& x, MutBuf out) {
+  const DeltaRuleModel& model = runner_.model();
+  const size_t row_bytes = static_cast<size_t>(model.geometry.hidden) * DTypeSize(model.act_dtype);
+  plan.keep = plan.batch.extend_lens;
   try {
-    runner_.Forward(batch, {x.data(), model.act_dtype}, out.mut());
-    if (verify) {
+    runner_.Forward(plan.batch, {x.data(), model.act_dtype}, out);
+    if (plan.batch.mode == ForwardMode::kTargetVerify) {
       int64_t at = 0;
-      for (size_t m = 0; m < members.size(); ++m) {
-        const Running& r = running_[members[m]];
-        const int64_t k = draft_counts[m];
+      for (size_t m = 0; m < plan.members.size(); ++m) {
+        const Running& r = running_[plan.members[m]];
+        const int64_t k = plan.draft_counts[m];
         int64_t a = k;
         if (k > 0 && r.req.draft.accept) {
-          a = r.req.draft.accept(r.done, k, static_cast<const uint8_t*>(out.data()) + at * row_bytes);
+          a = r.req.draft.accept(r.done, k, static_cast<const uint8_t*>(out.data) + at * row_bytes);
           Check(a >= 0 && a <= k, [&] {
             return "request " + std::to_string(r.req.id) + ": accepted " + std::to_string(a) + " of " +
                    std::to_string(k) + " drafts";
           });
         }
-        keep[m] = a + 1;
+        plan.keep[m] = a + 1;
         at += 1 + k;
       }
-      runner_.CommitVerify(batch.req_ids, keep);
+      runner_.CommitVerify(plan.batch.req_ids, plan.keep);
     }
   } catch (const std::exception& e) {
     // The step's states are half-updated: its requests fail, their slots go
     // back to the pool, its snapshots are dropped.
-    for (int32_t id : reserved) config_.prefix_cache->Abandon(id);
-    for (size_t m = members.size(); m-- > 0;) Drop(members[m], e.what());
+    for (int32_t id : plan.reserved) config_.prefix_cache->Abandon(id);
+    for (size_t m = plan.members.size(); m-- > 0;) Drop(plan.members[m], e.what());
     throw;
   }
-  for (int32_t id : reserved) config_.prefix_cache->Commit(id);
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int64_t kept = 0;
-  for (int64_t n : keep) kept += n;
-  steps_.push_back({batch.mode, static_cast<int64_t>(members.size()), T, secs, kept});
+  for (int32_t id : plan.reserved) config_.prefix_cache->Commit(id);
+}
 
-  // Outputs (and ids) of the kept positions back to their requests; finished requests release their slots.
+void Scheduler::Deliver(const StepPlan& plan, ConstBuf out) {
+  const DeltaRuleModel& model = runner_.model();
+  const size_t row_bytes = static_cast<size_t>(model.geometry.hidden) * DTypeSize(model.act_dtype);
+  const bool verify = plan.batch.mode == ForwardMode::kTargetVerify;
   int64_t row = 0;
   size_t id_at = 0;
-  for (size_t m = 0; m < members.size(); ++m) {
-    Running& r = running_[members[m]];
-    const int64_t n = keep[m];
+  for (size_t m = 0; m < plan.members.size(); ++m) {
+    Running& r = running_[plan.members[m]];
+    const int64_t n = plan.keep[m];
     std::memcpy(r.result.out.data() + static_cast<size_t>(r.done) * row_bytes,
-                static_cast<const uint8_t*>(out.data()) + static_cast<size_t>(row) * row_bytes,
+                static_cast<const uint8_t*>(out.data) + static_cast<size_t>(row) * row_bytes,
                 static_cast<size_t>(n) * row_bytes);
     if (verify) {
+      // The accepted drafts' ids in their places (the prefix cache's key).
       if (!r.result.token_ids.empty()) {
         for (int64_t j = 0; j + 1 < n; ++j) {
-          const int32_t id = draft_ids[id_at + static_cast<size_t>(j)];
+          const int32_t id = plan.draft_ids[id_at + static_cast<size_t>(j)];
           if (id >= 0) r.result.token_ids[static_cast<size_t>(r.done + 1 + j)] = id;
         }
       }
-      id_at += static_cast<size_t>(draft_counts[m]);
+      id_at += static_cast<size_t>(plan.draft_counts[m]);
     }
     r.done += n;
-    row += batch.extend_lens[m];
+    row += plan.batch.extend_lens[m];
   }
   for (size_t i = running_.size(); i-- > 0;) {
     if (running_[i].done == running_[i].req.length) Finish(i);
   }
-  return true;
 }
 
 void Scheduler::RunToCompletion() {

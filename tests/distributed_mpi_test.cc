@@ -211,9 +211,15 @@ TEST(ParallelRuntime, AgreesOnWorldRankZerosGemmPlan) {
   EXPECT_EQ(fma, GemmPlan::All(GemmRoute::kF32Fma));
   EXPECT_EQ(fma_active, fma);
   EXPECT_EQ(mixed.prefill, GemmRoute::kF32Fma);
-  if (dot_everywhere && tiles_everywhere) EXPECT_EQ(mixed, want);
-  if (!dot_everywhere) EXPECT_NE(mixed.decode, GemmRoute::kBf16Dot);
-  if (!tiles_everywhere) EXPECT_NE(mixed.batch, GemmRoute::kAmx);
+  if (dot_everywhere && tiles_everywhere) {
+    EXPECT_EQ(mixed, want);
+  }
+  if (!dot_everywhere) {
+    EXPECT_NE(mixed.decode, GemmRoute::kBf16Dot);
+  }
+  if (!tiles_everywhere) {
+    EXPECT_NE(mixed.batch, GemmRoute::kAmx);
+  }
   EXPECT_EQ(mixed_active, mixed);
 }
 

@@ -22,10 +22,12 @@
 #include "kda/layers/attention/linear/delta_rule_backend.h"
 #include "kda/layers/delta_rule_geometry.h"
 #include "kda/mem_cache/memory_pools.h"
+#include "kda/mem_cache/radix_state_cache.h"
 #include "kda/mem_cache/recurrent_state_pool.h"
 #include "kda/mem_cache/recurrent_state_spec.h"
 #include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
+#include "kda/serving/serving_stack.h"
 #include "tests/error_util.h"
 #include "tests/golden.h"
 #include "tests/thread_scope.h"
@@ -795,4 +797,149 @@ TEST(Scheduler, RefusesWhatCanNeverRunAndFailedAllocations) {
 }
 
 }  // namespace
+// ------------------------------------------------------------ serving stack
+
+TEST(ServingOptions, EachRuleNamesItsOptionInBothSpellings) {
+  struct Case {
+    void (*spoil)(ServingOptions&);
+    const char* field;
+    const char* flag;
+  };
+  const Case cases[] = {
+      {[](ServingOptions& o) { o.scheduler.max_running = -1; }, "max_running must be >= 0", "--max-running must"},
+      {[](ServingOptions& o) { o.scheduler.prefill_chunk = -3; }, "prefill_chunk must be >= 0", "--prefill-chunk"},
+      {[](ServingOptions& o) { o.scheduler.step_token_budget = 0; }, "step_token_budget must be >= 1",
+       "--step-tokens must be >= 1"},
+      {[](ServingOptions& o) { o.scheduler.snapshot_interval = 100; }, "snapshot_interval must be a positive multiple",
+       "--snapshot-interval must"},
+      {[](ServingOptions& o) { o.state_budget_bytes = -(1 << 20); }, "state_budget_bytes must be >= 0",
+       "--state-budget-mib must be >= 0 (0: no limit), got -1 MiB"},
+      {[](ServingOptions& o) { o.prefix_cache_bytes = -1; }, "prefix_cache_bytes must be >= 0", "--prefix-cache-mib"},
+      {[](ServingOptions& o) { o.verify.max_draft_tokens = 65; }, "max_draft_tokens must be in [0, 64]",
+       "--max-draft-tokens"},
+  };
+  EXPECT_NO_THROW(ValidateServingOptions(ServingOptions{}));
+  for (const Case& c : cases) {
+    ServingOptions o;
+    c.spoil(o);
+    EXPECT_NE(ErrorOf([&] { ValidateServingOptions(o); }).find(c.field), std::string::npos) << c.field;
+    EXPECT_NE(ErrorOf([&] { ValidateServingOptions(o, OptionNames::kFlags); }).find(c.flag), std::string::npos)
+        << c.flag;
+  }
+  RadixStateCache cache(1, kSmallSpec, DType::kF32, 1 << 20);
+  ServingOptions o;
+  o.scheduler.prefix_cache = &cache;
+  EXPECT_NE(ErrorOf([&] { ValidateServingOptions(o); }).find("prefix_cache_bytes"), std::string::npos);
+}
+
+TEST(ServingOptions, CapacityIsMaxRunningBoundedByTheRequestsAndTheBudget) {
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 5);
+  const int64_t per = RecurrentStatePool::BytesPerRequest(2, model.state_spec(), DType::kF32);
+  ServingOptions o;
+  EXPECT_EQ(ServingCapacity(model, o, 7), 7);  // 0: every request
+  o.scheduler.max_running = 3;
+  EXPECT_EQ(ServingCapacity(model, o, 7), 3);
+  EXPECT_EQ(ServingCapacity(model, o, 2), 2);
+  EXPECT_EQ(ServingCapacity(model, o), 3);  // requests not known ahead
+  o.state_budget_bytes = 3 * per;           // the dummy slot counts: two requests fit
+  EXPECT_EQ(ServingCapacity(model, o, 7), 2);
+  o.scheduler.max_running = 0;
+  EXPECT_EQ(ServingCapacity(model, o), 2);  // what the budget holds
+  o.state_budget_bytes = per;
+  EXPECT_FALSE(ErrorOf([&] { ServingCapacity(model, o, 7); }).empty());
+  o.state_budget_bytes = 0;
+  EXPECT_NE(ErrorOf([&] { ServingCapacity(model, o); }).find("max_running 0 needs"), std::string::npos);
+}
+
+// The stack serves as a scheduler over a pool built by hand, and its prefix
+// cache reuses a shared prompt.
+TEST(ServingStack, ServesAsTheHandBuiltAssemblyAndCachesSharedPrefixes) {
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 13);
+  const int64_t hidden = model.geometry.hidden;
+  constexpr int64_t kLen = 200;
+  const ActBuffer x = RandomRows(DType::kF32, kLen, hidden, 21);
+  std::vector<int32_t> ids(kLen);
+  for (int64_t i = 0; i < kLen; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i % 97);
+  // Request 0: the first 150 rows; request 1: all 200 (the same first 150).
+  const auto serve = [&](Scheduler& sched) {
+    sched.Submit({.id = 0, .input = x.view(), .length = 150, .decode_tokens = 3, .token_ids = ids.data()});
+    sched.RunToCompletion();
+    sched.Submit({.id = 1, .input = x.view(), .length = kLen, .decode_tokens = 5, .token_ids = ids.data()});
+    sched.RunToCompletion();
+    std::vector<RequestResult> r = sched.TakeFinished();
+    std::sort(r.begin(), r.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+    return r;
+  };
+  SchedulerConfig cfg;
+  cfg.prefill_chunk = 48;
+  RecurrentStatePool pool(model.num_layers(), 2, model.state_spec(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  ModelRunner runner(model, {&pool, &req}, KernelImpl::kReference);
+  Scheduler by_hand(runner, cfg);
+  const std::vector<RequestResult> want = serve(by_hand);
+
+  ServingOptions o;
+  o.scheduler = cfg;
+  o.kernel = KernelImpl::kReference;
+  ServingStack plain(model, o, 2);
+  EXPECT_EQ(plain.capacity(), 2);
+  EXPECT_EQ(plain.prefix_cache(), nullptr);
+  const std::vector<RequestResult> got = serve(plain.scheduler());
+  ASSERT_EQ(got.size(), 2U);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i].out, want[i].out);
+    EXPECT_EQ(got[i].final_recurrent, want[i].final_recurrent);
+    EXPECT_EQ(got[i].final_conv, want[i].final_conv);
+  }
+  EXPECT_EQ(plain.pool().num_free(), 2);
+
+  o.prefix_cache_bytes = 64 << 20;
+  o.scheduler.snapshot_interval = 64;
+  ServingStack cached(model, o, 2);
+  ASSERT_NE(cached.prefix_cache(), nullptr);
+  const std::vector<RequestResult> hit = serve(cached.scheduler());
+  EXPECT_EQ(hit[0].cached_tokens, 0);
+  EXPECT_EQ(hit[1].cached_tokens, 150);  // the snapshot request 0 left at its end
+  EXPECT_EQ(cached.scheduler().cache_hit_tokens(), 150);
+  const size_t from = 150 * static_cast<size_t>(hidden);
+  std::vector<float> a(want[1].out.size() / sizeof(float)), b(a.size());
+  std::memcpy(a.data(), want[1].out.data(), want[1].out.size());
+  std::memcpy(b.data(), hit[1].out.data(), hit[1].out.size());
+  EXPECT_TRUE(AllCloseF32(b.data() + from, a.data() + from, a.size() - from));
+  EXPECT_TRUE(
+      AllCloseF32(hit[1].final_recurrent.data(), want[1].final_recurrent.data(), want[1].final_recurrent.size()));
+}
+
+TEST(ModelRunner, ForwardLayerRunsOneLayerOnItsOwnInput) {
+  const DeltaRuleModel model = DeltaRuleModel::Random("kimi_linear", SmallShape(), 2, DType::kF32, 17);
+  const int64_t hidden = model.geometry.hidden;
+  ServingOptions o;
+  o.kernel = KernelImpl::kReference;
+  ServingStack stack(model, o, 1);
+  const int32_t slot = stack.req_pool().Alloc(4);
+  const ActBuffer x = RandomRows(DType::kF32, 5, hidden, 8);
+  ActBuffer got(DType::kF32, 5 * hidden);
+  ForwardBatch b = BatchOf(stack.req_pool(), ForwardMode::kExtend, {4}, {5}, {0});
+  stack.runner().ForwardLayer(1, b, x.view(), got.mut());
+  // Layer 1 alone, as the backend runs it.
+  RecurrentStatePool pool(2, 1, model.state_spec(), DType::kF32);
+  HybridReqToTokenPool req(&pool);
+  DeltaRuleAttnBackend backend({&pool, &req}, KernelImpl::kReference);
+  req.Alloc(4);
+  backend.InitForwardMetadata(BatchOf(req, ForwardMode::kExtend, {4}, {5}, {0}));
+  ActBuffer want(DType::kF32, 5 * hidden);
+  model.layers[1]->Forward(want.mut(), x.view(), backend);
+  EXPECT_EQ(got.ToFloat(), want.ToFloat());
+  std::vector<float> state(static_cast<size_t>(model.state_spec().recurrent_size()));
+  std::vector<float> want_state(state.size());
+  stack.pool().GetLayerState(1, slot, state.data(), nullptr);
+  pool.GetLayerState(1, req.SlotOf(4), want_state.data(), nullptr);
+  EXPECT_EQ(state, want_state);
+  EXPECT_NE(ErrorOf([&] { stack.runner().ForwardLayer(2, b, x.view(), got.mut()); }).find("layer 2 of 2"),
+            std::string::npos);
+  b.mode = ForwardMode::kTargetVerify;
+  EXPECT_NE(ErrorOf([&] { stack.runner().ForwardLayer(0, b, x.view(), got.mut()); }).find("EXTEND or DECODE"),
+            std::string::npos);
+}
+
 }  // namespace kda

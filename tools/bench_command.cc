@@ -255,14 +255,9 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   DeltaRuleModel model;
   rt->RunAgreed([&] { model = make_model(dtype); });
   const Workload w = MakeWorkload(opt, model);
-  ParallelServeOptions serve_opt;
-  serve_opt.scheduler.max_running = opt.max_running;
-  Check(opt.state_budget_mib >= 0, "--state-budget-mib must be >= 0");
-  serve_opt.state_budget_bytes = static_cast<int64_t>(opt.state_budget_mib * 1024 * 1024);
-  serve_opt.scheduler.prefill_chunk = opt.prefill_chunk;
-  serve_opt.scheduler.step_token_budget = opt.step_token_budget;
-  serve_opt.kernel = kernel;
-  serve_opt.gather = false;  // the self-check compares each rank's own states
+  ParallelServeOptions serve_opt = BenchServingOptions(opt, kernel);
+  serve_opt.prefix_cache_bytes = 0;  // the default workload serves without the prefix cache
+  serve_opt.gather = false;          // the self-check compares each rank's own states
 
   std::vector<ServeRequest> requests;
   std::vector<int64_t> tokens;
@@ -363,6 +358,18 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
 
 }  // namespace
 
+ParallelServeOptions BenchServingOptions(const BenchOptions& opt, KernelImpl kernel) {
+  ParallelServeOptions options;
+  options.scheduler.max_running = opt.max_running;
+  options.scheduler.prefill_chunk = opt.prefill_chunk;
+  options.scheduler.step_token_budget = opt.step_token_budget;
+  options.scheduler.snapshot_interval = opt.snapshot_interval;
+  options.state_budget_bytes = static_cast<int64_t>(opt.state_budget_mib * 1024.0 * 1024.0);
+  options.prefix_cache_bytes = static_cast<int64_t>(opt.prefix_cache_mib * 1024.0 * 1024.0);
+  options.kernel = kernel;
+  return options;
+}
+
 int RunBenchCommand(const BenchOptions& opt) {
   const DType dtype = ParseActivationDType(opt.dtype);
   const WeightFormat wf = ParseWeightFormat(opt.weights);
@@ -371,8 +378,8 @@ int RunBenchCommand(const BenchOptions& opt) {
   Check(opt.requests >= 1, "--requests must be >= 1");
   Check(opt.min_prompt >= 1 && opt.max_prompt >= opt.min_prompt, "--min-prompt/--max-prompt: need 1 <= min <= max");
   Check(opt.decode_steps >= 0, "--decode-steps must be >= 0");
-  Check(opt.prefill_chunk >= 0 && opt.step_token_budget >= 1 && opt.max_running >= 0 && opt.threads >= 0,
-        "--prefill-chunk, --step-tokens, --max-running and --threads must be non-negative (--step-tokens >= 1)");
+  Check(opt.threads >= 0, "--threads must be >= 0");
+  ValidateServingOptions(BenchServingOptions(opt, kernel), OptionNames::kFlags);
   SetNumThreads(opt.threads);
   Check(opt.workload == "default" || opt.workload == "multi-turn" || opt.workload == "speculative",
         "--workload must be default, multi-turn or speculative, got '" + opt.workload + "'");

@@ -4,6 +4,9 @@
 #include <cstdint>
 #include <string>
 
+#include "kda/kernels/kda_dispatch.h"
+#include "kda/serving/parallel.h"
+
 namespace kda::cli {
 
 struct BenchOptions {
@@ -59,6 +62,11 @@ struct BenchOptions {
   int64_t spec_prompt = 8;
   std::string verify_method = "recompute";  // recompute | token_states
 };
+
+// What the flags ask of each rank's serving stack, for every workload: max running, the state budget,
+// the prefill chunk and step budget, the snapshot interval and the prefix cache's budget (used by the
+// multi-turn workload's cache-on run), the kernels. ValidateServingOptions' rules hold for them.
+ParallelServeOptions BenchServingOptions(const BenchOptions& opt, KernelImpl kernel);
 
 int RunBenchCommand(const BenchOptions& opt);
 

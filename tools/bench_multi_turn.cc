@@ -16,6 +16,7 @@
 #include "kda/base/tolerance.h"
 #include "kda/mem_cache/radix_state_cache.h"
 #include "kda/serving/scheduler.h"
+#include "kda/serving/serving_stack.h"
 
 namespace kda::cli {
 namespace {
@@ -111,24 +112,11 @@ struct Run {
 // alone before the others, so that the system prompt is computed once).
 Run Serve(const BenchOptions& opt, const DeltaRuleModel& model, const Chats& chats, KernelImpl kernel,
           int64_t cache_bytes, LayerObserver* observer = nullptr, const std::vector<int64_t>& only = {}) {
-  const int L = model.num_layers();
-  const int64_t slots = opt.max_running > 0 ? opt.max_running : opt.conversations;
-  RecurrentStatePool pool(L, slots, model.state_spec(), model.act_dtype);
-  HybridReqToTokenPool req_pool(&pool);
-  const MemoryPools pools{&pool, &req_pool};
-  ModelRunner runner(model, pools, kernel);
-  runner.SetObserver(observer);
-  std::optional<RadixStateCache> cache;
-  SchedulerConfig cfg;
-  cfg.max_running = slots;
-  cfg.prefill_chunk = opt.prefill_chunk;
-  cfg.step_token_budget = opt.step_token_budget;
-  cfg.snapshot_interval = opt.snapshot_interval;
-  if (cache_bytes > 0) {
-    cache.emplace(L, model.state_spec(), model.act_dtype, cache_bytes);
-    cfg.prefix_cache = &*cache;
-  }
-  Scheduler sched(runner, cfg);
+  ParallelServeOptions options = BenchServingOptions(opt, kernel);
+  options.prefix_cache_bytes = cache_bytes;
+  options.observer = observer;
+  ServingStack stack(model, options, opt.conversations);
+  Scheduler& sched = stack.scheduler();
   Run run;
   const auto submit = [&](int s, int r) {
     const int64_t id = static_cast<int64_t>(s) * opt.turns + r;
@@ -156,7 +144,7 @@ Run Serve(const BenchOptions& opt, const DeltaRuleModel& model, const Chats& cha
   for (const StepRecord& st : sched.steps())
     (st.mode == ForwardMode::kDecode ? run.decode_s : run.prefill_s) += st.seconds;
   run.hit_tokens = sched.cache_hit_tokens();
-  if (cache) {
+  if (const RadixStateCache* cache = stack.prefix_cache(); cache != nullptr) {
     run.snapshot_bytes_peak = cache->peak_bytes();
     run.snapshot_capacity = cache->capacity();
   }
@@ -176,8 +164,6 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
   Check(opt.system_prompt >= 0 && opt.min_user >= 1 && opt.max_user >= opt.min_user,
         "--system-prompt must be >= 0 and 1 <= --min-user <= --max-user");
   Check(opt.prefix_cache_mib > 0, "--prefix-cache-mib must be > 0 with --workload multi-turn");
-  Check(opt.snapshot_interval >= kSnapshotAlign && opt.snapshot_interval % kSnapshotAlign == 0,
-        "--snapshot-interval must be a positive multiple of " + std::to_string(kSnapshotAlign));
   Check(opt.tp == 1 && opt.dp == 1,
         "--workload multi-turn runs in one process (--tp/--dp: each rank caches its own heads and requests, see "
         "kda run --prefix-cache)");
@@ -196,7 +182,7 @@ int RunMultiTurnBench(const BenchOptions& opt, DType dtype, WeightFormat weights
   };
   const DeltaRuleModel model = make_model(dtype);
   const Chats chats = MakeChats(opt, model);
-  const int64_t cache_bytes = static_cast<int64_t>(opt.prefix_cache_mib * 1024.0 * 1024.0);
+  const int64_t cache_bytes = BenchServingOptions(opt, kernel).prefix_cache_bytes;
   const int64_t hidden = model.geometry.hidden;
   const int L = model.num_layers();
 

@@ -19,6 +19,7 @@
 #include "kda/models/delta_rule_model.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
+#include "kda/serving/serving_stack.h"
 #include "tools/layer_replay.h"
 
 namespace kda::cli {
@@ -60,13 +61,13 @@ Run Serve(const DeltaRuleModel& model, KernelImpl kernel, const std::vector<ActB
           int64_t decode, const VerifyConfig& verify, int64_t k, double alpha, uint64_t seed,
           RequestTrace* trace = nullptr) {
   const auto batch = static_cast<int64_t>(inputs.size());
-  RecurrentStatePool pool(model.num_layers(), batch, model.state_spec(), model.act_dtype, verify);
-  HybridReqToTokenPool req_pool(&pool);
-  ModelRunner runner(model, {&pool, &req_pool}, kernel);
-  runner.SetObserver(trace);
-  SchedulerConfig cfg;
-  cfg.step_token_budget = 1 << 20;
-  Scheduler sched(runner, cfg);
+  ServingOptions options;
+  options.scheduler.step_token_budget = 1 << 20;
+  options.verify = verify;
+  options.kernel = kernel;
+  options.observer = trace;
+  ServingStack stack(model, options, batch);
+  Scheduler& sched = stack.scheduler();
   for (int64_t i = 0; i < batch; ++i) {
     ServeRequest r{.id = i, .input = inputs[i].view(), .length = prompt + decode, .decode_tokens = decode};
     if (k > 0) r.draft = SeededDraftSource(r.input, model.geometry.hidden, k, alpha, seed + static_cast<uint64_t>(i));
@@ -113,9 +114,7 @@ int RunSpeculativeBench(const BenchOptions& opt, DType dtype, KernelImpl kernel)
   Check(opt.spec_prompt >= 0 && opt.decode_steps >= 2, "--spec-prompt must be >= 0 and --decode-steps >= 2");
   Check(opt.model_dir.empty(), "--workload speculative runs the embedded default shapes (no --model)");
   Check(opt.tp == 1 && opt.dp == 1, "--workload speculative runs in one process (no --tp/--dp)");
-  Check(opt.verify_method == "recompute" || opt.verify_method == "token_states",
-        "--verify-method must be recompute or token_states, got '" + opt.verify_method + "'");
-  const VerifyMethod method = opt.verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates;
+  const VerifyMethod method = ParseVerifyMethod(opt.verify_method);
   const int64_t max_k = *std::max_element(ks.begin(), ks.end());
   const DeltaRuleGeometry shape = LayerFamilyFor("kimi_linear").reference;
   const int64_t llc = bench::LastLevelCacheBytes();

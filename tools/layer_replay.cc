@@ -4,9 +4,7 @@
 
 #include "base/act_buffer.h"
 #include "kda/base/error.h"
-#include "kda/layers/attention/linear/delta_rule_backend.h"
-#include "kda/mem_cache/memory_pools.h"
-#include "kda/mem_cache/recurrent_state_pool.h"
+#include "kda/serving/serving_stack.h"
 
 namespace kda::cli {
 
@@ -52,10 +50,10 @@ std::vector<Replayed> ReplayLayers(const DeltaRuleModel& model, const RequestTra
   const auto rows =
       static_cast<int64_t>(trace.inputs().at(0).size() / (static_cast<size_t>(hidden) * DTypeSize(trace_dt)));
   const int64_t first = decode_from < 0 ? rows : std::min(decode_from, rows);
-  RecurrentStatePool pool(L, 1, model.state_spec(), dt);
-  HybridReqToTokenPool req_pool(&pool);
-  DeltaRuleAttnBackend backend({&pool, &req_pool}, kernel);
-  const int32_t slot = req_pool.Alloc(trace.req_id());
+  ServingOptions options;
+  options.kernel = kernel;
+  ServingStack stack(model, options, 1);
+  const int32_t slot = stack.req_pool().Alloc(trace.req_id());
   // The steps: [0, first) at once, then one row each.
   std::vector<std::pair<int64_t, int64_t>> steps;
   if (first > 0) steps.emplace_back(0, first);
@@ -74,12 +72,11 @@ std::vector<Replayed> ReplayLayers(const DeltaRuleModel& model, const RequestTra
       batch.req_pool_indices = {slot};
       batch.extend_lens = {n};
       batch.prefix_lens = {begin};
-      backend.InitForwardMetadata(batch);
-      model.layers[l]->Forward(Offset(out.mut(), begin * hidden), Offset(x.view(), begin * hidden), backend);
+      stack.runner().ForwardLayer(l, batch, Offset(x.view(), begin * hidden), Offset(out.mut(), begin * hidden));
     }
     r[l].out = out.ToFloat();
     r[l].state.resize(static_cast<size_t>(rs));
-    pool.GetLayerState(l, slot, r[l].state.data(), nullptr);
+    stack.pool().GetLayerState(l, slot, r[l].state.data(), nullptr);
   }
   return r;
 }

@@ -51,21 +51,29 @@ struct Served {
   int64_t extend_steps = 0, decode_steps = 0;
 };
 
-// Prefix caching for Serve: token ids [T] (empty: none) and the cache.
-struct PrefixCacheUse {
-  const std::vector<int32_t>* ids = nullptr;
-  int64_t bytes = 0;  // per rank; 0: off
-  int64_t interval = 256;
-};
+int64_t MiBToBytes(double mib) { return static_cast<int64_t>(mib * 1024.0 * 1024.0); }
+
+// What `kda run`'s flags ask of the serving stack (ValidateServingOptions' rules, named by flag).
+ParallelServeOptions ServingOptionsOf(const RunOptions& opt, KernelImpl kernel) {
+  ParallelServeOptions options;
+  options.scheduler.max_running = opt.max_running;
+  options.scheduler.prefill_chunk = opt.prefill_chunk;
+  options.scheduler.snapshot_interval = opt.snapshot_interval;
+  options.prefix_cache_bytes = MiBToBytes(opt.prefix_cache_mib);
+  options.kernel = kernel;
+  options.gather = false;
+  return options;
+}
 
 // Serves sequence n = rows [cu[n], cu[n+1]) of x as request n, each rank its
 // data-parallel share through a fresh pool of its heads, with optional initial
-// states (full [N, L, ...] layouts, null for zero). Collective over the
-// groups; each phase's errors are agreed before the next collective.
+// states (full [N, L, ...] layouts, null for zero) and token ids [T] (null:
+// none; the prefix cache's key). Every sequence joins each EXTEND step.
+// Collective over the groups; each phase's errors are agreed before the next
+// collective.
 Served Serve(ParallelRuntime& rt, const DeltaRuleModel& model, const ActBuffer& x, const std::vector<int64_t>& cu,
-             const float* init_rec, const ActBuffer* init_conv, int64_t prefill_chunk,
-             const std::vector<int64_t>& decode_tokens, int64_t max_running, KernelImpl kernel,
-             const PrefixCacheUse& cache = {}) {
+             const float* init_rec, const ActBuffer* init_conv, const std::vector<int64_t>& decode_tokens,
+             ParallelServeOptions options, const std::vector<int32_t>* ids = nullptr) {
   const auto N = static_cast<int64_t>(cu.size()) - 1;
   const int L = model.num_layers();
   const DeltaRuleGeometry ss = model.full_geometry();
@@ -81,17 +89,11 @@ Served Serve(ParallelRuntime& rt, const DeltaRuleModel& model, const ActBuffer& 
     r.decode_tokens = decode_tokens[n];
     if (init_rec != nullptr) r.initial_recurrent = init_rec + n * L * rs;
     if (init_conv != nullptr) r.initial_conv = Offset(init_conv->view(), n * L * cs).data;
-    if (cache.ids != nullptr && !cache.ids->empty()) r.token_ids = cache.ids->data() + cu[n];
+    if (ids != nullptr && !ids->empty()) r.token_ids = ids->data() + cu[n];
     requests.push_back(r);
   }
-  ParallelServeOptions options;
-  options.scheduler.max_running = max_running;
-  options.scheduler.prefill_chunk = prefill_chunk;
-  options.scheduler.step_token_budget = std::max<int64_t>(cu.back(), 1);  // every sequence joins each EXTEND step
-  options.kernel = kernel;
+  options.scheduler.step_token_budget = std::max<int64_t>(cu.back(), 1);
   options.gather = false;
-  options.prefix_cache_bytes = cache.bytes;
-  options.scheduler.snapshot_interval = cache.interval;
   const ParallelGroups& groups = rt.groups();
   // Not agreed: the layers all-reduce, so an error on one rank ends the job
   // (RunOnRanks).
@@ -172,15 +174,11 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
   const DeltaRuleGeometry shape = model.full_geometry();
   std::vector<int64_t> decode(static_cast<size_t>(N), opt.decode_last);
 
-  PrefixCacheUse cache;
-  if (opt.prefix_cache) {
-    cache.ids = &ids;
-    cache.bytes = static_cast<int64_t>(opt.prefix_cache_mib * 1024.0 * 1024.0);
-    cache.interval = opt.snapshot_interval;
-  }
+  ParallelServeOptions options = ServingOptionsOf(opt, kernel);
+  if (!opt.prefix_cache) options.prefix_cache_bytes = 0;
   const auto t0 = Clock::now();
   const Served s = Serve(rt, model, x, cu, rec.empty() ? nullptr : rec.data(), conv.empty() ? nullptr : &conv_act,
-                         opt.prefill_chunk, decode, opt.max_running, kernel, cache);
+                         decode, options, &ids);
   const double secs = SecondsSince(t0);
 
   rt.RunAgreed([&] {
@@ -263,8 +261,11 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, Kern
   std::vector<int64_t> all_decode;
   all_decode.reserve(lens.size());
   for (int64_t l : lens) all_decode.push_back(std::max<int64_t>(l - 1, 0));
-  const Served a = Serve(rt, model, x, cu, nullptr, nullptr, 0, no_decode, 0, kernel);
-  const Served b = Serve(rt, model, x, cu, nullptr, nullptr, 0, all_decode, 0, kernel);
+  // The whole batch in one EXTEND step, then every row but the first of each sequence as DECODE steps.
+  ParallelServeOptions options;
+  options.kernel = kernel;
+  const Served a = Serve(rt, model, x, cu, nullptr, nullptr, no_decode, options);
+  const Served b = Serve(rt, model, x, cu, nullptr, nullptr, all_decode, options);
   // The bf16 rule (design §5) also measures both runs against the exact
   // output: the fp32 pipeline (the same weights unrounded, fp32 activations)
   // on the same bf16-exact input, in one EXTEND. Decode may differ from
@@ -274,7 +275,7 @@ int RunEmbeddedDefault(const RunOptions& opt, DType dtype, WeightFormat wf, Kern
     DeltaRuleModel model32;
     rt.RunAgreed(
         [&] { model32 = DeltaRuleModel::Random("kimi_linear", shape, 1, DType::kF32, 20261129, &groups.tp(), wf); });
-    exact = Serve(rt, model32, ToAct(DType::kF32, xv), cu, nullptr, nullptr, 0, no_decode, 0, kernel);
+    exact = Serve(rt, model32, ToAct(DType::kF32, xv), cu, nullptr, nullptr, no_decode, options);
   }
   if (!root) {
     int ok = 0;
@@ -309,12 +310,8 @@ int RunLayerCommand(const RunOptions& opt) {
   const KernelImpl kernel = ParseKernelImpl(opt.kernel);
   ResolveKernelImpl(kernel);  // an unavailable implementation is refused before any work
   Check(opt.threads >= 0, "--threads must be >= 0");
-  Check(opt.prefill_chunk >= 0, "--prefill-chunk must be >= 0");
   Check(opt.decode_last >= 0, "--decode-last must be >= 0");
-  Check(opt.max_running >= 0, "--max-running must be >= 0");
-  Check(opt.prefix_cache_mib >= 0, "--prefix-cache-mib must be >= 0");
-  Check(opt.snapshot_interval >= kSnapshotAlign && opt.snapshot_interval % kSnapshotAlign == 0,
-        "--snapshot-interval must be a positive multiple of " + std::to_string(kSnapshotAlign));
+  ValidateServingOptions(ServingOptionsOf(opt, kernel), OptionNames::kFlags);
   SetNumThreads(opt.threads);
   if (opt.model_dir.empty()) {
     Check(opt.input.empty() && opt.output.empty(), "--input and --output need --model");

@@ -133,11 +133,13 @@ def _layer_class_for(family: str) -> type[DeltaRuleLayer]:
 class RequestResult(NamedTuple):
     """A finished request: the last layer's output ``[T, hidden]`` and every layer's final states
     ``[L, HV, K, V]`` (float32) and ``[L, W-1, C]`` (the engine's dtype; C = 2*H*K + HV*V), L the
-    engine's delta-rule layers in model order."""
+    engine's delta-rule layers in model order. ``cached_tokens``: rows reused from the prefix cache
+    (their ``out`` rows were not computed: zeros)."""
 
     out: np.ndarray
     final_recurrent_state: np.ndarray
     final_conv_state: np.ndarray
+    cached_tokens: int = 0
 
 
 class Engine:
@@ -158,13 +160,21 @@ class Engine:
     ``state_budget_bytes`` (0: no limit) bounds the state pool's bytes, every slot's recurrent and
     conv states and its verify area included: the pool holds as many requests as fit, at most
     ``max_running`` (a ValueError if not even one fits). ``pool_capacity`` and ``pool_bytes`` tell
-    what was allocated."""
+    what was allocated. ``max_running`` 0: as many requests as the state budget holds.
+
+    ``prefix_cache_bytes`` (0: off) turns on recurrent prefix caching (docs/prefix-cache.md):
+    requests submitted with ``token_ids`` start from the deepest cached snapshot of their prefix;
+    snapshots are taken every ``snapshot_interval`` tokens (a multiple of 64) inside prefills and at
+    the end of each prompt and request. The options follow the same rules as ``kda run`` and
+    ``kda bench`` (kda::ServingOptions)."""
 
     def __init__(self, path, max_running=16, prefill_chunk=0, dtype="bfloat16", step_token_budget=4096,
-                 kernel="auto", weights="bf16", max_draft_tokens=0, verify_method="recompute", state_budget_bytes=0):
+                 kernel="auto", weights="bf16", max_draft_tokens=0, verify_method="recompute", state_budget_bytes=0,
+                 prefix_cache_bytes=0, snapshot_interval=256):
         self._core = _core.Engine(os.fspath(path), str(dtype), int(max_running), int(prefill_chunk),
                                   int(step_token_budget), str(kernel), str(weights), int(max_draft_tokens),
-                                  str(verify_method), int(state_budget_bytes))
+                                  str(verify_method), int(state_budget_bytes), int(prefix_cache_bytes),
+                                  int(snapshot_interval))
         self._ids = itertools.count()
         self._like = {}
         #: Requests that ended without a result in the last run(): id -> error message.
@@ -186,7 +196,7 @@ class Engine:
     pool_bytes = property(lambda self: self._core.pool_bytes)  # its bytes, the dummy slot included
 
     def submit(self, hidden_states, decode_tokens=0, initial_recurrent_state=None, initial_conv_state=None,
-               request_id=None, draft=None, accept=None, seeded_drafts=None) -> int:
+               request_id=None, draft=None, accept=None, seeded_drafts=None, token_ids=None) -> int:
         """Queues a request: its input rows ``[T, hidden]`` (the engine's dtype), of which the last
         ``decode_tokens`` are fed one at a time as decode steps after the prefill; optional initial
         states ``[L, HV, K, V]`` float32 and ``[L, W-1, C]`` (the engine's dtype). The arrays are read
@@ -200,7 +210,10 @@ class Engine:
         the request's next rows. Or ``seeded_drafts=(k, alpha, seed)``: k of the request's own next
         rows per step, each accepted with probability alpha until the first rejection (the others
         replaced by a different row), as ``kda bench --workload speculative`` does. A callback that
-        raises fails its request (``self.failed``)."""
+        raises fails its request (``self.failed``).
+
+        ``token_ids`` (int32 ``[T]``, the ids the rows were made from): the prefix cache's key, for an
+        engine with ``prefix_cache_bytes``; a request with an initial state is never cached."""
         rid = next(self._ids) if request_id is None else int(request_id)
         rec = None if initial_recurrent_state is None else for_core(initial_recurrent_state, "initial_recurrent_state")
         conv = None if initial_conv_state is None else for_core(initial_conv_state, "initial_conv_state")
@@ -228,8 +241,9 @@ class Engine:
         if seeded_drafts is not None:
             k, alpha, seed = seeded_drafts
             seeded = (int(k), float(alpha), int(seed))
+        ids = None if token_ids is None else np.ascontiguousarray(token_ids, dtype=np.int32)
         self._core.submit(rid, for_core(hidden_states, "hidden_states"), int(decode_tokens), rec, conv, propose,
-                          accept_core, seeded)
+                          accept_core, seeded, ids)
         self._like[rid] = hidden_states
         return rid
 
@@ -239,10 +253,10 @@ class Engine:
         done, failed = self._core.run()
         bf16 = self.dtype == "bfloat16"
         results = {}
-        for rid, out, rec, conv in done:
+        for rid, out, rec, conv, cached in done:
             like = self._like.pop(rid, None)
             results[rid] = RequestResult(from_core(out, bf16, like), from_core(rec, False, like),
-                                         from_core(conv, bf16, like))
+                                         from_core(conv, bf16, like), int(cached))
         self.failed = dict(failed)
         for rid in self.failed:
             self._like.pop(rid, None)

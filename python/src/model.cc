@@ -43,6 +43,7 @@
 #include "kda/serving/model_runner.h"
 #include "kda/serving/scheduler.h"
 #include "kda/serving/seeded_drafts.h"
+#include "kda/serving/serving_stack.h"
 #include "python/src/array_util.h"
 #include "python/src/bindings.h"
 
@@ -139,10 +140,12 @@ class Layer {
     std::vector<uint8_t> conv(static_cast<size_t>(N * cs) * esize);
     {
       nb::gil_scoped_release release;
-      // One EXTEND step of the packed batch through a pool of N slots.
-      RecurrentStatePool pool(1, N, spec, act);
-      HybridReqToTokenPool req_pool(&pool);
-      DeltaRuleAttnBackend backend({&pool, &req_pool}, kernel_);
+      // One EXTEND step of the packed batch through a server of N slots.
+      ServingOptions options;
+      options.kernel = kernel_;
+      ServingStack stack(model_, options, N);
+      RecurrentStatePool& pool = stack.pool();
+      HybridReqToTokenPool& req_pool = stack.req_pool();
       const bool seeded = rec0 != nullptr || conv0 != nullptr;
       const std::vector<float> zero_rec(seeded && rec0 == nullptr ? rs : 0, 0.0F);
       const std::vector<uint8_t> zero_conv(seeded && conv0 == nullptr ? cs * esize : 0, 0);
@@ -160,8 +163,7 @@ class Layer {
         batch.prefix_lens.push_back(0);
         batch.state_seeded.push_back(seeded ? 1 : 0);
       }
-      backend.InitForwardMetadata(batch);
-      model_.layers[0]->Forward({out.data(), act}, {xd, act}, backend);
+      stack.runner().ForwardLayer(0, batch, {xd, act}, {out.data(), act});
       for (int64_t n = 0; n < N; ++n) {
         pool.GetLayerState(0, req_pool.SlotOf(n), rec.data() + n * rs, conv.data() + n * cs * esize);
       }
@@ -182,46 +184,24 @@ class Engine {
  public:
   Engine(const std::string& path, const std::string& dtype, int64_t max_running, int64_t prefill_chunk,
          int64_t step_token_budget, const std::string& kernel, const std::string& weights, int64_t max_draft_tokens,
-         const std::string& verify_method, int64_t state_budget_bytes) {
-    const KernelImpl impl = ParseKernelImpl(kernel);
+         const std::string& verify_method, int64_t state_budget_bytes, int64_t prefix_cache_bytes,
+         int64_t snapshot_interval) {
     const DType act = ParseActivationDType(dtype);
     const WeightFormat format = ParseWeightFormat(weights);
-    if (max_running < 1) {
-      throw nb::value_error(("max_running must be >= 1, got " + std::to_string(max_running)).c_str());
-    }
-    if (prefill_chunk < 0) {
-      throw nb::value_error(("prefill_chunk must be >= 0 (0: no limit), got " + std::to_string(prefill_chunk)).c_str());
-    }
-    if (step_token_budget < 1) {
-      throw nb::value_error(("step_token_budget must be >= 1, got " + std::to_string(step_token_budget)).c_str());
-    }
-    if (max_draft_tokens < 0) {
-      throw nb::value_error(("max_draft_tokens must be >= 0, got " + std::to_string(max_draft_tokens)).c_str());
-    }
-    if (state_budget_bytes < 0) {
-      throw nb::value_error(
-          ("state_budget_bytes must be >= 0 (0: no limit), got " + std::to_string(state_budget_bytes)).c_str());
-    }
-    if (verify_method != "recompute" && verify_method != "token_states") {
-      throw nb::value_error(
-          ("verify_method must be 'recompute' or 'token_states', got '" + verify_method + "'").c_str());
-    }
-    const VerifyConfig verify{
-        .max_draft_tokens = max_draft_tokens,
-        .method = verify_method == "recompute" ? VerifyMethod::kRecompute : VerifyMethod::kTokenStates};
+    ServingOptions options;
+    options.scheduler.max_running = max_running;
+    options.scheduler.prefill_chunk = prefill_chunk;
+    options.scheduler.step_token_budget = step_token_budget;
+    options.scheduler.snapshot_interval = snapshot_interval;
+    options.state_budget_bytes = state_budget_bytes;
+    options.prefix_cache_bytes = prefix_cache_bytes;
+    options.verify = {.max_draft_tokens = max_draft_tokens, .method = ParseVerifyMethod(verify_method)};
+    options.kernel = ParseKernelImpl(kernel);
+    ValidateServingOptions(options);  // before the checkpoint is read
     nb::gil_scoped_release release;
     model_ = std::make_unique<DeltaRuleModel>(DeltaRuleModel::Load(path, act, std::nullopt, nullptr, format));
-    // The budget counts every slot's bytes, the verify area's included: the pool holds as many requests as fit.
-    const int64_t capacity = RecurrentStatePool::CapacityWithinBudget(
-        max_running, state_budget_bytes, model_->num_layers(), model_->state_spec(), act, verify);
-    pool_ = std::make_unique<RecurrentStatePool>(model_->num_layers(), capacity, model_->state_spec(), act, verify);
-    req_pool_ = std::make_unique<HybridReqToTokenPool>(pool_.get());
-    runner_ = std::make_unique<ModelRunner>(*model_, MemoryPools{pool_.get(), req_pool_.get()}, impl);
-    SchedulerConfig config;
-    config.max_running = capacity;
-    config.prefill_chunk = prefill_chunk;
-    config.step_token_budget = step_token_budget;
-    scheduler_ = std::make_unique<Scheduler>(*runner_, config);
+    // Requests come over time: max_running (or, at 0, the state budget) sizes the pool.
+    stack_ = std::make_unique<ServingStack>(*model_, options);
   }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -232,7 +212,8 @@ class Engine {
   void Submit(int64_t id, const InArray& x, int64_t decode_tokens, const std::optional<InArray>& init_rec,
               const std::optional<InArray>& init_conv, const std::optional<nb::callable>& draft,
               const std::optional<nb::callable>& accept,
-              const std::optional<std::tuple<int64_t, double, uint64_t>>& seeded) {
+              const std::optional<std::tuple<int64_t, double, uint64_t>>& seeded,
+              const std::optional<InArray>& token_ids) {
     const DeltaRuleGeometry& s = model_->geometry;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
@@ -253,6 +234,13 @@ class Engine {
     if (init_conv) {
       r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.conv_channels()}, "initial_conv_state", "[L, W-1, C]");
     }
+    if (token_ids) {
+      // The prefix cache's key: int32 [T] that determine the rows.
+      RequireDType(*token_ids, DType::kI32, "token_ids");
+      RequireCpuContiguous(*token_ids, "token_ids");
+      RequireShape(*token_ids, {T}, "token_ids", "[T]");
+      r.token_ids = static_cast<const int32_t*>(token_ids->data());
+    }
     if (draft && seeded) throw nb::value_error("pass a draft callback or seeded drafts, not both");
     if (accept && !draft) throw nb::value_error("accept needs a draft callback");
     if (seeded) {
@@ -263,7 +251,7 @@ class Engine {
       // Handles, not owners: the scheduler copies requests without the GIL; inputs_ keeps the callables alive.
       const nb::handle propose_fn = *draft;
       const size_t row = static_cast<size_t>(s.hidden) * DTypeSize(act);
-      // The engine keys no cache by token ids: the drafts' ids are left unknown (-1).
+      // The drafts' ids are left at -1: accepted drafts stand for the request's own next rows and ids.
       r.draft.propose = [propose_fn, act, hidden = s.hidden](int64_t committed, int64_t max_k, void* rows,
                                                              int32_t* /*ids*/) {
         const nb::gil_scoped_acquire gil;
@@ -300,20 +288,21 @@ class Engine {
         };
       }
     }
-    scheduler_->Submit(r);
+    stack_->scheduler().Submit(r);
     // The scheduler reads the arrays in place: they are kept until the request ends.
-    inputs_[id] = {x, init_rec, init_conv, draft, accept};
+    inputs_[id] = {x, init_rec, init_conv, token_ids, draft, accept};
   }
 
-  // Runs every submitted request to its end: ([(id, out, final_recurrent, final_conv)], [(id, error)]).
-  std::tuple<std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray>>,
+  // Runs every submitted request to its end: ([(id, out, final_recurrent, final_conv, cached_tokens)],
+  // [(id, error)]).
+  std::tuple<std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray, int64_t>>,
              std::vector<std::tuple<int64_t, std::string>>>
   Run() {
     std::optional<std::string> error;
     {
       nb::gil_scoped_release release;
       try {
-        scheduler_->RunToCompletion();
+        stack_->scheduler().RunToCompletion();
       } catch (const Error& e) {
         error = e.what();
       }
@@ -321,16 +310,16 @@ class Engine {
     const DeltaRuleGeometry& s = model_->geometry;
     const DType act = model_->act_dtype;
     const int64_t L = model_->num_layers();
-    std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray>> done;
-    for (RequestResult& r : scheduler_->TakeFinished()) {
+    std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray, int64_t>> done;
+    for (RequestResult& r : stack_->scheduler().TakeFinished()) {
       const int64_t T = static_cast<int64_t>(r.out.size() / DTypeSize(act) / s.hidden);
       done.emplace_back(r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
                         ToNumpy(std::move(r.final_recurrent), {L, s.HV, s.K, s.V}),
-                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act));
+                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act), r.cached_tokens);
       inputs_.erase(r.id);
     }
     std::vector<std::tuple<int64_t, std::string>> failed;
-    for (FailedRequest& f : scheduler_->TakeFailed()) {
+    for (FailedRequest& f : stack_->scheduler().TakeFailed()) {
       failed.emplace_back(f.id, f.error);
       inputs_.erase(f.id);
     }
@@ -339,23 +328,20 @@ class Engine {
   }
 
   const DeltaRuleModel& model() const { return *model_; }
-  int64_t num_waiting() const { return scheduler_->num_waiting(); }
-  int64_t num_running() const { return scheduler_->num_running(); }
-  int64_t pool_capacity() const { return pool_->capacity(); }
-  int64_t pool_bytes() const { return pool_->total_bytes(); }
+  int64_t num_waiting() const { return stack_->scheduler().num_waiting(); }
+  int64_t num_running() const { return stack_->scheduler().num_running(); }
+  int64_t pool_capacity() const { return stack_->capacity(); }
+  int64_t pool_bytes() const { return stack_->pool().total_bytes(); }
 
  private:
   struct Kept {
     InArray x;
-    std::optional<InArray> rec, conv;
+    std::optional<InArray> rec, conv, ids;
     std::optional<nb::callable> draft, accept;
   };
-  // Destroyed in reverse: the scheduler first, the model last.
+  // Destroyed in reverse: the server first, the model last.
   std::unique_ptr<DeltaRuleModel> model_;
-  std::unique_ptr<RecurrentStatePool> pool_;
-  std::unique_ptr<HybridReqToTokenPool> req_pool_;
-  std::unique_ptr<ModelRunner> runner_;
-  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ServingStack> stack_;
   std::map<int64_t, Kept> inputs_;
 };
 
@@ -439,13 +425,14 @@ void BindModel(nb::module_& m) {
 
   nb::class_<Engine> engine(m, "Engine");
   engine.def(nb::init<const std::string&, const std::string&, int64_t, int64_t, int64_t, const std::string&,
-                      const std::string&, int64_t, const std::string&, int64_t>(),
+                      const std::string&, int64_t, const std::string&, int64_t, int64_t, int64_t>(),
              nb::arg("path"), nb::arg("dtype"), nb::arg("max_running"), nb::arg("prefill_chunk"),
              nb::arg("step_token_budget"), nb::arg("kernel"), nb::arg("weights"), nb::arg("max_draft_tokens"),
-             nb::arg("verify_method"), nb::arg("state_budget_bytes"));
+             nb::arg("verify_method"), nb::arg("state_budget_bytes"), nb::arg("prefix_cache_bytes"),
+             nb::arg("snapshot_interval"));
   engine.def("submit", &Engine::Submit, nb::arg("id"), nb::arg("hidden_states"), nb::arg("decode_tokens"),
              nb::arg("initial_recurrent_state").none(), nb::arg("initial_conv_state").none(), nb::arg("draft").none(),
-             nb::arg("accept").none(), nb::arg("seeded").none());
+             nb::arg("accept").none(), nb::arg("seeded").none(), nb::arg("token_ids").none());
   engine.def("run", &Engine::Run);
   engine.def_prop_ro("num_waiting", &Engine::num_waiting);
   engine.def_prop_ro("num_running", &Engine::num_running);

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kda
-from golden import golden_set_dir, load_case
+from golden import check_f32, check_state_f32, golden_set_dir, load_case
 from kda import _core
 from kda._arrays import for_core
 
@@ -156,7 +156,12 @@ def test_layer_and_engine_refuse_bad_input():
     run_refused(ValueError, r"layer 3|KDA layer", kda.KimiDeltaAttention.from_pretrained, path, layer=3)
     run_refused(ValueError, r"bfloat17|dtype", kda.KimiDeltaAttention.from_pretrained, path, layer=0, dtype="bfloat17")
     run_refused(ValueError, r"config.json|No such|cannot", kda.KimiDeltaAttention.from_pretrained, "/nonexistent", layer=0)
-    run_refused(ValueError, r"max_running must be >= 1", kda.Engine, path, max_running=0)
+    run_refused(ValueError, r"max_running 0 needs a known number of requests or a state budget", kda.Engine, path,
+                max_running=0)
+    run_refused(ValueError, r"max_running must be >= 0", kda.Engine, path, max_running=-1)
+    run_refused(ValueError, r"snapshot_interval must be a positive multiple of 64", kda.Engine, path,
+                snapshot_interval=100)
+    run_refused(ValueError, r"prefix_cache_bytes must be >= 0", kda.Engine, path, prefix_cache_bytes=-1)
     eng = kda.Engine(path, max_running=2, dtype="float32")
     run_refused(ValueError, r"hidden_states: a request needs at least one token", eng.submit, x[:0])
     run_refused(ValueError, r"initial_recurrent_state: expected shape \[L, HV, K, V\] = \[3, 4, 128, 128\]", eng.submit,
@@ -354,6 +359,32 @@ def assert_releases_gil(fn):
     during = [x for x in ticks if t0 < x < t1]
     assert t1 - t0 > 0.02, "too short to tell"
     assert len(during) >= 5, f"the other thread ran {len(during)} times in {t1 - t0:.3f} s"
+
+
+def test_engine_prefix_cache_reuses_a_shared_prompt():
+    """An engine with a prefix cache starts a request whose token ids extend an earlier one's from that
+    request's snapshot: the rows after it equal the engine without a cache, the rows before are reused."""
+    path = golden_set_dir("kda-mini")
+    x = load_case("kda-mini", "single_T1024")["hidden_states"][:300]
+    ids = (np.arange(300) % 1000).astype(np.int32)
+    plain = kda.Engine(path, max_running=2, prefill_chunk=64, dtype="float32")
+    cached = kda.Engine(path, max_running=2, prefill_chunk=64, dtype="float32", prefix_cache_bytes=256 << 20,
+                        snapshot_interval=64)
+    got = {}
+    for name, eng in (("plain", plain), ("cached", cached)):
+        eng.submit(x[:200], decode_tokens=4, request_id=0, token_ids=ids[:200])
+        first = eng.run()[0]
+        eng.submit(x, decode_tokens=4, request_id=1, token_ids=ids)
+        got[name] = (first, eng.run()[1])
+    assert got["plain"][1].cached_tokens == 0
+    assert got["cached"][0].cached_tokens == 0
+    assert got["cached"][1].cached_tokens == 200  # the snapshot request 0 left at its end
+    check_f32(got["cached"][1].out[200:], got["plain"][1].out[200:], what="rows after the reused prefix")
+    check_state_f32(got["cached"][1].final_recurrent_state, got["plain"][1].final_recurrent_state,
+                    what="final state")
+    # Max running 0: as many requests as the state budget holds.
+    assert kda.Engine(path, max_running=0, dtype="float32", state_budget_bytes=cached.pool_bytes).pool_capacity == 2
+    run_refused(ValueError, r"token_ids: expected shape \[T\] = \[300\]", cached.submit, x, token_ids=ids[:10])
 
 
 def test_gil_released_while_computing():

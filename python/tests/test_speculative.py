@@ -68,7 +68,7 @@ def test_engine_draft_errors_fail_their_request():
         got = eng.run()
     assert list(got) == [good]
     check_f32(got[good].out, _plain(path, [x], 4)[0].out)
-    with pytest.raises(ValueError, match="max_draft_tokens must be >= 0"):
+    with pytest.raises(ValueError, match=r"max_draft_tokens must be in \[0, 64\]"):
         kda.Engine(path, max_draft_tokens=-1)
     with pytest.raises(ValueError, match="verify_method"):
         kda.Engine(path, max_draft_tokens=2, verify_method="copy")

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "kda/base/dtype.h"
@@ -44,6 +45,8 @@ class PoolExhaustedError : public Error {
 enum class VerifyMethod : uint8_t { kRecompute, kTokenStates };
 
 const char* VerifyMethodName(VerifyMethod method);
+// "recompute" or "token_states" (kda::Error naming the choices otherwise).
+VerifyMethod ParseVerifyMethod(std::string_view name);
 
 // max_draft_tokens 0: no verify area (TARGET_VERIFY batches are refused).
 struct VerifyConfig {

@@ -32,6 +32,11 @@ class ModelRunner {
   // states (which it leaves as they are) and holds its positions for a commit.
   void Forward(const ForwardBatch& batch, ConstBuf x, MutBuf out);
 
+  // Runs layer l alone on its own input (a replay feeds each layer what it saw
+  // while served): x, out [T, hidden] in the activation dtype; EXTEND or
+  // DECODE batches (kda::Error otherwise).
+  void ForwardLayer(int l, const ForwardBatch& batch, ConstBuf x, MutBuf out);
+
   // Commits verify steps: request req_ids[i] keeps the first keep[i]
   // positions of its last TARGET_VERIFY batch (0 <= keep[i] <= its 1 + k;
   // docs/speculative.md): afterwards its slot holds the state (recurrent and

@@ -13,6 +13,7 @@
 #include "kda/distributed/parallel_groups.h"
 #include "kda/kernels/gemm_route.h"
 #include "kda/serving/scheduler.h"
+#include "kda/serving/serving_stack.h"
 
 namespace kda {
 
@@ -39,22 +40,13 @@ void PlaceRecurrentShard(const float* shard_states, float* full, int L, const De
 void PlaceConvShard(const void* shard_states, void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
                     const HeadShard& shard);
 
-struct ParallelServeOptions {
-  // max_running: per data-parallel rank (0: its whole share); the rest as for
-  // one Scheduler.
-  SchedulerConfig scheduler;
-  // Bytes this rank's state pool may take (0: no limit); the pool holds as
-  // many requests as fit (design §4 per-request cost), fewer run at once.
-  int64_t state_budget_bytes = 0;
-  // This rank's pool's verify area (speculative decoding; counted in the
-  // budget). Requests with a DraftSource are verified with drafts.
-  VerifyConfig verify;
-  KernelImpl kernel = KernelImpl::kAuto;
-  bool gather = true;                 // bring every result to world rank 0 (GatherResults)
-  LayerObserver* observer = nullptr;  // set on this rank's ModelRunner (see LayerObserver)
-  // Bytes of this rank's prefix cache (RadixStateCache over its heads; each
-  // data-parallel rank has its own; 0: off). Requests need token ids.
-  int64_t prefix_cache_bytes = 0;
+// The serving options of each rank (ServingStack): max_running and
+// state_budget_bytes per data-parallel rank (max_running 0: its whole share),
+// each data-parallel rank its own prefix cache of prefix_cache_bytes over its
+// heads (requests need token ids); requests with a DraftSource are verified
+// with drafts when verify has a draft count.
+struct ParallelServeOptions : ServingOptions {
+  bool gather = true;  // bring every result to world rank 0 (GatherResults)
 };
 
 struct ParallelServeResult {

@@ -40,10 +40,21 @@ struct SchedulerConfig {
   int64_t snapshot_interval = 256;
 };
 
-// Server-argument checks for a model with recurrent (KDA) layers: mixed chunk
-// is refused (kda::Error); the KV radix cache is turned off (recurrent
-// prefixes are cached by prefix_cache instead). Returns the messages to
-// report (e.g. the radix cache being disabled).
+// How a rule names an option: as the structs' fields and Python's keywords
+// (max_running) or as the CLI's flags (--max-running; the CLI takes the byte
+// budgets in MiB: --state-budget-mib, --prefix-cache-mib).
+enum class OptionNames : uint8_t { kFields, kFlags };
+std::string OptionName(const char* field, OptionNames names);
+
+// kda::Error naming the first field that breaks its rule: max_running >= 0,
+// prefill_chunk >= 0, step_token_budget >= 1, snapshot_interval a positive
+// multiple of kSnapshotAlign.
+void ValidateSchedulerConfig(const SchedulerConfig& config, OptionNames names = OptionNames::kFields);
+
+// Server-argument checks for a model with recurrent (KDA) layers: the rules
+// above; mixed chunk is refused (kda::Error); the KV radix cache is turned
+// off (recurrent prefixes are cached by prefix_cache instead). Returns the
+// messages to report (e.g. the radix cache being disabled).
 std::vector<std::string> CheckServerArgs(SchedulerConfig& config);
 
 // A request's drafts for speculative decoding. At each of the request's
@@ -169,7 +180,32 @@ class Scheduler {
     // Tokens fed as EXTEND; the rest go as DECODE steps.
     int64_t prefill_len() const { return req.length > req.decode_tokens ? req.length - req.decode_tokens : req.length; }
   };
+  // One step, planned then run: its batch, the running requests in it
+  // (indices into running_, in batch order) and, for a verify step, their drafts.
+  struct StepPlan {
+    ForwardBatch batch;
+    std::vector<size_t> members;
+    std::vector<uint8_t> drafts;        // the members' draft rows, in order
+    std::vector<int32_t> draft_ids;     // their token ids (-1: the request's own)
+    std::vector<int64_t> draft_counts;  // [members] k
+    std::vector<int32_t> reserved;      // snapshots reserved in the prefix cache, committed after the forward
+    std::vector<int64_t> keep;          // [members] rows each keeps (a verify: 1 + the accepted drafts)
+  };
   void Admit();
+  // Prefill chunks for the requests with prefill left, while the step budget lasts.
+  void PlanExtend(StepPlan& plan) const;
+  // One row per request plus the drafts its source proposes (TARGET_VERIFY when any has some).
+  void PlanDecode(StepPlan& plan);
+  // Up to max_k drafts of running_[index] appended to the plan; returns k. A source that fails drops the request.
+  int64_t ProposeDrafts(size_t index, int64_t max_k, StepPlan& plan);
+  // The step's snapshots (EXTEND with the cache on): every interval point inside a segment and each prompt's end.
+  void ReserveSnapshots(StepPlan& plan);
+  // The batch's per-request fields and its input rows (a verify: each request's next row, then its drafts).
+  std::vector<uint8_t> GatherInputs(StepPlan& plan) const;
+  // The forward and, for a verify, the acceptance and commit; on an error the step's requests fail.
+  void RunForward(StepPlan& plan, const std::vector<uint8_t>& x, MutBuf out);
+  // The kept rows (and draft ids) back to their requests; finished requests release their slots.
+  void Deliver(const StepPlan& plan, ConstBuf out);
   void Finish(size_t index);
   void Drop(size_t index, const std::string& error);  // running_[index] fails
   bool caching() const { return config_.prefix_cache != nullptr && config_.prefix_cache->enabled(); }
