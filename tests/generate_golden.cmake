@@ -1,19 +1,25 @@
 # Writes the golden sets that are generated at test time (cmake -P; the
 # golden_generate CTest fixture): -DPYTHON=<python3>
-# -DDELTA_RULE_SCRIPT=<tools/delta_rule_ref.py> -DOUT=<build>/golden. A set is
-# regenerated only when its command line or its script changed. Without the
-# script (or python3 with numpy) no set is written and the reason goes to
-# OUT/NOT_GENERATED, which the tests show when they skip; under
-# KDA_REQUIRE_GOLDEN=1 that is a failure.
+# -DDELTA_RULE_SCRIPT=<tools/delta_rule_ref.py>
+# -DMAMBA2_SCRIPT=<tools/mamba2_ref.py> -DOUT=<build>/golden. A set is
+# regenerated only when its command line, its script or a module the script
+# imports changed. Without the script (or python3 with numpy) no set is
+# written and the reason goes to OUT/NOT_GENERATED, which the tests show when
+# they skip; under KDA_REQUIRE_GOLDEN=1 that is a failure.
 
-# Every set, written by the project's own float64 reference (tools/delta_rule_ref.py; about a minute on two
-# cores, most of it kda-real's 240 MB checkpoint): the sets every test runs on (Kimi-Linear's kda-mini,
-# kda-stress, kda-loud; Qwen3-Next's gdn-mini, gdn-loud; Qwen3.5's gdn-gva3), kda-real (Kimi-Linear-48B's
+# The delta-rule sets, written by the project's own float64 reference (tools/delta_rule_ref.py; about a
+# minute on two cores, most of it kda-real's 240 MB checkpoint): the sets every test runs on (Kimi-Linear's
+# kda-mini, kda-stress, kda-loud; Qwen3-Next's gdn-mini, gdn-loud; Qwen3.5's gdn-gva3), kda-real (Kimi-Linear-48B's
 # layer shapes, a sharded checkpoint), and the other families' small sets: KDA with the lower-bound gate
 # (glm5_next, bailing_hybrid), Gated DeltaNet with negative eigenvalues (olmo_hybrid), a fused in_proj
 # (lara_mini) and a sigmoid output gate (qwen4_exp).
 set(DELTA_RULE_SETS kda-mini kda-stress kda-loud gdn-mini gdn-gva3 gdn-loud kda-real
     glm5-mini bailing-mini olmo-mini lara-mini qwen4-mini)
+# The Mamba2 mixers' sets, written by tools/mamba2_ref.py (its own float64 Mamba2 mixer; it imports
+# delta_rule_ref.py beside it for the bf16 rounding and the safetensors files; a few seconds): Nemotron-H
+# (mamba2-mini), Mamba2 with two groups (mamba2-groups), Granite-4.0-H with decays down to exp(-100) and a
+# loud scan output (mamba2-loud); the cases of the independent sets of the same names.
+set(MAMBA2_SETS mamba2-mini mamba2-groups mamba2-loud)
 
 set(NOTE "${OUT}/NOT_GENERATED")
 file(MAKE_DIRECTORY "${OUT}")
@@ -28,19 +34,34 @@ function(not_generated set_name reason)
   message(STATUS "golden set ${set_name} not generated (the tests that need it skip): ${reason}")
 endfunction()
 
-# Writes OUT/<set_name> with `script` <dir> <args...> unless its stamp (the
-# arguments and the script's hash) is up to date; into a scratch directory
-# first, so that a half-written set is never used.
+# Writes OUT/<set_name> with `script` <dir> <ARGS...> unless its stamp (the
+# arguments and the hashes of the script and of the IMPORTS, modules beside
+# it) is up to date; into a scratch directory first, so that a half-written
+# set is never used.
 function(generate set_name script)
-  set(args ${ARGN})
-  if(NOT EXISTS "${script}")
-    not_generated(${set_name} "${script} not found")
+  cmake_parse_arguments(PARSE_ARGV 2 arg "" "" "IMPORTS;ARGS")
+  set(args ${arg_ARGS})
+  if(NOT script)
+    not_generated(${set_name} "no script given")
     set(missing "${missing}" PARENT_SCOPE)
     return()
   endif()
+  get_filename_component(script_dir "${script}" DIRECTORY)
+  set(hashes "")
+  foreach(f "${script}" ${arg_IMPORTS})
+    if(NOT IS_ABSOLUTE "${f}")
+      set(f "${script_dir}/${f}")
+    endif()
+    if(NOT EXISTS "${f}")
+      not_generated(${set_name} "${f} not found")
+      set(missing "${missing}" PARENT_SCOPE)
+      return()
+    endif()
+    file(SHA256 "${f}" h)
+    list(APPEND hashes "${h}")
+  endforeach()
   set(dir "${OUT}/${set_name}")
-  file(SHA256 "${script}" script_hash)
-  string(JOIN " " want_stamp ${args} "${script_hash}")
+  string(JOIN " " want_stamp ${args} ${hashes})
   if(EXISTS "${dir}/STAMP")
     file(READ "${dir}/STAMP" have_stamp)
     if(have_stamp STREQUAL want_stamp)
@@ -69,12 +90,15 @@ else()
 endif()
 
 if(python_missing)
-  foreach(s ${DELTA_RULE_SETS})
+  foreach(s ${DELTA_RULE_SETS} ${MAMBA2_SETS})
     not_generated(${s} "${python_missing}")
   endforeach()
 else()
   foreach(s ${DELTA_RULE_SETS})
-    generate(${s} "${DELTA_RULE_SCRIPT}" --set ${s} --quiet)
+    generate(${s} "${DELTA_RULE_SCRIPT}" ARGS --set ${s} --quiet)
+  endforeach()
+  foreach(s ${MAMBA2_SETS})
+    generate(${s} "${MAMBA2_SCRIPT}" IMPORTS delta_rule_ref.py ARGS --set ${s} --quiet)
   endforeach()
 endif()
 
