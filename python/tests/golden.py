@@ -1,11 +1,11 @@
 """Golden cases for the Python tests: locating them and reading their safetensors.
 
-As tests/golden.h: every test runs on the sets the project's own float64 reference
-(tools/delta_rule_ref.py) writes at test time into ``$KDA_BINARY_DIR/golden`` (default
-``<repo>/build/golden``; ctest's golden_generate fixture), or on $KDA_GOLDEN_DIR's; ``generated/<set>``
-names a set of the build tree always. The independent sets of ``<repo>/../shared/golden`` (or
-$KDA_SHARED_GOLDEN_DIR), named ``shared/<set>``, run in addition where they exist. Missing golden data
-skips visibly, or fails when KDA_REQUIRE_GOLDEN=1.
+As tests/golden.h: every test runs on the sets the project's own float64 references
+(tools/delta_rule_ref.py; tools/mamba2_ref.py for the Mamba2 mixers' mamba2-* sets) write at test time
+into ``$KDA_BINARY_DIR/golden`` (default ``<repo>/build/golden``; ctest's golden_generate fixture), or on
+$KDA_GOLDEN_DIR's; ``generated/<set>`` names a set of the build tree always. The independent sets of
+``<repo>/../shared/golden`` (or $KDA_SHARED_GOLDEN_DIR), named ``shared/<set>``, run in addition where they
+exist. Missing golden data skips visibly, or fails when KDA_REQUIRE_GOLDEN=1.
 
 The tolerance rules of design §5 (base/tolerance.cc) are ported here as numpy checks, unchanged.
 """
