@@ -390,10 +390,10 @@ def make_weights(c: MixerConfig, rng: np.random.Generator, gates: str, proj_scal
 
     gates (dt = softplus(dt_raw + dt_bias), per-step decay exp(dt A)):
       "mild":  A = U(1, 16), dt_bias = softplus^-1(dt) with dt log-uniform in [1e-3, 1e-1], dt rows of in_proj of
-               std `std`: dt A in about [-2, 0), mostly near -0.03.
-      "init":  Mamba2's init: A = 1..H, dt_bias as in "mild": dt A in about [-0.6, 0).
+               std `std`: dt A in about [-2, 0), median about -0.05 (mamba2-mini).
+      "init":  Mamba2's init: A = 1..H, dt_bias as in "mild": dt A in about [-1.5, 0) (mamba2-groups).
       "loud":  Granite's / Bamba's init: dt_bias = 1, A = 1..H, dt rows of std 0.1 (dt_raw std about 1.6): dt up to
-               about 7 and dt A down to about -100.
+               about 7, dt A down to about -110, median about -9, two thirds below -5 (mamba2-loud).
     proj_scale enlarges the z, x, B and C rows of in_proj (the scan output grows with its cube)."""
     h, H, I, GN = c.hidden, c.H, c.inner, c.G * c.N
 
