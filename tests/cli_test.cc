@@ -30,6 +30,28 @@ using testing::CliResult;
 
 CliResult RunCli(const std::string& args) { return testing::RunKda("", args); }
 
+// A benchmark run that succeeded, with its last JSON line.
+struct BenchRun {
+  CliResult r;
+  std::string last;
+  bool Has(const std::string& text) const { return last.find(text) != std::string::npos; }
+  // The number after "key": (a failure, and 0, when the line has no such field).
+  double Number(const std::string& key) const {
+    const size_t at = last.find("\"" + key + "\": ");
+    EXPECT_NE(at, std::string::npos) << key << " in " << last;
+    return at == std::string::npos ? 0.0 : std::stod(last.substr(at + key.size() + 4));
+  }
+};
+
+// Runs `kda ARGS` (for ASSERT_NO_FATAL_FAILURE): it must succeed and print a JSON line.
+void RunBench(const std::string& args, BenchRun* run) {
+  run->r = RunCli(args);
+  ASSERT_EQ(run->r.status, 0) << run->r.err;
+  const size_t at = run->r.out.rfind('{');
+  ASSERT_NE(at, std::string::npos) << run->r.out;
+  run->last = run->r.out.substr(at);
+}
+
 class CliTest : public testing::CliTestBase {
  protected:
   // Expects a clean refusal: status in [1, 125], one stderr line containing
@@ -163,66 +185,56 @@ TEST_F(CliTest, Int8WeightsEqualTheDenseRunOnDequantizedWeights) {
 
 // The serving benchmark's JSON line on a small workload of the embedded model.
 TEST_F(CliTest, BenchPrintsItsJsonLine) {
-  const CliResult r = RunCli(
-      "bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 2 --prefill-chunk 16 "
-      "--max-running 2 --json");
-  std::stringstream out(r.out);
-  std::string line;
-  std::string last;
-  while (std::getline(out, line)) last = line;
-  ASSERT_EQ(r.status, 0) << r.err;
+  BenchRun b;
+  ASSERT_NO_FATAL_FAILURE(
+      RunBench("bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 2 --prefill-chunk 16 "
+               "--max-running 2 --json",
+               &b));
   for (const char* key : {"\"prefill_tokens_per_s\"", "\"decode_tokens_per_s\"", "\"state_bytes_per_request\"",
-                          "\"self_check_max_ratio\"", "\"requests\": 3", "\"layers\": 2"}) {
-    EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
+                          "\"requests\": 3", "\"layers\": 2"}) {
+    EXPECT_TRUE(b.Has(key)) << key << " in " << b.last;
   }
-  const size_t at = last.find("\"self_check_max_ratio\": ");
-  ASSERT_NE(at, std::string::npos);
-  const double ratio = std::stod(last.substr(at + 24));
+  const double ratio = b.Number("self_check_max_ratio");
   EXPECT_LE(ratio, 1.0);
   EXPECT_GT(ratio, 0.0);  // the check compared something
   // Real shapes (hidden 2304, 32 x 128): 39,460,864 projection weights per layer.
-  EXPECT_NE(last.find("\"weights\": \"bf16\", \"weight_bytes_per_layer\": 78921728"), std::string::npos) << last;
+  EXPECT_TRUE(b.Has("\"weights\": \"bf16\", \"weight_bytes_per_layer\": 78921728")) << b.last;
 }
 
 // --vs-one-shot: the served prefill per layer next to one layer's one-shot
 // prefill of --max-prompt tokens, in the text and the JSON line, consistent
 // with the served rate; refused where the comparison would not be like for like.
 TEST_F(CliTest, BenchComparesServedPrefillWithOneShot) {
-  const CliResult r = RunCli(
-      "bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 2 --layers 2 --prefill-chunk 16 "
-      "--vs-one-shot --json");
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("us/token one-shot (one sequence of 70 tokens)"), std::string::npos) << r.out;
-  const std::string last = r.out.substr(r.out.rfind('{'));
-  const auto number = [&](const std::string& key) {
-    const size_t at = last.find("\"" + key + "\": ");
-    EXPECT_NE(at, std::string::npos) << key << " in " << last;
-    return at == std::string::npos ? 0.0 : std::stod(last.substr(at + key.size() + 4));
-  };
-  const double served = number("prefill_us_per_token_per_layer");
-  const double one_shot = number("one_shot_layer_us_per_token");
+  BenchRun b;
+  ASSERT_NO_FATAL_FAILURE(
+      RunBench("bench --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 2 --layers 2 --prefill-chunk 16 "
+               "--vs-one-shot --json",
+               &b));
+  EXPECT_NE(b.r.out.find("us/token one-shot (one sequence of 70 tokens)"), std::string::npos) << b.r.out;
+  const double served = b.Number("prefill_us_per_token_per_layer");
+  const double one_shot = b.Number("one_shot_layer_us_per_token");
   EXPECT_GT(one_shot, 0.0);
-  EXPECT_NEAR(served, 1e6 / (number("prefill_tokens_per_s") * 2), 1e-3 * served);
-  EXPECT_NEAR(number("prefill_ratio_to_one_shot"), served / one_shot, 1e-4 * served / one_shot);
+  EXPECT_NEAR(served, 1e6 / (b.Number("prefill_tokens_per_s") * 2), 1e-3 * served);
+  EXPECT_NEAR(b.Number("prefill_ratio_to_one_shot"), served / one_shot, 1e-4 * served / one_shot);
   ExpectRefused("bench --vs-one-shot --weights int8", "use --weights bf16", false);
   ExpectRefused("bench --vs-one-shot --workload multi-turn", "--vs-one-shot needs the default workload", false);
   // Without the flag the line has none of these fields.
-  const CliResult plain =
-      RunCli("bench --requests 2 --min-prompt 5 --max-prompt 20 --decode-steps 1 --layers 1 --json");
-  ASSERT_EQ(plain.status, 0) << plain.err;
-  EXPECT_EQ(plain.out.find("one_shot"), std::string::npos) << plain.out;
+  BenchRun plain;
+  ASSERT_NO_FATAL_FAILURE(
+      RunBench("bench --requests 2 --min-prompt 5 --max-prompt 20 --decode-steps 1 --layers 1 --json", &plain));
+  EXPECT_EQ(plain.r.out.find("one_shot"), std::string::npos) << plain.r.out;
 }
 
 // With int8 weights: the self-check passes and the JSON line names the format
 // and its bytes (1 + 2/32 bytes per weight).
 TEST_F(CliTest, BenchWithInt8Weights) {
-  const CliResult r = RunCli(
-      "bench --weights int8 --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 1 "
-      "--prefill-chunk 16 --max-running 2 --json");
-  ASSERT_EQ(r.status, 0) << r.err;
-  const std::string last = r.out.substr(r.out.rfind('{'));
-  EXPECT_NE(last.find("\"weights\": \"int8\", \"weight_bytes_per_layer\": 41927168"), std::string::npos) << last;
-  EXPECT_NE(r.out.find("-> PASS"), std::string::npos) << r.out;
+  BenchRun b;
+  ASSERT_NO_FATAL_FAILURE(
+      RunBench("bench --weights int8 --requests 3 --min-prompt 5 --max-prompt 70 --decode-steps 3 --layers 1 "
+               "--prefill-chunk 16 --max-running 2 --json",
+               &b));
+  EXPECT_TRUE(b.Has("\"weights\": \"int8\", \"weight_bytes_per_layer\": 41927168")) << b.last;
+  EXPECT_NE(b.r.out.find("-> PASS"), std::string::npos) << b.r.out;
 }
 
 // The multi-turn benchmark's JSON line: cache off and on, both pipelines and
@@ -231,23 +243,21 @@ TEST_F(CliTest, MultiTurnBenchPrintsItsJsonLine) {
   for (const auto& [dtype, weights] : std::vector<std::pair<std::string, std::string>>{
            {"float32", "bf16"}, {"bfloat16", "bf16"}, {"bfloat16", "int8"}}) {
     SCOPED_TRACE(dtype + " " + weights);
-    const CliResult r = RunCli(
-        "bench --workload multi-turn --layers 1 --conversations 2 --turns 3 --system-prompt 130 --min-user 8 "
-        "--max-user 40 --decode-steps 4 --snapshot-interval 64 --json --dtype " +
-        dtype + " --weights " + weights);
-    ASSERT_EQ(r.status, 0) << r.err;
-    const std::string last = r.out.substr(r.out.rfind('{'));
-    EXPECT_NE(last.find("\"weights\": \"" + weights + "\""), std::string::npos) << last;
-    EXPECT_NE(r.out.find(", " + weights + " weights,"), std::string::npos) << r.out;
-    for (const char* key : {"\"prompt_tokens\"", "\"cache_hit_tokens\"", "\"prefill_s_cache_off\"",
-                            "\"prefill_s_cache_on\"", "\"snapshot_bytes_peak\"", "\"self_check_max_ratio\""}) {
-      EXPECT_NE(last.find(key), std::string::npos) << key << " in " << last;
-    }
-    const auto number = [&](const std::string& key) { return std::stod(last.substr(last.find(key) + key.size() + 3)); };
-    EXPECT_GT(number("cache_hit_tokens"), 0.0);
-    EXPECT_GT(number("snapshot_bytes_peak"), 0.0);
-    EXPECT_LE(number("self_check_max_ratio"), 1.0);
-    EXPECT_GT(number("self_check_max_ratio"), 0.0);
+    BenchRun b;
+    ASSERT_NO_FATAL_FAILURE(
+        RunBench("bench --workload multi-turn --layers 1 --conversations 2 --turns 3 --system-prompt 130 --min-user 8 "
+                 "--max-user 40 --decode-steps 4 --snapshot-interval 64 --json --dtype " +
+                     dtype + " --weights " + weights,
+                 &b));
+    EXPECT_TRUE(b.Has("\"weights\": \"" + weights + "\"")) << b.last;
+    EXPECT_NE(b.r.out.find(", " + weights + " weights,"), std::string::npos) << b.r.out;
+    EXPECT_GT(b.Number("prompt_tokens"), 0.0);
+    EXPECT_GT(b.Number("cache_hit_tokens"), 0.0);
+    EXPECT_GT(b.Number("prefill_s_cache_off"), 0.0);
+    EXPECT_GT(b.Number("prefill_s_cache_on"), 0.0);
+    EXPECT_GT(b.Number("snapshot_bytes_peak"), 0.0);
+    EXPECT_LE(b.Number("self_check_max_ratio"), 1.0);
+    EXPECT_GT(b.Number("self_check_max_ratio"), 0.0);
   }
   ExpectRefused("bench --workload chat", "--workload", false);
 }
@@ -255,10 +265,12 @@ TEST_F(CliTest, MultiTurnBenchPrintsItsJsonLine) {
 // The speculative benchmark: one JSON line per (weights, batch, k, alpha)
 // with exactly the fields of its report, and a passing self-check.
 TEST_F(CliTest, SpeculativeBenchPrintsAJsonLinePerConfiguration) {
-  const CliResult r = RunCli(
-      "bench --workload speculative --layers 1 --batches 2 --weights-list bf16,int8 --k 1,3 --alphas 0.7 "
-      "--spec-prompt 2 --decode-steps 6 --json");
-  ASSERT_EQ(r.status, 0) << r.err;
+  BenchRun b;
+  ASSERT_NO_FATAL_FAILURE(
+      RunBench("bench --workload speculative --layers 1 --batches 2 --weights-list bf16,int8 --k 1,3 --alphas 0.7 "
+               "--spec-prompt 2 --decode-steps 6 --json",
+               &b));
+  const CliResult& r = b.r;
   EXPECT_NE(r.out.find("self-check (committed states vs token-by-token decode): PASS"), std::string::npos) << r.out;
   std::vector<std::string> lines;
   std::istringstream in(r.out);

@@ -528,10 +528,19 @@ json Repeat(const std::vector<std::string>& pattern, int times) {
   return out;
 }
 
+// A multimodal checkpoint's config: the text model under text_config, 8 layers of which every 4th is of type
+// `fourth`, a vision tower beside it.
+json UnderTextConfig(const char* model_type, json text, const char* fourth, int vision_hidden) {
+  text["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", fourth}, 2);
+  return {{"model_type", model_type},
+          {"text_config", std::move(text)},
+          {"vision_config", {{"hidden_size", vision_hidden}}}};
+}
+
 // GLM-5.3-Flash's shape (Glm5NextConfig): the text model under text_config, 64 KDA heads of 128, hidden 4096,
 // every 4th layer indexed (DSA) attention.
 json Glm5NextConfig() {
-  json text = json::parse(R"({
+  return UnderTextConfig("glm5_next", json::parse(R"({
     "model_type": "glm5_next_text",
     "hidden_size": 4096,
     "num_hidden_layers": 8,
@@ -543,9 +552,8 @@ json Glm5NextConfig() {
     "linear_lower_bound": -5.0,
     "qk_nope_head_dim": 256,
     "kv_lora_rank": 512
-  })");
-  text["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", "indexed_attention"}, 2);
-  return {{"model_type", "glm5_next"}, {"text_config", text}, {"vision_config", {{"hidden_size", 1024}}}};
+  })"),
+                         "indexed_attention", 1024);
 }
 
 TEST(IoConfigTest, ReadsGlm5NextFields) {
@@ -1007,7 +1015,7 @@ TEST(IoConfigTest, ReadsLaraMiniFields) {
 // Qwen4-Exp's shape (Qwen4ExpConfig): the text model under text_config, 16 key / 32 value heads of 128, hidden
 // 2048, every 4th layer indexed attention (written "full_attention" in the checkpoint's config).
 json Qwen4ExpConfig() {
-  json text = json::parse(R"({
+  return UnderTextConfig("qwen4_exp", json::parse(R"({
     "model_type": "qwen4_exp_text",
     "hidden_size": 2048,
     "num_hidden_layers": 8,
@@ -1022,9 +1030,8 @@ json Qwen4ExpConfig() {
     "linear_key_head_dim": 128,
     "linear_value_head_dim": 128,
     "linear_conv_kernel_dim": 4
-  })");
-  text["layer_types"] = Repeat({"linear_attention", "linear_attention", "linear_attention", "full_attention"}, 2);
-  return {{"model_type", "qwen4_exp"}, {"text_config", text}, {"vision_config", {{"hidden_size", 1152}}}};
+  })"),
+                         "full_attention", 1152);
 }
 
 TEST(IoConfigTest, ReadsQwen4ExpFields) {

@@ -50,50 +50,24 @@ def _cpu(args, kwargs, inference: bool = True) -> tuple[bool, str | None]:
     return True, None
 
 
-def _cpu_inference(args, kwargs) -> tuple[bool, str | None]:
-    """The chunk entries' and the gates' verifier: CPU tensors, nothing needing a gradient."""
-    return _cpu(args, kwargs)
+def _verifier(inference: bool):
+    """An entry's verifier: CPU tensors, no context parallelism, and with ``inference`` (the chunk entries
+    and the gates, which fla differentiates) nothing needing a gradient; the recurrent entry has no
+    backward in fla either and takes tensors that require grad."""
+
+    def verify(*args, **kwargs) -> tuple[bool, str | None]:
+        return _cpu(args, kwargs, inference)
+
+    return staticmethod(verify)
 
 
-def _cpu_recurrent(args, kwargs) -> tuple[bool, str | None]:
-    """The recurrent entry's verifier: CPU tensors, which may require grad (fla's entry has no backward)."""
-    return _cpu(args, kwargs, inference=False)
+def _kda_torch(name: str):
+    """kda.torch's function ``name``, looked up at each call."""
 
+    def call(*args, **kwargs):
+        return getattr(_kt, name)(*args, **kwargs)
 
-class _KdaCpu(BaseBackend):
-    backend_type = "kda_cpu"
-    package_name = "kda"
-    env_var = "FLA_KDA_CPU"
-    default_enable = True
-    priority = 1  # before fla's GPU backends: they never take CPU tensors anyway
-
-
-@register(_fla_chunk_kda)
-class KdaCpuBackend(_KdaCpu):
-    """fla's ``chunk_kda`` (a function-dispatched entry) on kda's kernels."""
-
-    def chunk_kda_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
-
-    def chunk_kda(self, *args, **kwargs):
-        return _kt.chunk_kda(*args, **kwargs)
-
-
-@register("kda")
-class KdaCpuOpsBackend(_KdaCpu):
-    """fla's ``kda`` operation entries: ``fused_recurrent_kda_fwd`` and ``fused_kda_gate``."""
-
-    def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):
-        return _cpu_recurrent(args, kwargs)
-
-    def fused_recurrent_kda_fwd(self, *args, **kwargs):
-        return _kt.fused_recurrent_kda_fwd(*args, **kwargs)
-
-    def fused_kda_gate_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
-
-    def fused_kda_gate(self, g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=torch.float32):
-        return _kt.fused_kda_gate(g, A_log, dt_bias, lower_bound=lower_bound, output_dtype=output_dtype)
+    return staticmethod(call)
 
 
 def gdn_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seqlens=None, chunk_indices=None,
@@ -119,26 +93,57 @@ def gdn_gate_chunk_cumsum(g, A_log, chunk_size, scale=None, dt_bias=None, cu_seq
     return o.to(output_dtype or g.dtype)
 
 
+def _fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=torch.float32):
+    return _kt.fused_kda_gate(g, A_log, dt_bias, lower_bound=lower_bound, output_dtype=output_dtype)
+
+
+def _gdn_gate_fwd(g, A_log, dt_bias=None, output_dtype=torch.float32):
+    return _kt.fused_gdn_gate(g, A_log, dt_bias, output_dtype=output_dtype)
+
+
+class _KdaCpu(BaseBackend):
+    backend_type = "kda_cpu"
+    package_name = "kda"
+    env_var = "FLA_KDA_CPU"
+    default_enable = True
+    priority = 1  # before fla's GPU backends: they never take CPU tensors anyway
+    #: The entries a backend serves, as data: fla's name -> (kda's function, forward-only); the function is
+    #: a callable or the name of kda.torch's, looked up at each call. Each becomes the entry ``name`` and
+    #: its ``name_verifier``.
+    entries: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, (fn, inference) in cls.entries.items():
+            setattr(cls, name, staticmethod(fn) if callable(fn) else _kda_torch(fn))
+            setattr(cls, f"{name}_verifier", _verifier(inference))
+
+
+@register(_fla_chunk_kda)
+class KdaCpuBackend(_KdaCpu):
+    """fla's ``chunk_kda`` (a function-dispatched entry) on kda's kernels."""
+
+    entries = {"chunk_kda": ("chunk_kda", True)}
+
+
+@register("kda")
+class KdaCpuOpsBackend(_KdaCpu):
+    """fla's ``kda`` operation entries: ``fused_recurrent_kda_fwd`` and ``fused_kda_gate``."""
+
+    entries = {
+        "fused_recurrent_kda_fwd": ("fused_recurrent_kda_fwd", False),
+        "fused_kda_gate": (_fused_kda_gate, True),
+    }
+
+
 @register("gated_delta_rule")
 class KdaCpuGatedDeltaRuleBackend(_KdaCpu):
     """fla's ``gated_delta_rule`` operation entries: ``chunk_gated_delta_rule``, ``gdn_gate_fwd`` (the
     forward of ``fused_gdn_gate``, whose backward ``gdn_gate_bwd`` stays fla's) and
     ``gdn_gate_chunk_cumsum``."""
 
-    def chunk_gated_delta_rule_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
-
-    def chunk_gated_delta_rule(self, *args, **kwargs):
-        return _kt.chunk_gated_delta_rule(*args, **kwargs)
-
-    def gdn_gate_fwd_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
-
-    def gdn_gate_fwd(self, g, A_log, dt_bias=None, output_dtype=torch.float32):
-        return _kt.fused_gdn_gate(g, A_log, dt_bias, output_dtype=output_dtype)
-
-    def gdn_gate_chunk_cumsum_verifier(self, *args, **kwargs):
-        return _cpu_inference(args, kwargs)
-
-    def gdn_gate_chunk_cumsum(self, *args, **kwargs):
-        return gdn_gate_chunk_cumsum(*args, **kwargs)
+    entries = {
+        "chunk_gated_delta_rule": ("chunk_gated_delta_rule", True),
+        "gdn_gate_fwd": (_gdn_gate_fwd, True),
+        "gdn_gate_chunk_cumsum": (gdn_gate_chunk_cumsum, True),
+    }
