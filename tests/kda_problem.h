@@ -50,11 +50,12 @@ struct Spec {
   int V = 0;                  // value head dim (0: K)
   bool beta_sigmoid = false;  // beta holds logits (use_beta_sigmoid_in_kernel)
   bool allow_neg_eigval = false;
-  float lower_bound = 0.0F;     // < 0: fla's sigmoid gate with gate_in_kernel
-  bool no_a_log = false;        // the sigmoid gate without A_log
-  bool beta_per_value = false;  // beta [T, HV, V] (fused_recurrent_kda only)
-  bool state_v_first = false;   // states [.., HV, V, K]
-  bool scalar_gate = false;     // g [T, HV]: one decay per value head (GDN); else [T, HV, K]
+  float lower_bound = 0.0F;      // < 0: fla's sigmoid gate with gate_in_kernel
+  bool no_a_log = false;         // the sigmoid gate without A_log
+  bool beta_per_value = false;   // beta [T, HV, V] (fused_recurrent_kda only)
+  bool state_v_first = false;    // states [.., HV, V, K]
+  bool scalar_gate = false;      // g [T, HV]: one decay per value head (GDN); else [T, HV, K]
+  bool delta_correction = true;  // false: S += beta k v^T (Mamba2's SSD recurrence)
 };
 
 // A problem: the spec it was drawn from (HV and V resolved: never 0; its
@@ -109,7 +110,7 @@ inline Problem MakeProblem(const Spec& s) {
   };
   fill(p.q, n_qk, s.l2norm_in_kernel ? 3.0F : 1.0F);
   fill(p.k, n_qk, s.l2norm_in_kernel ? 3.0F : 1.0F);
-  if (!s.l2norm_in_kernel) {  // the delta rule needs |k| <= 1
+  if (!s.l2norm_in_kernel) {  // the delta rule needs |k| <= 1 (and fp32 sums of unit rows stay well conditioned)
     NormalizeRows(p.q, p.K);
     NormalizeRows(p.k, p.K);
   }
@@ -117,6 +118,10 @@ inline Problem MakeProblem(const Spec& s) {
   p.beta.resize(static_cast<size_t>(p.T) * p.BetaRow());
   // beta in [0, 1] (with allow_neg_eigval in [0, 2)), as stored or as its logit.
   for (float& b : p.beta) b = s.beta_sigmoid ? 1.5F * normal(rng) : 1.0F / (1.0F + std::exp(-normal(rng)));
+  // Without the delta correction (Mamba2: beta = dt): dt in [0, 4).
+  if (!s.delta_correction && !s.beta_sigmoid) {
+    for (float& b : p.beta) b = 4.0F * uniform(rng);
+  }
 
   p.g.resize(static_cast<size_t>(p.T) * p.GateRow());
   if (s.gate_in_kernel) {
@@ -226,6 +231,7 @@ inline void SetOptions(const Problem& p, KdaCallCommon& c) {
   c.use_beta_sigmoid_in_kernel = p.beta_sigmoid;
   c.allow_neg_eigval = p.allow_neg_eigval;
   c.state_v_first = p.state_v_first;
+  c.delta_correction = p.delta_correction;
   if (p.gate_in_kernel) {
     if (!p.a_log.empty()) c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.HV});
     c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {static_cast<int64_t>(p.GateRow())});
@@ -488,6 +494,7 @@ inline std::string Describe(const Spec& s) {
   r += s.beta_per_value ? " beta-per-value" : "";
   r += s.state_v_first ? " v-first" : "";
   r += s.scalar_gate ? " scalar-gate" : "";
+  r += s.delta_correction ? "" : " no-delta";
   return r;
 }
 

@@ -171,7 +171,7 @@ inline Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vec
         for (int j = 0; j < vd; ++j) {
           double kv = 0.0;
           for (int d = 0; d < kd; ++d) kv += k[d] * s[static_cast<size_t>(d) * vd + j];
-          const double delta = beta[j] * (p.v[value_row + j] - kv);
+          const double delta = beta[j] * (p.v[value_row + j] - (p.delta_correction ? kv : 0.0));
           double o = 0.0;
           for (int d = 0; d < kd; ++d) {
             s[static_cast<size_t>(d) * vd + j] += k[d] * delta;

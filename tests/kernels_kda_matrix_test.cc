@@ -375,6 +375,38 @@ TEST_P(KdaKernelTest, FlaOptionsMatchFloat64Recurrence) {
   }
 }
 
+// Without the delta correction (KdaOptions::delta_correction false): the plain
+// gated linear recurrence of Mamba2's SSD, k = B and q = C of G groups shared
+// by the value heads, v = x, beta = dt, a scalar log decay dt A per head and
+// token, scale 1, states [N, H, P, N_state] (V-first), against the float64
+// recurrence: the shapes of Granite-4.0-H (G 1, N_state 128, P 64), groups of
+// several heads, the kernels' padded tails, stress and loud decays, prefills
+// split at odd points and batches of one-token sequences.
+std::vector<Spec> PlainRecurrenceSpecs() {
+  std::vector<Spec> r;
+  const auto add = [&](Spec s) {
+    s.scale = 1.0F;
+    s.scalar_gate = true;
+    s.state_v_first = true;
+    s.delta_correction = false;
+    r.push_back(s);
+  };
+  add({.lengths = {5, 0, 70, 130}, .H = 1, .K = 32, .gate = GateKind::kStress, .seed = 701, .HV = 8, .V = 32});
+  add({.lengths = {1, 64, 65}, .H = 2, .K = 16, .initial_state = false, .seed = 702, .HV = 8, .V = 48});
+  add({.lengths = {200}, .H = 1, .K = 128, .gate = GateKind::kLoud, .seed = 703, .HV = 2, .V = 64});
+  add({.lengths = {1, 1, 1, 3}, .H = 2, .K = 20, .gate = GateKind::kStress, .seed = 704, .HV = 4, .V = 36});
+  add({.lengths = {37, 60}, .H = 1, .K = 64, .gate = GateKind::kNone, .seed = 705, .HV = 3, .V = 24});
+  return r;
+}
+
+TEST_P(KdaKernelTest, PlainRecurrenceMatchesFloat64Recurrence) {
+  for (const Spec& s : PlainRecurrenceSpecs()) {
+    SCOPED_TRACE(Describe(s));
+    const Problem p = MakeProblem(s);
+    ExpectClose(Run(p), NaiveRecurrenceF64(p));
+  }
+}
+
 // float16 inputs and outputs: the same fp32 arithmetic on the fp16 values
 // (the state identical to the fp32 run's), the output rounded once.
 TEST_P(KdaKernelTest, F16Inputs) {

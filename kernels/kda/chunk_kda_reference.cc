@@ -9,6 +9,8 @@
 //   v_new = u - w S0
 //   o_r = (scale q_r e^{Gamma_r})^T S0 + sum_{c<=r} A[r,c] v_new_c
 //   S1 = diag(e^{Gamma_last}) S0 + sum_c (k_c e^{Gamma_last-Gamma_c}) v_new_c^T
+// Without the delta correction (KdaOptions::delta_correction false) L = 0 and
+// v_new = beta v: the chunked form of the plain gated linear recurrence.
 //
 // Numerics: g <= 0 is unbounded below (-250 per step occurs), so no factorised
 // form (q e^{Gamma}, k e^{-Gamma}) is used. Every exponent is a sum of gates
@@ -134,7 +136,7 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
           qk += q_r[d] * k_c[d] * decay;
         }
       }
-      ws.l[static_cast<size_t>(r) * kChunk + c] = ws.beta[r] * kk;
+      ws.l[static_cast<size_t>(r) * kChunk + c] = opt.delta_correction ? ws.beta[r] * kk : 0.0F;
       ws.a[static_cast<size_t>(r) * kChunk + c] = qk;
     }
   }
@@ -159,13 +161,13 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
     }
   }
 
-  // v_new = u - w S0.
+  // v_new = u - w S0 (without the delta correction: u).
   for (int r = 0; r < rows; ++r) {
     float* vn_r = &ws.v_new[static_cast<size_t>(r) * v_dim];
     const float* u_r = &ws.u[static_cast<size_t>(r) * v_dim];
     const float* w_r = &ws.w[static_cast<size_t>(r) * k_dim];
     for (int j = 0; j < v_dim; ++j) vn_r[j] = u_r[j];
-    for (int d = 0; d < k_dim; ++d) {
+    for (int d = 0; d < k_dim && opt.delta_correction; ++d) {
       const float* s_d = s + static_cast<size_t>(d) * v_dim;
       for (int j = 0; j < v_dim; ++j) vn_r[j] -= w_r[d] * s_d[j];
     }

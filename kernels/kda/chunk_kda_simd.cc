@@ -11,6 +11,7 @@
 //   decay:      c'_d = c_d e^{g_d}                     (Shat untouched)
 //   projection: p = S'^T k = sum_d (k_d c'_d) Shat[d,:]      kpre = k c'
 //   delta rule: Shat[d,:] += (k_d / c'_d) delta, delta = beta (v - p)   khat = k / c'
+//               (without the delta correction p = 0: no projection, two FMAs per element)
 //   readout:    o = S''^T (scale q) = sum_d (scale q_d c'_d) Shat[d,:]   qhat = scale q c'
 // so every state element costs three FMAs per token (the plain recurrence
 // needs a fourth operation, the decay multiply). When c'_d would drop below
@@ -506,7 +507,9 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
     pn[j] = bs.carried ? Rt::Load(proj_pn + j * kL) : Rt::Zero();
     delta_b[j] = Rt::Zero();  // read only by two-token passes, which set it
   }
-  if (!bs.carried) {
+  // Without the delta correction no pass projects the state (p and pn stay zero, delta = beta v).
+  const bool correct = a.options.delta_correction;
+  if (!bs.carried && correct) {
     if (tokens_at(0, nt) == 2) {
       ProjectPass<Rt, NV, kStride, true>(w, rows, b.kpre, row(b.kq, 1), p, pn);
     } else {
@@ -530,7 +533,7 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       const Reg beta_b = Rt::Set1(b.beta[i + 1]);
       const Reg gamma = Rt::Set1(b.gamma[i + 1]);
       for (int j = 0; j < NV; ++j) {
-        const Reg p_b = Rt::Fma(gamma, delta_a[j], pn[j]);
+        const Reg p_b = correct ? Rt::Fma(gamma, delta_a[j], pn[j]) : pn[j];
         delta_b[j] = Rt::Mul(beta_b, Rt::Sub(Rt::Load(v + width + j * kL), p_b));
       }
       r.khat_b = row(b.khat, i + 1);
@@ -556,6 +559,7 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       p[j] = Rt::Zero();
       pn[j] = Rt::Zero();
     }
+    if (!correct) project = 0;
     if (tokens == 2) {
       UpdatePassAny<Rt, NV, kStride, 2>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
     } else {
@@ -615,22 +619,29 @@ KDA_INLINE size_t HeadStateOffset(const internal::ChunkTask& task) {
 // with a 512-byte row stride would alias in L1). Loads the head's columns of
 // the initial state (read entirely before any write: it may alias the final
 // state; zeros past K and V) and resets the row scales.
+// The head's working state block by block: fn(c0, bw, w) for each block of at
+// most NV registers of columns (c0 its first value column, bw its width, w its
+// [K'][bw] rows in the scratch).
+template <class Vt, int NV, class Fn>
+KDA_INLINE void ForEachStateBlock(const internal::ChunkTask& task, Fn&& fn) {
+  constexpr int kB = NV * Vt::kLanes;
+  const int kd = internal::PaddedKeyDim(task.args->K, Vt::kLanes);
+  const int width = task.v_end - task.v_begin;
+  for (int col = 0; col < width; col += kB) {
+    fn(task.v_begin + col, width - col < kB ? width - col : kB, task.scratch.state + static_cast<size_t>(kd) * col);
+  }
+}
+
 template <class Vt, int NV>
 void LoadState(const internal::ChunkTask& task) {
   constexpr int kL = Vt::kLanes;
-  constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
-  const internal::ChunkScratch& s = task.scratch;
   const int kin = a.K;
   const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
-  const int width = task.v_end - task.v_begin;
   const float* src = task.initial != nullptr ? task.initial + HeadStateOffset(task) : nullptr;
-  for (int col = 0; col < width; col += kB) {
-    const int bw = width - col < kB ? width - col : kB;
-    const int c0 = task.v_begin + col;  // the block's first column
+  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, float* w) {
     const bool fast = src != nullptr && !a.state_v_first && c0 + bw <= vd;
-    float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kd; ++d) {
       float* wd = w + static_cast<size_t>(d) * bw;
       if (fast && d < kin) {
@@ -645,8 +656,8 @@ void LoadState(const internal::ChunkTask& task) {
                     : 0.0F;
       }
     }
-  }
-  for (int d = 0; d < kd; ++d) s.c[d] = 1.0F;
+  });
+  for (int d = 0; d < kd; ++d) task.scratch.c[d] = 1.0F;
 }
 
 // Writes the head's state S = c * Shat, row by row, into the sequence's states
@@ -656,19 +667,12 @@ template <class Vt, int NV>
 void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutBuf& dst) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
-  constexpr int kB = NV * kL;
   const ChunkKdaArgs& a = *task.args;
-  const internal::ChunkScratch& s = task.scratch;
   const int kin = a.K;
-  const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
-  const int width = task.v_end - task.v_begin;
   const size_t head = HeadStateOffset(task);
-  for (int col = 0; col < width; col += kB) {
-    const int bw = width - col < kB ? width - col : kB;
-    const int c0 = task.v_begin + col;
+  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, const float* w) {
     const bool fast = !a.state_v_first && c0 + bw <= vd;
-    const float* w = s.state + static_cast<size_t>(kd) * col;
     for (int d = 0; d < kin; ++d) {
       const float* wd = w + static_cast<size_t>(d) * bw;
       if (fast) {
@@ -683,7 +687,7 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutB
                     c_rows[d] * wd[j]);
       }
     }
-  }
+  });
 }
 
 // Prepares the head's first token block (n tokens from t0) into prep[0], prefetching as it goes.

@@ -1,7 +1,7 @@
 // Reference fused_recurrent_kda: the recurrence of design §2.5, token by
 // token, on a working [K][V] copy of each (sequence, value head) state:
 //   S <- diag(exp(g)) S          (a scalar gate: S <- exp(g) S)
-//   S <- S + k (beta * (v - S^T k))^T
+//   S <- S + k (beta * (v - S^T k))^T   (without the delta correction: S + k (beta * v)^T)
 //   o  = S^T (scale q)
 // The states are read and written as RecurrentKdaArgs describes (contiguous
 // or pool form, slots per token, per-token outputs); a padding sequence has
@@ -76,14 +76,15 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
         for (int j = 0; j < v_dim; ++j) {
           beta[j] = a.beta_per_value ? LoadBeta(a.beta, value_row * v_dim + j, a.options) : head_beta;
         }
-        // Decay, then S^T k of the decayed state.
+        // Decay, then S^T k of the decayed state (0 without the delta correction).
+        const bool correct = a.options.delta_correction;
         for (int j = 0; j < v_dim; ++j) delta[j] = 0.0F;
         for (int d = 0; d < k_dim; ++d) {
           const float decay = a.scalar_gate ? scalar_decay : std::exp(g[d]);
           float* s_d = s + static_cast<size_t>(d) * v_dim;
           for (int j = 0; j < v_dim; ++j) {
             s_d[j] *= decay;
-            delta[j] += k[d] * s_d[j];
+            if (correct) delta[j] += k[d] * s_d[j];
           }
         }
         // Delta rule: S += k (beta * (v - S^T k))^T.

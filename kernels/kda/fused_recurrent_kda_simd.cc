@@ -37,11 +37,12 @@ struct TokenRows {
   const float* ke;
   const float* v;
   const float* beta;
+  bool delta_correction;  // false: p = 0 (no projection pass), delta = beta v
 };
 
 // Columns [col, col + NV*lanes) of one token's step from state `in` to state
 // `out` ([K][V] each, row stride vd; in may be out):
-//   p = sum_d (k_d e^{g_d}) S[d,:];  delta = beta (v - p)
+//   p = sum_d (k_d e^{g_d}) S[d,:];  delta = beta (v - p)   (without the delta correction p = 0)
 //   S'[d,:] = e^{g_d} S[d,:] + k_d delta;  o = sum_d q_d S'[d,:]
 template <class Vt, int NV>
 void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const TokenRows& r, const MutBuf& o_buf,
@@ -57,7 +58,7 @@ void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const T
   Reg o[NV];
   Reg delta[NV];
   for (int j = 0; j < NV; ++j) p[j] = Vt::Zero();
-  for (int d = 0; d < kd; ++d) {
+  for (int d = 0; d < kd && r.delta_correction; ++d) {
     const Reg kv = Vt::Set1(ke[d]);
     const float* sd = in + static_cast<size_t>(d) * vd + col;
 #pragma GCC unroll 8
@@ -140,6 +141,7 @@ constexpr int kProjectGroup = kVecRegisters >= 32 ? 8 : 4;
 // beta; and the vectors the state passes read and write.
 struct ShortRows {
   bool scalar_gate = false;
+  bool delta_correction = true;  // false: delta_t = beta_t v_t
   alignas(64) float q[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float k[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float e[kShortTokens][kc::kMaxHeadDim];
@@ -253,7 +255,7 @@ KDA_INLINE float Dot(const float* x, const float* y, int kp) {
 // E_{r,t} = prod_{r<u<=t} e_u (products, no divisions; with a scalar gate,
 // scalars that multiply the plain dot products k_t . k_r and q_t . k_r):
 //   p_t = (c_t k_t)^T S0 + sum_{r<t} A_tr delta_r,  A_tr = sum_d k_t[d] E_{r,t}[d] k_r[d]
-//   delta_t = beta_t (v_t - p_t)
+//   delta_t = beta_t (v_t - p_t)   (without the delta correction: beta_t v_t)
 //   o_t = (c_t q_t)^T S0 + sum_{r<=t} B_tr delta_r,  B_tr = sum_d q_t[d] E_{r,t}[d] k_r[d]
 //   S_L = c_L S0 + sum_r (E_{r,L} k_r) delta_r^T
 // the token-by-token recurrence (DecodeColumns) regrouped: one read pass
@@ -314,8 +316,11 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
   for (int t = 0; t < L; ++t) {
     float* delta = r.p[t];
     for (int j = 0; j < vp; j += kL) {
-      Reg x = Vt::Sub(Vt::Load(r.v[t] + j), Vt::Load(delta + j));
-      for (int u = 0; u < t; ++u) x = Vt::Fnma(Vt::Set1(a_tr[t][u]), Vt::Load(r.p[u] + j), x);
+      Reg x = Vt::Load(r.v[t] + j);
+      if (r.delta_correction) {
+        x = Vt::Sub(x, Vt::Load(delta + j));
+        for (int u = 0; u < t; ++u) x = Vt::Fnma(Vt::Set1(a_tr[t][u]), Vt::Load(r.p[u] + j), x);
+      }
       Vt::Store(delta + j, Vt::Mul(Vt::Load(r.beta[t] + j), x));
     }
   }
@@ -426,6 +431,7 @@ template <class Vt>
   if (dst != nullptr) dst += head_off;
   ShortRows rows;
   rows.scalar_gate = a.scalar_gate;
+  rows.delta_correction = a.options.delta_correction;
   for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
     const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
     for (int t = 0; t < len; ++t) {
@@ -515,7 +521,7 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
       LoadWorking(nullptr, kd, vd, false, out);
       cur = out;
     }
-    const TokenRows rows{q, k, e, a.scalar_gate ? 0 : 1, ke, v, beta};
+    const TokenRows rows{q, k, e, a.scalar_gate ? 0 : 1, ke, v, beta, a.options.delta_correction};
     DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
     if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
     cur = out;

@@ -826,6 +826,7 @@ KdaOptions OptionsOf(const KdaCallCommon& call) {
   }
   o.use_beta_sigmoid_in_kernel = call.use_beta_sigmoid_in_kernel;
   o.beta_scale = call.use_beta_sigmoid_in_kernel && call.allow_neg_eigval ? 2.0F : 1.0F;
+  o.delta_correction = call.delta_correction;
   return o;
 }
 

@@ -53,6 +53,9 @@ struct KdaOptions {
   // 2 with allow_neg_eigval (eigenvalues of the transition in (-1, 1]), else 1.
   bool use_beta_sigmoid_in_kernel = false;
   float beta_scale = 1.0F;
+  // false: no delta correction, S += beta k v^T instead of S += k (beta (v - S^T k))^T: the plain gated linear
+  // recurrence of Mamba2's SSD (with k = B, q = C, v = x, beta = dt, g = dt A, scale 1, a scalar gate).
+  bool delta_correction = true;
 };
 
 // Elements between consecutive tokens of q, k and v, whose rows [H, K] (q, k)
@@ -217,6 +220,8 @@ struct KdaCallCommon {
   std::optional<float> lower_bound;  // < 0; with use_gate_in_kernel, fla's sigmoid gate
   // States (every state argument of the call) as [.., HV, V, K] instead of [.., HV, K, V].
   bool state_v_first = false;
+  // kda's own (fla has none): false runs the plain gated linear recurrence, S += beta k v^T (KdaOptions).
+  bool delta_correction = true;
   TensorView cu_seqlens;  // [N + 1] i64 or i32, optional
   TensorView A_log;       // [HV] f32: required with use_gate_in_kernel unless lower_bound is set (else ignored, as fla)
   TensorView dt_bias;     // [HV * K] or [HV, K] ([HV] with a scalar gate) f32, optional with use_gate_in_kernel
