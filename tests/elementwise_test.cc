@@ -82,15 +82,17 @@ class ShortConvTest : public VariantTest {
   // Runs the case's kernel (short_conv_silu, or short_conv_silu_reference) on
   // the sequences `cu` of x (N and T from cu) into y, and on the tails in
   // place (sequence n's at tails[idx[n]]); x and the tails with rows `stride`
-  // apart, w [W, C]. Returns the arguments, for a rerun.
+  // apart, w [W, C], bias [C] or null. Returns the arguments, for a rerun.
   ShortConvArgs RunShortConv(MutBuf y, ConstBuf x, MutBuf tails, int64_t stride, const std::vector<float>& w,
                              const std::vector<int64_t>& cu, int64_t C, int W, int64_t num_tails,
-                             const std::vector<int32_t>& idx, const std::vector<uint8_t>& has_init) const {
+                             const std::vector<int32_t>& idx, const std::vector<uint8_t>& has_init,
+                             const float* bias = nullptr) const {
     ShortConvArgs a;
     a.y = y;
     a.x = x;
     a.x_row_stride = stride;
     a.weight = w.data();
+    a.bias = bias;
     a.cu_seqlens = cu.data();
     a.N = static_cast<int64_t>(cu.size()) - 1;
     a.T = cu.back();
@@ -110,6 +112,42 @@ class ShortConvTest : public VariantTest {
   }
 };
 
+// The float64 oracle of a RunShortConv call (x and tails0 rows `stride`
+// apart, bias [C] or null): y [T, C] and the tails after the call. Input row i
+// of sequence n is its tail, or zeros, before its start; padding sequences
+// have zero outputs and leave their tail as it was.
+struct ShortConvWant {
+  std::vector<double> y;
+  std::vector<float> tails;
+};
+ShortConvWant ShortConvOracle(const ActBuffer& xb, const ActBuffer& tails0, int64_t stride, const std::vector<float>& w,
+                              const float* bias, const std::vector<int64_t>& cu, int64_t C, int W,
+                              const std::vector<int32_t>& idx, const std::vector<uint8_t>& has_init) {
+  ShortConvWant want{std::vector<double>(static_cast<size_t>(cu.back() * C), 0.0), tails0.ToFloat()};
+  for (size_t n = 0; n + 1 < cu.size(); ++n) {
+    if (idx[n] < 0) continue;
+    const int64_t len = cu[n + 1] - cu[n];
+    auto input = [&](int64_t i, int64_t c) -> double {
+      if (i >= 0) return xb.Get((cu[n] + i) * stride + c);
+      if (has_init[n] == 0) return 0.0;
+      return tails0.Get((idx[n] * (W - 1) + (W - 1 + i)) * stride + c);
+    };
+    for (int64_t t = 0; t < len; ++t) {
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = bias != nullptr ? bias[c] : 0.0;
+        for (int j = 0; j < W; ++j) acc += w[j * C + c] * input(t - (W - 1) + j, c);
+        want.y[(cu[n] + t) * C + c] = acc * SigmoidF64(acc);
+      }
+    }
+    for (int r = 0; r < W - 1; ++r) {
+      for (int64_t c = 0; c < C; ++c) {
+        want.tails[(idx[n] * (W - 1) + r) * stride + c] = static_cast<float>(input(len - (W - 1) + r, c));
+      }
+    }
+  }
+  return want;
+}
+
 TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
   std::mt19937 rng(1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -118,7 +156,6 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
         SCOPED_TRACE(std::string(DTypeName(dt)) + " W " + std::to_string(W) + " C " + std::to_string(C));
         // Sequences of 0, 1, 2, 67 and 2 tokens (shorter than the conv: the old tail shifts).
         const std::vector<int64_t> cu = {0, 0, 1, 3, 70, 72};
-        const int64_t N = 5;
         const int64_t T = cu.back();
         const int64_t stride = C + 8;  // x and tails with a row stride, as in the backend
         const int rows = std::max(W - 1, 1);
@@ -131,31 +168,7 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
         ActBuffer y(dt, T * C);
         ShortConvArgs a = RunShortConv(y.mut(), xb.view(), tails.mut(), stride, w, cu, C, W, 7, idx, has_init);
 
-        // Oracle: input row i of sequence n (the tail, or zeros, before its
-        // start). Padding: zero outputs, no tail read or written.
-        std::vector<double> want_y(static_cast<size_t>(T * C), 0.0);
-        std::vector<float> want_tails = tails0.ToFloat();
-        for (int64_t n = 0; n < N; ++n) {
-          if (idx[n] < 0) continue;
-          const int64_t len = cu[n + 1] - cu[n];
-          auto input = [&](int64_t i, int64_t c) -> double {
-            if (i >= 0) return xb.Get((cu[n] + i) * stride + c);
-            if (has_init[n] == 0) return 0.0;
-            return tails0.Get((idx[n] * (W - 1) + (W - 1 + i)) * stride + c);
-          };
-          for (int64_t t = 0; t < len; ++t) {
-            for (int64_t c = 0; c < C; ++c) {
-              double acc = 0;
-              for (int j = 0; j < W; ++j) acc += w[j * C + c] * input(t - (W - 1) + j, c);
-              want_y[(cu[n] + t) * C + c] = acc * SigmoidF64(acc);
-            }
-          }
-          for (int r = 0; r < W - 1; ++r) {
-            for (int64_t c = 0; c < C; ++c) {
-              want_tails[(idx[n] * (W - 1) + r) * stride + c] = static_cast<float>(input(len - (W - 1) + r, c));
-            }
-          }
-        }
+        const auto [want_y, want_tails] = ShortConvOracle(xb, tails0, stride, w, nullptr, cu, C, W, idx, has_init);
         const std::vector<float> got_y = y.ToFloat();
         EXPECT_TRUE(CloseToOracle(dt, got_y, want_y));
         for (int64_t i = cu[2] * C; i < cu[3] * C; ++i) ASSERT_EQ(got_y[i], 0.0F);  // padding rows
@@ -170,6 +183,68 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
           EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want_y));
           EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
         }
+      }
+    }
+  }
+}
+
+TEST_P(ShortConvTest, AddsTheBiasBeforeTheSilu) {
+  // Mamba2's conv1d: y = silu(taps + bias[c]). Channel counts off the vector
+  // widths (531: a whole channel chunk and 19 channels), sequences with tails,
+  // fresh, shorter than the conv, and padding.
+  std::mt19937 rng(2);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (int W : {2, 3, 4}) {
+      for (int64_t C : {5, 13, 37, 531}) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " W " + std::to_string(W) + " C " + std::to_string(C));
+        // Sequences of 3, 0, 38, 1 and 8 tokens; the last is padding.
+        const std::vector<int64_t> cu = {0, 3, 3, 41, 42, 50};
+        const std::vector<int32_t> idx = {4, 0, 2, 1, -1};
+        const std::vector<uint8_t> has_init = {1, 1, 0, 1, 1};
+        const int64_t T = cu.back();
+        const int64_t stride = C + 3;
+        const ActBuffer xb = ToAct(dt, Random(static_cast<size_t>(T * stride), -3, 3, rng()));
+        const std::vector<float> w = Random(static_cast<size_t>(C * W), -1, 1, rng());  // [W, C]
+        std::vector<float> bias = Random(static_cast<size_t>(C), -4, 4, rng());         // [C]
+        bias[0] = -40.0F;  // channel 0: every sum far below zero, so silu(sum + bias) ~ 0, not ~ bias
+        const ActBuffer tails0 = ToAct(dt, Random(static_cast<size_t>(5 * (W - 1) * stride), -2, 2, rng()));
+        ActBuffer tails = ToAct(dt, tails0.ToFloat());
+        ActBuffer y(dt, T * C);
+        ShortConvArgs a =
+            RunShortConv(y.mut(), xb.view(), tails.mut(), stride, w, cu, C, W, 5, idx, has_init, bias.data());
+
+        const auto [want_y, want_tails] = ShortConvOracle(xb, tails0, stride, w, bias.data(), cu, C, W, idx, has_init);
+        const std::vector<float> got_y = y.ToFloat();
+        EXPECT_TRUE(CloseToOracle(dt, got_y, want_y));
+        for (int64_t t = 0; t < cu[4]; ++t) {  // inside the SiLU: silu(x) for x in [-52, -28] is in (-1e-10, 0)
+          ASSERT_LT(got_y[t * C], 0.0F);
+          ASSERT_GT(got_y[t * C], -1e-10F);
+        }
+        for (int64_t i = cu[4] * C; i < T * C; ++i) ASSERT_EQ(got_y[i], 0.0F);  // padding rows: no bias
+        EXPECT_EQ(tails.ToFloat(), want_tails);                                 // the tails hold inputs: no bias
+
+        if (variant().optimized()) {  // and against the reference: the same fp32 sums
+          ActBuffer t_ref = ToAct(dt, tails0.ToFloat());
+          ActBuffer y_ref(dt, T * C);
+          a.y = y_ref.mut();
+          a.tails = t_ref.mut();
+          short_conv_silu_reference(a);
+          EXPECT_TRUE(CloseToReference(dt, got_y, y_ref.ToFloat(), want_y));
+          EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
+        }
+
+        // No bias and a zero bias: the same bits (the sums are never -0 here).
+        const std::vector<float> zeros(static_cast<size_t>(C), 0.0F);
+        auto run = [&](const float* b) {
+          ActBuffer out(dt, T * C);
+          ActBuffer t = ToAct(dt, tails0.ToFloat());
+          RunShortConv(out.mut(), xb.view(), t.mut(), stride, w, cu, C, W, 5, idx, has_init, b);
+          return out;
+        };
+        const ActBuffer y_none = run(nullptr);
+        const ActBuffer y_zero = run(zeros.data());
+        EXPECT_EQ(std::memcmp(y_none.data(), y_zero.data(), static_cast<size_t>(T * C) * DTypeSize(dt)), 0);
+        EXPECT_NE(y_none.ToFloat(), got_y);
       }
     }
   }

@@ -71,6 +71,7 @@ void short_conv_silu_reference(const ShortConvArgs& a) {
       for (int64_t c = c0; c < c1; ++c) {
         float acc = 0.0F;
         for (int j = 0; j < W; ++j) acc += a.weight[j * a.C + c] * input(t - (W - 1) + j, c);
+        if (a.bias != nullptr) acc += a.bias[c];  // after the taps, before the SiLU
         const float silu = acc / (1.0F + std::exp(-acc));
         StoreFromFloat(a.y.data, a.y.dtype, static_cast<size_t>((start + t) * a.C + c), silu);
       }

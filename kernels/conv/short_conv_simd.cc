@@ -22,10 +22,11 @@ constexpr int kMaxRegisterWidth = kc::kConvMaxRegisterWidth;
 // pass per token with the sums in registers, taps oldest first as the
 // reference sums them, and the row kConvPrefetchAhead tokens ahead prefetched
 // (rows are a row stride apart, a page or more, beyond the hardware
-// prefetchers' reach). x_c0: row 0 of the sequence at the job's first channel.
+// prefetchers' reach). x_c0: row 0 of the sequence at the job's first channel;
+// bias [nc]: the job's bias, added to each sum before the SiLU.
 template <int kW, class T>
 KDA_INLINE void ConvTokensInRegisters(T* y_c0, int64_t y_stride, const T* x_c0, int64_t x_stride, const float* wt,
-                                      int64_t w_stride, int64_t nc, int64_t t0, int64_t t1) {
+                                      int64_t w_stride, const float* bias, int64_t nc, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     const T* cur = x_c0 + t * x_stride;  // tap kW-1
     if (t + kConvPrefetchAhead < t1) {
@@ -37,7 +38,7 @@ KDA_INLINE void ConvTokensInRegisters(T* y_c0, int64_t y_stride, const T* x_c0, 
     for (int64_t c = 0; c < nc; ++c) {
       float acc = 0.0F;
       for (int j = 0; j < kW; ++j) acc += wt[j * w_stride + c] * LoadF(cur[(j - (kW - 1)) * x_stride + c]);
-      StoreF(yrow + c, Silu<Scalar>(acc));
+      StoreF(yrow + c, Silu<Scalar>(acc + bias[c]));
     }
   }
 }
@@ -69,6 +70,11 @@ KDA_INLINE void ConvChunk(const ShortConvArgs& a, const float* wt, int64_t n, in
     tail = static_cast<T*>(a.tails.data) + static_cast<int64_t>(a.tail_indices[n]) * (W - 1) * a.tail_row_stride + c0;
     tail_len = W - 1;
   }
+  // The job's bias, read once; without one, -0.0, which leaves every sum
+  // unchanged bit for bit (s + -0.0 == s, s = +0.0 included).
+  alignas(64) float bias[kChunk];
+#pragma omp simd
+  for (int64_t c = 0; c < nc; ++c) bias[c] = a.bias != nullptr ? a.bias[c0 + c] : -0.0F;
   // rows[r] for r in [0, W-1 + len): input row r - (W-1) of the sequence, as
   // fp32 for the tail rows (a small copy) and in place for the rest.
   alignas(64) float tail_rows[kMaxWidth][kChunk];
@@ -84,16 +90,16 @@ KDA_INLINE void ConvChunk(const ShortConvArgs& a, const float* wt, int64_t n, in
     const T* x_c0 = x + start * a.x_row_stride + c0;
     switch (W) {
       case 1:
-        ConvTokensInRegisters<1>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
+        ConvTokensInRegisters<1>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, bias, nc, general_end, len);
         break;
       case 2:
-        ConvTokensInRegisters<2>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
+        ConvTokensInRegisters<2>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, bias, nc, general_end, len);
         break;
       case 3:
-        ConvTokensInRegisters<3>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
+        ConvTokensInRegisters<3>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, bias, nc, general_end, len);
         break;
       default:
-        ConvTokensInRegisters<kMaxRegisterWidth>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, nc, general_end, len);
+        ConvTokensInRegisters<kMaxRegisterWidth>(y_c0, a.C, x_c0, a.x_row_stride, wt, a.C, bias, nc, general_end, len);
         break;
     }
   }
@@ -117,7 +123,7 @@ KDA_INLINE void ConvChunk(const ShortConvArgs& a, const float* wt, int64_t n, in
     }
     T* yrow = y + (start + t) * a.C + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < nc; ++c) StoreF(yrow + c, Silu<Scalar>(acc[c]));
+    for (int64_t c = 0; c < nc; ++c) StoreF(yrow + c, Silu<Scalar>(acc[c] + bias[c]));
   }
   // New tail: the last W-1 rows of [old tail; inputs], all read before any is written.
   alignas(64) float new_tail[kMaxWidth][kChunk];

@@ -3,9 +3,12 @@
 // buffer: the q/k/v short convs of KDA (design §2.2).
 //
 // For sequence n with tokens [cu[n], cu[n+1]) and channel c:
-//   y[t, c] = silu( sum_{j=0..W-1} w[j, c] * X[t - (W-1) + j, c] )
+//   y[t, c] = silu( sum_{j=0..W-1} w[j, c] * X[t - (W-1) + j, c] + bias[c] )
 // where rows before the sequence start come from its tail (oldest first), or
 // are zero when has_initial_state[n] == 0. Tap W-1 multiplies the current token.
+// The bias is optional (Mamba2's conv1d has one, KDA's q/k/v convs do not): it
+// is added in fp32 to the fp32 tap sum, before the SiLU; without one, the sum
+// goes to the SiLU as it is.
 // The new tail is the last W-1 rows of [old tail; the sequence's inputs] (for a
 // sequence shorter than W-1 tokens: the old tail shifted).
 //
@@ -29,6 +32,7 @@ struct ShortConvArgs {
   ConstBuf x;                           // [T, x_row_stride], the C channels at the start of each row
   int64_t x_row_stride = 0;             // elements between rows of x (>= C)
   const float* weight = nullptr;        // [W, C], tap-major (see above)
+  const float* bias = nullptr;          // [C] or null (no bias)
   const int64_t* cu_seqlens = nullptr;  // [N + 1]
   int64_t N = 0;
   int64_t T = 0;
