@@ -8,8 +8,9 @@ mode (``{"cpu": {Mode.INFERENCE: repository}}``), under the names transformers h
 - ``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` (Qwen3-Next, Qwen3.5,
   Qwen3.5-MoE, Qwen4-Exp, OLMo hybrid, Lara-Mini): kda's Gated DeltaNet entries;
 - ``causal_conv1d_fn``: kda's short causal conv + SiLU over the packed sequences
-  (``kda._core.short_conv_silu``); ``causal_conv1d_update`` (a decode step, the conv state updated
-  in place): the same conv, in torch, summed in float32 and rounded once;
+  (``kda._core.short_conv_silu``), with a conv bias if any (Mamba2 mixers); ``causal_conv1d_update``
+  (a decode step, the conv state updated in place): the same conv, in torch, summed in float32 and
+  rounded once;
 - the layer ``RMSNormGated``: kda's gated RMSNorm (``kda._core.gated_rms_norm``) with the module's
   own ``weight``, ``variance_epsilon`` and ``activation`` (a sigmoid gate, or silu: gate * sigmoid(gate)
   in float32 inside the norm's one expression, rounded once).
@@ -23,8 +24,8 @@ replacements are ``kernels`` layers bound to transformers' own modules.
 A call kda does not take goes on to transformers' own route (its fla or torch code, as without
 kda): tensors off the CPU, tensors that require grad under grad mode (kda is forward-only: run the
 model under ``torch.no_grad()`` or ``torch.inference_mode()``, as ``generate`` does), and shapes or
-options kda lacks (K or V above 256, a conv bias, an activation other than SiLU, a norm gate other
-than sigmoid or silu, float16 conv or norm inputs). Training (``Mode.TRAINING``) and
+options kda lacks (K or V above 256, an activation other than SiLU, a norm gate other than
+sigmoid or silu, float16 conv or norm inputs). Training (``Mode.TRAINING``) and
 ``torch.compile`` modes are not registered, so they keep transformers' route. :func:`disable`
 registers no kda entry for those names on the CPU; models kernelized while it was enabled keep kda
 until they are kernelized again. :func:`call_counts` says how many calls kda took and passed on.
@@ -195,14 +196,17 @@ def _conv_boundaries(kwargs: dict, B: int, T: int):
 class CausalConv1dFn(nn.Module):
     """transformers' ``causal_conv1d_fn`` hook on kda's short conv + SiLU: hidden_states [B, C, T]
     (read in place when its channels are contiguous: the transposed [B, T, C] projection), weight
-    [C, W]; out [B, C, T] in hidden_states' dtype, rounded once, as a view of [B, T, C] memory.
-    Packed sequences (one row) do not see each other's tokens."""
+    [C, W], optional bias [C] (Mamba2's conv1d; added in float32 before the SiLU); out [B, C, T] in
+    hidden_states' dtype, rounded once, as a view of [B, T, C] memory. Packed sequences (one row) do
+    not see each other's tokens."""
 
     def forward(self, hidden_states, weight, bias=None, activation=None, **kwargs):
         x, w = hidden_states, weight
-        ok = (_takes(x, w, bias, _packed(kwargs)) and bias is None and activation in _SILU and x.dim() == 3
+        ok = (_takes(x, w, bias, _packed(kwargs)) and activation in _SILU and x.dim() == 3
               and w.dim() == 2 and x.dtype in _ACT_DTYPES and w.is_floating_point() and w.shape[0] == x.shape[1]
-              and 1 <= w.shape[1] <= _MAX_CONV_WIDTH and x.shape[2] > 0)
+              and 1 <= w.shape[1] <= _MAX_CONV_WIDTH and x.shape[2] > 0
+              and (bias is None or (isinstance(bias, torch.Tensor) and bias.is_floating_point()
+                                    and tuple(bias.shape) == (w.shape[0],))))
         cu = _conv_boundaries(kwargs, x.shape[0], x.shape[2]) if ok else None
         if cu is None:
             return _transformers(self, "causal_conv1d_fn", hidden_states, weight, bias, activation, **kwargs)
@@ -216,8 +220,9 @@ class CausalConv1dFn(nn.Module):
         N = cu.numel() - 1
         y = torch.empty((B * T, C), dtype=x.dtype)
         tails = torch.empty((N, W - 1, C), dtype=x.dtype)  # written by the kernel, not read (no initial state)
+        b = None if bias is None else bias.detach().to(torch.float32).contiguous()  # [C]
         _core.short_conv_silu(y, rows, w.detach().t().to(torch.float32).contiguous(), cu, tails,
-                              torch.arange(N, dtype=torch.int32), torch.zeros(N, dtype=torch.uint8))
+                              torch.arange(N, dtype=torch.int32), torch.zeros(N, dtype=torch.uint8), bias=b)
         return y.view(B, T, C).transpose(1, 2)
 
 

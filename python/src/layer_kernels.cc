@@ -38,12 +38,12 @@ DType ActDType(const A& a, const char* name) {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// short_conv_silu: y [T, C] = silu(causal depthwise conv of x [T, C] per sequence of cu_seqlens), the rows before a
-// sequence from its tail (tails[tail_indices[n]], [W - 1, C], oldest first) or zero where has_initial_state[n] is 0;
-// the new tails written back.
+// short_conv_silu: y [T, C] = silu(causal depthwise conv of x [T, C] per sequence of cu_seqlens + bias), the rows
+// before a sequence from its tail (tails[tail_indices[n]], [W - 1, C], oldest first) or zero where
+// has_initial_state[n] is 0; the new tails written back.
 void ShortConvSilu(const OutArray& y, const InArray& x, const InArray& weight, const InArray& cu_seqlens,
                    const OutArray& tails, const InArray& tail_indices, const std::optional<InArray>& has_initial_state,
-                   const std::string& kernel) {
+                   const std::optional<InArray>& bias, const std::string& kernel) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   RequireCpu(x, "x");
   RequireNdim(x, 2, "x", "[T, C]");
@@ -107,11 +107,19 @@ void ShortConvSilu(const OutArray& y, const InArray& x, const InArray& weight, c
     RequireCpuContiguous(*has_initial_state, "has_initial_state");
     fresh = static_cast<const uint8_t*>(has_initial_state->data());
   }
+  const float* bias_c = nullptr;  // [C] or null
+  if (bias) {
+    RequireShape(*bias, {C}, "bias", "[C]");
+    RequireDType(*bias, DType::kF32, "bias");
+    RequireCpuContiguous(*bias, "bias");
+    bias_c = static_cast<const float*>(bias->data());
+  }
   ShortConvArgs a;
   a.y = {y.data(), yt};
   a.x = {x.data(), xt};
   a.x_row_stride = x_row_stride;
   a.weight = static_cast<const float*>(weight.data());
+  a.bias = bias_c;
   a.cu_seqlens = cu;
   a.N = N;
   a.T = T;
@@ -177,14 +185,14 @@ void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, 
 void BindLayerKernels(nb::module_& m) {
   m.def("short_conv_silu", &ShortConvSilu, nb::arg("y"), nb::arg("x"), nb::arg("weight"), nb::arg("cu_seqlens"),
         nb::arg("tails"), nb::arg("tail_indices"), nb::arg("has_initial_state").none() = nb::none(),
-        nb::arg("kernel") = "auto",
+        nb::arg("bias").none() = nb::none(), nb::arg("kernel") = "auto",
         "The short causal depthwise conv + SiLU (kda/kernels/short_conv.h) over packed sequences: writes y [T, C] "
         "(float32 or bfloat16, rounded once) from x [T, C] (channels contiguous, rows any stride >= C; float32 or "
         "bfloat16), weight [W, C] float32 tap-major (tap W - 1 multiplies the current token), cu_seqlens [N + 1] "
         "int64. Sequence n reads and writes the tail tails[tail_indices[n]] [W - 1, C] (x's dtype, oldest row "
         "first; tail_indices [N] int32, negative: padding, zero outputs); has_initial_state [N] uint8 (0: the "
-        "rows before the sequence are zero; None: every tail is read). kernel: 'auto', 'optimized' or "
-        "'reference'.");
+        "rows before the sequence are zero; None: every tail is read); bias [C] float32 or None, added to each "
+        "channel's sum before the SiLU (Mamba2's conv1d). kernel: 'auto', 'optimized' or 'reference'.");
   m.def("gated_rms_norm", &GatedRmsNormRows, nb::arg("y"), nb::arg("o"), nb::arg("gate"), nb::arg("weight"),
         nb::arg("eps"), nb::arg("activation") = "sigmoid", nb::arg("kernel") = "auto",
         "The gated RMSNorm (kda/kernels/elementwise.h GatedRmsNorm): y = o * rsqrt(mean(o^2) + eps) * weight * "

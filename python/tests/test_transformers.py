@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 kernels = pytest.importorskip("kernels")
 
 import kda.transformers as kt  # noqa: E402
-from golden import check_bf16, check_f32, shared_tool  # noqa: E402
+from golden import check_bf16, check_f32, rounded_bf16, shared_tool  # noqa: E402
 from hf_families import FAMILIES, linear_layer_modules, tiny_model  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -118,10 +118,11 @@ class ReferenceConv(nn.Module):
     """causal_conv1d_fn in float64 (SiLU), rounded once to the input dtype: kda's cast point."""
 
     def forward(self, hidden_states, weight, bias=None, activation=None, **kwargs):
-        assert bias is None and activation in ("silu", "swish")
+        assert activation in ("silu", "swish")
         x, w = hidden_states.to(torch.float64), weight.to(torch.float64)
+        b = None if bias is None else bias.to(torch.float64)
         W = w.shape[1]
-        out = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (W - 1, 0)), w[:, None], groups=w.shape[0])
+        out = torch.nn.functional.conv1d(torch.nn.functional.pad(x, (W - 1, 0)), w[:, None], b, groups=w.shape[0])
         return torch.nn.functional.silu(out).to(hidden_states.dtype)
 
 
@@ -277,6 +278,8 @@ def norm_call(**change):
     (conv_call(cu_seqlens=torch.tensor([0, 2, 5])), "cu_seqlens: must run from 0 to T = 6"),
     (conv_call(tail_indices=torch.tensor([1, 1], dtype=torch.int32)), "tail_indices: two sequences share tail 1"),
     (conv_call(x=torch.randn(6, 8, dtype=torch.float16)), "x: dtype must be float32 or bfloat16"),
+    (conv_call(bias=torch.randn(5)), "bias: expected shape"),
+    (conv_call(bias=torch.randn(8, dtype=torch.float64)), "bias: "),
     (norm_call(gate=torch.randn(6, 4)), "gate: "),
     (norm_call(eps=-1.0), "eps: must be >= 0"),
     (norm_call(activation="gelu"), "activation: must be 'sigmoid' or 'silu', got 'gelu'"),
@@ -287,3 +290,77 @@ def test_layer_kernels_name_bad_arguments(call, match):
 
     with pytest.raises((ValueError, TypeError), match=match):
         call(_core)
+
+
+@pytest.mark.parametrize("kernel", ["optimized", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_conv_silu_adds_the_bias_before_the_silu(dtype, kernel):
+    """kda._core.short_conv_silu with a bias [C] (Mamba2's conv1d) against float64: silu(taps + bias), on
+    sequences with a tail, fresh, shorter than the conv, empty and padding; the tails hold inputs only."""
+    from kda import _core
+
+    C, W = 13, 4
+    cu = torch.tensor([0, 3, 3, 20, 21, 26])  # 3, 0, 17, 1 and 5 tokens; the last is padding
+    idx = torch.tensor([2, 0, 3, 1, -1], dtype=torch.int32)
+    has_init = torch.tensor([1, 1, 0, 1, 1], dtype=torch.uint8)
+    g = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(26, C, generator=g)).to(dtype)
+    w = torch.rand(W, C, generator=g) * 2 - 1  # [W, C] tap-major
+    bias = torch.rand(C, generator=g) * 8 - 4
+    bias[0] = -40.0  # channel 0: silu(taps + bias) ~ 0, where silu(taps) + bias would be ~ -40
+    tails0 = torch.randn(4, W - 1, C, generator=g).to(dtype)
+    tails, y = tails0.clone(), torch.empty(26, C, dtype=dtype)
+    _core.short_conv_silu(y, x, w, cu, tails, idx, has_init, bias=bias, kernel=kernel)
+
+    x64, w64, b64, t64 = (t.to(torch.float64).numpy() for t in (x, w, bias, tails0))
+    want = np.zeros((26, C))
+    want_tails = tails0.to(torch.float32).numpy().copy()
+    for n in range(5):
+        s, e, i = int(cu[n]), int(cu[n + 1]), int(idx[n])
+        if i < 0:
+            continue
+        rows = np.concatenate([t64[i] if has_init[n] else np.zeros((W - 1, C)), x64[s:e]])
+        acc = sum(w64[j] * rows[j:j + e - s] for j in range(W)) + b64
+        want[s:e] = acc / (1 + np.exp(-acc))
+        want_tails[i] = rows[-(W - 1):]
+    got = y.to(torch.float32).numpy()
+    if dtype == torch.float32:
+        check_f32(got, want, what="y")
+    else:
+        check_bf16(got, rounded_bf16(want), want, what="y")
+    assert np.all(got[:21, 0] < 0) and np.all(got[:21, 0] > -1e-10), got[:21, 0]
+    assert np.all(got[21:] == 0)  # padding: zero outputs, the bias not added
+    np.testing.assert_array_equal(tails.to(torch.float32).numpy(), want_tails)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv1d_fn_takes_the_bias(dtype):
+    """transformers' causal_conv1d_fn with a conv bias (Mamba2 mixers) runs on kda: against the conv in
+    float64 with its bias and SiLU, rounded once; batch rows and packed sequences (seq_idx) kept apart."""
+    C, W = 11, 4
+    g = torch.Generator().manual_seed(4)
+    w = (torch.rand(C, W, generator=g) * 2 - 1).to(dtype)
+    bias = (torch.rand(C, generator=g) * 4 - 2).to(dtype)
+    conv = kt.CausalConv1dFn()
+    reference = ReferenceConv()
+    x = (2 * torch.randn(2, C, 9, generator=g)).to(dtype)
+    packed = (2 * torch.randn(1, C, 12, generator=g)).to(dtype)
+    seq_idx = torch.tensor([[0] * 5 + [1] * 7], dtype=torch.int32)
+    kt.call_counts(reset=True)
+    with torch.no_grad():
+        got = conv(x, w, bias, activation="silu")
+        got_packed = conv(packed, w, bias, activation="silu", seq_idx=seq_idx)
+    assert kt.call_counts(reset=True)["causal_conv1d_fn"] == {"kda": 2, "transformers": 0}
+
+    def exact(h):  # the hook in float64, not rounded
+        return reference(h.to(torch.float64), w, bias, activation="silu").numpy()
+
+    want = exact(x)
+    want_packed = np.concatenate([exact(packed[..., :5]), exact(packed[..., 5:])], axis=-1)
+    for a, r, what in ((got, want, "rows"), (got_packed, want_packed, "packed")):
+        assert a.dtype == dtype and a.shape == r.shape
+        a = a.to(torch.float32).numpy()
+        if dtype == torch.float32:
+            check_f32(a, r, what=what)
+        else:
+            check_bf16(a, rounded_bf16(r), r, what=what)
