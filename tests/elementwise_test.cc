@@ -1,5 +1,5 @@
 // The element-wise kernels (short conv + SiLU, forget gate and beta, gated
-// RMSNorm, residual add, bf16 conversions) over the kernel matrix
+// RMSNorms, residual add, bf16 conversions) over the kernel matrix
 // (tests/kernel_matrix.h): the reference and every ISA variant of the
 // optimized version against a float64 (or exact) oracle written here, the
 // optimized ones also against the reference; and each ISA's vector math
@@ -540,6 +540,238 @@ TEST_P(GatedRmsNormShapesTest, RejectsAnUnknownActivation) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormShapesTest, ::testing::ValuesIn(OptimizedVariants()), VariantParamName());
+
+// ------------------------------------------------------------ Mamba2's gated RMSNorm (over groups)
+
+// The float64 grouped norm of [T, groups * width] (the inputs as the kernels read them):
+// g = o * silu(z), y = g * rsqrt(mean over the group(g^2) + eps) * w, w per channel of the row.
+std::vector<double> GatedRmsNormGroupsF64(const ActBuffer& o, const ActBuffer& z, const std::vector<float>& w,
+                                          int64_t T, int groups, int64_t width, float eps) {
+  std::vector<double> want(static_cast<size_t>(T * groups * width));
+  std::vector<double> g(static_cast<size_t>(width));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int j = 0; j < groups; ++j) {
+      const int64_t base = (t * groups + j) * width;
+      double ss = 0;
+      for (int64_t c = 0; c < width; ++c) {
+        g[c] = static_cast<double>(o.Get(base + c)) * SiluF64(z.Get(base + c));
+        ss += g[c] * g[c];
+      }
+      const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(width) + eps);
+      for (int64_t c = 0; c < width; ++c) want[base + c] = g[c] * rstd * w[j * width + c];
+    }
+  }
+  return want;
+}
+
+class GatedRmsNormGroupsTest : public VariantTest {
+ protected:
+  void Run(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width, float eps) const {
+    if (variant().optimized()) {
+      GatedRmsNormGroups(y, o, z, w, T, groups, width, eps);
+    } else {
+      GatedRmsNormGroupsReference(y, o, z, w, T, groups, width, eps);
+    }
+  }
+};
+
+TEST_P(GatedRmsNormGroupsTest, MatchesOracle) {
+  const int64_t T = 5;
+  for (int groups : {1, 2, 8}) {
+    for (int64_t width : {64, 100, 24, 8192 / 8}) {  // 100, 24: not whole numbers of vectors
+      for (DType dt : {DType::kF32, DType::kBF16}) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " groups " + std::to_string(groups) + " width " +
+                     std::to_string(width));
+        const auto n = static_cast<size_t>(T * groups * width);
+        const ActBuffer o = ToAct(dt, Random(n, -2, 2, 31));
+        const ActBuffer z = ToAct(dt, Random(n, -8, 8, 32));
+        const std::vector<float> w = Random(static_cast<size_t>(groups * width), 0.5F, 1.5F, 33);
+        const float eps = 1e-5F;
+        ActBuffer y(dt, static_cast<int64_t>(n));
+        Run(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+        const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps);
+        EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
+        if (variant().optimized()) {
+          ActBuffer y_ref(dt, static_cast<int64_t>(n));
+          GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+          EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want));
+        }
+      }
+    }
+  }
+}
+
+// One token by hand, 2 groups of 2: o = (1, -2, 3, 0.5), z = (0.5, -1, 2, 0), w = (1, 0.5, 2, 1.5),
+// eps = 1e-6: g = o * silu(z) = (0.31122967, 0.53788284, 5.28478247, 0); group 0's mean square
+// 0.19309093, rstd 2.27571535, y = (0.70827013, 0.61203412); group 1's 13.96446287, rstd 0.26760108,
+// y = (2.82842702, 0): one nonzero channel normalises to sqrt(width) * w. Per channel, not per group,
+// the weight: group 1 reads w[2], w[3].
+TEST_P(GatedRmsNormGroupsTest, TwoGroupsByHand) {
+  const std::vector<float> ov = {1.0F, -2.0F, 3.0F, 0.5F};
+  const std::vector<float> zv = {0.5F, -1.0F, 2.0F, 0.0F};
+  const std::vector<float> w = {1.0F, 0.5F, 2.0F, 1.5F};
+  const std::vector<float> by_hand = {0.70827013F, 0.61203412F, 2.82842702F, 0.0F};
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const ActBuffer o = ToAct(dt, ov);
+    const ActBuffer z = ToAct(dt, zv);
+    const std::vector<double> formula = GatedRmsNormGroupsF64(o, z, w, 1, 2, 2, 1e-6F);
+    const std::vector<float> f(formula.begin(), formula.end());
+    EXPECT_TRUE(AllCloseF32(by_hand.data(), f.data(), 4, 1e-7, 1e-7));
+    ActBuffer y(dt, 4);
+    Run(y.mut(), o.view(), z.view(), w.data(), 1, 2, 2, 1e-6F);
+    const std::vector<float> got = y.ToFloat();
+    if (dt == DType::kF32) {
+      EXPECT_TRUE(AllCloseF32(got.data(), by_hand.data(), 4, 1e-6, 1e-6));
+    } else {
+      for (size_t c = 0; c < 4; ++c) EXPECT_EQ(got[c], RoundBF16(by_hand[c])) << "c " << c;
+    }
+    EXPECT_EQ(got[3], 0.0F);  // silu(0) = 0
+  }
+}
+
+// Large magnitudes (|o| up to 1e3, |z| up to 10: mean squares of 1e5 and more, where eps 1e-5 is
+// nothing), a group of zeros (zeros out: 0 * rsqrt(eps)), a group whose gate is zero (silu(0) = 0),
+// and a near-zero group (|o| ~ 1e-3, z ~ 1: mean square ~1e-7, where eps dominates rsqrt).
+TEST_P(GatedRmsNormGroupsTest, LoudQuietAndZeroGroups) {
+  const int64_t T = 3;
+  const int groups = 4;
+  for (int64_t width : {100, 1024}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " width " + std::to_string(width));
+      const auto n = static_cast<size_t>(T * groups * width);
+      std::vector<float> ov = Random(n, -1e3F, 1e3F, 41);
+      std::vector<float> zv = Random(n, -10, 10, 42);
+      const std::vector<float> w = Random(static_cast<size_t>(groups * width), -1.5F, 1.5F, 43);
+      const auto span = [&](int64_t t, int j) { return (t * groups + j) * width; };  // the group's first element
+      std::fill_n(ov.begin() + span(0, 1), width, 0.0F);                             // token 0, group 1: o = 0
+      std::fill_n(zv.begin() + span(1, 2), width, 0.0F);                             // token 1, group 2: z = 0
+      const std::vector<float> tiny = Random(static_cast<size_t>(width), -1e-3F, 1e-3F, 44);
+      const std::vector<float> near_one = Random(static_cast<size_t>(width), 0.5F, 1.5F, 45);
+      std::copy(tiny.begin(), tiny.end(), ov.begin() + span(2, 3));  // token 2, group 3: quiet
+      std::copy(near_one.begin(), near_one.end(), zv.begin() + span(2, 3));
+      const ActBuffer o = ToAct(dt, ov);
+      const ActBuffer z = ToAct(dt, zv);
+      const float eps = 1e-5F;
+      ActBuffer y(dt, static_cast<int64_t>(n));
+      Run(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+      const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps);
+      const std::vector<float> got = y.ToFloat();
+      EXPECT_TRUE(CloseToOracle(dt, got, want));
+      for (int64_t c = 0; c < width; ++c) {
+        EXPECT_EQ(got[span(0, 1) + c], 0.0F) << "o = 0, c " << c;
+        EXPECT_EQ(got[span(1, 2) + c], 0.0F) << "z = 0, c " << c;
+      }
+      // The loud group's mean square is far above eps; the quiet one's far below.
+      double loud = 0, quiet = 0;
+      for (int64_t c = 0; c < width; ++c) {
+        const double gl = static_cast<double>(o.Get(span(0, 0) + c)) * SiluF64(z.Get(span(0, 0) + c));
+        const double gq = static_cast<double>(o.Get(span(2, 3) + c)) * SiluF64(z.Get(span(2, 3) + c));
+        loud += gl * gl / static_cast<double>(width);
+        quiet += gq * gq / static_cast<double>(width);
+      }
+      EXPECT_GT(loud, 1e5);
+      EXPECT_LT(quiet, 1e-6);
+      // Without eps the quiet group would normalise to rms(y / w) = 1; eps keeps it near sqrt(quiet / eps).
+      double rms = 0;
+      for (int64_t c = 0; c < width; ++c) {
+        const double v = got[span(2, 3) + c] / w[3 * width + c];
+        rms += v * v / static_cast<double>(width);
+      }
+      EXPECT_NEAR(std::sqrt(rms), std::sqrt(quiet / (quiet + eps)), 0.02);
+      EXPECT_LT(std::sqrt(rms), 0.35);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormGroupsTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
+
+// The optimized kernel against the reference on random shapes: groups 1, 2, 8, widths about a
+// vector's size and odd ones up to 1100, token counts over several workers, F32 and BF16.
+class GatedRmsNormGroupsShapesTest : public VariantTest {};
+
+TEST_P(GatedRmsNormGroupsShapesTest, MatchesReferenceOnRandomShapes) {
+  std::mt19937 rng(51);
+  const int64_t odd_width[] = {1, 3, 7, 15, 17, 24, 31, 33, 63, 65, 100, 129, 255};
+  const int group_counts[] = {1, 2, 8};
+  for (int trial = 0; trial < 24; ++trial) {
+    const int64_t width =
+        trial % 2 == 0 ? odd_width[rng() % std::size(odd_width)] : 1 + static_cast<int64_t>(rng() % 1100);
+    const int groups = group_counts[trial % 3];
+    const int64_t T = 1 + static_cast<int64_t>(rng() % 60);
+    const float eps = trial % 3 == 0 ? 1e-6F : 1e-5F;
+    const auto n = static_cast<size_t>(T * groups * width);
+    const std::vector<float> ov = Random(n, -3, 3, rng());
+    const std::vector<float> zv = Random(n, -12, 12, rng());
+    const std::vector<float> w = Random(static_cast<size_t>(groups * width), -1.5F, 1.5F, rng());
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " T " + std::to_string(T) + " groups " + std::to_string(groups) +
+                   " width " + std::to_string(width));
+      const ActBuffer o = ToAct(dt, ov);
+      const ActBuffer z = ToAct(dt, zv);
+      ActBuffer y(dt, static_cast<int64_t>(n));
+      ActBuffer y_ref(dt, static_cast<int64_t>(n));
+      GatedRmsNormGroups(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+      GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+      const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps);
+      const std::vector<float> got = y.ToFloat();
+      EXPECT_TRUE(CloseToReference(dt, got, y_ref.ToFloat(), want));
+      EXPECT_TRUE(CloseToOracle(dt, got, want));
+      EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](float v) { return v != 0.0F; }));  // real outputs
+    }
+  }
+}
+
+// A real model's row (Granite-4.0-H, Nemotron-H: one group of 8192), two tokens, both dtypes.
+TEST_P(GatedRmsNormGroupsShapesTest, OneWideGroupMatchesReference) {
+  const int64_t T = 2;
+  const int64_t width = 8192;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    const auto n = static_cast<size_t>(T * width);
+    const ActBuffer o = ToAct(dt, Random(n, -3, 3, 61));
+    const ActBuffer z = ToAct(dt, Random(n, -6, 6, 62));
+    const std::vector<float> w = Random(static_cast<size_t>(width), 0.5F, 1.5F, 63);
+    ActBuffer y(dt, static_cast<int64_t>(n));
+    ActBuffer y_ref(dt, static_cast<int64_t>(n));
+    GatedRmsNormGroups(y.mut(), o.view(), z.view(), w.data(), T, 1, width, 1e-5F);
+    GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, 1, width, 1e-5F);
+    const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, 1, width, 1e-5F);
+    EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
+    EXPECT_TRUE(CloseToOracle(dt, y_ref.ToFloat(), want));
+  }
+}
+
+TEST_P(GatedRmsNormGroupsShapesTest, RejectsBadArgumentsByName) {
+  const ActBuffer o = ToAct(DType::kF32, {1.0F, 2.0F, 3.0F, 4.0F});
+  const ActBuffer ob = ToAct(DType::kBF16, {1.0F, 2.0F, 3.0F, 4.0F});
+  ActBuffer y(DType::kF32, 4);
+  const std::vector<float> w = {1.0F, 1.0F, 1.0F, 1.0F};
+  using Fn = void (*)(MutBuf, ConstBuf, ConstBuf, const float*, int64_t, int, int64_t, float);
+  for (Fn fn : {Fn{&GatedRmsNormGroups}, Fn{&GatedRmsNormGroupsReference}}) {
+    const auto expect = [&](MutBuf yb, ConstBuf obuf, ConstBuf zb, const float* wp, int64_t T, int groups,
+                            int64_t width, const std::string& what) {
+      ExpectErrorContaining([&] { fn(yb, obuf, zb, wp, T, groups, width, 1e-5F); }, what);
+    };
+    const ConstBuf oh{o.data(), DType::kF16};
+    expect({y.data(), DType::kF16}, oh, oh, w.data(), 1, 2, 2, "grouped RMSNorm output must be F32 or BF16");
+    expect(y.mut(), ob.view(), o.view(), w.data(), 1, 2, 2, "input, gate and output must share a dtype");
+    expect(y.mut(), o.view(), ob.view(), w.data(), 1, 2, 2, "input, gate and output must share a dtype");
+    expect(y.mut(), o.view(), o.view(), w.data(), -1, 2, 2, "T must be >= 0, got -1");
+    expect(y.mut(), o.view(), o.view(), w.data(), 1, 0, 2, "groups must be positive, got 0");
+    expect(y.mut(), o.view(), o.view(), w.data(), 1, 2, 0, "width must be positive, got 0");
+    expect(y.mut(), o.view(), o.view(), w.data(), 1, 2, -3, "width must be positive, got -3");
+    expect({nullptr, DType::kF32}, o.view(), o.view(), w.data(), 1, 2, 2, "output y is null");
+    expect(y.mut(), {nullptr, DType::kF32}, o.view(), w.data(), 1, 2, 2, "input o is null");
+    expect(y.mut(), o.view(), {nullptr, DType::kF32}, w.data(), 1, 2, 2, "gate z is null");
+    expect(y.mut(), o.view(), o.view(), nullptr, 1, 2, 2, "weight w is null");
+    // No tokens: nothing read or written, null pointers accepted.
+    fn({nullptr, DType::kF32}, {nullptr, DType::kF32}, {nullptr, DType::kF32}, nullptr, 0, 2, 2, 1e-5F);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormGroupsShapesTest, ::testing::ValuesIn(OptimizedVariants()),
+                         VariantParamName());
 
 // ------------------------------------------------------------ residual add
 

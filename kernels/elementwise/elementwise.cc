@@ -29,6 +29,20 @@ void CheckGateActivation(GateActivation act) {
         "gated RMSNorm: unknown gate activation " + std::to_string(static_cast<int>(act)));
 }
 
+// Mamba2's gated RMSNorm's arguments; kda::Error naming the first bad one.
+void CheckGatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width) {
+  CheckFloatBuf(y.dtype, "grouped RMSNorm output");
+  Check(o.dtype == y.dtype && z.dtype == y.dtype, "grouped RMSNorm: input, gate and output must share a dtype");
+  Check(T >= 0, "grouped RMSNorm: T must be >= 0, got " + std::to_string(T));
+  Check(groups > 0, "grouped RMSNorm: groups must be positive, got " + std::to_string(groups));
+  Check(width > 0, "grouped RMSNorm: width must be positive, got " + std::to_string(width));
+  if (T == 0) return;  // nothing is read or written
+  Check(y.data != nullptr, "grouped RMSNorm: output y is null");
+  Check(o.data != nullptr, "grouped RMSNorm: input o is null");
+  Check(z.data != nullptr, "grouped RMSNorm: gate z is null");
+  Check(w != nullptr, "grouped RMSNorm: weight w is null");
+}
+
 }  // namespace
 
 void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
@@ -124,6 +138,58 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
     } else {
       rms_norm_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data), static_cast<const float*>(gate.data),
                    w, r0, r1, V, eps);
+    }
+  });
+}
+
+void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                                 float eps) {
+  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width);
+  std::vector<float> g(static_cast<size_t>(width));  // the group's gated values, fp32
+  for (int64_t r = 0; r < T * groups; ++r) {         // r = t * groups + j
+    const float* wj = w + (r % groups) * width;
+    float ss = 0.0F;
+    for (int64_t c = 0; c < width; ++c) {
+      const auto i = static_cast<size_t>(r * width + c);
+      const float zv = LoadAsFloat(z.data, z.dtype, i);
+      const float gc = LoadAsFloat(o.data, o.dtype, i) * (zv * (1.0F / (1.0F + std::exp(-zv))));
+      g[static_cast<size_t>(c)] = gc;
+      ss += gc * gc;
+    }
+    const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(width) + eps);
+    for (int64_t c = 0; c < width; ++c) {
+      StoreFromFloat(y.data, y.dtype, static_cast<size_t>(r * width + c), g[static_cast<size_t>(c)] * rstd * wj[c]);
+    }
+  }
+}
+
+void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                        float eps) {
+  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width);
+  const int64_t rows = T * groups;
+  if (rows == 0) return;
+  // Each worker a contiguous range of rows and its own scratch row g (whole cache lines apart); kept per
+  // calling thread, so that decode steps allocate nothing.
+  const int64_t per_worker_rows = std::max<int64_t>(1, kc::kNormGroupsMinPerWorker / width);
+  const int64_t num_workers =
+      std::min<int64_t>(std::max(1, NumThreads()), (rows + per_worker_rows - 1) / per_worker_rows);
+  const int64_t stride = (width + 15) / 16 * 16;
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < static_cast<size_t>(num_workers * stride)) {
+    scratch.resize(static_cast<size_t>(num_workers * stride));
+  }
+  float* const scratch_base = scratch.data();  // the workers' threads see their own (empty) thread_local
+  const internal::KernelTable& kernels = internal::ActiveKernels();
+  ParallelFor(num_workers, [&](int64_t worker) {
+    const int64_t r0 = rows * worker / num_workers;
+    const int64_t r1 = rows * (worker + 1) / num_workers;
+    float* const g = scratch_base + worker * stride;
+    if (y.dtype == DType::kBF16) {
+      kernels.rms_norm_groups_bf16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data),
+                                   static_cast<const BF16*>(z.data), w, r0, r1, groups, width, eps, g);
+    } else {
+      kernels.rms_norm_groups_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data),
+                                  static_cast<const float*>(z.data), w, r0, r1, groups, width, eps, g);
     }
   });
 }

@@ -1,6 +1,6 @@
-// The optimized gated RMSNorm, compiled once per instruction set
-// (kernels/isa/target.h); loops that GCC vectorises for the target. Host side
-// and plain reference: elementwise.cc.
+// The optimized gated RMSNorms (the delta-rule layers' per head, Mamba2's over
+// groups), compiled once per instruction set (kernels/isa/target.h); loops that
+// GCC vectorises for the target. Host side and plain reference: elementwise.cc.
 #include <cstdint>
 
 #include "kda/base/bf16.h"
@@ -39,7 +39,40 @@ KDA_INLINE void RmsNormRows(T* y, const T* o, const T* gate, const float* w, int
   }
 }
 
+// Mamba2's: rows [r0, r1) of [T * groups, width] (r = t * groups + j), the
+// weight of group j at w + j * width. g [width]: the row's fp32 gated values,
+// kept between the mean square and the scaling (one silu per element).
+template <class T>
+KDA_INLINE void RmsNormGroupRows(T* y, const T* o, const T* z, const float* w, int64_t r0, int64_t r1, int groups,
+                                 int64_t width, float eps, float* g) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const T* orow = o + r * width;
+    const T* zrow = z + r * width;
+    const float* wrow = w + (r % groups) * width;
+    T* yrow = y + r * width;
+    float ss = 0.0F;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t c = 0; c < width; ++c) {
+      const float gc = LoadF(orow[c]) * Gate<GateActivation::kSilu>(LoadF(zrow[c]));
+      g[c] = gc;
+      ss += gc * gc;
+    }
+    const float rstd = 1.0F / __builtin_sqrtf(ss / static_cast<float>(width) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) StoreF(yrow + c, g[c] * rstd * wrow[c]);
+  }
+}
+
 }  // namespace
+
+void RmsNormGroupsF32(float* y, const float* o, const float* z, const float* w, int64_t r0, int64_t r1, int groups,
+                      int64_t width, float eps, float* g) {
+  RmsNormGroupRows(y, o, z, w, r0, r1, groups, width, eps, g);
+}
+void RmsNormGroupsBF16(BF16* y, const BF16* o, const BF16* z, const float* w, int64_t r0, int64_t r1, int groups,
+                       int64_t width, float eps, float* g) {
+  RmsNormGroupRows(y, o, z, w, r0, r1, groups, width, eps, g);
+}
 
 template <GateActivation kAct>
 void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps) {

@@ -52,6 +52,8 @@ inline constexpr int kConvMaxRegisterWidth = 4;  // widths summed in registers (
 
 inline constexpr int64_t kRowsPerJob = 16;               // gate/beta token rows per job (RMSNorm: 4x)
 inline constexpr int64_t kAddPerJob = int64_t{1} << 16;  // residual add / bf16 conversion elements per job
+// Mamba2's gated RMSNorm: at least this many elements per worker (whole rows; small calls take fewer).
+inline constexpr int64_t kNormGroupsMinPerWorker = 8192;
 
 // softplus(x) = x above this (log1p(e^x) equals x to fp32 precision there).
 inline constexpr float kSoftplusThreshold = 20.0F;

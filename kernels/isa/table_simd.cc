@@ -83,6 +83,8 @@ const internal::KernelTable& Table() {
     t.rms_norm_f32[static_cast<int>(GateActivation::kSilu)] = &RmsNormF32<GateActivation::kSilu>;
     t.rms_norm_bf16[static_cast<int>(GateActivation::kSigmoid)] = &RmsNormBF16<GateActivation::kSigmoid>;
     t.rms_norm_bf16[static_cast<int>(GateActivation::kSilu)] = &RmsNormBF16<GateActivation::kSilu>;
+    t.rms_norm_groups_f32 = &RmsNormGroupsF32;
+    t.rms_norm_groups_bf16 = &RmsNormGroupsBF16;
     t.add_f32 = &AddF32;
     t.add_bf16 = &AddBF16;
     t.to_bf16 = &ToBF16Range;

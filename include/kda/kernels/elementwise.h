@@ -48,6 +48,19 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
 void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
                            GateActivation act);
 
+// Mamba2's gated RMSNorm (transformers' MambaRMSNormGated, norm_before_gate
+// False): the silu gate before the norm, the mean over groups of `width`
+// channels (several heads each), a weight per channel of the row. Per token t
+// and group j, over the group's channels c, fp32 arithmetic in one expression:
+//   g[c]       = o[t, c] * silu(z[t, c])              silu(z) = z * sigmoid(z)
+//   y[t, c]    = g[c] * rsqrt(mean_j(g^2) + eps) * w[c]
+// y, o, z [T, groups * width] F32 or BF16, one dtype (y rounded once; g kept
+// in fp32); w [groups * width] fp32. T >= 0, groups and width > 0.
+void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                        float eps);
+void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                                 float eps);
+
 // The residual add between layers: acc[i] = acc[i] + x[i] for i < n, summed
 // in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.
 void AddInPlace(MutBuf acc, ConstBuf x, int64_t n);
