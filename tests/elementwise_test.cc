@@ -148,6 +148,20 @@ ShortConvWant ShortConvOracle(const ActBuffer& xb, const ActBuffer& tails0, int6
   return want;
 }
 
+// The reference on the call `a` of an optimized run (its output and tails replaced; tails0 the tails before):
+// the same fp32 sums, so outputs close to the oracle's `want_y` alike and the same tails.
+void ExpectReferenceAgrees(ShortConvArgs a, const ActBuffer& tails0, const std::vector<float>& got_y,
+                           const std::vector<float>& got_tails, const std::vector<double>& want_y) {
+  const DType dt = a.y.dtype;
+  ActBuffer t_ref = ToAct(dt, tails0.ToFloat());
+  ActBuffer y_ref(dt, a.T * a.C);
+  a.y = y_ref.mut();
+  a.tails = t_ref.mut();
+  short_conv_silu_reference(a);
+  EXPECT_TRUE(CloseToReference(dt, got_y, y_ref.ToFloat(), want_y));
+  EXPECT_EQ(got_tails, t_ref.ToFloat());
+}
+
 TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
   std::mt19937 rng(1);
   for (DType dt : {DType::kF32, DType::kBF16}) {
@@ -174,15 +188,7 @@ TEST_P(ShortConvTest, MatchesOracleOnRaggedBatchesWithTails) {
         for (int64_t i = cu[2] * C; i < cu[3] * C; ++i) ASSERT_EQ(got_y[i], 0.0F);  // padding rows
         EXPECT_EQ(tails.ToFloat(), want_tails);  // slots 0, 1, 4 (no sequence) unchanged
 
-        if (variant().optimized()) {  // and against the reference: the same fp32 sums
-          ActBuffer t_ref = ToAct(dt, tails0.ToFloat());
-          ActBuffer y_ref(dt, T * C);
-          a.y = y_ref.mut();
-          a.tails = t_ref.mut();
-          short_conv_silu_reference(a);
-          EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want_y));
-          EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
-        }
+        if (variant().optimized()) ExpectReferenceAgrees(a, tails0, y.ToFloat(), tails.ToFloat(), want_y);
       }
     }
   }
@@ -223,15 +229,7 @@ TEST_P(ShortConvTest, AddsTheBiasBeforeTheSilu) {
         for (int64_t i = cu[4] * C; i < T * C; ++i) ASSERT_EQ(got_y[i], 0.0F);  // padding rows: no bias
         EXPECT_EQ(tails.ToFloat(), want_tails);                                 // the tails hold inputs: no bias
 
-        if (variant().optimized()) {  // and against the reference: the same fp32 sums
-          ActBuffer t_ref = ToAct(dt, tails0.ToFloat());
-          ActBuffer y_ref(dt, T * C);
-          a.y = y_ref.mut();
-          a.tails = t_ref.mut();
-          short_conv_silu_reference(a);
-          EXPECT_TRUE(CloseToReference(dt, got_y, y_ref.ToFloat(), want_y));
-          EXPECT_EQ(tails.ToFloat(), t_ref.ToFloat());
-        }
+        if (variant().optimized()) ExpectReferenceAgrees(a, tails0, got_y, tails.ToFloat(), want_y);
 
         // No bias and a zero bias: the same bits (the sums are never -0 here).
         const std::vector<float> zeros(static_cast<size_t>(C), 0.0F);

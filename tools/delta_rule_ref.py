@@ -667,6 +667,15 @@ SETS = {
 SHARDS = {"kda-real": 2}
 
 
+def case_inputs(rng, lens, hidden, state, init):
+    """A case's boundaries cu [N+1] (int32), its rows x [T, hidden] (bf16 values) and, with init, initial
+    recurrent states [N, *state] (fp32 values, N(0, 0.5)), drawn in that order; else None."""
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    x = bf16(rng.normal(0.0, 1.0, (int(cu[-1]), hidden)))
+    rec0 = rng.normal(0.0, 0.5, (len(lens), *state)).astype(np.float32).astype(np.float64) if init else None
+    return cu, x, rec0
+
+
 def case_tensors(fam: Family, c: dict, lens, init: bool, rng: np.random.Generator) -> dict:
     """A case's tensors (float64; written as F32, cu_seqlens I32):
       hidden_states [T, hidden] (bf16-exact), cu_seqlens [N+1];
@@ -677,13 +686,9 @@ def case_tensors(fam: Family, c: dict, lens, init: bool, rng: np.random.Generato
       KDA: g_raw, g [T, H, K] (gate projection before dt_bias; activated gate), o_kda, g_out [T, H, V];
       GDN: g_raw, g [T, HV] (a; activated gate), o_gdn, z [T, HV, V] (kernel output; output-gate input);
       intermediates from the fp32 pipeline."""
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    T, N = int(cu[-1]), len(lens)
-    x = bf16(rng.normal(0.0, 1.0, (T, fam.hidden)))
-    rec0 = conv0 = None
-    if init:
-        rec0 = rng.normal(0.0, 0.5, (N, fam.HV, fam.K, fam.V)).astype(np.float32).astype(np.float64)
-        conv0 = bf16(rng.normal(0.0, 0.45, (N, fam.W - 1, fam.conv_dim)))
+    cu, x, rec0 = case_inputs(rng, lens, fam.hidden, (fam.HV, fam.K, fam.V), init)
+    N = len(lens)
+    conv0 = bf16(rng.normal(0.0, 0.45, (N, fam.W - 1, fam.conv_dim))) if init else None
     out, rec, tails, inter = forward(fam, c, x, cu, rec0, conv0)
     out16, rec16, _, _ = forward(fam, c, x, cu, rec0, conv0, bf16_pipeline=True)
     t = {"hidden_states": x, "cu_seqlens": cu, "out_fp32": out, "out_bf16": out16, "final_recurrent_state": rec,
@@ -736,13 +741,20 @@ def write_set(set_name: str, outdir: str, quiet: bool = False) -> None:
     c = load_layer(outdir, fam, fam.linear_layers()[0])  # what the checkpoint holds, read back
     for name, lens, init in cases:
         t = case_tensors(fam, c, lens, init, rng)
-        write_safetensors(os.path.join(outdir, f"{name}.safetensors"), t,
-                          meta={"case": name, "layer": str(fam.linear_layers()[0]), "model_type": fam.model_type})
-        if not quiet:
-            print(f"{set_name}/{name}: T={sum(lens)} max|out|={np.abs(t['out_fp32']).max():.3g} "
-                  f"mean(o^2)={(t['o_kda' if fam.kda else 'o_gdn'] ** 2).mean():.3g} min g={t['g'].min():.6g} "
-                  f"beta in [{t['beta'].min():.3f}, {t['beta'].max():.3f}] "
-                  f"bf16 relL2={np.linalg.norm(t['out_bf16'] - t['out_fp32']) / np.linalg.norm(t['out_fp32']):.2e}")
+        write_case(outdir, set_name, name, t, fam.linear_layers()[0], fam.model_type, quiet,
+                   lambda t=t: f"mean(o^2)={(t['o_kda' if fam.kda else 'o_gdn'] ** 2).mean():.3g} "
+                               f"min g={t['g'].min():.6g} beta in [{t['beta'].min():.3f}, {t['beta'].max():.3f}]")
+
+
+def write_case(outdir, set_name, name, t, layer, model_type, quiet, summary) -> None:
+    """One case file of a set (its metadata: the case, the layer, the model type) and, unless quiet, a line of
+    its numbers: T, max|out|, summary() and the bf16 pipeline's distance from the exact output."""
+    write_safetensors(os.path.join(outdir, f"{name}.safetensors"), t,
+                      meta={"case": name, "layer": str(layer), "model_type": model_type})
+    if not quiet:
+        rel = np.linalg.norm(t["out_bf16"] - t["out_fp32"]) / np.linalg.norm(t["out_fp32"])
+        print(f"{set_name}/{name}: T={len(t['hidden_states'])} max|out|={np.abs(t['out_fp32']).max():.3g} "
+              f"{summary()} bf16 relL2={rel:.2e}")
 
 
 def selfcheck(set_name: str) -> None:
@@ -766,24 +778,26 @@ def selfcheck(set_name: str) -> None:
     assert err < 1e-12
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def golden_cli(argv, doc, sets, write, check):
+    """The command line of a golden-set writer (this one's and tools/mamba2_ref.py's): OUTDIR --set NAME
+    (or --all), --selfcheck (check(name) first), --quiet; write(name, directory, quiet) writes a set."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("outdir", help="the set's directory (with --set) or their parent (with --all)")
     g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--set", choices=sorted(SETS), help="write one golden set into outdir")
+    g.add_argument("--set", choices=sorted(sets), help="write one golden set into outdir")
     g.add_argument("--all", action="store_true", help="write every set into outdir/<set>")
     ap.add_argument("--selfcheck", action="store_true", help="also check split prefill + decode (float64)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
-    names = sorted(SETS) if args.all else [args.set]
+    names = sorted(sets) if args.all else [args.set]
     for name in names:
         if args.selfcheck:
-            selfcheck(name)
-        write_set(name, os.path.join(args.outdir, name) if args.all else args.outdir, args.quiet)
+            check(name)
+        write(name, os.path.join(args.outdir, name) if args.all else args.outdir, args.quiet)
     if not args.quiet:
         print(f"{len(names)} set(s) in {time.time() - t0:.2f} s")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    golden_cli(sys.argv[1:], __doc__, SETS, write_set, selfcheck)

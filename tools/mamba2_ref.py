@@ -57,18 +57,17 @@ python3 with numpy; no torch.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
-import time
 from typing import NamedTuple
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from delta_rule_ref import bf16, read_safetensors, silu, softplus, write_safetensors  # noqa: E402
+from delta_rule_ref import (bf16, case_inputs, golden_cli, read_safetensors, silu, softplus, write_case,  # noqa: E402
+                            write_safetensors)
 
 _bf16 = bf16  # Layer.forward's argument `bf16` shadows the name there
 
@@ -468,12 +467,10 @@ def case_tensors(layer: Layer, lens, init: bool, rng: np.random.Generator) -> di
       z, x_conv [T, H, P], B_conv, C_conv [T, G, N], dt_raw, dt, log_decay [T, H], y_ssm, y_norm [T, H, P]:
       intermediates from the fp32 pipeline."""
     c = layer.cfg
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    T, S = int(cu[-1]), len(lens)
-    x = bf16(rng.normal(0.0, 1.0, (T, c.hidden)))
-    rec0 = conv0 = None
+    cu, x, rec0 = case_inputs(rng, lens, c.hidden, (c.H, c.P, c.N), init)
+    S = len(lens)
+    conv0 = None
     if init:
-        rec0 = rng.normal(0.0, 0.5, (S, c.H, c.P, c.N)).astype(np.float32).astype(np.float64)
         earlier = bf16(rng.normal(0.0, 1.0, (S, c.W - 1, c.hidden)))  # the W-1 tokens before each sequence
         conv0 = bf16(earlier @ layer.w["in_proj.weight"][c.inner:c.inner + c.conv_dim].T)
     f = layer.forward(x, cu, rec0, conv0)
@@ -504,15 +501,15 @@ def write_set(set_name: str, outdir: str, quiet: bool = False) -> None:
     first = c.mixer_layers()[0]
     for name, lens, init in cases:
         t = case_tensors(layer, lens, init, rng)
-        write_safetensors(os.path.join(outdir, f"{name}.safetensors"), t,
-                          meta={"case": name, "layer": str(first), "model_type": c.model_type})
-        if not quiet:
-            g = t["y_ssm"] * silu(t["z"])
-            print(f"{set_name}/{name}: T={sum(lens)} max|out|={np.abs(t['out_fp32']).max():.3g} "
-                  f"max|y|={np.abs(t['y_ssm']).max():.3g} max|state|={np.abs(t['final_recurrent_state']).max():.3g} "
-                  f"median mean(g^2)={np.median((g * g).mean(-1)):.3g} dt*A in [{t['log_decay'].min():.3g}, "
-                  f"{t['log_decay'].max():.3g}] bf16 relL2="
-                  f"{np.linalg.norm(t['out_bf16'] - t['out_fp32']) / np.linalg.norm(t['out_fp32']):.2e}")
+        write_case(outdir, set_name, name, t, first, c.model_type, quiet, lambda t=t: summary(t))
+
+
+def summary(t) -> str:
+    """A case's numbers for the progress line: the scan output, the state, the gated norm's mean square, dt A."""
+    g = t["y_ssm"] * silu(t["z"])
+    return (f"max|y|={np.abs(t['y_ssm']).max():.3g} max|state|={np.abs(t['final_recurrent_state']).max():.3g} "
+            f"median mean(g^2)={np.median((g * g).mean(-1)):.3g} "
+            f"dt*A in [{t['log_decay'].min():.3g}, {t['log_decay'].max():.3g}]")
 
 
 def selfcheck(set_name: str) -> None:
@@ -540,24 +537,5 @@ def selfcheck(set_name: str) -> None:
     assert err < 1e-12
 
 
-def main(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("outdir", help="the set's directory (with --set) or their parent (with --all)")
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--set", choices=sorted(SETS), help="write one golden set into outdir")
-    g.add_argument("--all", action="store_true", help="write every set into outdir/<set>")
-    ap.add_argument("--selfcheck", action="store_true", help="also check split prefill + decode (float64)")
-    ap.add_argument("--quiet", action="store_true")
-    args = ap.parse_args(argv)
-    t0 = time.time()
-    names = sorted(SETS) if args.all else [args.set]
-    for name in names:
-        if args.selfcheck:
-            selfcheck(name)
-        write_set(name, os.path.join(args.outdir, name) if args.all else args.outdir, args.quiet)
-    if not args.quiet:
-        print(f"{len(names)} set(s) in {time.time() - t0:.2f} s")
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    golden_cli(sys.argv[1:], __doc__, SETS, write_set, selfcheck)
