@@ -27,6 +27,13 @@ DeltaRuleGeometry DeltaRuleGeometry::Gdn(int64_t hidden, int key_heads, int valu
           .output_gate = GateActivation::kSilu};
 }
 
+DeltaRuleGeometry DeltaRuleGeometry::Mamba2(int64_t hidden, int heads, int head_dim, int state, int groups,
+                                            int conv_width, double eps) {
+  DeltaRuleGeometry g = Gdn(hidden, groups, heads, state, head_dim, conv_width, eps);
+  g.ssd = true;
+  return g;
+}
+
 RecurrentStateSpec DeltaRuleGeometry::state_spec() const {
   return {.value_heads = HV,
           .head_k_dim = K,
@@ -56,6 +63,14 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
   });
   Check(beta_scale == 1.0F || beta_scale == 2.0F,
         [&] { return who + ": beta_scale must be 1 or 2 (negative eigenvalues), got " + std::to_string(beta_scale); });
+  if (!ssd) return;
+  Check(decay == DecayWidth::kPerValueHead && output_gate == GateActivation::kSilu && gate_lower_bound == 0.0F &&
+            beta_scale == 1.0F && !gate_in_act_dtype && !conv_weights_f32,
+        who + ": a Mamba2 mixer has one decay per head, a silu gate and none of the delta-rule variants");
+  Check(dt_min >= 0.0F && !(dt_max < dt_min) && !std::isnan(dt_max), [&] {
+    return who + ": time_step_limit must satisfy 0 <= min <= max, got (" + std::to_string(dt_min) + ", " +
+           std::to_string(dt_max) + ")";
+  });
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count) const {

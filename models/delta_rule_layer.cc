@@ -60,11 +60,12 @@ const TensorSpec& TensorOf(const TensorTable& table, TensorRole role, const std:
 }  // namespace
 
 std::vector<DeltaRuleLayer::RowBlock> DeltaRuleLayer::RoleRows(const TensorTable& table, TensorRole role,
-                                                               bool projections, int key_heads, int64_t* cols) {
+                                                               bool projections, int key_heads, int64_t* cols,
+                                                               bool conv_bias) {
   std::vector<RowBlock> blocks;
   *cols = 0;
   for (const TensorSpec& t : table) {
-    if (t.quantizable != projections || t.shard == ShardAxis::kCols) continue;
+    if (t.quantizable != projections || t.shard == ShardAxis::kCols || t.conv_bias != conv_bias) continue;
     const size_t first = blocks.size();
     if (t.shard == ShardAxis::kNone) {
       if (t.parts.front().role == role) blocks.push_back({t.name, 0, t.rows()});
@@ -144,41 +145,54 @@ DeltaRuleLayer::DeltaRuleLayer(const std::string& who, const TensorTable& table,
         who + ": a KDA layer's head dim must be a multiple of 16 in [16, 256], got " + std::to_string(g.K));
   CheckWeights(w, table, who);
   const int64_t hid = g.hidden;
-  // The input projections by role: q|k|v in one GEMM (the conv's channels in order), the raw gate, beta and
-  // the output gate, each with its low-rank first half where the table has one.
+  // The input projections by role: q|k|v in one GEMM (the conv's channels in order: Mamba2's x|B|C), the raw
+  // gate, beta (none in a Mamba2 mixer: beta is its dt) and the output gate, each with its low-rank first half
+  // where the table has one.
   using R = TensorRole;
-  qkv_proj_ = AddRole(w, table, g, {R::kQ, R::kK, R::kV}, std::nullopt, g.conv_channels(), "q|k|v projection", who);
+  const std::vector<R> channels = g.ssd ? std::vector<R>{R::kV, R::kK, R::kQ} : std::vector<R>{R::kQ, R::kK, R::kV};
+  qkv_proj_ =
+      AddRole(w, table, g, channels, std::nullopt, g.conv_channels(), g.ssd ? "x|B|C" : "q|k|v projection", who);
   gate_proj_ = AddRole(w, table, g, {R::kGate}, R::kGateDown, g.gate_width(), "gate projection", who);
-  beta_proj_ = AddRole(w, table, g, {R::kBeta}, std::nullopt, g.HV, "beta projection", who);
+  if (!g.ssd) beta_proj_ = AddRole(w, table, g, {R::kBeta}, std::nullopt, g.HV, "beta projection", who);
   out_gate_proj_ = AddRole(w, table, g, {R::kOutGate}, R::kOutGateDown, g.value_dim(), "output gate projection", who);
 
-  // The convs in the backend's layout from the checkpoint's [C_g, W] rows of q, k and v (rounded to bf16 in
-  // the bf16 pipeline unless the geometry keeps them fp32).
+  // The convs in the backend's layout from the checkpoint's [C_g, W] rows of each channel group in channel
+  // order (rounded to bf16 in the bf16 pipeline unless the geometry keeps them fp32), and a Mamba2 mixer's bias.
   std::vector<float> conv;
+  std::vector<float> bias;
   conv.reserve(static_cast<size_t>(g.conv_channels() * g.W));
-  const int64_t widths[3] = {g.key_dim(), g.key_dim(), g.value_dim()};
-  const TensorRole qkv[3] = {TensorRole::kQ, TensorRole::kK, TensorRole::kV};
-  for (int c = 0; c < 3; ++c) {
+  for (R role : channels) {
+    const int64_t width = role == R::kV ? g.value_dim() : g.key_dim();
     int64_t cols = 0;
     std::vector<float> rows;
-    for (const RowBlock& b : RoleRows(table, qkv[c], /*projections=*/false, g.H, &cols)) {
+    for (const RowBlock& b : RoleRows(table, role, /*projections=*/false, g.H, &cols)) {
       const std::vector<float>& m = w.Dense(b.name);
       rows.insert(rows.end(), m.begin() + b.r0 * cols, m.begin() + b.r1 * cols);
     }
-    Check(cols == g.W && static_cast<int64_t>(rows.size()) == widths[c] * g.W,
+    Check(cols == g.W && static_cast<int64_t>(rows.size()) == width * g.W,
           who + ": the tensor table's conv rows do not fit the geometry");
-    const std::vector<float> t = ShortConvWeightFromCheckpoint(rows, widths[c], g.W);
+    const std::vector<float> t = ShortConvWeightFromCheckpoint(rows, width, g.W);
     conv.insert(conv.end(), t.begin(), t.end());
+    if (!g.ssd) continue;
+    const size_t at = bias.size();
+    for (const RowBlock& b : RoleRows(table, role, /*projections=*/false, g.H, &cols, /*conv_bias=*/true)) {
+      const std::vector<float>& m = w.Dense(b.name);
+      bias.insert(bias.end(), m.begin() + b.r0, m.begin() + b.r1);
+    }
+    Check(static_cast<int64_t>(bias.size() - at) == width, who + ": the tensor table's conv bias does not fit");
   }
   if (act_dtype_ == DType::kBF16 && !g.conv_weights_f32) {
     for (float& x : conv) x = RoundBF16(x);
+    for (float& x : bias) x = RoundBF16(x);
   }
-  // A_log and dt_bias stay fp32 parameters (design §1).
+  // A_log, dt_bias and D stay fp32 parameters (design §1); a Mamba2 mixer reads C unscaled.
   attn_ = std::make_unique<RadixLinearAttention>(
       layer_id, g, std::move(conv), w.Dense(TensorOf(table, TensorRole::kALog, who).name),
-      w.Dense(TensorOf(table, TensorRole::kDtBias, who).name), 1.0F / std::sqrt(static_cast<float>(g.K)));
+      w.Dense(TensorOf(table, TensorRole::kDtBias, who).name), g.ssd ? 1.0F : 1.0F / std::sqrt(static_cast<float>(g.K)),
+      std::move(bias), g.ssd ? w.Dense(TensorOf(table, TensorRole::kD, who).name) : std::vector<float>{});
   norm_weight_ = w.Dense(TensorOf(table, TensorRole::kNorm, who).name);
-  Check(static_cast<int64_t>(norm_weight_.size()) == g.V, who + ": the norm weight must be [V]");
+  Check(static_cast<int64_t>(norm_weight_.size()) == (g.ssd ? g.value_dim() : g.V),
+        who + (g.ssd ? ": the norm weight must be [HV * V]" : ": the norm weight must be [V]"));
   if (act_dtype_ == DType::kBF16) {
     for (float& x : norm_weight_) x = RoundBF16(x);
   }
@@ -265,7 +279,7 @@ void DeltaRuleLayer::Project(ConstBuf x, int64_t T, Projected& r) const {
   };
   run(qkv_proj_, r.scratch[0], r.mixed_qkv);
   run(gate_proj_, r.scratch[0], r.gate_raw);
-  run(beta_proj_, r.scratch[0], r.beta_logits);
+  if (beta_proj_.first != nullptr) run(beta_proj_, r.scratch[0], r.beta_logits);
   run(out_gate_proj_, r.scratch[1], r.output_gate);
 }
 
@@ -301,13 +315,21 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
 
   // The attention core: conv, gates, kernel, states.
   ActBuffer o = ActBuffer::Uninitialized(dt, T * geo.value_dim());
-  backend.Forward(*attn_, o.mut(), pr.mixed_qkv.view(), pr.gate_raw.view(), pr.beta_logits.view());
+  // A Mamba2 mixer has no beta logits (beta is its dt): the raw gate stands in for them.
+  const ConstBuf beta_logits = beta_proj_.first != nullptr ? pr.beta_logits.view() : pr.gate_raw.view();
+  backend.Forward(*attn_, o.mut(), pr.mixed_qkv.view(), pr.gate_raw.view(), beta_logits);
   if (obs != nullptr) obs->OnTensor(layer_id, LayerTensor::kOutputGate, pr.output_gate.view(), pr.output_gate.size());
 
-  // Gated RMSNorm per token and value head over V, then the output projection.
+  // Gated RMSNorm per token and value head over V (a Mamba2 mixer: the gate first, over the r heads of a
+  // group), then the output projection.
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * geo.value_dim());
-  GatedRmsNorm(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.HV, geo.V,
-               static_cast<float>(geo.rms_norm_eps), geo.output_gate);
+  if (geo.ssd) {
+    GatedRmsNormGroups(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.H,
+                       int64_t{geo.group()} * geo.V, static_cast<float>(geo.rms_norm_eps));
+  } else {
+    GatedRmsNorm(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.HV, geo.V,
+                 static_cast<float>(geo.rms_norm_eps), geo.output_gate);
+  }
   if (tp_ == nullptr || tp_->size() == 1) {
     out_proj_->Forward(out, normed.view(), T);
   } else {
@@ -324,10 +346,11 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
 std::unique_ptr<DeltaRuleLayer> LayerFamily::MakeLayer(int layer_id, const DeltaRuleGeometry& geometry,
                                                        const LayerWeights& weights, DType act_dtype, Communicator* tp,
                                                        WeightFormat weights_format) const {
-  Check(geometry.decay == reference.decay,
+  Check(geometry.decay == reference.decay && geometry.ssd == reference.ssd,
         layer_class + ": the geometry must be a " +
-            (reference.decay == DecayWidth::kPerKeyDim ? "KDA one (a decay per key dimension)"
-                                                       : "Gated DeltaNet one (a decay per value head)"));
+            (reference.ssd                               ? "Mamba2 mixer's (DeltaRuleGeometry::Mamba2)"
+             : reference.decay == DecayWidth::kPerKeyDim ? "KDA one (a decay per key dimension)"
+                                                         : "Gated DeltaNet one (a decay per value head)"));
   return std::make_unique<DeltaRuleLayer>(layer_class, tensors(geometry), layer_id, geometry, weights, act_dtype, tp,
                                           weights_format);
 }

@@ -22,14 +22,17 @@ HeadShard ShardFor(int total_heads, Communicator* tp) {
 }  // namespace
 
 std::string LayerKeyPrefix(const Checkpoint& ckpt, const LayerFamily& family, int layer) {
-  const std::string plain = "model.layers." + std::to_string(layer) + "." + family.layer_prefix;
-  const std::string text = "model.language_model.layers." + std::to_string(layer) + "." + family.layer_prefix;
+  const std::string suffix = "layers." + std::to_string(layer) + "." + family.layer_prefix;
   const std::vector<std::string> names = ckpt.names();
   const auto holds = [&](const std::string& prefix) {
     const auto it = std::lower_bound(names.begin(), names.end(), prefix);
     return it != names.end() && it->compare(0, prefix.size(), prefix) == 0;
   };
-  return !holds(plain) && holds(text) ? text : plain;
+  // model.layers.{i}., else a multimodal checkpoint's text model's, else Mamba2's and Nemotron-H's backbone.
+  for (const char* root : {"model.language_model.", "backbone."}) {
+    if (!holds("model." + suffix) && holds(root + suffix)) return root + suffix;
+  }
+  return "model." + suffix;
 }
 
 DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer,

@@ -37,8 +37,9 @@ const LayerFamily* FindFamily(const std::string& name, const ModelTypeName** typ
 
 const std::vector<LayerFamily>& LayerFamilies() {
   static const std::vector<LayerFamily> families = {
-      families::KimiLinear(),    families::Qwen3Next(),  families::Qwen3_5(),  families::Glm5Next(),
-      families::BailingHybrid(), families::OlmoHybrid(), families::LaraMini(), families::Qwen4Exp(),
+      families::KimiLinear(),       families::Qwen3Next(),  families::Qwen3_5(),  families::Glm5Next(),
+      families::BailingHybrid(),    families::OlmoHybrid(), families::LaraMini(), families::Qwen4Exp(),
+      families::GraniteMoeHybrid(), families::NemotronH(),  families::Bamba(),    families::Mamba2(),
   };
   return families;
 }

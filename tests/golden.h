@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -65,6 +66,19 @@ struct GoldenCase {
   std::string dir;
   std::string name;
 };
+
+// The cases `names` of the set `set`, and parts of a case list one after another.
+inline std::vector<GoldenCase> CasesOf(const std::string& set, const std::vector<std::string>& names) {
+  std::vector<GoldenCase> cases;
+  cases.reserve(names.size());
+  for (const std::string& n : names) cases.push_back({set, n});
+  return cases;
+}
+inline std::vector<GoldenCase> Concat(std::initializer_list<std::vector<GoldenCase>> parts) {
+  std::vector<GoldenCase> all;
+  for (const std::vector<GoldenCase>& p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
 
 // `cases`, then the same cases of ../shared/golden's independent sets
 // ("shared/<set>") for each set that directory holds: where it exists, they

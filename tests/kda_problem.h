@@ -231,7 +231,7 @@ inline void SetOptions(const Problem& p, KdaCallCommon& c) {
   c.use_beta_sigmoid_in_kernel = p.beta_sigmoid;
   c.allow_neg_eigval = p.allow_neg_eigval;
   c.state_v_first = p.state_v_first;
-  c.delta_correction = p.delta_correction;
+  if (!p.delta_correction) c.delta_correction = false;  // Mamba2's recurrence
   if (p.gate_in_kernel) {
     if (!p.a_log.empty()) c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.HV});
     c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {static_cast<int64_t>(p.GateRow())});

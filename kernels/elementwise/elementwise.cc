@@ -85,6 +85,23 @@ void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const flo
   });
 }
 
+void SsdGateDt(float* g, float* dt, ConstBuf raw, const float* A_log, const float* dt_bias, int64_t T, int H,
+               float dt_min, float dt_max) {
+  CheckFloatBuf(raw.dtype, "dt input");
+  std::vector<float> a(static_cast<size_t>(H));
+  for (int h = 0; h < H; ++h) a[h] = -std::exp(A_log[h]);
+  ParallelFor((T + kRowsPerJob - 1) / kRowsPerJob, [&](int64_t job) {
+    const int64_t t1 = std::min(T, (job + 1) * kRowsPerJob);
+    for (int64_t i = job * kRowsPerJob * H; i < t1 * H; ++i) {
+      const int h = static_cast<int>(i % H);
+      const float x = LoadAsFloat(raw.data, raw.dtype, static_cast<size_t>(i)) + dt_bias[h];
+      const float d = std::min(std::max(x > 20.0F ? x : std::log1p(std::exp(x)), dt_min), dt_max);
+      dt[i] = d;
+      g[i] = a[h] * d;
+    }
+  });
+}
+
 void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) {
   internal::ActiveKernels().gate_row(g, bias, -std::exp(A_log), len);
 }

@@ -34,8 +34,10 @@ void ValidateCommon(const std::string& who, const Args& a) {
         [&] { return who + ": g dtype must be F32, BF16 or F16, got " + DTypeName(a.g.dtype); });
   Check(IsFloatType(a.beta.dtype),
         [&] { return who + ": beta dtype must be F32, BF16 or F16, got " + DTypeName(a.beta.dtype); });
-  Check(a.o.dtype == a.q.dtype,
-        [&] { return who + ": o dtype " + DTypeName(a.o.dtype) + " differs from q dtype " + DTypeName(a.q.dtype); });
+  // o in q's dtype, or fp32 (an output that a later step rounds once, as Mamba2's y = o + D x).
+  Check(a.o.dtype == a.q.dtype || a.o.dtype == DType::kF32, [&] {
+    return who + ": o dtype " + DTypeName(a.o.dtype) + " must be q's (" + DTypeName(a.q.dtype) + ") or F32";
+  });
   Check(a.H >= 1, [&] { return who + ": H must be >= 1, got " + std::to_string(a.H); });
   Check(a.HV >= a.H && a.HV % a.H == 0, [&] {
     return who + ": HV (" + std::to_string(a.HV) + ") must be a multiple of H (" + std::to_string(a.H) + ")";

@@ -96,4 +96,25 @@ TensorSpec OutProj(const std::string& name, int64_t hidden, int64_t cols, int64_
   return t;
 }
 
+TensorSpec ConvBias(const std::string& name, int64_t rows, Parts parts) {
+  TensorSpec t;
+  t.name = name;
+  t.shapes = {{rows}};
+  t.shard = ShardAxis::kRows;
+  t.parts = std::move(parts);
+  t.init = Normal(0.1F);
+  t.conv_bias = true;
+  return t;
+}
+
+TensorSpec HeadParam(const std::string& name, int64_t rows, int64_t units, TensorRole role, float a, float b) {
+  TensorSpec t;
+  t.name = name;
+  t.shapes = {{rows}};
+  t.shard = ShardAxis::kRows;
+  t.parts = {{units, role}};
+  t.init = {TensorInit::Kind::kUniform, a, b};
+  return t;
+}
+
 }  // namespace kda::families

@@ -26,6 +26,12 @@ LayerFamily Qwen3_5();
 LayerFamily OlmoHybrid();
 LayerFamily LaraMini();
 LayerFamily Qwen4Exp();
+// Mamba2 mixers (the SSD layer, DeltaRuleGeometry::ssd): Mamba2 (Codestral), Nemotron-H, Granite-4.0-H,
+// Bamba (mamba2_families.cc).
+LayerFamily Mamba2();
+LayerFamily NemotronH();
+LayerFamily GraniteMoeHybrid();
+LayerFamily Bamba();
 
 // An entry of the registry (see LayerFamily's fields).
 LayerFamily Family(std::string layer_class, std::vector<ModelTypeName> model_types, std::string layer_prefix,
@@ -51,5 +57,9 @@ TensorSpec DtBias(int64_t rows, int64_t units);
 TensorSpec Norm(const std::string& name, int64_t V);
 // The output projection [hidden, cols] (quantizable, cut by columns, `units` per key head).
 TensorSpec OutProj(const std::string& name, int64_t hidden, int64_t cols, int64_t units);
+// A conv's bias [rows] (parts: the conv channels' roles), N(0, 0.1).
+TensorSpec ConvBias(const std::string& name, int64_t rows, Parts parts);
+// A per-head parameter [rows] of `role` (`units` per key head), U[a, b) (Mamba2's D: U[0.5, 1.5)).
+TensorSpec HeadParam(const std::string& name, int64_t rows, int64_t units, TensorRole role, float a, float b);
 
 }  // namespace kda::families

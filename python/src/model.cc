@@ -10,7 +10,9 @@
 // States per sequence and layer (H key heads of K, HV value heads of V, conv
 // width W): recurrent [HV, K, V] fp32 (K-major per value head), conv tail
 // [W-1, C] in the activation dtype, C = 2*H*K + HV*V channels q|k|v (the raw
-// projections before the conv and SiLU, oldest row first).
+// projections before the conv and SiLU, oldest row first); a Mamba2 mixer's
+// (DeltaRuleGeometry::ssd): recurrent [H, P, N_state] (transformers' cache),
+// conv channels x|B|C.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -83,6 +85,13 @@ const float* CheckF32(const InArray& a, const std::vector<int64_t>& shape, const
 }
 
 // One delta-rule layer of a checkpoint, of any supported model type.
+// The recurrent state's layout in messages: [N, HV, K, V], or a Mamba2 mixer's [N, H, P, N_state]
+// (transformers' cache: value heads, head dim, state size).
+const char* StateLayout(const DeltaRuleGeometry& g, const char* lead) {
+  if (g.ssd) return std::string(lead) == "N" ? "[N, H, P, N_state]" : "[L, H, P, N_state]";
+  return std::string(lead) == "N" ? "[N, HV, K, V]" : "[L, HV, K, V]";
+}
+
 class Layer {
  public:
   Layer(const std::string& path, int layer, const std::string& dtype, const std::string& kernel,
@@ -129,9 +138,10 @@ class Layer {
     const RecurrentStateSpec spec = s.state_spec();
     const int64_t rs = spec.recurrent_size();
     const int64_t cs = spec.conv_size();
-    const std::vector<int64_t> rec_shape = {N, s.HV, s.K, s.V};
+    const std::vector<int64_t> rec_shape = {N, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V};
     const std::vector<int64_t> conv_shape = {N, s.W - 1, s.conv_channels()};
-    const float* rec0 = init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", "[N, HV, K, V]") : nullptr;
+    const float* rec0 =
+        init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", StateLayout(s, "N")) : nullptr;
     const void* conv0 =
         init_conv ? CheckAct(*init_conv, act, conv_shape, "initial_conv_state", "[N, W-1, C]") : nullptr;
 
@@ -229,7 +239,8 @@ class Engine {
     r.length = T;
     r.decode_tokens = decode_tokens;
     if (init_rec) {
-      r.initial_recurrent = CheckF32(*init_rec, {L, s.HV, s.K, s.V}, "initial_recurrent_state", "[L, HV, K, V]");
+      r.initial_recurrent = CheckF32(*init_rec, {L, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V},
+                                     "initial_recurrent_state", StateLayout(s, "L"));
     }
     if (init_conv) {
       r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.conv_channels()}, "initial_conv_state", "[L, W-1, C]");
@@ -314,7 +325,7 @@ class Engine {
     for (RequestResult& r : stack_->scheduler().TakeFinished()) {
       const int64_t T = static_cast<int64_t>(r.out.size() / DTypeSize(act) / s.hidden);
       done.emplace_back(r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
-                        ToNumpy(std::move(r.final_recurrent), {L, s.HV, s.K, s.V}),
+                        ToNumpy(std::move(r.final_recurrent), {L, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V}),
                         ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act), r.cached_tokens);
       inputs_.erase(r.id);
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,11 @@ struct ModelConfig {
   std::optional<double> gate_lower_bound;
   bool allow_neg_eigval = false;       // beta = 2 * sigmoid(b) (olmo_hybrid's linear_allow_neg_eigval)
   std::string output_gate_activation;  // "" (the family's own), "sigmoid" or "silu" (qwen4_exp, always set)
+  // Mamba2 mixers: the layers are SSD mixers (num_k_heads: the groups of B and C, num_v_heads the heads,
+  // head_k_dim the state size, head_v_dim the head dim), dt clamped to time_step_limit [dt_min, dt_max].
+  bool ssd = false;
+  double dt_min = 0.0;
+  double dt_max = std::numeric_limits<double>::infinity();
 
   bool IsLinearLayer(int layer) const;
   // The lowest delta-rule layer; kda::Error when there is none.

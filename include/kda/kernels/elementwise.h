@@ -27,6 +27,12 @@ void KdaGateBeta(float* g, float* beta, ConstBuf raw, ConstBuf logits, const flo
 void KdaGateBetaReference(float* g, float* beta, ConstBuf raw, ConstBuf logits, const float* A_log,
                           const float* dt_bias, int64_t T, int H, int K, GateForm form = {});
 
+// Mamba2's step size and log decay (fp32), per token and head:
+//   dt[t, h] = clamp(softplus(raw[t, h] + dt_bias[h]), dt_min, dt_max),  g[t, h] = -exp(A_log[h]) * dt[t, h]
+// softplus(x) = x for x > 20 (torch's threshold). raw [T, H] F32 or BF16; g, dt [T, H].
+void SsdGateDt(float* g, float* dt, ConstBuf raw, const float* A_log, const float* dt_bias, int64_t T, int H,
+               float dt_min, float dt_max);
+
 // The same forget gate over one head's row, in place: the in-kernel gate of
 // the optimized KDA kernels (use_gate_in_kernel). Reference: KdaGate per
 // element. g [len] holds the raw gate on entry; bias [len] or null.

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "kda/kernels/elementwise.h"
@@ -46,17 +47,35 @@ struct DeltaRuleGeometry {
   // The conv weights kept fp32 in the bf16 pipeline (GLM-5 Next and Bailing
   // keep their conv1d in float32); otherwise rounded to bf16 like the rest.
   bool conv_weights_f32 = false;
+  // Mamba2's SSD mixer (Granite-4.0-H, Nemotron-H, Bamba, Codestral): the same
+  // layer without the delta rule. H = G groups of B and C (the key heads; K =
+  // the state size N), HV heads of V = P dims (head h reads group h / r). No
+  // delta correction, no L2 norm of B and C, scale 1; dt = clamp(softplus(
+  // dt_raw + dt_bias), [dt_min, dt_max]) is beta and g = -exp(A_log) dt; y =
+  // o + D x; the conv runs over x|B|C (v|k|q) with a bias; the gated norm is
+  // y * silu(z) normalised over the r heads of a group (weight [HV * V]);
+  // states are [HV, V, K] (transformers' [H, P, N]).
+  bool ssd = false;
+  float dt_min = 0.0F;
+  float dt_max = std::numeric_limits<float>::infinity();
 
   // A KDA layer: H = HV heads of K = V dims, per-key-dim decay, sigmoid output gate.
   static DeltaRuleGeometry Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps);
   // A GDN layer: per-value-head decay, silu output gate.
   static DeltaRuleGeometry Gdn(int64_t hidden, int key_heads, int value_heads, int head_k_dim, int head_v_dim,
                                int conv_width, double eps);
+  // A Mamba2 mixer: `heads` heads of head_dim, state size `state`, `groups` groups of B and C.
+  static DeltaRuleGeometry Mamba2(int64_t hidden, int heads, int head_dim, int state, int groups, int conv_width,
+                                  double eps);
 
   int group() const { return H > 0 ? HV / H : 0; }  // r, value heads per key head
   int64_t key_dim() const { return int64_t{H} * K; }
   int64_t value_dim() const { return int64_t{HV} * V; }
   int64_t conv_channels() const { return 2 * key_dim() + value_dim(); }
+  // The first conv channel of q, k and v: q|k|v, or Mamba2's x|B|C (v|k|q).
+  int64_t q_channel() const { return ssd ? value_dim() + key_dim() : 0; }
+  int64_t k_channel() const { return ssd ? value_dim() : key_dim(); }
+  int64_t v_channel() const { return ssd ? 0 : 2 * key_dim(); }
   // Decay values per value head (K or 1) and per token (HV * that).
   int decay_per_head() const { return decay == DecayWidth::kPerKeyDim ? K : 1; }
   int64_t gate_width() const { return int64_t{HV} * decay_per_head(); }
@@ -66,7 +85,8 @@ struct DeltaRuleGeometry {
 
   // kda::Error naming the problem unless the geometry is one the kernels and
   // layers take (positive sizes, HV a multiple of H, K and V in [1, 256], a
-  // finite gate_lower_bound <= 0, beta_scale 1 or 2).
+  // finite gate_lower_bound <= 0, beta_scale 1 or 2; an SSD mixer: a decay per
+  // value head, none of the delta-rule variants, 0 <= dt_min <= dt_max).
   void Validate(const std::string& who) const;
   // The layer of key heads [begin, begin + count) (and their value heads):
   // H = count, HV = count * r, everything else unchanged.

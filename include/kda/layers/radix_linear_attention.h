@@ -20,8 +20,11 @@ class RadixLinearAttention {
   // the other, each in the short conv kernels' tap-major layout [W, C_g]
   // (short_conv.h; C_g = H*K, H*K, HV*V); A_log [HV]; dt_bias
   // [geometry.gate_width()] (KDA [HV*K], GDN [HV]); scale multiplies q (K^-0.5).
+  // A Mamba2 mixer (geometry.ssd): conv_weight x|B|C in that order, its conv
+  // bias [C] in the same order, D [HV] (y = o + D x), scale 1; empty otherwise.
   RadixLinearAttention(int layer_id, const DeltaRuleGeometry& geometry, std::vector<float> conv_weight,
-                       std::vector<float> A_log, std::vector<float> dt_bias, float scale);
+                       std::vector<float> A_log, std::vector<float> dt_bias, float scale,
+                       std::vector<float> conv_bias = {}, std::vector<float> D = {});
 
   int layer_id() const { return layer_id_; }
   const DeltaRuleGeometry& geometry() const { return geometry_; }
@@ -29,6 +32,8 @@ class RadixLinearAttention {
   const std::vector<float>& A_log() const { return A_log_; }
   const std::vector<float>& dt_bias() const { return dt_bias_; }
   float scale() const { return scale_; }
+  const std::vector<float>& conv_bias() const { return conv_bias_; }
+  const std::vector<float>& D() const { return D_; }
 
  private:
   int layer_id_;
@@ -37,6 +42,8 @@ class RadixLinearAttention {
   std::vector<float> A_log_;
   std::vector<float> dt_bias_;
   float scale_;
+  std::vector<float> conv_bias_;
+  std::vector<float> D_;
 };
 
 }  // namespace kda

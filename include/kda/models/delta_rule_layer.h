@@ -111,8 +111,9 @@ class DeltaRuleLayer {
                               const std::string& what);
   // The rows of `role` in the table's projections (`projections`) or other tensors, in table order and
   // head-major; *cols receives their tensors' columns (one value, else kda::Error).
+  // conv_bias: the rows of the conv bias tensors (TensorSpec::conv_bias) instead of the other tensors'.
   static std::vector<RowBlock> RoleRows(const TensorTable& table, TensorRole role, bool projections, int key_heads,
-                                        int64_t* cols);
+                                        int64_t* cols, bool conv_bias = false);
   void CheckInputDtype(ConstBuf x) const;
 
   DType act_dtype_;
@@ -125,7 +126,7 @@ class DeltaRuleLayer {
   Projection out_gate_proj_;
   std::unique_ptr<Linear> out_proj_;
   std::unique_ptr<RadixLinearAttention> attn_;
-  std::vector<float> norm_weight_;  // [V]
+  std::vector<float> norm_weight_;  // [V] (a Mamba2 mixer's: [HV * V])
 };
 
 }  // namespace kda

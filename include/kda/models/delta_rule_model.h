@@ -26,7 +26,8 @@ class Checkpoint;
 
 // The checkpoint key prefix of layer `layer`'s tensors: "model.layers.{i}." +
 // the family's layer prefix, or, when the checkpoint has no tensor there and
-// holds a multimodal model's text layers, "model.language_model.layers.{i}." + it.
+// holds a multimodal model's text layers, "model.language_model.layers.{i}." + it,
+// or Mamba2's and Nemotron-H's "backbone.layers.{i}." + it.
 std::string LayerKeyPrefix(const Checkpoint& ckpt, const LayerFamily& family, int layer);
 
 // The layers of one model, in model order; layers[i] uses pool layer i.

@@ -34,7 +34,7 @@ enum class ShardAxis : uint8_t { kNone, kRows, kCols };
 // gate (KDA's f [P], GDN's a [HV]), the beta logits, the output gate (KDA's
 // g, GDN's z [HV*V]), a low-rank projection's first half (x -> [K], before the
 // gate's or the output gate's rows [P, K]), the decay's A_log and dt_bias, the
-// gated norm's weight, the output projection.
+// gated norm's weight, the output projection; Mamba2's D (y = o + D x).
 enum class TensorRole : uint8_t {
   kQ,
   kK,
@@ -48,6 +48,7 @@ enum class TensorRole : uint8_t {
   kDtBias,
   kNorm,
   kOut,
+  kD,
 };
 
 struct TensorPart {
@@ -78,6 +79,9 @@ struct TensorSpec {
   // conv1d), which a checkpoint may also store split at other rows (transformers 5.25 saves OLMo's as
   // three near-equal parts): any split whose parts have the tensors' trailing dims and their rows in all.
   std::string group;
+  // A conv's bias [C] (Mamba2's conv1d.bias): its parts name the conv channels' roles (q, k, v), as the conv
+  // weight's do; the layer reads it apart from the weights.
+  bool conv_bias = false;
 
   int64_t numel() const;
   int64_t rows() const { return numel() / cols; }

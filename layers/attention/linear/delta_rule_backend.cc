@@ -26,6 +26,11 @@ GateBeta ComputeGateBeta(const RadixLinearAttention& layer, ConstBuf gate_raw, C
   const DeltaRuleGeometry& geo = layer.geometry();
   GateBeta gb{ScratchArray<float>(static_cast<size_t>(T * geo.gate_width())),
               ScratchArray<float>(static_cast<size_t>(T * geo.HV))};
+  if (geo.ssd) {  // Mamba2: beta is the step size dt, g = dt A; no beta logits
+    SsdGateDt(gb.g.data(), gb.beta.data(), gate_raw, layer.A_log().data(), layer.dt_bias().data(), T, geo.HV,
+              geo.dt_min, geo.dt_max);
+    return gb;
+  }
   KdaGateBeta(gb.g.data(), gb.beta.data(), gate_raw, beta_logits, layer.A_log().data(), layer.dt_bias().data(), T,
               geo.HV, geo.decay_per_head(), {.lower_bound = geo.gate_lower_bound, .beta_scale = geo.beta_scale});
   if (geo.gate_in_act_dtype && gate_raw.dtype == DType::kBF16) {
@@ -55,7 +60,10 @@ Args CoreArgs(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb)
   a.K = geo.K;
   a.V = geo.V;
   a.options.scale = s.layer.scale();
-  a.options.use_qk_l2norm_in_kernel = true;
+  // Mamba2's SSD: no L2 norm of B and C, no delta correction, states [HV, V, K] (transformers' [H, P, N]).
+  a.options.use_qk_l2norm_in_kernel = !geo.ssd;
+  a.options.delta_correction = !geo.ssd;
+  a.state_v_first = geo.ssd;
   return a;
 }
 
@@ -84,7 +92,22 @@ RecurrentKdaArgs SlotsArgs(const LinearRecurrentAttnBackend::CoreStep& s, const 
 template <class Run>
 void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  run(gb);
+  const DeltaRuleGeometry& geo = s.layer.geometry();
+  if (!geo.ssd) {
+    run(s, gb);
+  } else {
+    // Mamba2: the kernel's o in fp32, then y = o + D x rounded once to the activation dtype.
+    const int64_t n = s.num_tokens * geo.value_dim();
+    ScratchArray<float> o32(static_cast<size_t>(n));
+    CoreStep f32 = s;
+    f32.o = {o32.data(), DType::kF32};
+    run(f32, gb);
+    const float* D = s.layer.D().data();
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = LoadAsFloat(s.v.data, s.v.dtype, static_cast<size_t>(i));
+      StoreFromFloat(s.o.data, s.o.dtype, static_cast<size_t>(i), o32.data()[i] + D[(i / geo.V) % geo.HV] * x);
+    }
+  }
   const int id = s.layer.layer_id();
   const int64_t gates = s.num_tokens * s.layer.geometry().gate_width();
   Report(id, LayerTensor::kGateRaw, s.gate_raw, gates);
@@ -92,8 +115,8 @@ void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
   Report(id, LayerTensor::kBeta, {gb.beta.data(), DType::kF32}, s.num_tokens * s.layer.geometry().HV);
 }
 
-void DeltaRuleAttnBackend::RunExtend(const CoreStep& s) {
-  WithGate(s, [&](const GateBeta& gb) {
+void DeltaRuleAttnBackend::RunExtend(const CoreStep& step) {
+  WithGate(step, [&](const CoreStep& s, const GateBeta& gb) {
     ChunkKdaArgs a = CoreArgs<ChunkKdaArgs>(s, gb);
     a.cu_seqlens = static_cast<const int64_t*>(s.cu_seqlens.data);
     a.state = DataOrEmpty<float>(s.state);  // fresh requests start from zeros (has_initial_state)
@@ -107,12 +130,14 @@ void DeltaRuleAttnBackend::RunExtend(const CoreStep& s) {
   });
 }
 
-void DeltaRuleAttnBackend::RunDecode(const CoreStep& s) {
-  WithGate(s, [&](const GateBeta& gb) { RunTrusted(SlotsArgs(s, gb, false, true, decode_cu_), kernel_); });
+void DeltaRuleAttnBackend::RunDecode(const CoreStep& step) {
+  WithGate(step, [&](const CoreStep& s, const GateBeta& gb) {
+    RunTrusted(SlotsArgs(s, gb, false, true, decode_cu_), kernel_);
+  });
 }
 
-void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
-  WithGate(s, [&](const GateBeta& gb) {
+void DeltaRuleAttnBackend::RunVerify(const CoreStep& step) {
+  WithGate(step, [&](const CoreStep& s, const GateBeta& gb) {
     if (s.token_states == nullptr) {
       RunTrusted(SlotsArgs(s, gb, true, /*write=*/false, decode_cu_), kernel_);  // the slots are only read
       return;
@@ -122,6 +147,7 @@ void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
     const auto* cu = static_cast<const int64_t*>(s.cu_seqlens.data);
     const auto* slots = static_cast<const int32_t*>(s.state_indices.data);
     const size_t esize = DTypeSize(s.q.dtype);
+    const size_t osize = DTypeSize(s.o.dtype);
     for (int64_t n = 0; n < s.num_seqs; ++n) {
       const int64_t b = cu[n];
       const int64_t len = cu[n + 1] - b;
@@ -132,7 +158,7 @@ void DeltaRuleAttnBackend::RunVerify(const CoreStep& s) {
       };
       const int64_t bounds[2] = {0, len};
       RecurrentKdaArgs a = SlotsArgs(s, gb, true, /*write=*/false, decode_cu_);
-      a.o.data = static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * geo.value_dim()) * esize;
+      a.o.data = static_cast<uint8_t*>(s.o.data) + static_cast<size_t>(b * geo.value_dim()) * osize;
       a.q.data = at(s.q.data, esize, geo.key_dim());
       a.k.data = at(s.k.data, esize, geo.key_dim());
       a.v.data = at(s.v.data, esize, geo.value_dim());

@@ -231,13 +231,16 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
   const int64_t channels = geo.conv_channels();
   const MutBuf outs[3] = {out.q, out.k, out.v};
   const int64_t width[3] = {geo.key_dim(), geo.key_dim(), geo.value_dim()};
-  int64_t first = 0;  // the group's first channel
+  // The groups' first channels: q|k|v, or Mamba2's x|B|C (v|k|q); the weights and the bias in channel order.
+  const int64_t firsts[3] = {geo.q_channel(), geo.k_channel(), geo.v_channel()};
   for (int group = 0; group < 3; ++group) {
+    const int64_t first = firsts[group];
     ShortConvArgs a;
     a.y = outs[group];
     a.x = Offset(mixed_qkv, first);
     a.x_row_stride = channels;
-    a.weight = layer.conv_weight().data() + first * W;  // q|k|v groups: this group's [W, C_g]
+    a.weight = layer.conv_weight().data() + first * W;  // this group's [W, C_g]
+    a.bias = layer.conv_bias().empty() ? nullptr : layer.conv_bias().data() + first;
     a.cu_seqlens = seqs.cu;
     a.N = seqs.N;
     a.T = seqs.T;
@@ -249,7 +252,6 @@ void LinearRecurrentAttnBackend::RunShortConv(const RadixLinearAttention& layer,
     a.tail_indices = seqs.indices;
     a.has_initial_state = seqs.has_initial_state;
     short_conv_silu(a);
-    first += width[group];
   }
 }
 
