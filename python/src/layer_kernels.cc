@@ -1,7 +1,8 @@
 // kda._core layer kernels beside the delta rule: the short causal conv + SiLU
-// over a packed batch (kda/kernels/short_conv.h) and the gated RMSNorm with a
-// sigmoid or silu gate (kda/kernels/elementwise.h), writing into outputs the caller
-// allocated. kda.transformers runs Hugging Face transformers' conv and gated
+// over a packed batch (kda/kernels/short_conv.h), the gated RMSNorm with a
+// sigmoid or silu gate and Mamba2's over groups of channels
+// (kda/kernels/elementwise.h), writing into outputs the caller allocated.
+// kda.transformers runs Hugging Face transformers' conv and gated
 // norm hooks on them. Every argument is checked here, naming it, before the
 // kernel runs without the GIL.
 #include <nanobind/nanobind.h>
@@ -180,6 +181,43 @@ void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, 
   }
 }
 
+// gated_rms_norm_groups: Mamba2's, g = o * silu(z), y = g * rsqrt(mean(g^2) + eps) * weight, the mean over
+// each of `groups` groups of a row's C channels.
+void GatedRmsNormGroupRows(const OutArray& y, const InArray& o, const InArray& z, const InArray& weight, float eps,
+                           int64_t groups, const std::string& kernel) {
+  const KernelImpl impl = ParseKernelImpl(kernel);
+  RequireCpu(o, "o");
+  RequireNdim(o, 2, "o", "[R, C]");
+  const auto R = static_cast<int64_t>(o.shape(0));
+  const auto C = static_cast<int64_t>(o.shape(1));
+  const DType ot = ActDType(o, "o");
+  RequireCpuContiguous(o, "o");
+  RequireShape(z, {R, C}, "z", "[R, C]");
+  RequireDType(z, ot, "z");
+  RequireCpuContiguous(z, "z");
+  RequireShape(y, {R, C}, "y", "[R, C]");
+  RequireDType(y, ot, "y");
+  RequireCpuContiguous(y, "y");
+  RequireShape(weight, {C}, "weight", "[C]");
+  RequireDType(weight, DType::kF32, "weight");
+  RequireCpuContiguous(weight, "weight");
+  if (groups < 1 || groups > C || groups > INT32_MAX || C % groups != 0) {
+    throw nb::value_error(("groups: must divide the row length C = " + Str(C) + ", got " + Str(groups)).c_str());
+  }
+  if (!(eps >= 0.0F)) throw nb::value_error("eps: must be >= 0");
+  const MutBuf yb{y.data(), ot};
+  const ConstBuf ob{o.data(), ot};
+  const ConstBuf zb{z.data(), ot};
+  const auto* w = static_cast<const float*>(weight.data());
+  const int g = static_cast<int>(groups);
+  nb::gil_scoped_release release;
+  if (impl == KernelImpl::kReference) {
+    GatedRmsNormGroupsReference(yb, ob, zb, w, R, g, C / groups, eps);
+  } else {
+    GatedRmsNormGroups(yb, ob, zb, w, R, g, C / groups, eps);
+  }
+}
+
 }  // namespace
 
 void BindLayerKernels(nb::module_& m) {
@@ -199,6 +237,13 @@ void BindLayerKernels(nb::module_& m) {
         "act(gate) per row, fp32 arithmetic in one expression, y rounded once. activation: 'sigmoid', or 'silu' "
         "(gate * sigmoid(gate) in fp32). y, o, gate [R, V] C-contiguous, one dtype (float32 or bfloat16); weight "
         "[V] float32. kernel: 'auto', 'optimized' or 'reference'.");
+  m.def("gated_rms_norm_groups", &GatedRmsNormGroupRows, nb::arg("y"), nb::arg("o"), nb::arg("z"), nb::arg("weight"),
+        nb::arg("eps"), nb::arg("groups") = 1, nb::arg("kernel") = "auto",
+        "Mamba2's gated RMSNorm (kda/kernels/elementwise.h GatedRmsNormGroups; transformers' MambaRMSNormGated, "
+        "norm_before_gate=False): g = o * silu(z), y = g * rsqrt(mean(g^2) + eps) * weight, the mean over each "
+        "of `groups` equal groups of a row's channels, fp32 arithmetic in one expression, y rounded once. y, o, z "
+        "[R, C] C-contiguous, one dtype (float32 or bfloat16); weight [C] float32. kernel: 'auto', 'optimized' "
+        "or 'reference'.");
 }
 
 }  // namespace kda::python

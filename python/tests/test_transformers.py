@@ -272,6 +272,14 @@ def norm_call(**change):
     return lambda core: core.gated_rms_norm(**args)
 
 
+def groups_norm_call(**change):
+    """kda._core.gated_rms_norm_groups on 6 rows of 2 groups of 4, one argument changed."""
+    args = dict(y=torch.empty(6, 8), o=torch.randn(6, 8), z=torch.randn(6, 8), weight=torch.ones(8), eps=1e-6,
+                groups=2)
+    args.update(change)
+    return lambda core: core.gated_rms_norm_groups(**args)
+
+
 @pytest.mark.parametrize("call, match", [
     (conv_call(y=torch.empty(5, 8)), "y: "),
     (conv_call(weight=torch.randn(4, 5)), "weight: "),
@@ -283,6 +291,12 @@ def norm_call(**change):
     (norm_call(gate=torch.randn(6, 4)), "gate: "),
     (norm_call(eps=-1.0), "eps: must be >= 0"),
     (norm_call(activation="gelu"), "activation: must be 'sigmoid' or 'silu', got 'gelu'"),
+    (groups_norm_call(z=torch.randn(6, 4)), "z: "),
+    (groups_norm_call(weight=torch.ones(4)), "weight: "),
+    (groups_norm_call(y=torch.empty(6, 8, dtype=torch.bfloat16)), "y: "),
+    (groups_norm_call(groups=3), "groups: must divide the row length C = 8, got 3"),
+    (groups_norm_call(groups=0), "groups: must divide the row length C = 8, got 0"),
+    (groups_norm_call(eps=-1.0), "eps: must be >= 0"),
 ])
 def test_layer_kernels_name_bad_arguments(call, match):
     """The conv and norm kernels behind the hooks refuse bad arguments by name."""
@@ -364,3 +378,37 @@ def test_causal_conv1d_fn_takes_the_bias(dtype):
             check_f32(a, r, what=what)
         else:
             check_bf16(a, rounded_bf16(r), r, what=what)
+
+
+@pytest.mark.parametrize("groups, width", [(1, 100), (2, 24), (8, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["optimized", "reference"])
+def test_gated_rms_norm_groups_matches_the_formula(groups, width, dtype, kernel):
+    """kda._core.gated_rms_norm_groups (Mamba2's norm) against the formula in float64, and in fp32 against
+    transformers' Mamba2RMSNormGated (the gate before the norm, the mean per group). In bf16 transformers
+    rounds before the weight; kda rounds once, so bf16 is checked against the formula only."""
+    from kda import _core
+
+    g = torch.Generator().manual_seed(groups * 1000 + width)
+    C = groups * width
+    o = (torch.rand(7, C, generator=g) * 6 - 3).to(dtype)
+    z = (torch.rand(7, C, generator=g) * 16 - 8).to(dtype)
+    weight = torch.rand(C, generator=g) + 0.5
+    eps = 1e-5
+    y = torch.empty(7, C, dtype=dtype)
+    _core.gated_rms_norm_groups(y, o, z, weight, eps, groups=groups, kernel=kernel)
+    o64, z64 = o.double().numpy(), z.double().numpy()
+    gated = (o64 * z64 / (1 + np.exp(-z64))).reshape(7, groups, width)
+    want = (gated / np.sqrt((gated**2).mean(-1, keepdims=True) + eps)).reshape(7, C) * weight.double().numpy()
+    got = y.float().numpy()
+    assert np.abs(got).max() > 0.1
+    if dtype == torch.float32:
+        check_f32(got, want, what="vs float64")
+        from transformers.models.mamba2.modeling_mamba2 import Mamba2RMSNormGated
+
+        norm = Mamba2RMSNormGated(C, width, eps=eps)
+        with torch.no_grad():
+            norm.weight.copy_(weight)
+            check_f32(got, norm(o, gate=z).numpy(), what="vs transformers")
+    else:
+        check_bf16(got, rounded_bf16(want), want, what="vs float64")
