@@ -42,7 +42,11 @@ void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, const std::vector
 
 // A key head's recurrent block (its value heads' states) and conv channels per part.
 std::vector<int64_t> RecurrentParts(const DeltaRuleGeometry& g) { return {int64_t{g.group()} * g.K * g.V}; }
-std::vector<int64_t> ConvParts(const DeltaRuleGeometry& g) { return {g.K, g.K, int64_t{g.group()} * g.V}; }
+// The conv channels' parts per key head, in channel order: q|k|v, or a Mamba2 mixer's x|B|C (v|k|q).
+std::vector<int64_t> ConvParts(const DeltaRuleGeometry& g) {
+  const int64_t rv = int64_t{g.group()} * g.V;
+  return g.ssd ? std::vector<int64_t>{rv, g.K, g.K} : std::vector<int64_t>{g.K, g.K, rv};
+}
 
 // Byte serialization of request results for the gathers.
 class Writer {

@@ -104,6 +104,9 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
   ExpectRunMatches(Np(2), "gdn-gva3", "varlen_initstate", "--tp 2", false);
   ExpectRunMatches(Np(2), "gdn-loud", "loud_varlen_initstate", "--tp 2 --kernel reference", true);
   ExpectRunMatches(Np(4), "gdn-mini", "varlen_initstate", "--tp 4", false);
+  // A Mamba2 mixer of two groups: each rank one group of B and C with its heads.
+  ExpectRunMatches(Np(2), "mamba2-groups", "varlen_initstate", "--tp 2", false);
+  ExpectRunMatches(Np(2), "mamba2-groups", "varlen_initstate", "--tp 2 --kernel reference", true);
 }
 
 // The variants of the other families (sets from tools/delta_rule_ref.py), each split over two ranks:

@@ -162,7 +162,8 @@ INSTANTIATE_TEST_SUITE_P(
         Int8Case{"gdn-gva3", "varlen_initstate"}, Int8Case{"gdn-loud", "loud_varlen_initstate"},
         Int8Case{"generated/glm5-mini", "varlen_initstate"}, Int8Case{"generated/bailing-mini", "varlen_initstate"},
         Int8Case{"generated/olmo-mini", "varlen_initstate"}, Int8Case{"generated/lara-mini", "varlen_initstate"},
-        Int8Case{"generated/qwen4-mini", "varlen_initstate"}),
+        Int8Case{"generated/qwen4-mini", "varlen_initstate"}, Int8Case{"mamba2-mini", "varlen_initstate"},
+        Int8Case{"mamba2-groups", "varlen_initstate"}, Int8Case{"mamba2-loud", "loud_varlen_initstate"}),
     testing::GoldenCaseName);
 
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {

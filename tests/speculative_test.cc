@@ -313,7 +313,10 @@ INSTANTIATE_TEST_SUITE_P(
         RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "olmo_hybrid"},
         RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "olmo_hybrid"},
         RollbackCase{DType::kF32, WeightFormat::kInt8, true, VerifyMethod::kRecompute, "lara_mini"},
-        RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen4_exp"}),
+        RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen4_exp"},
+        // Mamba2 mixers (the SSD layer: no delta correction, D skip, the conv bias, the grouped norm).
+        RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute, "granitemoehybrid"},
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kTokenStates, "nemotron_h"}),
     CaseName);
 
 std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector<float>(n * hidden, v); }

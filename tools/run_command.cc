@@ -181,11 +181,12 @@ int RunOnFiles(const RunOptions& opt, DType dtype, WeightFormat wf, KernelImpl k
                          decode, options, &ids);
   const double secs = SecondsSince(t0);
 
+  const auto dims = shape.state_dims();
   rt.RunAgreed([&] {
     if (!groups.is_root()) return;
     std::vector<TensorToWrite> tensors = {
         {"out", DType::kF32, {T, shape.hidden}, s.out.data()},
-        {"final_recurrent_state", DType::kF32, {N, shape.HV, shape.K, shape.V}, s.rec.data()},
+        {"final_recurrent_state", DType::kF32, {N, dims[0], dims[1], dims[2]}, s.rec.data()},
         {"final_conv_state", DType::kF32, {N, shape.W - 1, shape.conv_channels()}, s.conv.data()}};
     // With the prefix cache, the rows reused from it are zeros in `out`: `computed` says which rows were computed.
     if (opt.prefix_cache) tensors.push_back({"computed", DType::kU8, {T}, s.computed.data()});

@@ -55,7 +55,8 @@ RunInput ReadRunInput(const SafetensorsFile& in, const DeltaRuleGeometry& shape)
   if (in.Has("initial_recurrent_state")) {
     rec = &in.Get("initial_recurrent_state");
     Check(rec->dtype == DType::kF32, "input tensor initial_recurrent_state must be F32");
-    ExpectShape(*rec, {r.N, shape.HV, shape.K, shape.V});
+    const auto dims = shape.state_dims();
+    ExpectShape(*rec, {r.N, dims[0], dims[1], dims[2]});
   }
   if (in.Has("initial_conv_state")) {
     conv = &in.Get("initial_conv_state");

@@ -138,7 +138,8 @@ class Layer {
     const RecurrentStateSpec spec = s.state_spec();
     const int64_t rs = spec.recurrent_size();
     const int64_t cs = spec.conv_size();
-    const std::vector<int64_t> rec_shape = {N, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V};
+    const auto dims = s.state_dims();
+    const std::vector<int64_t> rec_shape = {N, dims[0], dims[1], dims[2]};
     const std::vector<int64_t> conv_shape = {N, s.W - 1, s.conv_channels()};
     const float* rec0 =
         init_rec ? CheckF32(*init_rec, rec_shape, "initial_recurrent_state", StateLayout(s, "N")) : nullptr;
@@ -239,8 +240,9 @@ class Engine {
     r.length = T;
     r.decode_tokens = decode_tokens;
     if (init_rec) {
-      r.initial_recurrent = CheckF32(*init_rec, {L, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V},
-                                     "initial_recurrent_state", StateLayout(s, "L"));
+      const auto dims = s.state_dims();
+      r.initial_recurrent =
+          CheckF32(*init_rec, {L, dims[0], dims[1], dims[2]}, "initial_recurrent_state", StateLayout(s, "L"));
     }
     if (init_conv) {
       r.initial_conv = CheckAct(*init_conv, act, {L, s.W - 1, s.conv_channels()}, "initial_conv_state", "[L, W-1, C]");
@@ -324,9 +326,10 @@ class Engine {
     std::vector<std::tuple<int64_t, NumpyArray, NumpyArray, NumpyArray, int64_t>> done;
     for (RequestResult& r : stack_->scheduler().TakeFinished()) {
       const int64_t T = static_cast<int64_t>(r.out.size() / DTypeSize(act) / s.hidden);
-      done.emplace_back(r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
-                        ToNumpy(std::move(r.final_recurrent), {L, s.HV, s.ssd ? s.V : s.K, s.ssd ? s.K : s.V}),
-                        ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act), r.cached_tokens);
+      done.emplace_back(
+          r.id, ToNumpy(std::move(r.out), {T, s.hidden}, act),
+          ToNumpy(std::move(r.final_recurrent), {L, s.state_dims()[0], s.state_dims()[1], s.state_dims()[2]}),
+          ToNumpy(std::move(r.final_conv), {L, s.W - 1, s.conv_channels()}, act), r.cached_tokens);
       inputs_.erase(r.id);
     }
     std::vector<std::tuple<int64_t, std::string>> failed;

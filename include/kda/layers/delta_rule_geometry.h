@@ -12,6 +12,7 @@
 // range, and two cast points of the bf16 pipeline. None changes a size.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -79,6 +80,11 @@ struct DeltaRuleGeometry {
   // Decay values per value head (K or 1) and per token (HV * that).
   int decay_per_head() const { return decay == DecayWidth::kPerKeyDim ? K : 1; }
   int64_t gate_width() const { return int64_t{HV} * decay_per_head(); }
+  // One layer's recurrent state of a request as callers see it: [HV, K, V], or a Mamba2 mixer's [H, P, N]
+  // ([HV, V, K], transformers' cache).
+  std::array<int64_t, 3> state_dims() const {
+    return ssd ? std::array<int64_t, 3>{HV, V, K} : std::array<int64_t, 3>{HV, K, V};
+  }
   // The per-request state one layer keeps; a verify position holds the conv
   // inputs, the raw gate and the beta logits (conv_channels + gate_width + HV).
   RecurrentStateSpec state_spec() const;
