@@ -638,6 +638,46 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
   return rows;
 }
 
+// ------------------------------------------------------------ Mamba2 (SSD)
+
+// Mamba2's SSD scan, the delta-rule kernels without the delta correction, at Granite-4.0-H-Small's mixer
+// shapes (one group of B and C, 128 heads of 64, state 128): the prefill of one sequence of 2048 tokens
+// (fp32 and bf16 tokens), optimized, against the same run's FMA peak. The flop floor is the plain
+// recurrence's two FMAs per state element and token (4 N P flops per head and token).
+std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
+  constexpr int kGroups = 1;
+  constexpr int kHeads = 128;
+  constexpr int kState = 128;
+  constexpr int kHeadDim = 64;
+  std::vector<BenchRow> rows;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    bench::FlaProblem p({2048}, kGroups, kHeads, kState, kHeadDim, dtype, 1, /*scalar_gate=*/true);
+    p.chunk.use_qk_l2norm_in_kernel = false;
+    p.chunk.scale = 1.0F;
+    p.chunk.delta_correction = false;
+    chunk_kda(p.chunk, KernelImpl::kOptimized);  // warm-up
+    std::vector<double> t;
+    for (int i = 0; i < repeats; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      chunk_kda(p.chunk, KernelImpl::kOptimized);
+      t.push_back(Seconds(t0));
+    }
+    const double us = Median(t) * 1e6 / static_cast<double>(p.T());
+    const double floor_us = 4.0 * kState * kHeadDim * kHeads / (m.fma_peak_gflops * 1e3);
+    BenchRow r = Row(m, "ssd_chunk", KernelImpl::kOptimized, dtype, p.N(), p.T(), repeats);
+    r.H = kGroups;
+    r.K = kState;
+    r.us_per_token = us;
+    r.extra = {{"HV", kHeads},
+               {"V", kHeadDim},
+               {"fma_peak_gflops", m.fma_peak_gflops},
+               {"flop_floor_us_per_token", floor_us},
+               {"ratio_to_flop_floor", us / floor_us}};
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 // ------------------------------------------------------------ Gated DeltaNet
 
 // Qwen3-Next's linear layers (delta-rule-family.md §2): 16 key heads, 32 value heads, K = V = 128.
@@ -770,7 +810,8 @@ CLI::App* AddBenchKernelsCommand(CLI::App& app, BenchKernelsOptions& opt) {
   cmd->add_option("--repeats", opt.repeats, "Timed runs per measurement (median; the reference chunk kernel: R/3)");
   cmd->add_option("--only", opt.only, "Row groups to run (default: all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"chunk", "recurrent", "layer", "decode", "projections", "options", "gdn", "gdn_layer"}));
+      ->check(CLI::IsMember(
+          {"chunk", "recurrent", "layer", "decode", "projections", "options", "gdn", "gdn_layer", "ssd", "ssd_layer"}));
   return cmd;
 }
 
@@ -837,6 +878,17 @@ int RunBenchKernelsCommand(const BenchKernelsOptions& opt) {
   }
   if (run("gdn")) {
     for (const BenchRow& r : GdnRows(m, opt.repeats)) PrintRow(r, opt.json);
+  }
+  // Mamba2 at Granite-4.0-H-Small's mixer shapes: the SSD scan, the layer's prefill against its GEMMs, decode.
+  if (run("ssd")) {
+    for (const BenchRow& r : SsdRows(m, opt.repeats)) PrintRow(r, opt.json);
+  }
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    if (!run("ssd_layer")) break;
+    PrintRow(LayerRow(m, "granitemoehybrid", KernelImpl::kOptimized, dtype, 1, 2048, opt.repeats), opt.json);
+  }
+  if (run("ssd_layer")) {
+    for (const BenchRow& r : LayerDecodeRows(m, "granitemoehybrid", 1, opt.repeats)) PrintRow(r, opt.json);
   }
   return 0;
 }
