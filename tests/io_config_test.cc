@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -1128,6 +1129,72 @@ TEST(IoConfigTest, EarlierTypesHaveNoVariantSettings) {
   EXPECT_EQ(Variant(Parse(BaseConfig())), "none pos \"\"");
   EXPECT_EQ(Variant(Parse(QwenNextConfig())), "none pos \"\"");
   EXPECT_EQ(Variant(Parse(Qwen35Config())), "none pos \"\"");
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// The names the config classes take besides their fields, as transformers 5.25 resolves them: an attribute_map
+// alias wins over its field (nemotron_h's layer_types over layers_block_type, granitemoehybrid's
+// layers_block_type over layer_types), nemotron_h's older mamba_* names over the fields they stand for.
+TEST(IoConfigTest, Mamba2ConfigAliasesAsTransformersResolvesThem) {
+  json nemotron = json::parse(R"({"model_type": "nemotron_h", "hidden_size": 64, "mamba_num_heads": 8,
+      "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 4, "conv_kernel": 3, "use_conv_bias": true,
+      "time_step_limit": [0.0, 1.0], "hybrid_override_pattern": "M-*",
+      "layers_block_type": ["mamba", "attention"]})");
+  EXPECT_EQ(Summary(Parse(nemotron)), "nemotron_h hidden 64 layers 2 eps 1e-05 heads 4/8/16/16 conv 3 linear 0");
+  nemotron["layer_types"] = {"mlp", "mamba", "mamba"};
+  nemotron["mamba_n_groups"] = 2;
+  nemotron["mamba_d_conv"] = 5;
+  nemotron["mamba_dt_limit"] = {0.1, 2.0};
+  const ModelConfig legacy = Parse(nemotron);
+  EXPECT_EQ(Summary(legacy), "nemotron_h hidden 64 layers 3 eps 1e-05 heads 2/8/16/16 conv 5 linear 1,2");
+  EXPECT_DOUBLE_EQ(legacy.dt_min, 0.1);
+  EXPECT_DOUBLE_EQ(legacy.dt_max, 2.0);
+  nemotron["mamba_conv_bias"] = false;
+  ExpectRefusedWith(nemotron, "mamba_conv_bias false (a conv without bias) is not supported");
+  nemotron["mamba_conv_bias"] = nullptr;  // null: absent
+  nemotron["mamba_n_groups"] = 3;
+  ExpectRefusedWith(nemotron, "mamba_num_heads (8) must be a multiple of mamba_n_groups (3)");
+  nemotron["mamba_n_groups"] = 2;
+  nemotron["mamba_dt_limit"] = {2.0, 0.1};
+  ExpectRefusedWith(nemotron, "mamba_dt_limit must satisfy 0 <= min <= max (min finite), got [2.0,0.1]");
+  nemotron.erase("mamba_dt_limit");
+  nemotron["layer_types"] = {"mlp"};
+  ExpectRefusedWith(nemotron, "layer_types has no mamba layer");
+  nemotron["layer_types"] = nullptr;  // null: absent
+  nemotron.erase("layers_block_type");
+  EXPECT_EQ(Parse(nemotron).linear_layers, (std::vector<int>{0}));  // hybrid_override_pattern
+
+  json granite = json::parse(R"({"model_type": "granitemoehybrid", "hidden_size": 64, "num_hidden_layers": 3,
+      "mamba_n_heads": 4, "mamba_d_state": 16, "layer_types": ["mamba", "mamba", "mamba"],
+      "layers_block_type": ["mamba", "attention", "mamba"]})");
+  EXPECT_EQ(Parse(granite).linear_layers, (std::vector<int>{0, 2}));
+  granite["layers_block_type"] = {"mamba"};
+  ExpectRefusedWith(granite, "layers_block_type must have num_hidden_layers (3) entries");
+  granite.erase("layers_block_type");
+  EXPECT_EQ(Parse(granite).linear_layers, (std::vector<int>{0, 1, 2}));
+}
+
+// time_step_limit's min must be finite as a float (the layer clamps in float); a max beyond float's range bounds
+// nothing (the layer's clamp is +inf, never the undefined conversion of such a double).
+TEST(IoConfigTest, Mamba2TimeStepLimitWithinFloatRange) {
+  json bamba = json::parse(R"({"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2,
+      "mamba_n_heads": 4, "mamba_d_state": 16, "time_step_limit": [0.001, 1e300]})");
+  const ModelConfig huge = Parse(bamba);
+  EXPECT_EQ(huge.dt_max, 1e300);
+  const DeltaRuleGeometry g = LayerFamilyFor("bamba").geometry(huge);
+  EXPECT_EQ(g.dt_min, 0.001F);
+  EXPECT_EQ(g.dt_max, std::numeric_limits<float>::infinity());
+  bamba["time_step_limit"] = {3.4e38, 3.5e38};
+  EXPECT_EQ(LayerFamilyFor("bamba").geometry(Parse(bamba)).dt_max, std::numeric_limits<float>::infinity());
+  bamba["time_step_limit"] = {1e39, 1e40};  // finite, but not as a float
+  ExpectRefusedWith(bamba, "time_step_limit must satisfy 0 <= min <= max (min finite), got [1e+39,1e+40]");
+  bamba["time_step_limit"] = {-0.5, 1.0};
+  ExpectRefusedWith(bamba, "time_step_limit must satisfy 0 <= min <= max (min finite), got [-0.5,1.0]");
 }
 
 }  // namespace
