@@ -39,8 +39,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (g.H != c.num_k_heads || g.HV != c.num_v_heads || g.K != c.head_k_dim || g.V != c.head_v_dim) std::abort();
     if (!(g.gate_lower_bound <= 0.0F && std::isfinite(g.gate_lower_bound))) std::abort();
-    // A Mamba2 mixer: the SSD layer, its dt clamp an interval of non-negative steps.
-    if (g.ssd != c.ssd || (c.ssd && !(c.dt_min >= 0 && c.dt_min <= c.dt_max))) std::abort();
+    // A Mamba2 mixer: the SSD layer, its dt clamp an interval of non-negative steps, the lower end finite (the
+    // upper may be Infinity, as Python's json and transformers' {"__float__": ...} write it; never NaN).
+    if (g.ssd != c.ssd || (c.ssd && !(std::isfinite(c.dt_min) && c.dt_min >= 0 && c.dt_min <= c.dt_max))) {
+      std::abort();
+    }
+    if (!(std::isfinite(g.dt_min) && g.dt_min >= 0.0F && g.dt_min <= g.dt_max)) std::abort();
     if (!(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0)) std::abort();
     if (c.linear_layers.empty() || !std::is_sorted(c.linear_layers.begin(), c.linear_layers.end()) ||
         std::adjacent_find(c.linear_layers.begin(), c.linear_layers.end()) != c.linear_layers.end()) {

@@ -1,6 +1,9 @@
 #include "io/util.h"
 
+#include <array>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -48,8 +51,13 @@ constexpr size_t kDescribeMaxChars = 60;
 constexpr int kDescribeMaxDepth = 2;     // deeper containers are shown as [...] / {...}
 constexpr size_t kDescribeMaxItems = 8;  // items shown per container
 
-// A scalar as JSON text; invalid UTF-8 (possible after truncation) is replaced, never thrown on.
+// A scalar as JSON text (a non-finite float as Python writes it: nlohmann writes null); invalid UTF-8 (possible
+// after truncation) is replaced, never thrown on.
 std::string DumpScalar(const nlohmann::json& value) {
+  if (value.is_number_float() && !std::isfinite(value.get<double>())) {
+    const double v = value.get<double>();
+    return std::isnan(v) ? "NaN" : (v > 0 ? "Infinity" : "-Infinity");
+  }
   return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
@@ -84,7 +92,84 @@ void AppendBounded(const nlohmann::json& value, int depth, std::string* out) {
   }
 }
 
+// The non-finite floats of Python's json: the bare token and transformers' tag (the same spelling) of each.
+constexpr std::string_view kFloatTagKey = "__float__";
+struct NonFiniteFloat {
+  std::string_view token;
+  double value;
+};
+constexpr std::array<NonFiniteFloat, 3> kNonFiniteFloats = {{
+    {"-Infinity", -std::numeric_limits<double>::infinity()},  // before "Infinity": the longer token first
+    {"Infinity", std::numeric_limits<double>::infinity()},
+    {"NaN", std::numeric_limits<double>::quiet_NaN()},
+}};
+
+// `text` with every bare Infinity, -Infinity and NaN outside strings replaced by {"__float__": "TOKEN"}; nullopt
+// when it has none. No valid JSON has these letters outside strings, so each occurrence is one of Python's tokens
+// or an error the parser reports either way.
+std::optional<std::string> TagBareNonFiniteFloats(std::string_view text) {
+  std::string out;
+  size_t copied = 0;  // text[0, copied) is in out
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      continue;
+    }
+    for (const NonFiniteFloat& f : kNonFiniteFloats) {
+      if (text.substr(i, f.token.size()) != f.token) continue;
+      out.append(text.substr(copied, i - copied));
+      out.append("{\"").append(kFloatTagKey).append("\":\"").append(f.token).append("\"}");
+      i += f.token.size() - 1;
+      copied = i + 1;
+      break;
+    }
+  }
+  if (copied == 0) return std::nullopt;
+  out.append(text.substr(copied));
+  return out;
+}
+
+// Replaces every {"__float__": TAG} of `value` with TAG's float, as transformers' _decode_special_floats does.
+// The depth is bounded (kMaxJsonDepth, checked before parsing), so the recursion is too.
+void DecodeTaggedFloats(nlohmann::json* value) {
+  if (value->is_object()) {
+    if (value->size() == 1 && value->begin().key() == kFloatTagKey && value->begin()->is_string()) {
+      const std::string& tag = value->begin()->get_ref<const std::string&>();
+      for (const NonFiniteFloat& f : kNonFiniteFloats) {
+        if (tag == f.token) {
+          *value = f.value;
+          return;
+        }
+      }
+      return;
+    }
+    for (auto& item : value->items()) DecodeTaggedFloats(&item.value());
+  } else if (value->is_array()) {
+    for (nlohmann::json& item : *value) DecodeTaggedFloats(&item);
+  }
+}
+
 }  // namespace
+
+nlohmann::json ParseConfigJson(std::string_view text, const std::string& origin) {
+  const std::optional<std::string> tagged = TagBareNonFiniteFloats(text);
+  nlohmann::json root = ParseJsonNoDuplicates(tagged ? std::string_view(*tagged) : text, origin, "config");
+  DecodeTaggedFloats(&root);
+  return root;
+}
 
 nlohmann::json ParseJsonNoDuplicates(std::string_view text, const std::string& origin, const std::string& what,
                                      const std::string& top_key_noun) {

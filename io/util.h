@@ -21,11 +21,21 @@ inline constexpr int kMaxJsonDepth = 64;
 nlohmann::json ParseJsonNoDuplicates(std::string_view text, const std::string& origin, const std::string& what,
                                      const std::string& top_key_noun = "key");
 
+// Parses a config.json as transformers reads it (`ParseJsonNoDuplicates` otherwise): the non-finite floats
+// Python's json writes, the bare tokens Infinity, -Infinity and NaN outside strings (transformers before 5.x wrote
+// time_step_limit [0.0, Infinity] so), and transformers' own encoding of them, an object {"__float__": TAG}
+// with TAG "Infinity", "-Infinity" or "NaN" (its _encode_special_floats, 5.x), are read as the float they stand
+// for, wherever they appear; an object with other keys or another tag stays an object, as in transformers. The
+// fields that must be finite refuse them by name. A bare token is read through the tagged form: a parse error
+// later on its line counts columns of that rewritten text.
+nlohmann::json ParseConfigJson(std::string_view text, const std::string& origin);
+
 // The whole content of a file; kda::Error naming the path when it cannot be read.
 std::string ReadFile(const std::string& path);
 
 // A short rendering of a JSON value for error messages: at most ~60 characters, containers shown to a small depth
-// and width ("[[...], 2, ...]"), so an untrusted value costs bounded time and stack whatever its size.
+// and width ("[[...], 2, ...]"), non-finite floats as Python writes them (Infinity, -Infinity, NaN), so an
+// untrusted value costs bounded time and stack whatever its size.
 std::string Describe(const nlohmann::json& value);
 
 }  // namespace kda::io_internal

@@ -64,7 +64,7 @@ const LayerFamily& LayerFamilyFor(const std::string& model_type) {
 }
 
 ModelConfig ParseModelConfig(const std::string& json_text, const std::string& origin) {
-  const json root = io_internal::ParseJsonNoDuplicates(json_text, origin, "config");
+  const json root = io_internal::ParseConfigJson(json_text, origin);
   Check(root.is_object(), origin + ": config is not a JSON object");
   const ConfigFields top(root, "", origin);
 

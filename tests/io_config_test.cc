@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -1128,6 +1129,217 @@ TEST(IoConfigTest, EarlierTypesHaveNoVariantSettings) {
   EXPECT_EQ(Variant(Parse(BaseConfig())), "none pos \"\"");
   EXPECT_EQ(Variant(Parse(QwenNextConfig())), "none pos \"\"");
   EXPECT_EQ(Variant(Parse(Qwen35Config())), "none pos \"\"");
+}
+
+}  // namespace
+}  // namespace kda
+
+namespace kda {
+namespace {
+
+// The names the config classes take besides their fields, as transformers 5.25 resolves them: an attribute_map
+// alias wins over its field (nemotron_h's layer_types over layers_block_type, granitemoehybrid's
+// layers_block_type over layer_types), nemotron_h's older mamba_* names over the fields they stand for.
+TEST(IoConfigTest, Mamba2ConfigAliasesAsTransformersResolvesThem) {
+  json nemotron = json::parse(R"({"model_type": "nemotron_h", "hidden_size": 64, "mamba_num_heads": 8,
+      "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 4, "conv_kernel": 3, "use_conv_bias": true,
+      "time_step_limit": [0.0, 1.0], "hybrid_override_pattern": "M-*",
+      "layers_block_type": ["mamba", "attention"]})");
+  EXPECT_EQ(Summary(Parse(nemotron)), "nemotron_h hidden 64 layers 2 eps 1e-05 heads 4/8/16/16 conv 3 linear 0");
+  nemotron["layer_types"] = {"mlp", "mamba", "mamba"};
+  nemotron["mamba_n_groups"] = 2;
+  nemotron["mamba_d_conv"] = 5;
+  nemotron["mamba_dt_limit"] = {0.1, 2.0};
+  const ModelConfig legacy = Parse(nemotron);
+  EXPECT_EQ(Summary(legacy), "nemotron_h hidden 64 layers 3 eps 1e-05 heads 2/8/16/16 conv 5 linear 1,2");
+  EXPECT_DOUBLE_EQ(legacy.dt_min, 0.1);
+  EXPECT_DOUBLE_EQ(legacy.dt_max, 2.0);
+  nemotron["mamba_conv_bias"] = false;
+  ExpectRefusedWith(nemotron, "mamba_conv_bias false (a conv without bias) is not supported");
+  nemotron["mamba_conv_bias"] = nullptr;  // null: absent
+  nemotron["mamba_n_groups"] = 3;
+  ExpectRefusedWith(nemotron, "mamba_num_heads (8) must be a multiple of mamba_n_groups (3)");
+  nemotron["mamba_n_groups"] = 2;
+  nemotron["mamba_dt_limit"] = {2.0, 0.1};
+  ExpectRefusedWith(nemotron, "mamba_dt_limit must satisfy 0 <= min <= max (min finite), got [2.0,0.1]");
+  nemotron.erase("mamba_dt_limit");
+  nemotron["layer_types"] = {"mlp"};
+  ExpectRefusedWith(nemotron, "layer_types has no mamba layer");
+  nemotron["layer_types"] = nullptr;  // null: absent
+  nemotron.erase("layers_block_type");
+  EXPECT_EQ(Parse(nemotron).linear_layers, (std::vector<int>{0}));  // hybrid_override_pattern
+
+  json granite = json::parse(R"({"model_type": "granitemoehybrid", "hidden_size": 64, "num_hidden_layers": 3,
+      "mamba_n_heads": 4, "mamba_d_state": 16, "layer_types": ["mamba", "mamba", "mamba"],
+      "layers_block_type": ["mamba", "attention", "mamba"]})");
+  EXPECT_EQ(Parse(granite).linear_layers, (std::vector<int>{0, 2}));
+  granite["layers_block_type"] = {"mamba"};
+  ExpectRefusedWith(granite, "layers_block_type must have num_hidden_layers (3) entries");
+  granite.erase("layers_block_type");
+  EXPECT_EQ(Parse(granite).linear_layers, (std::vector<int>{0, 1, 2}));
+}
+
+// time_step_limit's min must be finite as a float (the layer clamps in float); a max beyond float's range bounds
+// nothing (the layer's clamp is +inf, never the undefined conversion of such a double).
+TEST(IoConfigTest, Mamba2TimeStepLimitWithinFloatRange) {
+  json bamba = json::parse(R"({"model_type": "bamba", "hidden_size": 64, "num_hidden_layers": 2,
+      "mamba_n_heads": 4, "mamba_d_state": 16, "time_step_limit": [0.001, 1e300]})");
+  const ModelConfig huge = Parse(bamba);
+  EXPECT_EQ(huge.dt_max, 1e300);
+  const DeltaRuleGeometry g = LayerFamilyFor("bamba").geometry(huge);
+  EXPECT_EQ(g.dt_min, 0.001F);
+  EXPECT_EQ(g.dt_max, std::numeric_limits<float>::infinity());
+  bamba["time_step_limit"] = {3.4e38, 3.5e38};
+  EXPECT_EQ(LayerFamilyFor("bamba").geometry(Parse(bamba)).dt_max, std::numeric_limits<float>::infinity());
+  bamba["time_step_limit"] = {1e39, 1e40};  // finite, but not as a float
+  ExpectRefusedWith(bamba, "time_step_limit must satisfy 0 <= min <= max (min finite), got [1e+39,1e+40]");
+  bamba["time_step_limit"] = {-0.5, 1.0};
+  ExpectRefusedWith(bamba, "time_step_limit must satisfy 0 <= min <= max (min finite), got [-0.5,1.0]");
+}
+
+using testing::ErrorOf;
+
+// A Mamba2 config (model_type mamba2; hidden 64, 8 heads of 16, N 16, 2 groups, 2 layers) with `limit` (JSON
+// text) as its time_step_limit.
+std::string Mamba2WithLimit(const std::string& limit) {
+  return R"({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2, "num_heads": 8, "head_dim": 16,
+      "state_size": 16, "n_groups": 2, "time_step_limit": )" +
+         limit + "}";
+}
+
+std::string ParseTextError(const std::string& text) {
+  return ErrorOf([&] { ParseModelConfig(text, "test-config"); });
+}
+
+// transformers 5.25 writes a non-finite float as {"__float__": "Infinity"} (its _encode_special_floats); earlier
+// versions, through Python's json, as the bare token Infinity. Both read as the float, as transformers reads them.
+TEST(IoConfigTest, ReadsNonFiniteFloatsAsPythonAndTransformersWriteThem) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const std::string limit : {"[0.0, Infinity]", "[0.0,Infinity]", R"([0.0, {"__float__": "Infinity"}])",
+                                  R"([0.0,{"__float__":"Infinity"}])"}) {
+    SCOPED_TRACE(limit);
+    const ModelConfig c = ParseModelConfig(Mamba2WithLimit(limit), "test-config");
+    EXPECT_EQ(c.dt_min, 0.0);
+    EXPECT_EQ(c.dt_max, inf);
+    EXPECT_EQ(c.linear_layers, (std::vector<int>{0, 1}));
+  }
+  const ModelConfig finite = ParseModelConfig(Mamba2WithLimit("[0.001, 100.0]"), "test-config");
+  EXPECT_DOUBLE_EQ(finite.dt_min, 0.001);
+  EXPECT_DOUBLE_EQ(finite.dt_max, 100.0);
+  EXPECT_EQ(LayerFamilyFor("mamba2").geometry(finite).dt_max, 100.0F);
+  // Anywhere in the document: in an unread field, nested, the tokens beside strings that spell them.
+  const ModelConfig elsewhere = ParseModelConfig(
+      R"({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 1, "num_heads": 8, "head_dim": 16,
+          "n_groups": 2, "NaN": [NaN, -Infinity, {"x": Infinity}], "note": "Infinity, NaN and \"-Infinity\"",
+          "tagged": {"__float__": "NaN"}, "time_step_max": -Infinity})",
+      "test-config");
+  EXPECT_EQ(elsewhere.num_v_heads, 8);
+  EXPECT_EQ(elsewhere.dt_max, inf);
+}
+
+// Only the three tags decode, and only alone in their object (as in transformers); the tokens only outside strings.
+TEST(IoConfigTest, OtherTagsAndStringsStayWhatTheyAre) {
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit(R"([0.0, {"__float__": "inf"}])")),
+            R"(test-config: time_step_limit must be [min, max], got [0.0,{"__float__":"inf"}])");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit(R"([0.0, {"__float__": "Infinity", "x": 1}])")),
+            R"(test-config: time_step_limit must be [min, max], got [0.0,{"__float__":"Infinity","x":1}])");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit(R"([0.0, {"__float__": 1.0}])")),
+            R"(test-config: time_step_limit must be [min, max], got [0.0,{"__float__":1.0}])");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit(R"([0.0, "Infinity"])")),
+            R"(test-config: time_step_limit must be [min, max], got [0.0,"Infinity"])");
+  const std::string act = R"({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 1, "num_heads": 8,
+      "head_dim": 16, "n_groups": 2, "hidden_act": "NaN"})";
+  EXPECT_EQ(ParseTextError(act), R"(test-config: hidden_act must be "silu" (the conv's activation), got "NaN")");
+  // Not Python's tokens: left to the parser, which refuses them.
+  for (const std::string bad :
+       {"[0.0, Infinityx]", "[0.0, +Infinity]", "[0.0, infinity]", "[0.0, Inf]", "[0.0, -NaN]", "[0.0, - Infinity]"}) {
+    EXPECT_NE(ParseTextError(Mamba2WithLimit(bad)).find("config is not valid JSON"), std::string::npos) << bad;
+  }
+  // The duplicate check sees through the tagged form.
+  EXPECT_NE(ParseTextError(Mamba2WithLimit(R"([0.0, {"__float__": "NaN", "__float__": "NaN"}])"))
+                .find("duplicate key '__float__' in a nested object"),
+            std::string::npos);
+}
+
+// Where a value must be finite, the non-finite ones are refused by the field's name, shown as Python writes them.
+TEST(IoConfigTest, FieldsThatMustBeFiniteRefuseNonFiniteFloats) {
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit("[Infinity, Infinity]")),
+            "test-config: time_step_limit must satisfy 0 <= min <= max (min finite), got [Infinity,Infinity]");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit("[0.0, NaN]")),
+            "test-config: time_step_limit must satisfy 0 <= min <= max (min finite), got [0.0,NaN]");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit(R"([{"__float__": "NaN"}, 1.0])")),
+            "test-config: time_step_limit must satisfy 0 <= min <= max (min finite), got [NaN,1.0]");
+  EXPECT_EQ(ParseTextError(Mamba2WithLimit("[0.0, -Infinity]")),
+            "test-config: time_step_limit must satisfy 0 <= min <= max (min finite), got [0.0,-Infinity]");
+  const auto with = [](const std::function<void(json&)>& put, const std::string& value) {
+    return ParseTextError(ConfigTextWith(put, value));
+  };
+  const auto eps = [](json& c) { c["rms_norm_eps"] = "@value@"; };
+  EXPECT_EQ(with(eps, "Infinity"), "test-config: rms_norm_eps must be > 0, got Infinity");
+  EXPECT_EQ(with(eps, "NaN"), "test-config: rms_norm_eps must be > 0, got NaN");
+  EXPECT_EQ(with(eps, R"({"__float__": "NaN"})"), "test-config: rms_norm_eps must be > 0, got NaN");
+  const auto hidden = [](json& c) { c["hidden_size"] = "@value@"; };
+  EXPECT_NE(with(hidden, "Infinity").find("hidden_size must be a positive integer"), std::string::npos);
+  const auto heads = [](json& c) { c["linear_attn_config"]["num_heads"] = "@value@"; };
+  EXPECT_NE(with(heads, R"({"__float__": "Infinity"})").find("num_heads must be a positive integer"),
+            std::string::npos);
+  json glm = Glm5NextConfig();
+  glm["text_config"]["linear_lower_bound"] = "@value@";
+  std::string text = glm.dump();
+  text.replace(text.find("\"@value@\""), 9, "-Infinity");
+  EXPECT_EQ(ParseTextError(text),
+            "test-config: text_config.linear_lower_bound must be finite and < 0 (a lower bound of the log-space "
+            "gate), got -Infinity");
+  for (const std::string mamba : {R"("layer_norm_epsilon": Infinity)", R"("layer_norm_epsilon": NaN)"}) {
+    const std::string config = R"({"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 1,
+        "num_heads": 8, "head_dim": 16, "n_groups": 2, )" +
+                               mamba + "}";
+    EXPECT_NE(ParseTextError(config).find("layer_norm_epsilon must be a finite number > 0"), std::string::npos)
+        << mamba;
+  }
+}
+
+// The four Mamba2 model types' config.json as transformers 5.25's save_pretrained writes them (tiny models:
+// python/tests/test_mamba2_families.py; the fields transformers adds that kda does not read left out), and the
+// geometry they read.
+TEST(IoConfigTest, ReadsMamba2ConfigsAsTransformersWritesThem) {
+  const std::string inf = R"({"__float__": "Infinity"})";
+  const auto read = [](const std::string& text) { return ParseModelConfig(text, "test-config"); };
+  const ModelConfig mamba2 = read(R"({"chunk_size": 16, "conv_kernel": 4, "expand": 2, "head_dim": 16,
+      "hidden_act": "silu", "hidden_size": 64, "layer_norm_epsilon": 1e-06, "model_type": "mamba2", "n_groups": 2,
+      "num_heads": 8, "num_hidden_layers": 2, "state_size": 16, "time_step_floor": 0.0001,
+      "time_step_limit": [0.0, )" +
+                                  inf + R"(], "time_step_max": 0.1, "time_step_min": 0.001,
+      "time_step_rank": 4, "use_bias": false, "use_conv_bias": true})");
+  EXPECT_EQ(Summary(mamba2), "mamba2 hidden 64 layers 2 eps 1e-06 heads 2/8/16/16 conv 4 linear 0,1");
+  const ModelConfig nemotron = read(R"({"chunk_size": 16, "conv_kernel": 4, "expand": 2, "head_dim": 32,
+      "hidden_size": 96, "layer_norm_epsilon": 1e-06, "layers_block_type": ["linear_attention", "mlp",
+      "full_attention", "linear_attention"], "mamba_head_dim": 24, "mamba_hidden_act": "silu",
+      "mamba_num_heads": 6, "mamba_proj_bias": false, "model_type": "nemotron_h",
+      "mtp_layers_block_type": ["full_attention", "moe"], "n_groups": 2, "ssm_state_size": 32,
+      "time_step_limit": [0.0, )" + inf +
+                                    R"(], "use_bias": false, "use_conv_bias": true})");
+  EXPECT_EQ(Summary(nemotron), "nemotron_h hidden 96 layers 4 eps 1e-06 heads 2/6/32/24 conv 4 linear 0,3");
+  const ModelConfig granite = read(R"({"hidden_act": "silu", "hidden_size": 128,
+      "layer_types": ["linear_attention", "full_attention"], "mamba_chunk_size": 16, "mamba_conv_bias": true,
+      "mamba_d_conv": 4, "mamba_d_head": 32, "mamba_d_state": 32, "mamba_expand": 1, "mamba_n_groups": 1,
+      "mamba_n_heads": 4, "mamba_proj_bias": false, "model_type": "granitemoehybrid", "num_hidden_layers": 2,
+      "rms_norm_eps": 1e-06, "time_step_limit": [0.0, )" +
+                                   inf + "]}");
+  EXPECT_EQ(Summary(granite), "granitemoehybrid hidden 128 layers 2 eps 1e-06 heads 1/4/32/32 conv 4 linear 0");
+  const ModelConfig bamba = read(R"({"attn_layer_indices": [1], "hidden_act": "silu", "hidden_size": 64,
+      "mamba_chunk_size": 16, "mamba_conv_bias": true, "mamba_d_conv": 4, "mamba_d_head": 32, "mamba_d_state": 16,
+      "mamba_expand": 2, "mamba_n_groups": 2, "mamba_n_heads": 4, "mamba_proj_bias": false, "model_type": "bamba",
+      "num_hidden_layers": 3, "rms_norm_eps": 1e-06, "time_step_limit": [0.0, )" +
+                                 inf + "]}");
+  EXPECT_EQ(Summary(bamba), "bamba hidden 64 layers 3 eps 1e-06 heads 2/4/16/32 conv 4 linear 0,2");
+  for (const ModelConfig* c : {&mamba2, &nemotron, &granite, &bamba}) {
+    EXPECT_TRUE(c->ssd);
+    EXPECT_EQ(c->dt_min, 0.0);
+    EXPECT_EQ(c->dt_max, std::numeric_limits<double>::infinity());
+    const DeltaRuleGeometry g = LayerFamilyFor(c->model_type).geometry(*c);
+    EXPECT_EQ(g.dt_max, std::numeric_limits<float>::infinity());
+  }
 }
 
 }  // namespace

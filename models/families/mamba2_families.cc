@@ -5,6 +5,7 @@
 // z | x | B | C | dt), conv1d [I + 2GN, 1, W] with its bias (channels x | B | C), dt_bias, A_log and D [H], the
 // gated norm [I], out_proj [hidden, I]; I = H P, G groups of B and C of state size N.
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,18 @@ struct MixerSpec {
   const char* conv_bias;
   const char* proj_bias;
   const char* act;
+  // Older names the config class still takes, each winning over the field where present (nemotron_h's
+  // mamba_n_groups, mamba_d_conv, mamba_conv_bias, mamba_dt_limit); null: none.
+  const char* legacy_groups = nullptr;
+  const char* legacy_conv = nullptr;
+  const char* legacy_conv_bias = nullptr;
+  const char* legacy_limit = nullptr;
 };
+
+// `legacy` where the config has it (not null), else `key`.
+const char* Field(const ConfigFields& f, const char* legacy, const char* key) {
+  return legacy != nullptr && f.Find(legacy, /*null_is_absent=*/true) != nullptr ? legacy : key;
+}
 
 // The mixer layers of a layer list whose entries name each layer: "mamba" or "linear_attention" (a mixer),
 // or one of `others`.
@@ -70,9 +82,9 @@ ModelConfig ReadMixer(const ConfigFields& f, const MixerSpec& s, ModelConfig con
     return fallback;
   };
   config.num_v_heads = static_cast<int>(int_field(s.heads, s.heads_default));
-  config.num_k_heads = static_cast<int>(int_field(s.groups, s.groups_default));
+  config.num_k_heads = static_cast<int>(int_field(Field(f, s.legacy_groups, s.groups), s.groups_default));
   config.head_k_dim = static_cast<int>(int_field(s.state, s.state_default));
-  config.conv_size = static_cast<int>(int_field(s.conv, 4));
+  config.conv_size = static_cast<int>(int_field(Field(f, s.legacy_conv, s.conv), 4));
   const int64_t expand = s.expand != nullptr ? int_field(s.expand, 2) : 0;
   const json* head_dim = f.Find(s.head_dim, /*null_is_absent=*/true);
   if (s.head_dim_default == 0 && (head_dim == nullptr || (head_dim->is_string() && *head_dim == "auto"))) {
@@ -90,27 +102,30 @@ ModelConfig ReadMixer(const ConfigFields& f, const MixerSpec& s, ModelConfig con
                  f.Name(s.heads) + " * " + f.Name(s.head_dim) + " (" +
                  std::to_string(int64_t{config.num_v_heads} * config.head_v_dim) + ")");
   }
-  f.Expect(config.num_v_heads % config.num_k_heads == 0, f.Name(s.heads) + " (" + std::to_string(config.num_v_heads) +
-                                                             ") must be a multiple of " + f.Name(s.groups) + " (" +
-                                                             std::to_string(config.num_k_heads) + ")");
+  f.Expect(config.num_v_heads % config.num_k_heads == 0,
+           f.Name(s.heads) + " (" + std::to_string(config.num_v_heads) + ") must be a multiple of " +
+               f.Name(Field(f, s.legacy_groups, s.groups)) + " (" + std::to_string(config.num_k_heads) + ")");
   config.rms_norm_eps = s.eps_default;
   if (const json* eps = f.Find(s.eps, /*null_is_absent=*/true)) {
     f.Expect(eps->is_number() && std::isfinite(eps->get<double>()) && eps->get<double>() > 0,
              f.Name(s.eps) + " must be a finite number > 0, got " + Describe(*eps));
     config.rms_norm_eps = eps->get<double>();
   }
-  f.Expect(f.BoolOr(s.conv_bias, true), f.Name(s.conv_bias) + " false (a conv without bias) is not supported");
+  const char* conv_bias = Field(f, s.legacy_conv_bias, s.conv_bias);
+  f.Expect(f.BoolOr(conv_bias, true), f.Name(conv_bias) + " false (a conv without bias) is not supported");
   f.Expect(!f.BoolOr(s.proj_bias, false), f.Name(s.proj_bias) + " true (biased in_proj and out_proj) is not supported");
   const std::string act = f.StringOr(s.act, "silu", /*nullable=*/true).value_or("silu");
   f.Expect(act == "silu" || act == "swish",
            f.Name(s.act) + " must be \"silu\" (the conv's activation), got " + Describe(json(act)));
-  if (const json* limit = f.Find("time_step_limit", /*null_is_absent=*/true)) {
+  // [min, max]: max may be Infinity (the config classes' default, (0.0, inf)), min must be finite (as a float).
+  const char* limit_key = Field(f, s.legacy_limit, "time_step_limit");
+  if (const json* limit = f.Find(limit_key, /*null_is_absent=*/true)) {
     f.Expect(limit->is_array() && limit->size() == 2 && (*limit)[0].is_number() && (*limit)[1].is_number(),
-             f.Name("time_step_limit") + " must be [min, max], got " + Describe(*limit));
+             f.Name(limit_key) + " must be [min, max], got " + Describe(*limit));
     config.dt_min = (*limit)[0].get<double>();
     config.dt_max = (*limit)[1].get<double>();
-    f.Expect(config.dt_min >= 0 && config.dt_min <= config.dt_max,
-             f.Name("time_step_limit") + " must satisfy 0 <= min <= max, got " + Describe(*limit));
+    f.Expect(config.dt_min >= 0 && config.dt_min <= std::numeric_limits<float>::max() && config.dt_min <= config.dt_max,
+             f.Name(limit_key) + " must satisfy 0 <= min <= max (min finite), got " + Describe(*limit));
   }
   return config;
 }
@@ -123,9 +138,16 @@ ModelConfig ReadSized(const ConfigFields& f, const MixerSpec& s) {
 constexpr MixerSpec kMamba2{"num_heads",     128,        "head_dim",    64,       "state_size",         128,
                             "n_groups",      8,          "conv_kernel", "expand", "layer_norm_epsilon", 1e-5,
                             "use_conv_bias", "use_bias", "hidden_act"};
-constexpr MixerSpec kNemotronH{"mamba_num_heads", 128,        "mamba_head_dim",  64,      "ssm_state_size",     128,
-                               "n_groups",        8,          "conv_kernel",     nullptr, "layer_norm_epsilon", 1e-5,
-                               "use_conv_bias",   "use_bias", "mamba_hidden_act"};
+constexpr MixerSpec kNemotronH{"mamba_num_heads",    128,
+                               "mamba_head_dim",     64,
+                               "ssm_state_size",     128,
+                               "n_groups",           8,
+                               "conv_kernel",        nullptr,
+                               "layer_norm_epsilon", 1e-5,
+                               "use_conv_bias",      "use_bias",
+                               "mamba_hidden_act",   "mamba_n_groups",
+                               "mamba_d_conv",       "mamba_conv_bias",
+                               "mamba_dt_limit"};
 constexpr MixerSpec kGranite{"mamba_n_heads",   128,
                              "mamba_d_head",    0,
                              "mamba_d_state",   256,
@@ -150,19 +172,18 @@ ModelConfig ReadMamba2(const ConfigFields& f) {
   return c;
 }
 
-// nemotron_h: the layers from layers_block_type (or layer_types; "mamba" / "linear_attention" the mixers), else
-// from hybrid_override_pattern ('M' the mixers; '*' attention, '-' MLP, 'E' MoE); their count is the list's
+// nemotron_h: the layers from layer_types (the config's alias of layers_block_type, winning over it as in
+// transformers) or layers_block_type ("mamba" / "linear_attention" the mixers), else from
+// hybrid_override_pattern ('M' the mixers; '*' attention, '-' MLP, 'E' MoE); their count is the list's
 // (transformers ignores a num_hidden_layers that differs).
 ModelConfig ReadNemotronH(const ConfigFields& f) {
   ModelConfig c;
   c.hidden_size = f.RequireInt("hidden_size", io_internal::kInt64Max);
   const std::vector<std::string> others = {"attention", "full_attention", "mlp", "moe"};
-  if (const json* list = f.Find("layers_block_type", /*null_is_absent=*/true)) {
-    MixerLayers(f, "layers_block_type", *list, others, &c);
+  const char* list_key = Field(f, "layer_types", "layers_block_type");
+  if (const json* list = f.Find(list_key, /*null_is_absent=*/true)) {
+    MixerLayers(f, list_key, *list, others, &c);
     c.num_hidden_layers = static_cast<int64_t>(list->size());
-  } else if (const json* types = f.Find("layer_types", /*null_is_absent=*/true)) {
-    MixerLayers(f, "layer_types", *types, others, &c);
-    c.num_hidden_layers = static_cast<int64_t>(types->size());
   } else {
     const json* pattern = f.Find("hybrid_override_pattern", /*null_is_absent=*/true);
     f.Expect(pattern != nullptr, "missing " + f.Name("layers_block_type") + " (or " +
@@ -183,15 +204,16 @@ ModelConfig ReadNemotronH(const ConfigFields& f) {
   return ReadMixer(f, kNemotronH, c);
 }
 
-// granitemoehybrid: layer_types ("mamba" / "linear_attention" the mixers, "attention" / "full_attention" not);
-// without it every layer is a mixer.
+// granitemoehybrid: layers_block_type (the config's alias of layer_types, winning over it as in transformers) or
+// layer_types ("mamba" / "linear_attention" the mixers, "attention" / "full_attention" not); without either every
+// layer is a mixer.
 ModelConfig ReadGranite(const ConfigFields& f) {
   ModelConfig c = ReadSized(f, kGranite);
-  if (const json* types = f.Find("layer_types", /*null_is_absent=*/true)) {
-    f.Expect(
-        types->is_array() && static_cast<int64_t>(types->size()) == c.num_hidden_layers,
-        f.Name("layer_types") + " must have num_hidden_layers (" + std::to_string(c.num_hidden_layers) + ") entries");
-    MixerLayers(f, "layer_types", *types, {"attention", "full_attention"}, &c);
+  const char* key = Field(f, "layers_block_type", "layer_types");
+  if (const json* types = f.Find(key, /*null_is_absent=*/true)) {
+    f.Expect(types->is_array() && static_cast<int64_t>(types->size()) == c.num_hidden_layers,
+             f.Name(key) + " must have num_hidden_layers (" + std::to_string(c.num_hidden_layers) + ") entries");
+    MixerLayers(f, key, *types, {"attention", "full_attention"}, &c);
   } else {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.linear_layers.push_back(static_cast<int>(i));
   }
@@ -222,8 +244,10 @@ ModelConfig ReadBamba(const ConfigFields& f) {
 DeltaRuleGeometry MixerGeometry(const ModelConfig& c) {
   DeltaRuleGeometry g = DeltaRuleGeometry::Mamba2(c.hidden_size, c.num_v_heads, c.head_v_dim, c.head_k_dim,
                                                   c.num_k_heads, c.conv_size, c.rms_norm_eps);
-  g.dt_min = static_cast<float>(c.dt_min);
-  g.dt_max = static_cast<float>(c.dt_max);
+  g.dt_min = static_cast<float>(c.dt_min);  // the reader keeps it within float's range
+  // A max beyond float's range bounds nothing (the float conversion of such a double is undefined).
+  g.dt_max = c.dt_max <= std::numeric_limits<float>::max() ? static_cast<float>(c.dt_max)
+                                                           : std::numeric_limits<float>::infinity();
   return g;
 }
 

@@ -1,4 +1,5 @@
-"""Tiny random causal LMs of the transformers (5.25) families with KDA or Gated DeltaNet layers.
+"""Tiny random causal LMs of the transformers (5.25) families with KDA or Gated DeltaNet layers, and of the
+Mamba2 model types (``MAMBA2_FAMILIES``: their mixers are kda's SSD layers).
 
 A test helper, no tests: the HF integration tests build these models and compare kda's kernels
 against transformers' own route. Each family is one entry of ``_FAMILIES``: its config class, its
@@ -222,23 +223,134 @@ _FAMILIES = {
 
 LINEAR_CLASSES = frozenset(spec[2] for spec in _FAMILIES.values())
 
+# The Mamba2 model types (kda's SSD layers), each with several groups where its real checkpoints have them, a
+# conv of 4, chunks of 16 (transformers' chunked scan then runs over several chunks) and its own layer pattern:
+# every layer a mixer (mamba2); mixers beside MLP and attention layers (nemotron_h), beside attention (bamba:
+# attn_layer_indices; granitemoehybrid: layer_types, one group as in Granite-4.0-H, its MoE tiny).
+MAMBA2_FAMILIES = ("mamba2", "nemotron_h", "granitemoehybrid", "bamba")
+_MAMBA2_COMMON = dict(
+    vocab_size=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+_ATTENTION = dict(num_attention_heads=2, num_key_value_heads=2, intermediate_size=64, attention_dropout=0.0)
+_MAMBA2 = {
+    # hidden 64, H 8 heads of P 16 (expand 2), N 16, G 2
+    "mamba2": (
+        "Mamba2Config",
+        "Mamba2ForCausalLM",
+        "Mamba2Mixer",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_heads=8,
+            head_dim=16,
+            expand=2,
+            state_size=16,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=16,
+            layer_norm_epsilon=1e-6,
+        ),
+    ),
+    # hidden 96, H 6 heads of P 24, N 32, G 2; mixer, MLP, attention, mixer
+    "nemotron_h": (
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        "NemotronHMamba2Mixer",
+        dict(
+            _ATTENTION,
+            hidden_size=96,
+            layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention"],
+            head_dim=32,
+            mamba_num_heads=6,
+            mamba_head_dim=24,
+            ssm_state_size=32,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=16,
+            layer_norm_epsilon=1e-6,
+        ),
+    ),
+    # hidden 128, H 4 heads of P "auto" (expand 1: 32), N 32, G 1; mixer, attention
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        "GraniteMoeHybridForCausalLM",
+        "GraniteMoeHybridMambaLayer",
+        dict(
+            _ATTENTION,
+            hidden_size=128,
+            num_hidden_layers=2,
+            layer_types=["mamba", "attention"],
+            shared_intermediate_size=64,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            mamba_n_heads=4,
+            mamba_d_head="auto",
+            mamba_expand=1,
+            mamba_d_state=32,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+            mamba_chunk_size=16,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    # hidden 64, H 4 heads of P "auto" (expand 2: 32), N 16, G 2; mixer, attention, mixer
+    "bamba": (
+        "BambaConfig",
+        "BambaForCausalLM",
+        "BambaMixer",
+        dict(
+            _ATTENTION,
+            hidden_size=64,
+            num_hidden_layers=3,
+            attn_layer_indices=[1],
+            mamba_n_heads=4,
+            mamba_d_head="auto",
+            mamba_expand=2,
+            mamba_d_state=16,
+            mamba_n_groups=2,
+            mamba_d_conv=4,
+            mamba_chunk_size=16,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+}
 
-def tiny_config(family: str):
-    """The transformers config of a tiny random causal LM of ``family``."""
-    config_cls, _, _, overrides = _FAMILIES[family]
-    kwargs = dict(overrides) if "text_config" in overrides else dict(_COMMON, **overrides)
-    return getattr(transformers, config_cls)(**kwargs)
+MIXER_CLASSES = frozenset(spec[2] for spec in _MAMBA2.values())
 
 
-def tiny_model(family: str, seed: int = 0, dtype=torch.float32):
+def _spec(family: str):
+    return _MAMBA2[family] if family in _MAMBA2 else _FAMILIES[family]
+
+
+def tiny_config(family: str, **overrides):
+    """The transformers config of a tiny random causal LM of ``family`` (a delta-rule family or a Mamba2 model
+    type), with ``overrides`` on top."""
+    config_cls, _, _, fields = _spec(family)
+    if family in _MAMBA2:
+        kwargs = dict(_MAMBA2_COMMON, **fields)
+    else:
+        kwargs = dict(fields) if "text_config" in fields else dict(_COMMON, **fields)
+    return getattr(transformers, config_cls)(**(kwargs | overrides))
+
+
+def tiny_model(family: str, seed: int = 0, dtype=torch.float32, **overrides):
     """``family``'s causal LM over :func:`tiny_config`, its weights drawn after ``torch.manual_seed(seed)``,
     in ``dtype`` (the modules the family keeps in float32 stay so), in eval mode."""
-    _, model_cls, _, _ = _FAMILIES[family]
+    _, model_cls, _, _ = _spec(family)
     torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)._from_config(tiny_config(family), dtype=dtype)
+    model = getattr(transformers, model_cls)._from_config(tiny_config(family, **overrides), dtype=dtype)
     return model.eval()
 
 
 def linear_layer_modules(model) -> list:
     """The model's KDA / Gated DeltaNet modules, in layer order."""
     return [m for m in model.modules() if type(m).__name__ in LINEAR_CLASSES]
+
+
+def mixer_modules(model) -> list:
+    """The model's Mamba2 mixers, in layer order."""
+    return [m for m in model.modules() if type(m).__name__ in MIXER_CLASSES]

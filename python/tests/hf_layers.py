@@ -1,5 +1,6 @@
 """The first delta-rule module of a tiny transformers model (hf_families.py) as a kda checkpoint, and the
-module itself as kda's reference (5.25.0, its torch route, fp32).
+module itself as kda's reference (5.25.0, its torch route, fp32); the same for the Mamba2 mixers of a tiny
+Mamba2 model type (:class:`TinyMixers`, test_mamba2_families.py), saved by transformers itself.
 
 A test helper, no tests (test_family_layers.py). :class:`TinyLayer` redraws the
 module's weights so projections, gates and the norm are non-trivial, converts its state_dict to the
@@ -16,7 +17,7 @@ import torch
 import transformers
 
 from golden import write_safetensors
-from hf_families import linear_layer_modules, tiny_model
+from hf_families import linear_layer_modules, mixer_modules, tiny_model
 
 
 def _split_conv(t: dict, sizes) -> dict:
@@ -175,3 +176,95 @@ class TinyLayer:
         w = m.in_proj_qkvz.weight.detach().numpy().reshape(self.H, 2 * self.K + 2 * r * self.V, self.hidden)
         q, k, v = w[:, :self.K], w[:, self.K:2 * self.K], w[:, 2 * self.K:2 * self.K + r * self.V]
         return np.concatenate([a.reshape(-1, self.hidden) for a in (q, k, v)])
+
+
+class TinyMixers:
+    """A tiny model of a Mamba2 model type (hf_families.MAMBA2_FAMILIES, ``overrides`` on its config), every
+    mixer's weights redrawn, written by transformers' own ``save_pretrained`` to ``root / (name or family)``
+    (config.json and safetensors as transformers writes them: kda reads that directory), and its mixers
+    (``mixers``, at model layers ``layers``) as kda's reference. The first mixer's shapes: H heads of P dims,
+    state size N, G groups, conv width W over C = H P + 2 G N channels x|B|C, the gated norm's eps."""
+
+    def __init__(self, family: str, root, seed: int = 7, name: str | None = None, **overrides):
+        self.family = family
+        self.model = tiny_model(family, **overrides)
+        self.config = self.model.config
+        self.mixers = mixer_modules(self.model)
+        self.layers = [m.layer_idx for m in self.mixers]
+        self._redraw(seed)
+        m = self.mixers[0]
+        self.hidden = self.config.hidden_size
+        self.H, self.P, self.N, self.G = m.num_heads, m.head_dim, m.ssm_state_size, m.n_groups
+        self.W, self.C, self.eps = m.conv_kernel_size, m.conv_dim, m.norm.variance_epsilon
+        assert self.C == self.H * self.P + 2 * self.G * self.N
+        self.path = root / (name or family)
+        self.model.save_pretrained(self.path)
+
+    def _redraw(self, seed: int) -> None:
+        """Projections of unit gain (outputs of order 1; dt_raw too, so dt = softplus(dt_raw + dt_bias) spreads
+        over about (0.05, 3)), a conv and its bias of order 1, a norm weight around 1, D in [0.5, 1.5],
+        exp(A_log) in [0.05, 2] (a state kept over tens of tokens down to one forgotten within a few)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for m in self.mixers:
+                for name, p in m.named_parameters():
+                    if name.endswith("proj.weight"):
+                        p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+                    elif name == "conv1d.weight":
+                        p.copy_(0.5 * torch.randn(p.shape, generator=g))
+                    elif name == "conv1d.bias":
+                        p.copy_(0.3 * torch.randn(p.shape, generator=g))
+                    elif name == "norm.weight":
+                        p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+                    elif name == "A_log":
+                        p.copy_(torch.empty(p.shape).uniform_(0.05, 2.0, generator=g).log())
+                    elif name == "dt_bias":
+                        p.copy_(0.5 * torch.randn(p.shape, generator=g))
+                    elif name == "D":
+                        p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=g))
+                    else:
+                        raise AssertionError(f"{self.family}: no draw for parameter {name}")
+
+    def inputs(self, n: int, seed: int = 1) -> np.ndarray:
+        return np.random.default_rng(seed).standard_normal((n, self.hidden)).astype(np.float32)
+
+    def new_cache(self):
+        return transformers.DynamicCache(config=self.config)
+
+    def hf(self, x: np.ndarray, cache=None, mixer: int = 0) -> np.ndarray:
+        """Mixer ``mixer`` over one sequence x [t, hidden] (through ``cache`` when given): out [t, hidden]."""
+        with torch.no_grad():
+            return self.mixers[mixer](torch.from_numpy(x)[None], cache=cache)[0].numpy()
+
+    def hf_states(self, cache, mixer: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """transformers' cached states of mixer ``mixer`` as kda keeps them: recurrent [1, H, P, N] (the same
+        layout) and the conv tail [1, W-1, C] (the cache's [1, C, W] without its first column, transposed)."""
+        layer = self.layers[mixer]
+        rec = cache.get_recurrent_state(layer).detach().numpy().copy()  # copies: the cache updates them in place
+        conv = cache.get_conv_state(layer).detach().numpy().copy()
+        assert rec.shape == (1, self.H, self.P, self.N) and conv.shape == (1, self.C, self.W)
+        return rec, conv[:, :, 1:].transpose(0, 2, 1)
+
+    def hf_prefill_then_decode(self, x: np.ndarray, prefill: int, mixer: int = 0):
+        """Mixer ``mixer`` through transformers' cache: prefill x[:prefill], then one token at a time (outputs
+        [len(x), hidden], [(recurrent, conv)] after the prefill and after each decode step)."""
+        cache = self.new_cache()
+        outs = [self.hf(x[:prefill], cache, mixer)]
+        states = [self.hf_states(cache, mixer)]
+        for t in range(prefill, len(x)):
+            outs.append(self.hf(x[t:t + 1], cache, mixer))
+            states.append(self.hf_states(cache, mixer))
+        return np.concatenate(outs), states
+
+    def conv_input_weight(self, mixer: int = 0) -> np.ndarray:
+        """[C, hidden]: the in_proj rows x|B|C the conv reads (in_proj's rows are z|x|B|C|dt)."""
+        m = self.mixers[mixer]
+        inner = m.num_heads * m.head_dim
+        return m.in_proj.weight.detach().numpy()[inner:inner + m.conv_dim]
+
+    def dt(self, x: np.ndarray, mixer: int = 0) -> np.ndarray:
+        """softplus(dt_raw + dt_bias) [t, H] of mixer ``mixer`` on x [t, hidden], before time_step_limit."""
+        m = self.mixers[mixer]
+        with torch.no_grad():
+            raw = m.in_proj(torch.from_numpy(x))[:, -m.num_heads:]
+            return torch.nn.functional.softplus(raw + m.dt_bias).numpy()
