@@ -15,28 +15,41 @@ namespace kda::io_internal {
 
 namespace {
 
+// Says, byte by byte, which bytes of JSON text lie outside strings (a string's quotes and escapes included in
+// it).
+class OutsideStrings {
+ public:
+  // Whether `c`, the text's next byte, is outside every string.
+  bool Next(char c) {
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
+      } else if (c == '\\') {
+        escaped_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+      }
+      return false;
+    }
+    in_string_ = c == '"';
+    return !in_string_;
+  }
+
+ private:
+  bool in_string_ = false;
+  bool escaped_ = false;
+};
+
 // Refuses nesting deeper than kMaxJsonDepth. A scan of the bytes, counting brackets outside strings, without
 // recursion: it runs before the parser, so no deep value is ever built. Unbalanced brackets are left to the
 // parser to report.
 void CheckNestingDepth(std::string_view text, const std::string& origin, const std::string& what) {
   int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
+  OutsideStrings scan;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
+    if (!scan.Next(c)) continue;
+    if (c == '[' || c == '{') {
       if (++depth > kMaxJsonDepth) {
         throw Error(origin + ": " + what + " nests arrays or objects deeper than " + std::to_string(kMaxJsonDepth) +
                     " levels (at byte " + std::to_string(i) + ")");
@@ -110,24 +123,9 @@ constexpr std::array<NonFiniteFloat, 3> kNonFiniteFloats = {{
 std::optional<std::string> TagBareNonFiniteFloats(std::string_view text) {
   std::string out;
   size_t copied = 0;  // text[0, copied) is in out
-  bool in_string = false;
-  bool escaped = false;
+  OutsideStrings scan;
   for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      continue;
-    }
+    if (!scan.Next(text[i])) continue;
     for (const NonFiniteFloat& f : kNonFiniteFloats) {
       if (text.substr(i, f.token.size()) != f.token) continue;
       out.append(text.substr(copied, i - copied));

@@ -859,18 +859,10 @@ void RefuseMixedBind(const Call& call) {
 template <class Args>
 Args BindCommon(const KdaCallCommon& call, const KdaCallShapes& s) {
   Args a;
-  a.o = {call.o.data, call.o.dtype};
-  a.q = Buf(call.q);
-  a.k = Buf(call.k);
-  a.v = Buf(call.v);
-  a.g = Buf(call.g);
-  a.beta = Buf(call.beta);
+  SetTokensAndHeads(a, {call.o.data, call.o.dtype}, Buf(call.q), Buf(call.k), Buf(call.v), Buf(call.g), Buf(call.beta),
+                    s.H, s.HV, s.K, s.V);
   a.scalar_gate = s.scalar_gate;
   a.token_strides = s.token_strides;
-  a.H = s.H;
-  a.HV = s.HV;
-  a.K = s.K;
-  a.V = s.V;
   a.T = s.B * s.T;
   a.N = s.N;
   a.state_v_first = call.state_v_first;

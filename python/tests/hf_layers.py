@@ -72,7 +72,17 @@ _CHECKPOINT = {
 _KDA_FAMILIES = ("glm5_next", "bailing_hybrid")
 
 
-class TinyLayer:
+class _Tiny:
+    """What the tiny models share: random input rows [n, hidden] and a fresh transformers cache."""
+
+    def inputs(self, n: int, seed: int = 1) -> np.ndarray:
+        return np.random.default_rng(seed).standard_normal((n, self.hidden)).astype(np.float32)
+
+    def new_cache(self):
+        return transformers.DynamicCache(config=self.config)
+
+
+class TinyLayer(_Tiny):
     """A family's first delta-rule module (transformers), its weights redrawn, and its checkpoint directory
     ``root / family``: ``tensors`` (checkpoint name -> float32 array), ``prefix`` (layer 0's), the shapes
     H, HV, K, V, W, C (= 2 H K + HV V)."""
@@ -134,12 +144,6 @@ class TinyLayer:
                 else:
                     raise AssertionError(f"{self.family}: no draw for parameter {name}")
 
-    def inputs(self, n: int, seed: int = 1) -> np.ndarray:
-        return np.random.default_rng(seed).standard_normal((n, self.hidden)).astype(np.float32)
-
-    def new_cache(self):
-        return transformers.DynamicCache(config=self.config)
-
     def hf(self, x: np.ndarray, cache=None) -> np.ndarray:
         """The module over one sequence x [t, hidden] (through ``cache`` when given): out [t, hidden]."""
         with torch.no_grad():
@@ -178,7 +182,7 @@ class TinyLayer:
         return np.concatenate([a.reshape(-1, self.hidden) for a in (q, k, v)])
 
 
-class TinyMixers:
+class TinyMixers(_Tiny):
     """A tiny model of a Mamba2 model type (hf_families.MAMBA2_FAMILIES, ``overrides`` on its config), every
     mixer's weights redrawn, written by transformers' own ``save_pretrained`` to ``root / (name or family)``
     (config.json and safetensors as transformers writes them: kda reads that directory), and its mixers
@@ -225,12 +229,6 @@ class TinyMixers:
                     else:
                         raise AssertionError(f"{self.family}: no draw for parameter {name}")
 
-    def inputs(self, n: int, seed: int = 1) -> np.ndarray:
-        return np.random.default_rng(seed).standard_normal((n, self.hidden)).astype(np.float32)
-
-    def new_cache(self):
-        return transformers.DynamicCache(config=self.config)
-
     def hf(self, x: np.ndarray, cache=None, mixer: int = 0) -> np.ndarray:
         """Mixer ``mixer`` over one sequence x [t, hidden] (through ``cache`` when given): out [t, hidden]."""
         with torch.no_grad():
@@ -268,3 +266,45 @@ class TinyMixers:
         with torch.no_grad():
             raw = m.in_proj(torch.from_numpy(x))[:, -m.num_heads:]
             return torch.nn.functional.softplus(raw + m.dt_bias).numpy()
+
+
+def check_layer_decode(tiny, L, T: int, decode: int) -> None:
+    """A layer `L` (kda's, called as L(x, cu_seqlens, recurrent, conv)) over tiny's T-token prefill then `decode`
+    single-token steps with its states carried, against transformers' module through its cache
+    (tiny.hf_prefill_then_decode): every output and the states after every token, to the fp32 rule; decoding
+    from zero states must differ (the states carry information)."""
+    from golden import check_f32, check_state_f32
+
+    x = tiny.inputs(T + decode, seed=2)
+    want, want_states = tiny.hf_prefill_then_decode(x, T)
+    out, rec, conv = L(x[:T])
+    check_f32(out, want[:T], what="prefill out")
+    for i, t in enumerate(range(T, T + decode + 1)):
+        check_state_f32(rec, want_states[i][0], what=f"recurrent state after {t} tokens")
+        check_state_f32(conv, want_states[i][1], what=f"conv state after {t} tokens")
+        if t == T + decode:
+            break
+        out, rec, conv = L(x[t:t + 1], None, rec, conv)
+        assert out.shape == (1, tiny.hidden)
+        check_f32(out, want[t:t + 1], what=f"decode step {t - T}")
+    assert np.abs(L(x[T:T + 1])[0] - want[T:T + 1]).max() > 1e-3
+
+
+def check_layer_prefill(tiny, L, length: int, state_shape: tuple) -> np.ndarray:
+    """A layer `L` over one sequence of `length` tokens against transformers' module (outputs of order 1, so that
+    the fp32 rule tests something), and its final states (`state_shape`, one sequence) against transformers'
+    cache after the same prefill; returns transformers' recurrent state."""
+    from golden import check_f32, check_state_f32
+
+    x = tiny.inputs(length)
+    want = tiny.hf(x)
+    assert np.abs(want).max() > 0.1
+    out, rec, conv = L(x)
+    assert out.dtype == np.float32 and rec.shape == state_shape and conv.shape == (1, 3, tiny.C)
+    check_f32(out, want, what=f"{tiny.family} out")
+    cache = tiny.new_cache()
+    check_f32(tiny.hf(x, cache), want, what="transformers with and without its cache")
+    want_rec, want_conv = tiny.hf_states(cache)
+    check_state_f32(rec, want_rec, what="recurrent state")
+    check_state_f32(conv, want_conv, what="conv state")
+    return want_rec

@@ -33,7 +33,7 @@ transformers = pytest.importorskip("transformers")
 
 import kda  # noqa: E402
 from golden import check_f32, check_state_f32, read_safetensors, write_safetensors  # noqa: E402
-from hf_layers import TinyLayer  # noqa: E402
+from hf_layers import check_layer_decode, check_layer_prefill, TinyLayer  # noqa: E402
 
 # hf_families family: (kda class, config.json model_type: the text model's, kda's family: the class's)
 FAMILIES = {
@@ -156,39 +156,12 @@ def test_config_and_layer_class(tiny):
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("length", [T, 130], ids=lambda t: f"T{t}")
 def test_prefill_matches_transformers(tiny, kernel, length):
-    x = tiny.inputs(length)
-    want = tiny.hf(x)
-    assert np.abs(want).max() > 0.1  # outputs of order 1: the 1e-5 rule is a real test
-    out, rec, conv = kda_layer(tiny.path, kernel)(x)
-    assert out.dtype == np.float32 and rec.shape == (1, tiny.HV, tiny.K, tiny.V) and conv.shape == (1, 3, tiny.C)
-    check_f32(out, want, what=f"{tiny.family} out")
-    # With a cache transformers also keeps the final states: the same prefill, its states.
-    cache = tiny.new_cache()
-    check_f32(tiny.hf(x, cache), want, what="transformers with and without its cache")
-    want_rec, want_conv = tiny.hf_states(cache)
-    check_state_f32(rec, want_rec, what="recurrent state")
-    check_state_f32(conv, want_conv, what="conv state")
-    # The conv tail is the last W-1 rows of the raw q|k|v projections.
-    np.testing.assert_allclose(conv[0], x[-3:] @ tiny.qkv_weight().T, rtol=1e-5, atol=1e-5)
+    check_layer_prefill(tiny, kda_layer(tiny.path, kernel), length, (1, tiny.HV, tiny.K, tiny.V))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_decode_through_the_layer_matches_transformers_cache(tiny, kernel):
-    x = tiny.inputs(T + DECODE, seed=2)
-    want, want_states = tiny.hf_prefill_then_decode(x, T)
-    L = kda_layer(tiny.path, kernel)
-    out, rec, conv = L(x[:T])
-    check_f32(out, want[:T], what="prefill out")
-    for i, t in enumerate(range(T, T + DECODE + 1)):
-        check_state_f32(rec, want_states[i][0], what=f"recurrent state after {t} tokens")
-        check_state_f32(conv, want_states[i][1], what=f"conv state after {t} tokens")
-        if t == T + DECODE:
-            break
-        out, rec, conv = L(x[t:t + 1], None, rec, conv)
-        assert out.shape == (1, tiny.hidden)
-        check_f32(out, want[t:t + 1], what=f"decode step {t - T}")
-    # The states carry information: decoding from zero states differs.
-    assert np.abs(L(x[T:T + 1])[0] - want[T:T + 1]).max() > 1e-3
+    check_layer_decode(tiny, kda_layer(tiny.path, kernel), T, DECODE)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -182,6 +182,23 @@ struct RecurrentKdaArgs {
   KdaOptions options;
 };
 
+// The token tensors and head sizes both argument kinds hold, set at once (by the bound front-end calls and by
+// the backend's trusted ones).
+template <class Args>
+void SetTokensAndHeads(Args& a, MutBuf o, ConstBuf q, ConstBuf k, ConstBuf v, ConstBuf g, ConstBuf beta, int H, int HV,
+                       int K, int V) {
+  a.o = o;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.g = g;
+  a.beta = beta;
+  a.H = H;
+  a.HV = HV;
+  a.K = K;
+  a.V = V;
+}
+
 // Validates shapes and options; throws kda::Error naming the problem. The
 // kernels call these first and touch no output when they throw.
 void ValidateChunkKda(const ChunkKdaArgs& a);

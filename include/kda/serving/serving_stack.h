@@ -30,10 +30,10 @@ namespace kda {
 //   prefix_cache_bytes          >= 0 (0: off)
 //   verify.max_draft_tokens     in [0, 64]
 struct ServingOptions {
-  SchedulerConfig scheduler;
+  SchedulerConfig scheduler{};
   int64_t state_budget_bytes = 0;
   int64_t prefix_cache_bytes = 0;
-  VerifyConfig verify;
+  VerifyConfig verify{};
   KernelImpl kernel = KernelImpl::kAuto;
   LayerObserver* observer = nullptr;  // set on the runner (see LayerObserver); not owned
 };

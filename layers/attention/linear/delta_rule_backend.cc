@@ -46,19 +46,11 @@ template <class Args>
 Args CoreArgs(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb) {
   const DeltaRuleGeometry& geo = s.layer.geometry();
   Args a;
-  a.o = s.o;
-  a.q = s.q;
-  a.k = s.k;
-  a.v = s.v;
-  a.g = {gb.g.data(), DType::kF32};
-  a.beta = {gb.beta.data(), DType::kF32};
+  SetTokensAndHeads(a, s.o, s.q, s.k, s.v, {gb.g.data(), DType::kF32}, {gb.beta.data(), DType::kF32}, geo.H, geo.HV,
+                    geo.K, geo.V);
   a.scalar_gate = geo.decay == DecayWidth::kPerValueHead;
   a.T = s.num_tokens;
   a.N = s.num_seqs;
-  a.H = geo.H;
-  a.HV = geo.HV;
-  a.K = geo.K;
-  a.V = geo.V;
   a.options.scale = s.layer.scale();
   // Mamba2's SSD: no L2 norm of B and C, no delta correction, states [HV, V, K] (transformers' [H, P, N]).
   a.options.use_qk_l2norm_in_kernel = !geo.ssd;
