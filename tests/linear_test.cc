@@ -4,6 +4,7 @@
 // of output rows), against plain references; and the route switch itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -244,6 +245,63 @@ TEST_P(LinearRouteTest, LargeMRunsTheWeightInTilesOfOutputRows) {
       ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense");
     }
   }
+}
+
+TEST_P(LinearRouteTest, ManyRowsRunInSpansAndOddOutputRowsInPaddedPanels) {
+  // On the tiles (kernels/gemm/tile_gemm_simd.cc) more than 256 input rows run
+  // in even spans (300: two of 160; 530: three of 192) and weight rows past
+  // the last multiple of 32 (150 = 128 + 22: a job of 22 rows) from a
+  // zero-padded panel; every route gives the reference, and on the tiles each
+  // output row is the same whatever the input rows beside it.
+  const testing::ThreadScope two_threads(2);
+  constexpr int64_t kN = 150;
+  constexpr int64_t kK = 64;
+  const LinearProblem p = MakeProblem(kN, kK, 5);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const bool bf16 = dtype == DType::kBF16;
+    const Linear q8(p.w, dtype);
+    const Linear dense(p.dense, kN, kK, dtype);
+    for (int64_t m : {255, 300, 530}) {
+      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
+      std::vector<float> ref(m * kN);
+      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
+      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
+      const std::vector<float> y = RunLinear(q8, x, m, dtype);
+      ExpectCloseToReference(y, ref, p, x, m, bf16, what + " q8");
+      ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense");
+      if (!bf16 || GetParam().route != GemmRoute::kAmx || !internal::TileGemmRuns()) continue;
+      // The last 17 rows alone: their outputs bit for bit those of the whole product.
+      const std::vector<float> tail_x(x.end() - 17 * kK, x.end());
+      const std::vector<float> tail = RunLinear(q8, tail_x, 17, dtype);
+      EXPECT_TRUE(std::equal(tail.begin(), tail.end(), y.end() - 17 * kN)) << what;
+    }
+  }
+}
+
+TEST(TileGemmTest, RunsWhereTheTilesAreGrantedAndSaysWhyNotElsewhere) {
+  if (!internal::TileGemmRuns()) {
+    GTEST_SKIP() << "kda's tile GEMM does not run here: AMX tiles "
+                 << (AmxTilesGranted() ? "granted, but the AVX-512 kernels are not active" : "not granted");
+  }
+  // 1 x 64 times a weight row of 64 ones: the exact sum of the inputs.
+  std::vector<BF16> w(64, ToBF16(1.0F));
+  std::vector<BF16> x(64);
+  float sum = 0.0F;
+  for (int i = 0; i < 64; ++i) {
+    x[i] = ToBF16(static_cast<float>(i));
+    sum += static_cast<float>(i);
+  }
+  float y = 0.0F;
+  internal::TileGemmArgs a;
+  a.m = 1;
+  a.n = 1;
+  a.k = 64;
+  a.y_f32 = &y;
+  a.ldy = 1;
+  internal::TileGemm(a, x.data(), w.data(), nullptr);
+  EXPECT_EQ(y, sum);
+  a.k = 48;
+  ExpectErrorContaining([&] { internal::TileGemm(a, x.data(), w.data(), nullptr); }, "multiple of 32");
 }
 
 TEST_P(LinearRouteTest, Bf16PipelineRoundsTheDequantizedWeightToBf16) {

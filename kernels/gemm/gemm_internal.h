@@ -9,6 +9,10 @@
 #include "kda/base/bf16.h"
 #include "kda/kernels/gemm_route.h"
 
+namespace kda {
+struct Q8Weight;
+}  // namespace kda
+
 namespace kda::internal {
 
 // The most input rows the small-M kernels take: the decode class of the GEMM
@@ -53,6 +57,31 @@ struct GemvArgs {
   float* y_f32 = nullptr;
   BF16* y_bf16 = nullptr;
 };
+
+// y [m, n] (row stride ldy) = x [m, k] . W^T on the AMX tiles (TileGemm, kernels/gemm/linear.cc;
+// compute code kernels/gemm/tile_gemm_simd.cc): W [n, k] bf16 row-major (the Linear's weights,
+// read in place, or Q8 weights dequantized a job's rows at a time), x bf16, bf16 products summed
+// in fp32 (the tiles' flush of subnormal fp32 values aside), k a multiple of 32. Exactly one of
+// y_f32 / y_bf16 is set (bf16: the sum rounded once to nearest even).
+struct TileGemmArgs {
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t span = 0;  // input rows per span (a multiple of 32), see kTileGemmSpanRows
+  float* y_f32 = nullptr;
+  BF16* y_bf16 = nullptr;
+  int64_t ldy = 0;
+};
+// The input dim TileGemm sums per tile product; its k is a multiple of it.
+inline constexpr int64_t kTileGemmDepth = 32;
+// The most input rows TileGemm multiplies in one span: a span's packed rows (at most 2 MiB at k =
+// 4096) stay in L2 while a job's weight rows (kept in L2 too) pass over them. More rows are taken
+// in even spans of at most this many.
+inline constexpr int64_t kTileGemmSpanRows = 256;
+// Whether this process can run TileGemm: the tiles granted and the AVX-512 kernels active.
+bool TileGemmRuns();
+// The weights: dense bf16 rows (w) or Q8 rows (q8), one of them.
+void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weight* q8);
 
 // oneDNN's implementation of a bf16 matmul on the AMX tiles (e.g.
 // "brg:avx512_core_amx_bf16"), empty where it offers none (kernels/gemm/linear.cc).

@@ -8,6 +8,7 @@
 #include "base/scratch.h"
 #include "kda/base/error.h"
 #include "kda/base/parallel.h"
+#include "kda/kernels/cpu_probe.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/gemm_route.h"
 #include "kda/kernels/linear.h"
@@ -50,6 +51,46 @@ std::string OneDnnTileImplementation() {
     return "";
   }
   return "";
+}
+
+bool TileGemmRuns() { return AmxTilesGranted() && ActiveKernels().tile_gemm_rows != nullptr; }
+
+void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weight* q8) {
+  const KernelTable& kernels = ActiveKernels();
+  Check(TileGemmRuns(), "TileGemm: the AMX tiles are not available to this process");
+  Check(a.k > 0 && a.k % kTileGemmDepth == 0, "TileGemm: the input dim must be a positive multiple of 32");
+  Check(a.m > 0 && a.n > 0 && a.ldy >= a.n, "TileGemm: bad shape");
+  Check((a.y_f32 == nullptr) != (a.y_bf16 == nullptr), "TileGemm: exactly one output");
+  Check((w == nullptr) != (q8 == nullptr), "TileGemm: exactly one weight");
+  constexpr int64_t kRows = 16;      // a tile's rows
+  constexpr int64_t kJobRows = 128;  // weight rows per job: a multiple of two tiles' (32)
+  const int64_t blocks = (a.m + kRows - 1) / kRows;
+  ScratchArray<BF16> xp(static_cast<size_t>(blocks * kRows * a.k));
+  ParallelFor(blocks, [&](int64_t b) { kernels.tile_pack_rows(xp.data(), x, a.m, a.k, b); });
+  TileGemmArgs args = a;
+  // Even spans of at most kTileGemmSpanRows rows, each a multiple of 32.
+  const int64_t spans = (a.m + kTileGemmSpanRows - 1) / kTileGemmSpanRows;
+  args.span = ((a.m + spans - 1) / spans + 2 * kRows - 1) / (2 * kRows) * (2 * kRows);
+  ParallelFor((a.n + kJobRows - 1) / kJobRows, [&](int64_t j) {
+    const int64_t r0 = j * kJobRows;
+    const int64_t r1 = std::min(a.n, r0 + kJobRows);
+    const int64_t padded = (r1 - r0 + 2 * kRows - 1) / (2 * kRows) * (2 * kRows);
+    if (q8 == nullptr && padded == r1 - r0) {
+      kernels.tile_gemm_rows(args, w + r0 * a.k, xp.data(), r0, r1);
+      return;
+    }
+    // Q8 rows dequantized (to the bf16 pipeline's weights), and the last rows of a weight whose
+    // rows are no multiple of 32 copied, into a panel padded with zero rows (a tile reads 16).
+    ScratchArray<BF16> panel(static_cast<size_t>(padded * a.k));
+    if (q8 != nullptr) {
+      kernels.q8_dequant_bf16(panel.data(), q8->q.data() + r0 * a.k, q8->scales.data() + r0 * (a.k / kQ8Block), a.k, 0,
+                              r1 - r0);
+    } else {
+      std::memcpy(panel.data(), w + r0 * a.k, static_cast<size_t>((r1 - r0) * a.k) * sizeof(BF16));
+    }
+    std::fill(panel.data() + (r1 - r0) * a.k, panel.data() + padded * a.k, BF16{});
+    kernels.tile_gemm_rows(args, panel.data(), xp.data(), r0, r1);
+  });
 }
 
 void CapOneDnnBelowTiles() { dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx512_core_bf16); }
@@ -174,6 +215,24 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
   if (m == 0) return;
   // The bf16 pipeline's route for m rows (kda/kernels/gemm_route.h); fp32 is fp32 FMA.
   const GemmRoute route = PipelineGemmPlan(dtype_).ForRows(m);
+  if (route == GemmRoute::kAmx && dtype_ == DType::kBF16 && in_ % internal::kTileGemmDepth == 0 &&
+      internal::TileGemmRuns()) {
+    // kda's own tile GEMM: the weights read in place (Q8 dequantized a job's rows at a time).
+    internal::TileGemmArgs a;
+    a.m = m;
+    a.n = out_;
+    a.k = in_;
+    a.ldy = out_;
+    if (y.dtype == DType::kBF16) {
+      a.y_bf16 = static_cast<BF16*>(y.data);
+    } else {
+      a.y_f32 = static_cast<float*>(y.data);
+    }
+    const bool q8 = format_ == WeightFormat::kInt8;
+    internal::TileGemm(a, static_cast<const BF16*>(x.data), q8 ? nullptr : impl_->w_bf16.data(),
+                       q8 ? &impl_->q8 : nullptr);
+    return;
+  }
   if (route != GemmRoute::kAmx && m <= internal::kGemvMaxRows &&
       (format_ == WeightFormat::kInt8 || in_ % internal::kGemvBlock == 0)) {
     ForwardSmall(y, x, m, route == GemmRoute::kBf16Dot);

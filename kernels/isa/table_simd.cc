@@ -92,6 +92,10 @@ const internal::KernelTable& Table() {
     t.gemv = &Gemv;
     t.q8_dequant_f32 = &Q8DequantF32;
     t.q8_dequant_bf16 = &Q8DequantBF16;
+#if KDA_TARGET == KDA_TARGET_AVX512
+    t.tile_pack_rows = &TilePackRows;
+    t.tile_gemm_rows = &TileGemmRows;
+#endif
     t.vec_math = &VecMath;
     return t;
   }();
