@@ -248,8 +248,8 @@ TEST_P(LinearRouteTest, LargeMRunsTheWeightInTilesOfOutputRows) {
 }
 
 TEST_P(LinearRouteTest, ManyRowsRunInSpansAndOddOutputRowsInPaddedPanels) {
-  // On the tiles (kernels/gemm/tile_gemm_simd.cc) more than 256 input rows run
-  // in even spans (300: two of 160; 530: three of 192) and weight rows past
+  // On the tiles (kernels/gemm/tile_gemm_simd.cc) more than 128 input rows run
+  // in spans (255: two of 128; 300: three of 128, the last 44) and weight rows past
   // the last multiple of 32 (150 = 128 + 22: a job of 22 rows) from a
   // zero-padded panel; every route gives the reference, and on the tiles each
   // output row is the same whatever the input rows beside it.
