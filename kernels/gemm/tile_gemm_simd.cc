@@ -35,35 +35,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-}  // namespace
-
-// Input rows [16 b, 16 b + 16) of x [m, k] in the B operand's layout: for each
-// pair of input columns, 16 dwords (the pair of each row), rows past m zero.
-// xp holds block b at b * k * 16.
-void TilePackRows(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b) {
-  uint32_t* dst = reinterpret_cast<uint32_t*>(xp + b * k * kTileRows);
-  const int64_t pairs = k / 2;
-  for (int64_t r = 0; r < kTileRows; ++r) {
-    const int64_t row = b * kTileRows + r;
-    if (row >= m) {
-      for (int64_t p = 0; p < pairs; ++p) dst[p * kTileRows + r] = 0;
-      continue;
-    }
-    const BF16* src = x + row * k;
-    for (int64_t p = 0; p < pairs; ++p) {
-      uint32_t v = 0;
-      __builtin_memcpy(&v, src + 2 * p, sizeof(v));
-      dst[p * kTileRows + r] = v;
-    }
-  }
-}
-
-namespace {
-
-// A 16 x 16 fp32 block in place: t[i][j] <-> t[j][i].
-KDA_TILE_TARGET void Transpose16(float* t) {
-  __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(t + i * 16);
+// 16 registers of 16 lanes transposed: r[i] lane j <-> r[j] lane i.
+KDA_INLINE void Transpose16(__m512 (&r)[16]) {
   __m512 s[16];
   for (int i = 0; i < 16; i += 2) {
     s[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -89,19 +62,42 @@ KDA_TILE_TARGET void Transpose16(float* t) {
     r[i + 4] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0x88);
     r[i + 12] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0xDD);
   }
-  for (int i = 0; i < 16; ++i) _mm512_store_ps(t + i * 16, r[i]);
 }
+
+}  // namespace
+
+// Input rows [16 b, 16 b + 16) of x [m, k] in the B operand's layout: for each
+// pair of input columns, 16 dwords (the pair of each row), rows past m zero.
+// xp holds block b at b * k * 16. A 16 x 16 block of dwords (16 rows, 16
+// pairs) at a time, transposed in registers.
+void TilePackRows(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b) {
+  float* dst = reinterpret_cast<float*>(xp + b * k * kTileRows);
+  const int64_t rows = m - b * kTileRows < kTileRows ? m - b * kTileRows : kTileRows;
+  const BF16* src = x + b * kTileRows * k;
+  for (int64_t p0 = 0; p0 < k / 2; p0 += kTileRows) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) {
+      r[i] = i < rows ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * k + 2 * p0)) : _mm512_setzero_ps();
+    }
+    Transpose16(r);
+    for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + (p0 + j) * kTileRows, r[j]);
+  }
+}
+
+namespace {
 
 // An accumulator tile (16 output features n0.. x 16 input rows m0..), stored
 // at c, written to y's rows m0.. < m and columns n0.. < n, fp32 or rounded
 // once to bf16 (nearest even, NaN kept).
 KDA_TILE_TARGET void WriteBlock(const TileGemmArgs& a, float* c, int64_t n0, int64_t m0) {
-  Transpose16(c);
+  __m512 t[16];
+  for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + i * kTileRows);
+  Transpose16(t);
   const int64_t cols = a.n - n0 < kTileRows ? a.n - n0 : kTileRows;
   const auto mask = static_cast<__mmask16>((1U << cols) - 1U);
   const int64_t rows = a.m - m0 < kTileRows ? a.m - m0 : kTileRows;
   for (int64_t i = 0; i < rows; ++i) {
-    const __m512 v = _mm512_load_ps(c + i * kTileRows);
+    const __m512 v = t[i];
     const int64_t at = (m0 + i) * a.ldy + n0;
     if (a.y_bf16 == nullptr) {
       _mm512_mask_storeu_ps(a.y_f32 + at, mask, v);
