@@ -5,6 +5,8 @@
 
 #include "base/scratch.h"
 #include "kda/base/bf16.h"
+#include "kda/base/error.h"
+#include "kda/base/parallel.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/layers/radix_linear_attention.h"
 
@@ -79,6 +81,29 @@ RecurrentKdaArgs SlotsArgs(const LinearRecurrentAttnBackend::CoreStep& s, const 
   return a;
 }
 
+// Mamba2's skip: y [T, HV, V] = o + D[h] x (o fp32, x and y the activation dtype), rounded once; a
+// token's rows per job, typed loops the compiler vectorises.
+void AddSkip(MutBuf y, const float* o, ConstBuf x, const float* D, int64_t T, int HV, int V) {
+  Check(y.dtype == x.dtype && (y.dtype == DType::kF32 || y.dtype == DType::kBF16),
+        "Mamba2 skip: x and y must share the activation dtype (float32 or bfloat16)");
+  const int64_t row = int64_t{HV} * V;
+  ParallelFor(T, [&](int64_t t) {
+    for (int h = 0; h < HV; ++h) {
+      const int64_t at = t * row + int64_t{h} * V;
+      const float d = D[h];
+      if (y.dtype == DType::kF32) {
+        const auto* xs = static_cast<const float*>(x.data) + at;
+        float* ys = static_cast<float*>(y.data) + at;
+        for (int v = 0; v < V; ++v) ys[v] = o[at + v] + d * xs[v];
+      } else {
+        const auto* xs = static_cast<const BF16*>(x.data) + at;
+        BF16* ys = static_cast<BF16*>(y.data) + at;
+        for (int v = 0; v < V; ++v) ys[v] = ToBF16(o[at + v] + d * ToFloat(xs[v]));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 template <class Run>
@@ -94,11 +119,7 @@ void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
     CoreStep f32 = s;
     f32.o = {o32.data(), DType::kF32};
     run(f32, gb);
-    const float* D = s.layer.D().data();
-    for (int64_t i = 0; i < n; ++i) {
-      const float x = LoadAsFloat(s.v.data, s.v.dtype, static_cast<size_t>(i));
-      StoreFromFloat(s.o.data, s.o.dtype, static_cast<size_t>(i), o32.data()[i] + D[(i / geo.V) % geo.HV] * x);
-    }
+    AddSkip(s.o, o32.data(), s.v, s.layer.D().data(), s.num_tokens, geo.HV, geo.V);
   }
   const int id = s.layer.layer_id();
   const int64_t gates = s.num_tokens * s.layer.geometry().gate_width();
