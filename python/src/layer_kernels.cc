@@ -147,37 +147,49 @@ GateActivation ParseGateActivation(const std::string& name) {
   throw nb::value_error(("activation: must be 'sigmoid' or 'silu', got '" + name + "'").c_str());
 }
 
-// gated_rms_norm: y = o * rsqrt(mean(o^2) + eps) * weight * act(gate) per row of V, fp32 arithmetic.
+// The rows of a gated RMSNorm call: y, o and the gate `gate_name` [R, C] C-contiguous CPU arrays of
+// one activation dtype, weight [C] float32, eps >= 0; R, C and the dtype.
+struct NormRows {
+  int64_t R = 0;
+  int64_t C = 0;
+  DType dtype = DType::kF32;
+};
+NormRows CheckNormRows(const OutArray& y, const InArray& o, const InArray& gate, const char* gate_name,
+                       const InArray& weight, float eps) {
+  RequireCpu(o, "o");
+  RequireNdim(o, 2, "o", "[R, C]");
+  NormRows r{static_cast<int64_t>(o.shape(0)), static_cast<int64_t>(o.shape(1)), ActDType(o, "o")};
+  RequireCpuContiguous(o, "o");
+  RequireShape(gate, {r.R, r.C}, gate_name, "[R, C]");
+  RequireDType(gate, r.dtype, gate_name);
+  RequireCpuContiguous(gate, gate_name);
+  RequireShape(y, {r.R, r.C}, "y", "[R, C]");
+  RequireDType(y, r.dtype, "y");
+  RequireCpuContiguous(y, "y");
+  RequireShape(weight, {r.C}, "weight", "[C]");
+  RequireDType(weight, DType::kF32, "weight");
+  RequireCpuContiguous(weight, "weight");
+  if (r.C < 1 || r.C > (int64_t{1} << 20)) throw nb::value_error(("o: row length C out of range: " + Str(r.C)).c_str());
+  if (!(eps >= 0.0F)) throw nb::value_error("eps: must be >= 0");
+  return r;
+}
+
+// gated_rms_norm: y = o * rsqrt(mean(o^2) + eps) * weight * act(gate) per row of C, fp32 arithmetic.
 void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, const InArray& weight, float eps,
                       const std::string& activation, const std::string& kernel) {
   const GateActivation act = ParseGateActivation(activation);
   const KernelImpl impl = ParseKernelImpl(kernel);
-  RequireCpu(o, "o");
-  RequireNdim(o, 2, "o", "[R, V]");
-  const auto R = static_cast<int64_t>(o.shape(0));
-  const auto V = static_cast<int64_t>(o.shape(1));
-  const DType ot = ActDType(o, "o");
-  RequireCpuContiguous(o, "o");
-  RequireShape(gate, {R, V}, "gate", "[R, V]");
-  RequireDType(gate, ot, "gate");
-  RequireCpuContiguous(gate, "gate");
-  RequireShape(y, {R, V}, "y", "[R, V]");
-  RequireDType(y, ot, "y");
-  RequireCpuContiguous(y, "y");
-  RequireShape(weight, {V}, "weight", "[V]");
-  RequireDType(weight, DType::kF32, "weight");
-  RequireCpuContiguous(weight, "weight");
-  if (V < 1 || V > (int64_t{1} << 20)) throw nb::value_error(("o: row length V out of range: " + Str(V)).c_str());
-  if (!(eps >= 0.0F)) throw nb::value_error("eps: must be >= 0");
-  const MutBuf yb{y.data(), ot};
-  const ConstBuf ob{o.data(), ot};
-  const ConstBuf gb{gate.data(), ot};
+  const NormRows r = CheckNormRows(y, o, gate, "gate", weight, eps);
+  const MutBuf yb{y.data(), r.dtype};
+  const ConstBuf ob{o.data(), r.dtype};
+  const ConstBuf gb{gate.data(), r.dtype};
   const auto* w = static_cast<const float*>(weight.data());
+  const auto V = static_cast<int>(r.C);
   nb::gil_scoped_release release;
   if (impl == KernelImpl::kReference) {
-    GatedRmsNormReference(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, act);
+    GatedRmsNormReference(yb, ob, gb, w, r.R, 1, V, eps, act);
   } else {
-    GatedRmsNorm(yb, ob, gb, w, R, 1, static_cast<int>(V), eps, act);
+    GatedRmsNorm(yb, ob, gb, w, r.R, 1, V, eps, act);
   }
 }
 
@@ -186,35 +198,20 @@ void GatedRmsNormRows(const OutArray& y, const InArray& o, const InArray& gate, 
 void GatedRmsNormGroupRows(const OutArray& y, const InArray& o, const InArray& z, const InArray& weight, float eps,
                            int64_t groups, const std::string& kernel) {
   const KernelImpl impl = ParseKernelImpl(kernel);
-  RequireCpu(o, "o");
-  RequireNdim(o, 2, "o", "[R, C]");
-  const auto R = static_cast<int64_t>(o.shape(0));
-  const auto C = static_cast<int64_t>(o.shape(1));
-  const DType ot = ActDType(o, "o");
-  RequireCpuContiguous(o, "o");
-  RequireShape(z, {R, C}, "z", "[R, C]");
-  RequireDType(z, ot, "z");
-  RequireCpuContiguous(z, "z");
-  RequireShape(y, {R, C}, "y", "[R, C]");
-  RequireDType(y, ot, "y");
-  RequireCpuContiguous(y, "y");
-  RequireShape(weight, {C}, "weight", "[C]");
-  RequireDType(weight, DType::kF32, "weight");
-  RequireCpuContiguous(weight, "weight");
-  if (groups < 1 || groups > C || groups > INT32_MAX || C % groups != 0) {
-    throw nb::value_error(("groups: must divide the row length C = " + Str(C) + ", got " + Str(groups)).c_str());
+  const NormRows r = CheckNormRows(y, o, z, "z", weight, eps);
+  if (groups < 1 || groups > r.C || r.C % groups != 0) {
+    throw nb::value_error(("groups: must divide the row length C = " + Str(r.C) + ", got " + Str(groups)).c_str());
   }
-  if (!(eps >= 0.0F)) throw nb::value_error("eps: must be >= 0");
-  const MutBuf yb{y.data(), ot};
-  const ConstBuf ob{o.data(), ot};
-  const ConstBuf zb{z.data(), ot};
+  const MutBuf yb{y.data(), r.dtype};
+  const ConstBuf ob{o.data(), r.dtype};
+  const ConstBuf zb{z.data(), r.dtype};
   const auto* w = static_cast<const float*>(weight.data());
   const int g = static_cast<int>(groups);
   nb::gil_scoped_release release;
   if (impl == KernelImpl::kReference) {
-    GatedRmsNormGroupsReference(yb, ob, zb, w, R, g, C / groups, eps);
+    GatedRmsNormGroupsReference(yb, ob, zb, w, r.R, g, r.C / groups, eps);
   } else {
-    GatedRmsNormGroups(yb, ob, zb, w, R, g, C / groups, eps);
+    GatedRmsNormGroups(yb, ob, zb, w, r.R, g, r.C / groups, eps);
   }
 }
 
