@@ -1,4 +1,4 @@
-"""kda's CPU kernels inside Hugging Face transformers (5.25) models with KDA or Gated DeltaNet layers.
+"""kda's CPU kernels inside Hugging Face transformers (5.25) models with KDA, Gated DeltaNet or Mamba2 layers.
 
 :func:`enable` registers kda with the ``kernels`` package (0.19) for device ``"cpu"`` in inference
 mode (``{"cpu": {Mode.INFERENCE: repository}}``), under the names transformers hooks in its models:
