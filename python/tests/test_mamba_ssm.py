@@ -5,8 +5,6 @@ same models unkernelized, prefill and decode, with kda's calls counted."""
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 
@@ -283,9 +281,10 @@ def test_grad_is_refused():
 # ---------------------------------------------------------------- inside transformers
 
 transformers = pytest.importorskip("transformers")
-kernels = pytest.importorskip("kernels")
+pytest.importorskip("kernels")
 import kda.transformers as ktr  # noqa: E402
 from hf_families import MAMBA2_FAMILIES, tiny_model  # noqa: E402
+from test_transformers import assert_on_kda, kernelized  # noqa: E402
 
 HOOK_FAMILIES = (*MAMBA2_FAMILIES, "falcon_h1", "zamba2")
 
@@ -295,10 +294,6 @@ def enabled():
     ktr.enable()
     yield
     ktr.disable()
-
-
-def kernelized(model):
-    return kernels.kernelize(copy.deepcopy(model), device="cpu", mode=kernels.Mode.INFERENCE)
 
 
 def ids_for(model, batch, length, seed=1):
@@ -312,13 +307,6 @@ def cache_of(output):
     return cache if cache is not None else output.past_key_values
 
 
-def ran_on_kda(counts, *names):
-    bad = {k: v for k, v in counts.items() if v["transformers"]}
-    assert not bad, f"calls on transformers' route: {bad}"
-    for name in names:
-        assert counts.get(name, {}).get("kda", 0) > 0, f"{name} never ran on kda: {counts}"
-
-
 @pytest.mark.parametrize("family", HOOK_FAMILIES)
 def test_transformers_prefill_and_decode_match(family, enabled):
     model = tiny_model(family)
@@ -328,7 +316,7 @@ def test_transformers_prefill_and_decode_match(family, enabled):
         ref = model(ids, use_cache=True)
         ktr.call_counts(reset=True)
         out = kern(ids, use_cache=True)
-        ran_on_kda(ktr.call_counts(reset=True), "mamba_chunk_scan_combined")
+        assert_on_kda(ktr.call_counts(reset=True), "mamba_chunk_scan_combined")
         check_f32(out.logits.numpy(), ref.logits.numpy(), what=f"{family} prefill logits")
         ref_cache, cache = cache_of(ref), cache_of(out)
         step = ids_for(model, 2, 1, seed=2)
@@ -338,4 +326,4 @@ def test_transformers_prefill_and_decode_match(family, enabled):
             check_f32(o.logits.numpy(), r.logits.numpy(), what=f"{family} decode step {i}")
             ref_cache, cache = cache_of(r), cache_of(o)
             step = r.logits[:, -1:].argmax(-1)
-        ran_on_kda(ktr.call_counts(reset=True), "selective_state_update")
+        assert_on_kda(ktr.call_counts(reset=True), "selective_state_update")
