@@ -19,12 +19,13 @@ tensors that require grad are refused under grad mode (kda is forward-only). doc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import _core
-from ._arrays import for_core_writable, int_array, is_torch, np_dtype, param_f32, shape_of
-from ._kernels import _check_grad, _np_f32, _softplus
+from ._arrays import BF16, for_core_writable, int_array, is_torch, np_dtype, param_f32, shape_of
+from ._kernels import _check_grad, _np_f32
 
 __all__ = ["mamba_chunk_scan_combined", "selective_state_update"]
 
@@ -44,14 +45,22 @@ def _float_array(who: str, name: str, x, shape: tuple | None = None, text: str =
     return s
 
 
-def _param(who: str, name: str, x, shapes: list[tuple], text: str) -> np.ndarray | None:
-    """A small float parameter (A, D, dt_bias) as float32 numpy, of one of ``shapes``."""
+def _param_shape(who: str, name: str, x, shapes: list[tuple], text: str) -> tuple | None:
+    """A small float parameter's (A, D, dt_bias) shape, one of ``shapes``, and its float dtype checked."""
     if x is None:
         return None
     s = shape_of(x, f"{who}: {name}")
     if s not in shapes:
         raise ValueError(f"{who}: {name}: expected shape {text}, got {list(s)}")
-    return param_f32(x, name).reshape(s)
+    dt = np_dtype(x)
+    if dt is None or (dt.kind != "f" and dt != BF16):
+        raise TypeError(f"{who}: {name}: dtype must be a float type, got {x.dtype}")
+    return s
+
+
+def _f32(x) -> np.ndarray | None:
+    """A checked parameter as float32 numpy (None stays None)."""
+    return None if x is None else param_f32(x, "")
 
 
 def _dt_limit(who: str, dt_limit) -> tuple[float, float]:
@@ -64,21 +73,42 @@ def _dt_limit(who: str, dt_limit) -> tuple[float, float]:
     return lo, hi
 
 
-def _step(dt: np.ndarray, dt_bias, dt_softplus: bool) -> np.ndarray:
-    """mamba_ssm's step size before any clamp: dt + dt_bias, then softplus (float32)."""
+def softplus(xp, x):
+    """softplus(x) = log(1 + e^x), x itself above 20 (torch's threshold), in ``xp`` (numpy or jax.numpy)."""
+    return xp.where(x > 20.0, x, xp.log1p(xp.exp(xp.minimum(x, 20.0))))
+
+
+def step_size(xp, dt, dt_bias, dt_softplus: bool, limit: tuple | None = None):
+    """mamba_ssm's step size in float32: dt + dt_bias, softplus with ``dt_softplus``, then the clamp to
+    ``limit`` (min, max) when given (the chunked entry's dt_limit; the decode step has none)."""
     if dt_bias is not None:
         dt = dt + dt_bias
-    return _softplus(dt).astype(np.float32) if dt_softplus else dt.astype(np.float32, copy=False)
+    dt = (softplus(xp, dt) if dt_softplus else dt).astype(xp.float32)
+    return dt if limit is None else xp.clip(dt, *limit).astype(xp.float32)
 
 
-def _finish(y: np.ndarray, x32: np.ndarray, D, z, like):
-    """y + D x, times silu(z) when z is given (float32), rounded once to x's dtype in x's framework."""
+def finish(xp, y, x32, D, z32):
+    """y + D x (D [nheads] or [nheads, headdim]), times silu(z) when z is given: float32 in ``xp``."""
     if D is not None:
         y = y + (D[:, None] if D.ndim == 1 else D) * x32
-    if z is not None:
-        z32 = _np_f32(z)
-        y = y * (z32 / (np.float32(1.0) + np.exp(-z32)))
-    return _framework(y.astype(np.float32, copy=False), like, np_dtype(like))
+    if z32 is not None:
+        y = y * (z32 / (xp.float32(1.0) + xp.exp(-z32)))
+    return y.astype(xp.float32)
+
+
+def first_states(xp, cu, b: int, seqlen: int, init):
+    """Each packed sequence's initial state: a row's first sequence (the first one at its start, b rows of
+    seqlen tokens packed row after row) starts from the row's ``init`` [b, ...], the others from zeros."""
+    starts, rows = cu[:-1], max(seqlen, 1)
+    row = xp.minimum(starts // rows, b - 1)
+    first = xp.concatenate([xp.ones(1, bool), starts[1:] != starts[:-1]])
+    at_row = (starts % rows == 0) & (starts < b * seqlen) & first
+    return xp.where(at_row.reshape(-1, *(1,) * (init.ndim - 1)), init[row], xp.float32(0.0)).astype(xp.float32)
+
+
+def row_final_states(xp, cu, b: int, seqlen: int, final):
+    """Each row's final state: its last packed sequence's (the first to end at the row's end)."""
+    return final[xp.searchsorted(cu[1:], (xp.arange(b) + 1) * seqlen, side="left")]
 
 
 def _framework(a: np.ndarray, like, dtype: np.dtype):
@@ -91,16 +121,21 @@ def _framework(a: np.ndarray, like, dtype: np.dtype):
     return a if dtype == np.float32 else a.astype(dtype)
 
 
-def _sequences(who: str, b: int, seqlen: int, seq_idx, cu_seqlens) -> np.ndarray | None:
+def check_cu_shape(who: str, b: int, shape: tuple) -> None:
+    """cu_seqlens' shape, [N + 1] with N >= 1, and the batch 1 it needs."""
+    if len(shape) != 1 or shape[0] < 2:
+        raise ValueError(f"{who}: cu_seqlens: expected shape [N + 1] with N >= 1, got {list(shape)}")
+    if b != 1:
+        raise ValueError(f"{who}: cu_seqlens: packed sequences need batch 1 (x [1, total, nheads, headdim]), "
+                         f"got batch {b}")
+
+
+def sequences(who: str, b: int, seqlen: int, seq_idx, cu_seqlens) -> np.ndarray | None:
     """The packed sequences as cu_seqlens over the b * seqlen tokens (row after row), or None (the b rows)."""
     cu = None
     if cu_seqlens is not None:
         cu = int_array(cu_seqlens, "cu_seqlens", np.int64)
-        if cu.ndim != 1 or cu.size < 2:
-            raise ValueError(f"{who}: cu_seqlens: expected shape [N + 1] with N >= 1, got {list(cu.shape)}")
-        if b != 1:
-            raise ValueError(f"{who}: cu_seqlens: packed sequences need batch 1 (x [1, total, nheads, headdim]), "
-                             f"got batch {b}")
+        check_cu_shape(who, b, cu.shape)
         if cu[0] != 0 or cu[-1] != seqlen or np.any(np.diff(cu) < 0):
             raise ValueError(f"{who}: cu_seqlens: must rise from 0 to seqlen = {seqlen}, got {cu.tolist()}")
     if seq_idx is None:
@@ -118,6 +153,56 @@ def _sequences(who: str, b: int, seqlen: int, seq_idx, cu_seqlens) -> np.ndarray
     if cu is not None and not np.array_equal(np.unique(cu), from_idx):
         raise ValueError(f"{who}: seq_idx: its sequences {from_idx.tolist()} differ from cu_seqlens' {cu.tolist()}")
     return from_idx if cu is None else cu
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What the checks of a chunked scan found: x [b, seqlen, h, p], B and C [b, seqlen, g, n], the clamp."""
+
+    b: int
+    seqlen: int
+    h: int
+    p: int
+    g: int
+    n: int
+    limit: tuple
+
+
+def check_scan(who, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, dt_limit, cu_seqlens,
+               return_varlen_states) -> Scan:
+    """mamba_chunk_scan_combined's arguments checked by name, their data not read (numpy, torch or JAX,
+    traced too); the packed sequences' values are :func:`sequences`'."""
+    xs = _float_array(who, "x", x)
+    if len(xs) != 4:
+        raise ValueError(f"{who}: x: expected shape [batch, seqlen, nheads, headdim], got {list(xs)}")
+    b, seqlen, h, p = xs
+    bs = shape_of(B, f"{who}: B")
+    if len(bs) != 4 or bs[:2] != (b, seqlen):
+        raise ValueError(f"{who}: B: expected shape [batch, seqlen, ngroups, dstate] with batch, seqlen = "
+                         f"{[b, seqlen]} (x's), got {list(bs)}")
+    g, n = bs[2], bs[3]
+    _float_array(who, "B", B)
+    _float_array(who, "C", C, bs, "[batch, seqlen, ngroups, dstate] (B's)")
+    if g < 1 or h % g:
+        raise ValueError(f"{who}: B: ngroups = {g} must divide nheads = {h}")
+    if not (0 < p <= _MAX_DIM and 0 < n <= _MAX_DIM):
+        raise ValueError(f"{who}: x, B: headdim = {p} and dstate = {n} must be in [1, {_MAX_DIM}]")
+    _float_array(who, "dt", dt, (b, seqlen, h), "[batch, seqlen, nheads]")
+    if z is not None:
+        _float_array(who, "z", z, (b, seqlen, h, p), "x's shape")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"{who}: chunk_size: expected a positive int, got {chunk_size!r}")
+    if _param_shape(who, "A", A, [(h,)], f"[nheads] = {[h]}") is None:
+        raise ValueError(f"{who}: A is required")
+    _param_shape(who, "D", D, [(h,), (h, p)], f"[nheads] or [nheads, headdim] = {[h]} or {[h, p]}")
+    _param_shape(who, "dt_bias", dt_bias, [(h,)], f"[nheads] = {[h]}")
+    limit = _dt_limit(who, dt_limit)
+    if initial_states is not None:
+        _float_array(who, "initial_states", initial_states, (b, h, p, n), "[batch, nheads, headdim, dstate]")
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError(f"{who}: return_varlen_states needs cu_seqlens")
+    _check_grad(who, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
+    return Scan(b, seqlen, h, p, g, n, limit)
 
 
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
@@ -142,40 +227,11 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     varlen_states)``, as mamba_ssm.
     """
     who = "mamba_chunk_scan_combined"
-    xs = _float_array(who, "x", x)
-    if len(xs) != 4:
-        raise ValueError(f"{who}: x: expected shape [batch, seqlen, nheads, headdim], got {list(xs)}")
-    b, seqlen, h, p = xs
-    bs = shape_of(B, f"{who}: B")
-    if len(bs) != 4 or bs[:2] != (b, seqlen):
-        raise ValueError(f"{who}: B: expected shape [batch, seqlen, ngroups, dstate] with batch, seqlen = "
-                         f"{[b, seqlen]} (x's), got {list(bs)}")
-    g, n = bs[2], bs[3]
-    _float_array(who, "B", B)
-    _float_array(who, "C", C, bs, "[batch, seqlen, ngroups, dstate] (B's)")
-    if g < 1 or h % g:
-        raise ValueError(f"{who}: B: ngroups = {g} must divide nheads = {h}")
-    if not (0 < p <= _MAX_DIM and 0 < n <= _MAX_DIM):
-        raise ValueError(f"{who}: x, B: headdim = {p} and dstate = {n} must be in [1, {_MAX_DIM}]")
-    _float_array(who, "dt", dt, (b, seqlen, h), "[batch, seqlen, nheads]")
-    if z is not None:
-        _float_array(who, "z", z, (b, seqlen, h, p), "x's shape")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ValueError(f"{who}: chunk_size: expected a positive int, got {chunk_size!r}")
-    a = _param(who, "A", A, [(h,)], f"[nheads] = {[h]}")
-    if a is None:
-        raise ValueError(f"{who}: A is required")
-    d = _param(who, "D", D, [(h,), (h, p)], f"[nheads] or [nheads, headdim] = {[h]} or {[h, p]}")
-    bias = _param(who, "dt_bias", dt_bias, [(h,)], f"[nheads] = {[h]}")
-    lo, hi = _dt_limit(who, dt_limit)
-    if initial_states is not None:
-        _float_array(who, "initial_states", initial_states, (b, h, p, n), "[batch, nheads, headdim, dstate]")
-    if return_varlen_states and cu_seqlens is None:
-        raise ValueError(f"{who}: return_varlen_states needs cu_seqlens")
-    _check_grad(who, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
-    cu = _sequences(who, b, seqlen, seq_idx, cu_seqlens)
-
-    step = np.clip(_step(_np_f32(dt), bias, dt_softplus), lo, hi).astype(np.float32)
+    sc = check_scan(who, x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, dt_limit, cu_seqlens,
+                    return_varlen_states)
+    b, seqlen, h, p, g, n = sc.b, sc.seqlen, sc.h, sc.p, sc.g, sc.n
+    cu = sequences(who, b, seqlen, seq_idx, cu_seqlens)
+    step = step_size(np, _np_f32(dt), _f32(dt_bias), dt_softplus, sc.limit)
     x32, b32, c32 = _np_f32(x), _np_f32(B), _np_f32(C)
     rows = b if cu is None else 1
     tokens = seqlen if cu is None else b * seqlen
@@ -183,31 +239,21 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     num = b if cu is None else cu.size - 1
     state0 = None
     if initial_states is not None:
-        init = _np_f32(initial_states)
-        if cu is None:
-            state0 = np.ascontiguousarray(init)
-        else:  # a row's first sequence starts from its state, the others from zeros
-            state0 = np.zeros((num, h, p, n), np.float32)
-            firsts = np.searchsorted(cu[:-1], np.arange(b) * seqlen, side="left")
-            for r, i in enumerate(firsts):
-                if i < num and cu[i] == r * seqlen:
-                    state0[i] = init[r]
+        init = np.ascontiguousarray(_np_f32(initial_states))
+        state0 = init if cu is None else np.ascontiguousarray(first_states(np, cu, b, seqlen, init))
     o = np.empty((rows, tokens, h, p), np.float32)
     final = np.empty((num, h, p, n), np.float32)
     c = np.ascontiguousarray
     _core.chunk_kda(o=o, final_state=final, q=c(c32.reshape(shape(g, n))), k=c(b32.reshape(shape(g, n))),
-                    v=c(x32.reshape(shape(h, p))), g=c((step * a).reshape(shape(h))), beta=c(step.reshape(shape(h))),
-                    scale=1.0, initial_state=state0, output_final_state=True, state_v_first=True, cu_seqlens=cu,
-                    chunk_size=_KDA_CHUNK, kernel=kernel, delta_correction=False)
-    out = _finish(o.reshape(b, seqlen, h, p), x32, d, z, x)
+                    v=c(x32.reshape(shape(h, p))), g=c((step * _f32(A)).reshape(shape(h))),
+                    beta=c(step.reshape(shape(h))), scale=1.0, initial_state=state0, output_final_state=True,
+                    state_v_first=True, cu_seqlens=cu, chunk_size=_KDA_CHUNK, kernel=kernel, delta_correction=False)
+    out = _framework(finish(np, o.reshape(b, seqlen, h, p), x32, _f32(D), None if z is None else _np_f32(z)), x,
+                     np_dtype(x))
     results = [out]
     if return_final_states:
-        if cu is None:
-            rows_final = final
-        else:  # each row's last sequence
-            last = np.searchsorted(cu[1:], (np.arange(b) + 1) * seqlen, side="left")
-            rows_final = final[last]
-        results.append(_framework(rows_final, x, np.dtype(np.float32)))
+        results.append(_framework(final if cu is None else row_final_states(np, cu, b, seqlen, final), x,
+                                  np.dtype(np.float32)))
     if return_varlen_states:
         results.append(_framework(final, x, np.dtype(np.float32)))
     return results[0] if len(results) == 1 else tuple(results)
@@ -219,35 +265,29 @@ def _tied(a: np.ndarray, axes: tuple) -> bool:
     return bool(np.array_equal(a, np.broadcast_to(first, a.shape)))
 
 
-def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                           state_batch_indices=None, *, kernel="auto"):
-    """mamba_ssm's ``selective_state_update``: one token of the SSD recurrence, ``state`` updated in place.
+@dataclass(frozen=True)
+class Step:
+    """What the checks of a decode step found: state [rows, *heads, n] (heads (h, p), or (p,) without
+    heads: h = 1), x [bsz, *heads], B and C [bsz, g, n] ([bsz, n] without heads: g = 1)."""
 
-    state ``[S, nheads, headdim, dstate]`` (S = batch, or the pool with ``state_batch_indices``;
-    float32, bfloat16 or float16, C-contiguous), x ``[batch, nheads, headdim]``, dt
-    ``[batch, nheads, headdim]``, A ``[nheads, headdim, dstate]``, B and C ``[batch, ngroups, dstate]``,
-    D and dt_bias ``[nheads, headdim]``, z x's shape; or mamba_ssm's form without heads (state
-    ``[S, dim, dstate]``, x ``[batch, dim]``, ...: one head). dt = dt + dt_bias, softplus with
-    ``dt_softplus`` (no clamp, as mamba_ssm); state = exp(dt A) state + dt x B; out = state C + D x,
-    times silu(z) when given. ``state_batch_indices`` ``[batch]`` int: row i reads and writes
-    ``state[state_batch_indices[i]]`` (negative: padding, zeros out and no state touched). dt, dt_bias
-    and A as transformers passes them (expanded from one value per head) run per head; values that
-    vary along headdim (or A along dstate) run per channel, as mamba_ssm.
+    rows: int
+    bsz: int
+    h: int
+    p: int
+    g: int
+    n: int
+    heads: tuple
 
-    Returns out (x's shape and dtype, x's framework).
-    """
-    who = "selective_state_update"
+
+def check_step(who, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices) -> Step:
+    """selective_state_update's arguments checked by name, their data not read (numpy, torch or JAX,
+    traced too); the indices' values are :func:`batch_indices`'."""
     ss = shape_of(state, f"{who}: state")
     heads = len(ss) == 4
     if len(ss) not in (3, 4):
         raise ValueError(f"{who}: state: expected shape [batch, nheads, headdim, dstate] (or [batch, dim, "
                          f"dstate]), got {list(ss)}")
     _float_array(who, "state", state)
-    if not isinstance(state, np.ndarray) and not is_torch(state):
-        raise TypeError(f"{who}: state: expected a numpy array or a torch tensor (updated in place), got "
-                        f"{type(state).__name__}")
-    if not (state.is_contiguous() if is_torch(state) else state.flags.c_contiguous):
-        raise ValueError(f"{who}: state: must be C-contiguous (it is updated in place)")
     xs = _float_array(who, "x", x)
     if len(xs) != len(ss) - 1 or xs[1:] != ss[1:-1]:
         raise ValueError(f"{who}: x: expected shape [batch, {', '.join(map(str, ss[1:-1]))}] (state's heads), got "
@@ -270,32 +310,77 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     if z is not None:
         _float_array(who, "z", z, xs, "x's shape")
     hp = ss[1:-1]
-    a = _param(who, "A", A, [(*hp, n)], f"{list((*hp, n))}")
-    if a is None:
+    if _param_shape(who, "A", A, [(*hp, n)], f"{list((*hp, n))}") is None:
         raise ValueError(f"{who}: A is required")
-    d = _param(who, "D", D, [hp], f"{list(hp)}")
-    bias = _param(who, "dt_bias", dt_bias, [hp], f"{list(hp)}")
-    idx = None
+    _param_shape(who, "D", D, [hp], f"{list(hp)}")
+    _param_shape(who, "dt_bias", dt_bias, [hp], f"{list(hp)}")
     if state_batch_indices is not None:
-        idx = int_array(state_batch_indices, "state_batch_indices", np.int32).reshape(-1)
-        if idx.size != bsz:
-            raise ValueError(f"{who}: state_batch_indices: expected {bsz} indices (batch), got {idx.size}")
-        if np.any(idx >= ss[0]):
-            raise ValueError(f"{who}: state_batch_indices: must be < {ss[0]} (state's rows), got {idx.tolist()}")
+        size = math.prod(shape_of(state_batch_indices, f"{who}: state_batch_indices"))
+        if size != bsz:
+            raise ValueError(f"{who}: state_batch_indices: expected {bsz} indices (batch), got {size}")
     elif ss[0] != bsz:
         raise ValueError(f"{who}: state: expected {bsz} rows (x's batch) without state_batch_indices, got {ss[0]}")
     _check_grad(who, state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
+    return Step(ss[0], bsz, h, p, g, n, hp)
 
-    step = _step(_np_f32(dt).reshape(bsz, h, p), None if bias is None else bias.reshape(h, p), dt_softplus)
-    a = a.reshape(h, p, n)
-    x32 = _np_f32(x).reshape(bsz, h, p)
-    per_head = _tied(step, (2,)) and _tied(a, (1, 2))
-    hv, v = (h, p) if per_head else (h * p, 1)
+
+def batch_indices(who: str, state_batch_indices, rows: int) -> np.ndarray | None:
+    """state_batch_indices' values as int32 [batch] (negative: padding), each < ``rows``; None stays None."""
+    if state_batch_indices is None:
+        return None
+    idx = int_array(state_batch_indices, "state_batch_indices", np.int32).reshape(-1)
+    if np.any(idx >= rows):
+        raise ValueError(f"{who}: state_batch_indices: must be < {rows} (state's rows), got {idx.tolist()}")
+    return idx
+
+
+def decode_gates(xp, step, a, per_head: bool):
+    """A decode step's kernel operands from its step size [bsz, h, p] and A [h, p, n]: (value heads HV,
+    their width V, beta [bsz, HV], the gate [bsz, HV] per head or [bsz, HV, n] per channel)."""
+    bsz, h, p = step.shape
     if per_head:
-        beta, gate = step[:, :, 0], step[:, :, 0] * a[None, :, 0, 0]
-    else:  # a decay per channel (and per state dimension): KDA's gate over dstate
-        beta, gate = step.reshape(bsz, hv), (step[..., None] * a[None]).reshape(bsz, hv, n)
-    st = state.reshape(ss[0], hv, v, n)  # V-first [S, HV, V, K]: mamba_ssm's [S, nheads, headdim, dstate]
+        return h, p, step[:, :, 0], step[:, :, 0] * a[None, :, 0, 0]
+    # a decay per channel (and per state dimension): KDA's gate over dstate
+    return h * p, 1, step.reshape(bsz, h * p), (step[..., None] * a[None]).reshape(bsz, h * p, a.shape[-1])
+
+
+def padded_out(xp, idx, x32):
+    """x [bsz, h, p] with the padding rows (negative indices) zeroed: their out is zeros, D x left out too."""
+    return x32 if idx is None else xp.where((idx < 0)[:, None, None], xp.float32(0.0), x32)
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, *, kernel="auto"):
+    """mamba_ssm's ``selective_state_update``: one token of the SSD recurrence, ``state`` updated in place.
+
+    state ``[S, nheads, headdim, dstate]`` (S = batch, or the pool with ``state_batch_indices``;
+    float32, bfloat16 or float16, C-contiguous), x ``[batch, nheads, headdim]``, dt
+    ``[batch, nheads, headdim]``, A ``[nheads, headdim, dstate]``, B and C ``[batch, ngroups, dstate]``,
+    D and dt_bias ``[nheads, headdim]``, z x's shape; or mamba_ssm's form without heads (state
+    ``[S, dim, dstate]``, x ``[batch, dim]``, ...: one head). dt = dt + dt_bias, softplus with
+    ``dt_softplus`` (no clamp, as mamba_ssm); state = exp(dt A) state + dt x B; out = state C + D x,
+    times silu(z) when given. ``state_batch_indices`` ``[batch]`` int: row i reads and writes
+    ``state[state_batch_indices[i]]`` (negative: padding, zeros out and no state touched). dt, dt_bias
+    and A as transformers passes them (expanded from one value per head) run per head; values that
+    vary along headdim (or A along dstate) run per channel, as mamba_ssm.
+
+    Returns out (x's shape and dtype, x's framework).
+    """
+    who = "selective_state_update"
+    sp = check_step(who, state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    if not isinstance(state, np.ndarray) and not is_torch(state):
+        raise TypeError(f"{who}: state: expected a numpy array or a torch tensor (updated in place), got "
+                        f"{type(state).__name__}")
+    if not (state.is_contiguous() if is_torch(state) else state.flags.c_contiguous):
+        raise ValueError(f"{who}: state: must be C-contiguous (it is updated in place)")
+    idx = batch_indices(who, state_batch_indices, sp.rows)
+    bsz, h, p, g, n = sp.bsz, sp.h, sp.p, sp.g, sp.n
+    bias = _f32(dt_bias)
+    step = step_size(np, _np_f32(dt).reshape(bsz, h, p), None if bias is None else bias.reshape(h, p), dt_softplus)
+    a = _f32(A).reshape(h, p, n)
+    x32 = _np_f32(x).reshape(bsz, h, p)
+    hv, v, beta, gate = decode_gates(np, step, a, _tied(step, (2,)) and _tied(a, (1, 2)))
+    st = state.reshape(sp.rows, hv, v, n)  # V-first [S, HV, V, K]: mamba_ssm's [S, nheads, headdim, dstate]
     o = np.empty((bsz, 1, hv, v), np.float32)
     _core.fused_recurrent_kda(
         o=o, final_state=None, q=np.ascontiguousarray(_np_f32(C).reshape(bsz, 1, g, n)),
@@ -304,9 +389,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
         beta=np.ascontiguousarray(beta.reshape(bsz, 1, hv), np.float32),
         initial_state=for_core_writable(st, "state"), scale=1.0, inplace_final_state=True, state_v_first=True,
         ssm_state_indices=idx, kernel=kernel, delta_correction=False)
-    y = o.reshape(bsz, h, p)
-    if idx is not None and np.any(idx < 0):  # padding rows: zeros, D x left out too
-        x32 = np.where((idx < 0)[:, None, None], np.float32(0.0), x32)
-    out = _finish(y, x32, None if d is None else d.reshape(h, p), None if z is None else _np_f32(z).reshape(bsz, h, p),
-                  x)
-    return out.reshape(xs)
+    d = _f32(D)
+    y = finish(np, o.reshape(bsz, h, p), padded_out(np, idx, x32), None if d is None else d.reshape(h, p),
+               None if z is None else _np_f32(z).reshape(bsz, h, p))
+    return _framework(y, x, np_dtype(x)).reshape(sp.bsz, *sp.heads)
