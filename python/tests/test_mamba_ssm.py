@@ -1,6 +1,6 @@
 """Mamba2's SSD scan under mamba_ssm's names (kda.mamba_ssm over numpy and torch, torch.ops.kda) against a
 float64 per-token reference of mamba_ssm's semantics (mamba_ref.py), the front ends against each other, the
-refusals by name (nothing written), and kda inside transformers'
+refusals by name (nothing written; the chunked scan's also through kda.jax), and kda inside transformers'
 six Mamba2 families (kda.transformers) against the same models unkernelized, prefill and decode, with kda's
 calls counted."""
 
@@ -182,12 +182,19 @@ def chunk_args(**change):
     (dict(seq_idx=np.zeros((1, 9), np.int32), cu_seqlens=np.array([0, 4, 9])), "seq_idx: its sequences"),
     (dict(return_varlen_states=True), "return_varlen_states needs cu_seqlens"),
 ])
-@pytest.mark.parametrize("front", ["numpy", "torch"])
+@pytest.mark.parametrize("front", ["numpy", "torch", "jax"])
 def test_chunk_refusals_name_the_argument(change, match, front):
     kw = chunk_args(**change)
+    fn = ms.mamba_chunk_scan_combined
     if front == "torch":
         kw = {k: torch.from_numpy(np.asarray(v)) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
-    fn = kt.mamba_chunk_scan_combined if front == "torch" else ms.mamba_chunk_scan_combined
+        fn = kt.mamba_chunk_scan_combined
+    elif front == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        import kda.jax as kj
+
+        kw = {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+        fn = kj.mamba_chunk_scan_combined
     with pytest.raises((ValueError, TypeError, RuntimeError), match=match):
         fn(**kw)
 
