@@ -39,6 +39,17 @@ def _arrays(who: str, **named) -> list:
     return [_args.as_array(who, name, x) for name, x in named.items()]
 
 
+def _on_cpu(who: str, impl: str, **named) -> None:
+    """The FFI kernels run on the CPU only: a concrete array elsewhere is a ValueError naming it."""
+    if impl != "ffi":
+        return
+    from . import ffi
+
+    for name, x in named.items():
+        if isinstance(x, jax.Array) and _args.is_concrete(x):
+            ffi.check_cpu_array(who, name, x)
+
+
 def _f32(x):
     return None if x is None else x.astype(_F32)
 
@@ -75,6 +86,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     b, seqlen, h, p, g, n = sc.b, sc.seqlen, sc.h, sc.p, sc.g, sc.n
     cu = _sequences(who, b, seqlen, seq_idx, cu_seqlens)
     impl = backend(kernel)
+    _on_cpu(who, impl, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     step = _ms.step_size(jnp, dt.astype(_F32), _f32(dt_bias), bool(dt_softplus), sc.limit)
     x32 = x.astype(_F32)
     rows, tokens = (b, seqlen) if cu is None else (1, b * seqlen)
@@ -136,7 +148,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     """mamba_ssm's ``selective_state_update`` (as :func:`kda.mamba_ssm.selective_state_update`) on JAX
     arrays: returns ``(out, new_state)``, ``state`` donated (see the module). ``kernel``: "auto" | "ffi" |
     "naive" (None: kda.jax's default)."""
-    from . import backend, ffi
+    from . import backend
 
     who = "selective_state_update"
     state, x, dt, A, B, C, D, z, dt_bias = _arrays(who, state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
@@ -152,8 +164,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     if not isinstance(dt_softplus, (bool, np.bool_)):
         raise TypeError(f"{who}: dt_softplus must be a Python bool (static), got {type(dt_softplus).__name__}")
     impl = backend(kernel)
-    if impl == "ffi" and _args.is_concrete(state):
-        ffi.check_cpu_array(who, "state", state)
+    _on_cpu(who, impl, state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
     step = None
     if all(_args.is_concrete(v) for v in (dt, dt_bias) if v is not None):
         bias = None if dt_bias is None else _f32(dt_bias).reshape(sp.h, sp.p)
