@@ -32,6 +32,13 @@
   and ``out`` as fused_recurrent_kda_fwd's op); ``torch.ops.kda.fused_gdn_gate(g, A_log, dt_bias) ->
   g_activated`` (float32).
 
+- Mamba2's SSD scan with mamba_ssm's names (see kda.mamba_ssm):
+  ``torch.ops.kda.mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx,
+  cu_seqlens, dt_softplus, dt_min, dt_max, kernel) -> (out, final_states, varlen_states)`` (final_states
+  [batch, nheads, headdim, dstate] float32; varlen_states [N, ...] with cu_seqlens, else empty);
+  ``torch.ops.kda.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+  state_batch_indices, kernel) -> out`` (``state`` declared mutated, updated in place).
+
 They are ``torch.library.custom_op``s over kda's C++ kernels (CPU tensors, read and written in place
 through DLPack; no build against torch's headers), with fake implementations so ``torch.compile``
 traces them. The functions here (:func:`chunk_kda`, :func:`fused_recurrent_kda`,
@@ -50,9 +57,11 @@ from typing import Optional, Sequence
 import torch
 
 from . import _kernels
+from . import mamba_ssm as _mamba_ssm
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd", "fused_kda_gate", "chunk_gated_delta_rule",
-           "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_fwd", "fused_gdn_gate"]
+           "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_fwd", "fused_gdn_gate",
+           "mamba_chunk_scan_combined", "selective_state_update"]
 
 
 def _empty_state(like: torch.Tensor) -> torch.Tensor:
@@ -451,3 +460,71 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
                                          scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                          use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                                          allow_neg_eigval, state_v_first, cu_seqlens, kwargs)
+
+
+@torch.library.custom_op("kda::mamba_chunk_scan_combined", mutates_args=(), device_types="cpu")
+def _mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                               chunk_size: int, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                               dt_bias: Optional[torch.Tensor], initial_states: Optional[torch.Tensor],
+                               seq_idx: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor], dt_softplus: bool,
+                               dt_min: float, dt_max: float, kernel: str
+                               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    varlen = cu_seqlens is not None
+    res = _mamba_ssm.mamba_chunk_scan_combined(
+        x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states, seq_idx=seq_idx,
+        cu_seqlens=cu_seqlens, dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max), return_final_states=True,
+        return_varlen_states=varlen, kernel=kernel)
+    return res[0], res[1], res[2] if varlen else _empty_state(x)
+
+
+@_mamba_chunk_scan_combined.register_fake
+def _(x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, dt_softplus, dt_min, dt_max,
+      kernel):
+    b, _, h, p = x.shape
+    n = B.shape[-1]
+    final = x.new_empty((b, h, p, n), dtype=torch.float32)
+    varlen = _empty_state(x) if cu_seqlens is None else x.new_empty((cu_seqlens.shape[0] - 1, h, p, n),
+                                                                     dtype=torch.float32)
+    return x.new_empty(x.shape), final, varlen
+
+
+@torch.library.custom_op("kda::selective_state_update", mutates_args=("state",), device_types="cpu")
+def _selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                            C: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor],
+                            dt_bias: Optional[torch.Tensor], dt_softplus: bool,
+                            state_batch_indices: Optional[torch.Tensor], kernel: str) -> torch.Tensor:
+    return _mamba_ssm.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                             dt_softplus=dt_softplus, state_batch_indices=state_batch_indices,
+                                             kernel=kernel)
+
+
+@_selective_state_update.register_fake
+def _(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices, kernel):
+    return x.new_empty(x.shape)
+
+
+def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None,
+                              seq_idx=None, cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                              return_final_states=False, return_varlen_states=False, *, kernel="auto"):
+    """mamba_ssm's ``mamba_chunk_scan_combined`` through ``torch.ops.kda.mamba_chunk_scan_combined`` (see
+    kda.mamba_ssm.mamba_chunk_scan_combined): ``out``, with ``return_final_states`` and
+    ``return_varlen_states`` (needs cu_seqlens) also those states, as mamba_ssm returns them."""
+    who = "mamba_chunk_scan_combined"
+    lo, hi = _mamba_ssm._dt_limit(who, dt_limit)
+    if return_varlen_states and cu_seqlens is None:
+        raise ValueError(f"{who}: return_varlen_states needs cu_seqlens")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{who}: chunk_size: expected a positive int, got {chunk_size!r}")
+    out, final, varlen = torch.ops.kda.mamba_chunk_scan_combined(
+        x, dt, A, B, C, chunk_size, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, bool(dt_softplus), lo, hi,
+        kernel)
+    results = [out] + ([final] if return_final_states else []) + ([varlen] if return_varlen_states else [])
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                           state_batch_indices=None, *, kernel="auto"):
+    """mamba_ssm's ``selective_state_update`` through ``torch.ops.kda.selective_state_update`` (see
+    kda.mamba_ssm.selective_state_update): ``state`` updated in place; returns out."""
+    return torch.ops.kda.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus),
+                                                state_batch_indices, kernel)

@@ -1,4 +1,4 @@
-"""kda's CPU kernels inside Hugging Face transformers (5.25) models with KDA or Gated DeltaNet layers.
+"""kda's CPU kernels inside Hugging Face transformers (5.25) models with KDA, Gated DeltaNet or Mamba2 layers.
 
 :func:`enable` registers kda with the ``kernels`` package (0.19) for device ``"cpu"`` in inference
 mode (``{"cpu": {Mode.INFERENCE: repository}}``), under the names transformers hooks in its models:
@@ -11,6 +11,10 @@ mode (``{"cpu": {Mode.INFERENCE: repository}}``), under the names transformers h
   (``kda._core.short_conv_silu``), with a conv bias if any (Mamba2 mixers); ``causal_conv1d_update``
   (a decode step, the conv state updated in place): the same conv, in torch, summed in float32 and
   rounded once;
+- ``mamba_chunk_scan_combined`` and ``selective_state_update`` (the Mamba2 mixers of mamba2,
+  nemotron_h, granitemoehybrid, bamba, falcon_h1 and zamba2: their chunked prefill scan and their
+  decode step): kda's SSD scan (kda.torch's mamba_ssm entries), the prefill's packed sequences kept
+  apart by ``seq_idx``, ``cu_seqlens`` or ``cu_seq_lens_q``;
 - the layer ``RMSNormGated``: kda's gated RMSNorm (``kda._core.gated_rms_norm``) with the module's
   own ``weight``, ``variance_epsilon`` and ``activation`` (a sigmoid gate, or silu: gate * sigmoid(gate)
   in float32 inside the norm's one expression, rounded once).
@@ -281,6 +285,59 @@ class RMSNormGated(nn.Module):
         return y.to(x.dtype).view(x.shape)
 
 
+def _ssd_call(x, state, B, C, *others) -> bool:
+    """A Mamba2 scan call kda takes: CPU tensors without grad, x, B, C (and the state) of a float dtype kda
+    reads, headdim and dstate <= 256."""
+    if not _takes(x, state, B, C, *others):
+        return False
+    ts = [t for t in (x, B, C, state) if t is not None]
+    if any(not isinstance(t, torch.Tensor) or t.dtype not in _DELTA_DTYPES for t in ts):
+        return False
+    return x.dim() >= 2 and 0 < x.shape[-1] <= _MAX_HEAD_DIM and 0 < B.shape[-1] <= _MAX_HEAD_DIM
+
+
+class MambaChunkScanCombined(nn.Module):
+    """transformers' ``mamba_chunk_scan_combined`` hook (Mamba2 mixers' chunked scan, every prefill) on
+    kda.torch.mamba_chunk_scan_combined, with the model's packed boundaries (``seq_idx``,
+    ``cu_seqlens``, or ``cu_seq_lens_q`` as the conv reads them). Returns float32, as transformers'
+    own path does."""
+
+    def forward(self, hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False, **kwargs):
+        z, seq_idx = kwargs.get("z"), kwargs.get("seq_idx")
+        cu = None if seq_idx is not None else _packed(kwargs)
+        if not (_ssd_call(hidden_states, initial_states, B, C, dt, A, D, z, dt_bias, seq_idx, cu)
+                and hidden_states.dim() == 4 and (cu is None or hidden_states.shape[0] == 1)):
+            return _transformers(self, "mamba_chunk_scan_combined", hidden_states, dt, A, B, C, chunk_size, D,
+                                 dt_bias, initial_states, dt_softplus, dt_limit, return_final_states, **kwargs)
+        _COUNTS[("mamba_chunk_scan_combined", "kda")] += 1
+        return _kt.mamba_chunk_scan_combined(
+            hidden_states.detach().float(), dt.detach(), A.detach(), B.detach(), C.detach(), int(chunk_size),
+            D=None if D is None else D.detach(), z=None if z is None else z.detach(),
+            dt_bias=None if dt_bias is None else dt_bias.detach(), initial_states=_state(initial_states),
+            seq_idx=seq_idx, cu_seqlens=None if cu is None else cu.detach().to(device="cpu", dtype=torch.int64),
+            dt_softplus=bool(dt_softplus), dt_limit=tuple(dt_limit), return_final_states=bool(return_final_states))
+
+
+class SelectiveStateUpdate(nn.Module):
+    """transformers' ``selective_state_update`` hook (a Mamba2 mixer's decode step, the state [B, H, P, N]
+    updated in place) on kda.torch.selective_state_update: dt, A, D and dt_bias as the mixer passes them
+    (expanded from one value per head), no dt clamp (transformers' decode applies none)."""
+
+    def forward(self, state, hidden_states, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False, z=None,
+                **kwargs):
+        ok = (_ssd_call(hidden_states, state, B, C, dt, A, D, z, dt_bias) and state.is_contiguous()
+              and state.dim() == hidden_states.dim() + 1)
+        if not ok:
+            return _transformers(self, "selective_state_update", state, hidden_states, dt, A, B, C, D, dt_bias,
+                                 dt_softplus, z, **kwargs)
+        _COUNTS[("selective_state_update", "kda")] += 1
+        d = lambda t: None if t is None else t.detach()  # noqa: E731
+        return _kt.selective_state_update(state.detach(), hidden_states.detach(), dt.detach(), A.detach(),
+                                          B.detach(), C.detach(), D=d(D), z=d(z), dt_bias=d(dt_bias),
+                                          dt_softplus=bool(dt_softplus))
+
+
 _LAYERS = {
     "chunk_kda": ChunkKda,
     "fused_recurrent_kda": FusedRecurrentKda,
@@ -289,6 +346,8 @@ _LAYERS = {
     "causal_conv1d_fn": CausalConv1dFn,
     "causal_conv1d_update": CausalConv1dUpdate,
     "RMSNormGated": RMSNormGated,
+    "mamba_chunk_scan_combined": MambaChunkScanCombined,
+    "selective_state_update": SelectiveStateUpdate,
 }
 
 

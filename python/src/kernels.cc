@@ -153,6 +153,7 @@ struct CommonOptions {
   bool allow_neg_eigval = false;
   std::optional<float> lower_bound;
   bool state_v_first = false;
+  bool delta_correction = true;  // false: Mamba2's SSD recurrence (KdaCallCommon::delta_correction)
 };
 
 // A call of either kernel with the arguments both share: the entry, o, the token tensors and the options.
@@ -175,6 +176,7 @@ Call CommonCall(const std::string& entry, const OutArg& o, const InArg& q, const
   c.allow_neg_eigval = opt.allow_neg_eigval;
   c.lower_bound = opt.lower_bound;
   c.state_v_first = opt.state_v_first;
+  c.delta_correction = opt.delta_correction;
   c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, "cu_seqlens");
   c.A_log = ViewOf<TensorView>(a_log, "A_log");
   c.dt_bias = ViewOf<TensorView>(dt_bias, "dt_bias");
@@ -203,11 +205,11 @@ std::optional<nb::dict> ChunkKda(const OutArg& o, const OutArg& final_state, con
                                  const InArg& cu_seqlens, const InArg& a_log, const InArg& dt_bias, int chunk_size,
                                  const OutArg& state, const InArg& state_indices, bool return_intermediate_states,
                                  const OutArg& intermediate_states, const std::string& kernel, bool check_only,
-                                 const std::string& entry) {
+                                 const std::string& entry, bool delta_correction) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   auto c = CommonCall<ChunkKdaCall>(entry, o, q, k, v, g, beta,
                                     {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                     allow_neg_eigval, lower_bound, state_v_first},
+                                     allow_neg_eigval, lower_bound, state_v_first, delta_correction},
                                     cu_seqlens, a_log, dt_bias);
   c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
   c.initial_state = ViewOf<TensorView>(initial_state, "initial_state");
@@ -230,11 +232,12 @@ std::optional<nb::dict> FusedRecurrentKda(const OutArg& o, const OutArg& final_s
                                           const InArg& num_accepted_tokens, bool use_qk_l2norm_in_kernel,
                                           bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel,
                                           bool allow_neg_eigval, std::optional<float> lower_bound,
-                                          const std::string& kernel, bool check_only, const std::string& entry) {
+                                          const std::string& kernel, bool check_only, const std::string& entry,
+                                          bool delta_correction) {
   const KernelImpl impl = ParseKernelImpl(kernel);
   auto c = CommonCall<RecurrentKdaCall>(entry, o, q, k, v, g, beta,
                                         {scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                         allow_neg_eigval, lower_bound, state_v_first},
+                                         allow_neg_eigval, lower_bound, state_v_first, delta_correction},
                                         cu_seqlens, a_log, dt_bias);
   c.initial_state = StateView(initial_state, "initial_state", inplace_final_state);
   c.final_state = ViewOf<MutTensorView>(final_state, "final_state");
@@ -261,14 +264,15 @@ void BindKernels(nb::module_& m) {
         nb::arg("dt_bias").none() = nb::none(), nb::arg("chunk_size") = 64, nb::arg("state").none() = nb::none(),
         nb::arg("state_indices").none() = nb::none(), nb::arg("return_intermediate_states") = false,
         nb::arg("intermediate_states").none() = nb::none(), nb::arg("kernel") = "auto", nb::arg("check_only") = false,
-        nb::arg("entry") = "kda",
+        nb::arg("entry") = "kda", nb::arg("delta_correction") = true,
         "chunk_kda (kda/kernels/kda_args.h ChunkKdaCall) writing o [B, T, HV, V] and final_state [N, HV, K, V], or "
         "the pool `state` [S, HV, K, V] through state_indices [N] int32, and with return_intermediate_states the "
         "intermediate_states [B, NT, HV, K, V] in k's dtype. g is [B, T, HV, K] (KDA) or [B, T, HV] (GDN's scalar "
         "gate; dt_bias [HV]). entry: 'kda' or 'gated_delta_rule' (chunk_gated_delta_rule: g [B, T, HV] only, "
         "chunk_size 16, 32 or 64), the name errors carry. With check_only, returns {B, T, N, H, HV, K, V, "
         "num_states, num_chunks, scalar_gate} (else None; num_chunks -1 when cu_seqlens has no data). bf16 arrays "
-        "may come as DLPack bfloat16 or as uint16 bit views.");
+        "may come as DLPack bfloat16 or as uint16 bit views. delta_correction=False runs Mamba2's SSD recurrence "
+        "(S += beta k v^T; kda/kernels/kda_args.h KdaCallCommon).");
   m.def("fused_recurrent_kda", &FusedRecurrentKda, nb::arg("o").none(), nb::arg("final_state").none(), nb::arg("q"),
         nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"), nb::arg("A_log").none() = nb::none(),
         nb::arg("dt_bias").none() = nb::none(), nb::arg("initial_state").none() = nb::none(),
@@ -278,12 +282,12 @@ void BindKernels(nb::module_& m) {
         nb::arg("num_accepted_tokens").none() = nb::none(), nb::arg("use_qk_l2norm_in_kernel") = false,
         nb::arg("use_gate_in_kernel") = false, nb::arg("use_beta_sigmoid_in_kernel") = false,
         nb::arg("allow_neg_eigval") = false, nb::arg("lower_bound").none() = nb::none(), nb::arg("kernel") = "auto",
-        nb::arg("check_only") = false, nb::arg("entry") = "kda",
+        nb::arg("check_only") = false, nb::arg("entry") = "kda", nb::arg("delta_correction") = true,
         "fused_recurrent_kda_fwd (RecurrentKdaCall): the recurrence token by token; with ssm_state_indices ([N] or "
         "[N, C] int32, negative: padding) the states live in the pool initial_state, otherwise [N, HV, K, V]; "
         "inplace_final_state writes them back there, else final_state receives them (with output_final_state). g is "
         "[B, T, HV, K] (KDA) or [B, T, HV] (GDN's scalar gate; dt_bias [HV]); entry 'kda' or 'gated_delta_rule' "
-        "names the call in errors.");
+        "names the call in errors; delta_correction=False: Mamba2's SSD recurrence.");
   m.def(
       "reads_in_place", [](const nb::ndarray<nb::ro>& a) { return ReadsTokensInPlace(ArrayView<TensorView>(a, "x")); },
       nb::arg("x"),

@@ -317,6 +317,49 @@ _MAMBA2 = {
             rms_norm_eps=1e-6,
         ),
     ),
+    # The two Mamba2 model types kda serves only through transformers' hooks (kda.transformers):
+    # hidden 64, H 4 heads of P 32 (d_ssm 128), N 16, G 2, the gated norm on; every layer mixer and attention
+    "falcon_h1": (
+        "FalconH1Config",
+        "FalconH1ForCausalLM",
+        "FalconH1Mixer",
+        dict(
+            _ATTENTION,
+            hidden_size=64,
+            num_hidden_layers=2,
+            head_dim=32,
+            mamba_d_ssm=128,
+            mamba_n_heads=4,
+            mamba_d_head=32,
+            mamba_n_groups=2,
+            mamba_d_state=16,
+            mamba_d_conv=4,
+            mamba_chunk_size=16,
+            mamba_rms_norm=True,
+            mamba_norm_before_gate=False,
+        ),
+    ),
+    # hidden 64, H 4 heads of P 32 (expand 2), N 16, G 2; mamba, hybrid (shared attention), mamba
+    "zamba2": (
+        "Zamba2Config",
+        "Zamba2ForCausalLM",
+        "Zamba2MambaMixer",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=3,
+            layers_block_type=["mamba", "hybrid", "mamba"],
+            n_mamba_heads=4,
+            mamba_expand=2,
+            mamba_d_state=16,
+            mamba_ngroups=2,
+            mamba_d_conv=4,
+            chunk_size=16,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            adapter_rank=8,
+        ),
+    ),
 }
 
 MIXER_CLASSES = frozenset(spec[2] for spec in _MAMBA2.values())

@@ -38,7 +38,9 @@
 //     RecurrentKdaCall ([N,HV,K,V], or [B*T,HV,K,V] with indices, zeros for
 //     padding sequences) with output_final_state, else [0].
 // Attributes: has_scale, scale (f32; without has_scale K^-0.5), the flags of
-// KdaCallCommon (pred), has_lower_bound, lower_bound (f32), output_final_state;
+// KdaCallCommon (pred; delta_correction false runs Mamba2's SSD recurrence,
+// kda.jax's mamba_ssm names), has_lower_bound, lower_bound (f32),
+// output_final_state;
 // the chunk target also safe_gate, chunk_size (s32), pool and
 // return_intermediate_states, the recurrent
 // one inplace_final_state.
@@ -133,6 +135,7 @@ struct Options {
   bool has_lower_bound = false;
   float lower_bound = 0.0F;
   bool state_v_first = false;
+  bool delta_correction = true;  // false: Mamba2's SSD recurrence (KdaCallCommon::delta_correction)
 };
 
 // Each target's attributes: the options, then its own (decoded from the call's
@@ -174,6 +177,7 @@ ffi::Error RunCall(DeltaRuleEntry entry, const ffi::AnyBuffer& q, const ffi::Any
     c.allow_neg_eigval = opt.allow_neg_eigval;
     if (opt.has_lower_bound) c.lower_bound = opt.lower_bound;
     c.state_v_first = opt.state_v_first;
+    c.delta_correction = opt.delta_correction;
     c.cu_seqlens = ViewOf<TensorView>(cu_seqlens, true);
     c.A_log = ViewOf<TensorView>(a_log, true);
     c.dt_bias = ViewOf<TensorView>(dt_bias, true);
@@ -249,7 +253,7 @@ ffi::Error FusedRecurrentImpl(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer
       ffi::StructMember<bool>("use_qk_l2norm_in_kernel"), ffi::StructMember<bool>("use_gate_in_kernel"),  \
       ffi::StructMember<bool>("use_beta_sigmoid_in_kernel"), ffi::StructMember<bool>("allow_neg_eigval"), \
       ffi::StructMember<bool>("has_lower_bound"), ffi::StructMember<float>("lower_bound"),                \
-      ffi::StructMember<bool>("state_v_first")
+      ffi::StructMember<bool>("state_v_first"), ffi::StructMember<bool>("delta_correction")
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(kda::ChunkAttrs, KDA_OPTION_ATTRS, ffi::StructMember<bool>("output_final_state"),
                                       ffi::StructMember<bool>("safe_gate"), ffi::StructMember<int32_t>("chunk_size"),

@@ -9,6 +9,9 @@
   :func:`fused_recurrent_gated_delta_rule` (fla's entries), :func:`fused_recurrent_gated_delta_rule_fwd`
   (vLLM's pool and speculative-decoding entry, with the pool semantics of ``fused_recurrent_kda_fwd``)
   and :func:`fused_gdn_gate`, on the same kernels and conventions.
+- Mamba2's SSD scan with mamba_ssm's names (:mod:`kda.jax.mamba_ssm`): :func:`mamba_chunk_scan_combined`
+  (prefill) and :func:`selective_state_update` (a decode step, returning ``(out, new_state)``), the
+  semantics of :mod:`kda.mamba_ssm` on these kernels without the delta correction.
 
 The kernel entries dispatch to one of two backends:
 
@@ -398,6 +401,9 @@ _ENTRIES = (chunk_kda, fused_recurrent_kda, fused_recurrent_kda_fwd, chunk_gated
  chunk_gated_delta_rule_jax_naive, fused_recurrent_gated_delta_rule_jax_naive,
  fused_recurrent_gated_delta_rule_fwd_jax_naive) = (_with_kernel(fn, "naive") for fn in _ENTRIES)
 
+# Mamba2's SSD scan with mamba_ssm's names, on these kernels without the delta correction.
+from .mamba_ssm import mamba_chunk_scan_combined, selective_state_update  # noqa: E402
+
 if os.environ.get("KDA_JAX_KERNEL"):
     set_backend(os.environ["KDA_JAX_KERNEL"])
 
@@ -426,5 +432,7 @@ __all__ = [
     "fused_recurrent_kda_fwd_jax_naive",
     "fused_recurrent_kda_jax_naive",
     "get_backend_setting",
+    "mamba_chunk_scan_combined",
+    "selective_state_update",
     "set_backend",
 ]

@@ -159,6 +159,7 @@ class Statics:
     # "kda" or "gated_delta_rule": the entry (the FFI target, the name in messages).
     entry: str = "kda"
     scalar_gate: bool = False  # g [B, T, HV]: one decay per value head (GDN)
+    delta_correction: bool = True  # False: Mamba2's SSD recurrence, S += beta k v^T (kda.jax.mamba_ssm)
 
     @property
     def gate_width(self) -> int:
@@ -262,7 +263,7 @@ def _num_chunks(who: str, s: dict, num_chunks) -> int:
 def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                 return_intermediate_states, state_v_first, cu_seqlens, A_log, dt_bias, chunk_size, state_indices,
-                num_chunks, entry: str = "kda") -> Call:
+                num_chunks, entry: str = "kda", delta_correction: bool = True) -> Call:
     """chunk_kda's (or chunk_gated_delta_rule's, ``entry="gated_delta_rule"``) arguments checked by the core
     (ChunkKdaCall) and converted for the cores."""
     who = _kernels.CHUNK_NAMES[entry]
@@ -283,7 +284,8 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
         cu_seqlens=index_spec(cu_seqlens), A_log=spec(A_log, jnp.float32) if gate else None,
         dt_bias=spec(dt_bias, jnp.float32) if gate else None, chunk_size=int(chunk_size),
         state=spec(initial_state) if pool else None, state_indices=index_spec(state_indices),
-        return_intermediate_states=bool(return_intermediate_states), entry=entry)
+        return_intermediate_states=bool(return_intermediate_states), entry=entry,
+        delta_correction=bool(delta_correction))
     s = _core().chunk_kda(**kw, check_only=True)
     nt = 0
     if return_intermediate_states:
@@ -299,7 +301,7 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
                  value_check=_value_check("chunk_kda", kw, {"cu_seqlens": ("cu_seqlens", cu_seqlens),
                                                             "indices": ("state_indices", state_indices)},
                                           nt if return_intermediate_states else None),
-                 entry=entry, scalar_gate=bool(s["scalar_gate"]))
+                 entry=entry, scalar_gate=bool(s["scalar_gate"]), delta_correction=bool(delta_correction))
     # As fla: A_log and dt_bias only matter with the gate in the kernel.
     return Call(st, q, k, v, g, beta, state=initial_state, cu_seqlens=_index(cu_seqlens),
                 indices=_index(state_indices), A_log=_param(A_log, st.HV) if gate else None,
@@ -309,7 +311,7 @@ def check_chunk(q, k, v, g, beta, scale, initial_state, output_final_state, use_
 def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, output_final_state, inplace_final_state,
                     state_v_first, cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
                     use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, out,
-                    entry: str = "kda") -> Call:
+                    entry: str = "kda", delta_correction: bool = True) -> Call:
     """fused_recurrent_kda_fwd's (or the Gated DeltaNet recurrent entries', ``entry="gated_delta_rule"``)
     arguments checked by the core (RecurrentKdaCall) and converted."""
     who = _kernels.RECURRENT_NAMES[entry]  # the core's name of the call
@@ -327,7 +329,8 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
         cu_seqlens=index_spec(cu_seqlens), ssm_state_indices=index_spec(ssm_state_indices),
         num_accepted_tokens=index_spec(num_accepted_tokens), use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
         use_gate_in_kernel=gate, use_beta_sigmoid_in_kernel=bool(use_beta_sigmoid_in_kernel),
-        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound, entry=entry)
+        allow_neg_eigval=bool(allow_neg_eigval), lower_bound=lower_bound, entry=entry,
+        delta_correction=bool(delta_correction))
     s = _core().fused_recurrent_kda(**kw, check_only=True)
     if inplace_final_state and initial_state is None:
         # The shape check leaves this to the run (a caller learning N); here the run is traced next.
@@ -341,7 +344,7 @@ def check_recurrent(q, k, v, g, beta, A_log, dt_bias, initial_state, scale, outp
                                           {"cu_seqlens": ("cu_seqlens", cu_seqlens),
                                            "indices": ("ssm_state_indices", ssm_state_indices),
                                            "num_accepted_tokens": ("num_accepted_tokens", num_accepted_tokens)}),
-                 entry=entry, scalar_gate=bool(s["scalar_gate"]))
+                 entry=entry, scalar_gate=bool(s["scalar_gate"]), delta_correction=bool(delta_correction))
     return Call(st, q, k, v, g, beta, state=initial_state, out=out, cu_seqlens=_index(cu_seqlens),
                 indices=_index(ssm_state_indices), num_accepted_tokens=_index(num_accepted_tokens),
                 A_log=_param(A_log, st.HV) if gate else None,

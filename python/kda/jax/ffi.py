@@ -147,7 +147,8 @@ def _attributes(st: _args.Statics) -> dict:
                 use_qk_l2norm_in_kernel=st.use_qk_l2norm_in_kernel, use_gate_in_kernel=st.use_gate_in_kernel,
                 use_beta_sigmoid_in_kernel=st.use_beta_sigmoid_in_kernel, allow_neg_eigval=st.allow_neg_eigval,
                 has_lower_bound=st.lower_bound is not None, lower_bound=np.float32(st.lower_bound or 0.0),
-                state_v_first=st.state_v_first, output_final_state=st.output_final_state)
+                state_v_first=st.state_v_first, delta_correction=st.delta_correction,
+                output_final_state=st.output_final_state)
 
 
 def _o_dtype(c: _args.Call):

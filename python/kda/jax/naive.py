@@ -5,6 +5,7 @@ Per value head, with the state S (K x V, indexed [k][v]) and each token t:
 
     S <- diag(exp(g_t)) S                          (g_t in R^K: KDA; a scalar per value head: GDN)
     S <- S + k_t (beta_t * (v_t - S^T k_t))^T      (beta_t a scalar, or a [V] vector)
+                                                   (Mamba2's SSD, no delta correction: S + k_t (beta_t v_t)^T)
     o_t = S^T (scale * q_t)
 
 These are the reference the FFI kernels are checked against and the fallback when the FFI library
@@ -76,12 +77,13 @@ def _prepare(c: _args.Call):
     return q * st.scale_value, k, v, g, beta
 
 
-def _step(S, q, k, v, g, beta):
+def _step(S, q, k, v, g, beta, delta_correction=True):
     """One token of every value head: S [HV, K, V]; q, k [HV, K]; g [HV, K] or [HV, 1]; v [HV, V]; beta
-    [HV, 1] or [HV, V]."""
+    [HV, 1] or [HV, V]. Without ``delta_correction`` (Mamba2's SSD) S += k (beta v)^T."""
     S = S * jnp.exp(g)[..., None]
-    kS = jnp.einsum("hk,hkv->hv", k, S, precision=_HIGHEST)
-    S = S + k[..., :, None] * (beta * (v - kS))[..., None, :]
+    if delta_correction:
+        v = v - jnp.einsum("hk,hkv->hv", k, S, precision=_HIGHEST)
+    S = S + k[..., :, None] * (beta * v)[..., None, :]
     return S, jnp.einsum("hk,hkv->hv", q, S, precision=_HIGHEST)
 
 
@@ -157,7 +159,7 @@ def run(c: _args.Call):
         S = jnp.where(valid_t, S, 0.0)
         if h is not None:
             h = h.at[h_i].set(S, mode="drop")
-        S, o_t = _step(S, q_t, k_t, v_t, g_t, b_t)
+        S, o_t = _step(S, q_t, k_t, v_t, g_t, b_t, st.delta_correction)
         states = states.at[w_t].set(S, mode="drop")
         return (S, states, h), (jnp.where(valid_t, o_t, 0.0), S if per_token else None)
 
