@@ -221,29 +221,30 @@ TEST_P(LinearRouteTest, Q8MatchesReferenceAndDenseLinearOnDequantizedWeights) {
   }
 }
 
+// p's Q8 weights and their dense dequantized copy in Linears of `dtype` at m input rows (Inputs(m, k,
+// m)), each against the Q8 reference; the Q8 Linear's outputs. (Not bitwise each other on every
+// route: the GEMM library may order the sums over k differently for a tile's column count.)
+std::vector<float> ExpectQ8AndDenseNearReference(const LinearProblem& p, DType dtype, int64_t m) {
+  const bool bf16 = dtype == DType::kBF16;
+  const std::vector<float> x = Inputs(m, p.k, static_cast<uint32_t>(m));
+  std::vector<float> ref(m * p.n);
+  Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
+  const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
+  std::vector<float> y = RunLinear(Linear(p.w, dtype), x, m, dtype);
+  ExpectCloseToReference(y, ref, p, x, m, bf16, what + " q8");
+  ExpectCloseToReference(RunLinear(Linear(p.dense, p.n, p.k, dtype), x, m, dtype), ref, p, x, m, bf16, what + " dense");
+  return y;
+}
+
 TEST_P(LinearRouteTest, LargeMRunsTheWeightInTilesOfOutputRows) {
   // Above the small-M limit Q8 weights (and bf16 weights on the fp32 FMA
   // route) are dequantized a tile of output rows at a time (a panel of
   // ~1 MiB per thread): with one thread at k = 8192, 32 rows per tile in
   // fp32, 64 in bf16, so 300 rows end in a partial tile either way.
   const testing::ThreadScope one_thread(1);
-  constexpr int64_t kN = 300;
-  constexpr int64_t kK = 8192;
-  const LinearProblem p = MakeProblem(kN, kK, 11);
+  const LinearProblem p = MakeProblem(300, 8192, 11);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const bool bf16 = dtype == DType::kBF16;
-    const Linear q8(p.w, dtype);
-    const Linear dense(p.dense, kN, kK, dtype);
-    for (int64_t m : {17, 33}) {
-      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
-      std::vector<float> ref(m * kN);
-      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
-      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
-      // Not bitwise each other: the GEMM library may order the sums over k
-      // differently for a tile's column count.
-      ExpectCloseToReference(RunLinear(q8, x, m, dtype), ref, p, x, m, bf16, what + " q8");
-      ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense");
-    }
+    for (int64_t m : {17, 33}) ExpectQ8AndDenseNearReference(p, dtype, m);
   }
 }
 
@@ -254,26 +255,16 @@ TEST_P(LinearRouteTest, ManyRowsRunInSpansAndOddOutputRowsInPaddedPanels) {
   // zero-padded panel; every route gives the reference, and on the tiles each
   // output row is the same whatever the input rows beside it.
   const testing::ThreadScope two_threads(2);
-  constexpr int64_t kN = 150;
-  constexpr int64_t kK = 64;
-  const LinearProblem p = MakeProblem(kN, kK, 5);
+  const LinearProblem p = MakeProblem(150, 64, 5);
+  const bool tiles = GetParam().route == GemmRoute::kAmx && internal::TileGemmRuns();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    const bool bf16 = dtype == DType::kBF16;
-    const Linear q8(p.w, dtype);
-    const Linear dense(p.dense, kN, kK, dtype);
     for (int64_t m : {255, 300, 530}) {
-      const std::vector<float> x = Inputs(m, kK, static_cast<uint32_t>(m));
-      std::vector<float> ref(m * kN);
-      Q8LinearReference(ref.data(), x.data(), p.w, m, bf16);
-      const std::string what = std::string(DTypeName(dtype)) + " m " + std::to_string(m);
-      const std::vector<float> y = RunLinear(q8, x, m, dtype);
-      ExpectCloseToReference(y, ref, p, x, m, bf16, what + " q8");
-      ExpectCloseToReference(RunLinear(dense, x, m, dtype), ref, p, x, m, bf16, what + " dense");
-      if (!bf16 || GetParam().route != GemmRoute::kAmx || !internal::TileGemmRuns()) continue;
+      const std::vector<float> y = ExpectQ8AndDenseNearReference(p, dtype, m);
+      if (dtype != DType::kBF16 || !tiles) continue;
       // The last 17 rows alone: their outputs bit for bit those of the whole product.
-      const std::vector<float> tail_x(x.end() - 17 * kK, x.end());
-      const std::vector<float> tail = RunLinear(q8, tail_x, 17, dtype);
-      EXPECT_TRUE(std::equal(tail.begin(), tail.end(), y.end() - 17 * kN)) << what;
+      const std::vector<float> x = Inputs(m, p.k, static_cast<uint32_t>(m));
+      const std::vector<float> tail = RunLinear(Linear(p.w, dtype), {x.end() - 17 * p.k, x.end()}, 17, dtype);
+      EXPECT_TRUE(std::equal(tail.begin(), tail.end(), y.end() - 17 * p.n)) << m;
     }
   }
 }

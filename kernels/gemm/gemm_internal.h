@@ -72,6 +72,15 @@ struct TileGemmArgs {
   BF16* y_bf16 = nullptr;
   int64_t ldy = 0;
 };
+// Points a's output (y_f32 or y_bf16, the other left null) at y, an F32 or BF16 buffer.
+template <class Args>
+void SetGemmOutput(Args& a, void* y, bool bf16) {
+  if (bf16) {
+    a.y_bf16 = static_cast<BF16*>(y);
+  } else {
+    a.y_f32 = static_cast<float*>(y);
+  }
+}
 // The input dim TileGemm sums per tile product; its k is a multiple of it.
 inline constexpr int64_t kTileGemmDepth = 32;
 // The most input rows TileGemm multiplies in one span: a job's weight rows (128 x k) stay in L2

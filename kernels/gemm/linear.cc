@@ -176,11 +176,7 @@ void Linear::ForwardSmall(MutBuf y, ConstBuf x, int64_t m, bool bf16_dot) const 
   a.m = m;
   a.n = out_;
   a.k = in_;
-  if (y.dtype == DType::kBF16) {
-    a.y_bf16 = static_cast<BF16*>(y.data);
-  } else {
-    a.y_f32 = static_cast<float*>(y.data);
-  }
+  internal::SetGemmOutput(a, y.data, y.dtype == DType::kBF16);
   const int64_t n = out_;
   ParallelFor((n + kGemvRowsPerJob - 1) / kGemvRowsPerJob,
               [&](int64_t job) { kernels.gemv(a, job * kGemvRowsPerJob, std::min(n, (job + 1) * kGemvRowsPerJob)); });
@@ -223,11 +219,7 @@ void Linear::Forward(MutBuf y, ConstBuf x, int64_t m) const {
     a.n = out_;
     a.k = in_;
     a.ldy = out_;
-    if (y.dtype == DType::kBF16) {
-      a.y_bf16 = static_cast<BF16*>(y.data);
-    } else {
-      a.y_f32 = static_cast<float*>(y.data);
-    }
+    internal::SetGemmOutput(a, y.data, y.dtype == DType::kBF16);
     const bool q8 = format_ == WeightFormat::kInt8;
     internal::TileGemm(a, static_cast<const BF16*>(x.data), q8 ? nullptr : impl_->w_bf16.data(),
                        q8 ? &impl_->q8 : nullptr);

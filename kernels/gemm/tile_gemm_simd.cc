@@ -26,15 +26,6 @@ constexpr int64_t kTileDepth = 32;  // bf16 of the input dim a tile product sums
 // The tile instructions and the masked 16-bit stores, beyond the target's -m flags.
 #define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bw,avx512vl")]]
 
-// The tile configuration (palette 1): every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // 16 registers of 16 lanes transposed: r[i] lane j <-> r[j] lane i.
 KDA_INLINE void Transpose16(__m512 (&r)[16]) {
   __m512 s[16];
@@ -170,12 +161,15 @@ KDA_TILE_TARGET void Blocks(const TileGemmArgs& a, const BF16* w, const BF16* xp
 // (a.span, a multiple of 32) against all the job's weight rows, span by span,
 // so that the job's weight rows stay in L2 and a span's packed rows too.
 KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t r0, int64_t r1) {
-  TileConfig cfg;
+  // The tile configuration (64 bytes, palette 1): tiles 0..7 of 16 rows x 64 bytes (bytes per row at
+  // 16 + 2 t, little-endian 16 bits; rows at 48 + t).
+  alignas(64) uint8_t cfg[64] = {};
+  cfg[0] = 1;
   for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = kTileRows;
+    cfg[16 + 2 * t] = 64;
+    cfg[48 + t] = kTileRows;
   }
-  _tile_loadconfig(&cfg);
+  _tile_loadconfig(cfg);
   alignas(64) float c[kTileRows * kTileRows];
   const int64_t blocks = (a.m + kTileRows - 1) / kTileRows;
   const int64_t span_blocks = a.span / kTileRows;
