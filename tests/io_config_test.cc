@@ -297,7 +297,7 @@ TEST(IoConfigTest, SupportedModelTypes) {
             (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text",
                                       "qwen3_5_moe", "glm5_next_text", "glm5_next", "bailing_hybrid", "olmo_hybrid",
                                       "lara_mini", "qwen4_exp_text", "qwen4_exp", "granitemoehybrid", "nemotron_h",
-                                      "bamba", "mamba2"}));
+                                      "bamba", "mamba2", "falcon_h1", "zamba2"}));
 }
 
 TEST(IoConfigTest, GatedDeltaNetGoldenConfigsParse) {
@@ -493,7 +493,7 @@ TEST(IoConfigTest, RefusesUnsupportedModelTypes) {
   EXPECT_EQ(ParseError(config),
             "test-config: unsupported model_type \"llama\" (supported: kimi_linear, qwen3_next, qwen3_5_text, qwen3_5, "
             "qwen3_5_moe_text, qwen3_5_moe, glm5_next_text, glm5_next, bailing_hybrid, olmo_hybrid, lara_mini, "
-            "qwen4_exp_text, qwen4_exp, granitemoehybrid, nemotron_h, bamba, mamba2)");
+            "qwen4_exp_text, qwen4_exp, granitemoehybrid, nemotron_h, bamba, mamba2, falcon_h1, zamba2)");
   config["model_type"] = 3;
   ExpectRefused(config, "model_type must be a string, got 3");
 
