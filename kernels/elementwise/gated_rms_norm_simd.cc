@@ -52,34 +52,29 @@ KDA_INLINE void RmsNormGroupRows(T* y, const T* o, const T* z, const float* w, i
     T* yrow = y + r * width;
     if constexpr (kForm == SsdNorm::kGateOnly) {
 #pragma omp simd
-      for (int64_t c = 0; c < width; ++c)
+      for (int64_t c = 0; c < width; ++c) {
         StoreF(yrow + c, LoadF(orow[c]) * Gate<GateActivation::kSilu>(LoadF(zrow[c])));
+      }
       continue;
     }
+    // The gate-then-norm form keeps the gated values in g and normalises them; the norm-then-gate form
+    // normalises o and keeps the gates in g.
+    constexpr bool kGateFirst = kForm == SsdNorm::kGateThenNorm;
     float ss = 0.0F;
-    if constexpr (kForm == SsdNorm::kGateThenNorm) {
 #pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < width; ++c) {
-        const float gc = LoadF(orow[c]) * Gate<GateActivation::kSilu>(LoadF(zrow[c]));
-        g[c] = gc;
-        ss += gc * gc;
-      }
-    } else {
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < width; ++c) {
-        const float v = LoadF(orow[c]);
-        g[c] = Gate<GateActivation::kSilu>(LoadF(zrow[c]));
-        ss += v * v;
-      }
+    for (int64_t c = 0; c < width; ++c) {
+      const float ov = LoadF(orow[c]);
+      const float gate = Gate<GateActivation::kSilu>(LoadF(zrow[c]));
+      const float v = kGateFirst ? ov * gate : ov;
+      g[c] = kGateFirst ? v : gate;
+      ss += v * v;
     }
     const float rstd = 1.0F / __builtin_sqrtf(ss / static_cast<float>(width) + eps);
     const float* wrow = w + (r % groups) * width;
-    if constexpr (kForm == SsdNorm::kGateThenNorm) {
 #pragma omp simd
-      for (int64_t c = 0; c < width; ++c) StoreF(yrow + c, g[c] * rstd * wrow[c]);
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < width; ++c) StoreF(yrow + c, LoadF(orow[c]) * rstd * wrow[c] * g[c]);
+    for (int64_t c = 0; c < width; ++c) {
+      const float scaled = g[c] * rstd * wrow[c];
+      StoreF(yrow + c, kGateFirst ? scaled : LoadF(orow[c]) * scaled);
     }
   }
 }
