@@ -63,6 +63,8 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
   });
   Check(beta_scale == 1.0F || beta_scale == 2.0F,
         [&] { return who + ": beta_scale must be 1 or 2 (negative eigenvalues), got " + std::to_string(beta_scale); });
+  Check(ssd || (ssd_norm == SsdNorm::kGateThenNorm && !ssd_scaled()),
+        who + ": the norm forms and in_proj multipliers are a Mamba2 mixer's variants");
   if (!ssd) return;
   Check(decay == DecayWidth::kPerValueHead && output_gate == GateActivation::kSilu && gate_lower_bound == 0.0F &&
             beta_scale == 1.0F && !gate_in_act_dtype && !conv_weights_f32,
@@ -71,6 +73,11 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
     return who + ": time_step_limit must satisfy 0 <= min <= max, got (" + std::to_string(dt_min) + ", " +
            std::to_string(dt_max) + ")";
   });
+  for (float m : ssd_multipliers) {
+    Check(std::isfinite(m), [&] { return who + ": the in_proj multipliers must be finite, got " + std::to_string(m); });
+  }
+  Check(ssd_norm == SsdNorm::kGateThenNorm || ssd_norm == SsdNorm::kNormThenGate || ssd_norm == SsdNorm::kGateOnly,
+        who + ": unknown gated-norm form");
 }
 
 DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count) const {

@@ -1,5 +1,6 @@
 #include "kda/models/delta_rule_layer.h"
 
+#include <array>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -155,6 +156,14 @@ DeltaRuleLayer::DeltaRuleLayer(const std::string& who, const TensorTable& table,
   gate_proj_ = AddRole(w, table, g, {R::kGate}, R::kGateDown, g.gate_width(), "gate projection", who);
   if (!g.ssd) beta_proj_ = AddRole(w, table, g, {R::kBeta}, std::nullopt, g.HV, "beta projection", who);
   out_gate_proj_ = AddRole(w, table, g, {R::kOutGate}, R::kOutGateDown, g.value_dim(), "output gate projection", who);
+  if (g.ssd && g.ssd_scaled()) {  // in_proj's parts z | x | B | C | dt scaled by their multipliers
+    const std::array<float, 5>& m = g.ssd_multipliers;
+    out_gate_proj_.scale.assign(static_cast<size_t>(g.value_dim()), m[0]);
+    qkv_proj_.scale.assign(static_cast<size_t>(g.value_dim()), m[1]);
+    qkv_proj_.scale.resize(static_cast<size_t>(g.value_dim() + g.key_dim()), m[2]);
+    qkv_proj_.scale.resize(static_cast<size_t>(g.conv_channels()), m[3]);
+    gate_proj_.scale.assign(static_cast<size_t>(g.HV), m[4]);
+  }
 
   // The convs in the backend's layout from the checkpoint's [C_g, W] rows of each channel group in channel
   // order (rounded to bf16 in the bf16 pipeline unless the geometry keeps them fp32), and a Mamba2 mixer's bias.
@@ -190,9 +199,11 @@ DeltaRuleLayer::DeltaRuleLayer(const std::string& who, const TensorTable& table,
       layer_id, g, std::move(conv), w.Dense(TensorOf(table, TensorRole::kALog, who).name),
       w.Dense(TensorOf(table, TensorRole::kDtBias, who).name), g.ssd ? 1.0F : 1.0F / std::sqrt(static_cast<float>(g.K)),
       std::move(bias), g.ssd ? w.Dense(TensorOf(table, TensorRole::kD, who).name) : std::vector<float>{});
-  norm_weight_ = w.Dense(TensorOf(table, TensorRole::kNorm, who).name);
-  Check(static_cast<int64_t>(norm_weight_.size()) == (g.ssd ? g.value_dim() : g.V),
-        who + (g.ssd ? ": the norm weight must be [HV * V]" : ": the norm weight must be [V]"));
+  if (g.ssd_norm != SsdNorm::kGateOnly) {
+    norm_weight_ = w.Dense(TensorOf(table, TensorRole::kNorm, who).name);
+    Check(static_cast<int64_t>(norm_weight_.size()) == (g.ssd ? g.value_dim() : g.V),
+          who + (g.ssd ? ": the norm weight must be [HV * V]" : ": the norm weight must be [V]"));
+  }
   if (act_dtype_ == DType::kBF16) {
     for (float& x : norm_weight_) x = RoundBF16(x);
   }
@@ -265,17 +276,27 @@ void DeltaRuleLayer::CheckInputDtype(ConstBuf x) const {
 }
 
 void DeltaRuleLayer::Project(ConstBuf x, int64_t T, Projected& r) const {
-  // fp32 accumulation, rounded once in the bf16 pipeline (a low-rank pair: after each half).
+  // fp32 accumulation, rounded once in the bf16 pipeline (a low-rank pair: after each half); a scaled
+  // projection's factors applied before that rounding.
   const auto run = [&](const Projection& p, ActBuffer& scratch, ActBuffer& out) {
     const Linear& last = p.second != nullptr ? *p.second : *p.first;
-    out = ActBuffer::Uninitialized(act_dtype_, T * last.out_features());
-    if (p.second == nullptr) {
-      p.first->Forward(out.mut(), x, T);
+    const int64_t n = last.out_features();
+    out = ActBuffer::Uninitialized(act_dtype_, T * n);
+    ConstBuf in = x;
+    if (p.second != nullptr) {
+      scratch = ActBuffer::Uninitialized(act_dtype_, T * p.first->out_features());
+      p.first->Forward(scratch.mut(), x, T);
+      in = scratch.view();
+    }
+    if (p.scale.empty()) {
+      last.Forward(out.mut(), in, T);
       return;
     }
-    scratch = ActBuffer::Uninitialized(act_dtype_, T * p.first->out_features());
-    p.first->Forward(scratch.mut(), x, T);
-    p.second->Forward(out.mut(), scratch.view(), T);
+    std::vector<float> acc(static_cast<size_t>(T * n));
+    last.Forward({acc.data(), DType::kF32}, in, T);
+    for (int64_t i = 0; i < T * n; ++i) {
+      StoreFromFloat(out.mut().data, act_dtype_, static_cast<size_t>(i), acc[static_cast<size_t>(i)] * p.scale[i % n]);
+    }
   };
   run(qkv_proj_, r.scratch[0], r.mixed_qkv);
   run(gate_proj_, r.scratch[0], r.gate_raw);
@@ -325,7 +346,7 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * geo.value_dim());
   if (geo.ssd) {
     GatedRmsNormGroups(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.H,
-                       int64_t{geo.group()} * geo.V, static_cast<float>(geo.rms_norm_eps));
+                       int64_t{geo.group()} * geo.V, static_cast<float>(geo.rms_norm_eps), geo.ssd_norm);
   } else {
     GatedRmsNorm(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.HV, geo.V,
                  static_cast<float>(geo.rms_norm_eps), geo.output_gate);

@@ -22,17 +22,22 @@ HeadShard ShardFor(int total_heads, Communicator* tp) {
 }  // namespace
 
 std::string LayerKeyPrefix(const Checkpoint& ckpt, const LayerFamily& family, int layer) {
-  const std::string suffix = "layers." + std::to_string(layer) + "." + family.layer_prefix;
   const std::vector<std::string> names = ckpt.names();
   const auto holds = [&](const std::string& prefix) {
     const auto it = std::lower_bound(names.begin(), names.end(), prefix);
     return it != names.end() && it->compare(0, prefix.size(), prefix) == 0;
   };
-  // model.layers.{i}., else a multimodal checkpoint's text model's, else Mamba2's and Nemotron-H's backbone.
-  for (const char* root : {"model.language_model.", "backbone."}) {
-    if (!holds("model." + suffix) && holds(root + suffix)) return root + suffix;
+  // model.layers.{i}., else a multimodal checkpoint's text model's, else Mamba2's and Nemotron-H's backbone; the
+  // family's prefix, else its others.
+  std::vector<std::string> prefixes = {family.layer_prefix};
+  prefixes.insert(prefixes.end(), family.other_layer_prefixes.begin(), family.other_layer_prefixes.end());
+  for (const std::string& p : prefixes) {
+    const std::string suffix = "layers." + std::to_string(layer) + "." + p;
+    for (const char* root : {"model.", "model.language_model.", "backbone."}) {
+      if (holds(root + suffix)) return root + suffix;
+    }
   }
-  return "model." + suffix;
+  return "model.layers." + std::to_string(layer) + "." + family.layer_prefix;
 }
 
 DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, DType act_dtype, std::optional<int> only_layer,

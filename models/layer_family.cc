@@ -40,6 +40,7 @@ const std::vector<LayerFamily>& LayerFamilies() {
       families::KimiLinear(),       families::Qwen3Next(),  families::Qwen3_5(),  families::Glm5Next(),
       families::BailingHybrid(),    families::OlmoHybrid(), families::LaraMini(), families::Qwen4Exp(),
       families::GraniteMoeHybrid(), families::NemotronH(),  families::Bamba(),    families::Mamba2(),
+      families::FalconH1(),         families::Zamba2(),
   };
   return families;
 }

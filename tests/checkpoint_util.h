@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "kda/base/bf16.h"
+#include "kda/io/checkpoint.h"
 #include "kda/io/config.h"
 #include "kda/io/safetensors.h"
 #include "kda/kernels/q8.h"
+#include "kda/models/delta_rule_model.h"
 #include "kda/models/layer_family.h"
 #include "kda/models/layer_weights.h"
 
@@ -82,11 +84,15 @@ inline void WriteDequantizedCheckpoint(const std::string& src_dir, const std::st
   const ModelConfig config = LoadModelConfig(src_dir);
   const LayerFamily& family = LayerFamilyFor(config.model_type);
   const TensorTable table = family.tensors(family.geometry(config));
+  std::vector<std::string> prefixes;
+  {
+    const Checkpoint ckpt = Checkpoint::Open(src_dir);
+    for (int layer : config.linear_layers) prefixes.push_back(LayerKeyPrefix(ckpt, family, layer));
+  }
   CopyCheckpoint(src_dir, dst_dir, [&](const TensorInfo& t, TensorCopy& c) {
     const std::string& n = t.name;
     bool quantizable = false;
-    for (int layer : config.linear_layers) {
-      const std::string pre = "model.layers." + std::to_string(layer) + "." + family.layer_prefix;
+    for (const std::string& pre : prefixes) {
       for (const TensorSpec& spec : table) quantizable = quantizable || (spec.quantizable && n == pre + spec.name);
     }
     if (!quantizable) return;

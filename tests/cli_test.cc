@@ -322,16 +322,16 @@ TEST_F(CliTest, RefusesBadArgumentsAndModels) {
   ExpectRefused("bench --dtype float16", "dtype", false);
   ExpectRefused("run --model " + dir_.string() + in, "config.json");
   ExpectRefused("run --model " + mini_ + " --input " + (dir_ / "missing.safetensors").string(), "missing.safetensors");
-  ExpectRefused("bench --model-type falcon_h1", "unsupported model_type \"falcon_h1\"", false);
+  ExpectRefused("bench --model-type jamba", "unsupported model_type \"jamba\"", false);
   // A config.json of a model type kda does not serve, and a Gated DeltaNet one whose value heads are not a
   // multiple of its key heads.
   const std::string gdn = testing::GoldenSetDir("gdn-mini");
   KDA_REQUIRE_GOLDEN_PATH(gdn);
   const std::filesystem::path other = dir_ / "other";
   std::filesystem::create_directories(other);
-  std::ofstream(other / "config.json") << R"({"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 2})";
+  std::ofstream(other / "config.json") << R"({"model_type": "jamba", "hidden_size": 64, "num_hidden_layers": 2})";
   ExpectRefused("run --model " + other.string() + " --input " + gdn + "/single_T8.safetensors",
-                "unsupported model_type \"falcon_h1\"");
+                "unsupported model_type \"jamba\"");
   std::ofstream(other / "config.json")
       << R"({"model_type": "qwen3_next", "hidden_size": 256, "num_hidden_layers": 4, "linear_num_key_heads": 4,
             "linear_num_value_heads": 6, "linear_key_head_dim": 32, "linear_value_head_dim": 32})";

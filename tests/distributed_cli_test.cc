@@ -107,6 +107,7 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
   // A Mamba2 mixer of two groups: each rank one group of B and C with its heads.
   ExpectRunMatches(Np(2), "mamba2-groups", "varlen_initstate", "--tp 2", false);
   ExpectRunMatches(Np(2), "mamba2-groups", "varlen_initstate", "--tp 2 --kernel reference", true);
+  ExpectRunMatches(Np(2), "mamba2-falcon", "varlen_initstate", "--tp 2", false);
 }
 
 // The variants of the other families (sets from tools/delta_rule_ref.py), each split over two ranks:

@@ -542,9 +542,11 @@ INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormShapesTest, ::testing::ValuesIn(Op
 // ------------------------------------------------------------ Mamba2's gated RMSNorm (over groups)
 
 // The float64 grouped norm of [T, groups * width] (the inputs as the kernels read them):
-// g = o * silu(z), y = g * rsqrt(mean over the group(g^2) + eps) * w, w per channel of the row.
+// g = o * silu(z), y = g * rsqrt(mean over the group(g^2) + eps) * w, w per channel of the row; the
+// norm-then-gate form: o * rsqrt(mean(o^2) + eps) * w * silu(z); the gate alone: g.
 std::vector<double> GatedRmsNormGroupsF64(const ActBuffer& o, const ActBuffer& z, const std::vector<float>& w,
-                                          int64_t T, int groups, int64_t width, float eps) {
+                                          int64_t T, int groups, int64_t width, float eps,
+                                          SsdNorm form = SsdNorm::kGateThenNorm) {
   std::vector<double> want(static_cast<size_t>(T * groups * width));
   std::vector<double> g(static_cast<size_t>(width));
   for (int64_t t = 0; t < T; ++t) {
@@ -552,11 +554,14 @@ std::vector<double> GatedRmsNormGroupsF64(const ActBuffer& o, const ActBuffer& z
       const int64_t base = (t * groups + j) * width;
       double ss = 0;
       for (int64_t c = 0; c < width; ++c) {
-        g[c] = static_cast<double>(o.Get(base + c)) * SiluF64(z.Get(base + c));
-        ss += g[c] * g[c];
+        const double ov = o.Get(base + c);
+        g[c] = ov * SiluF64(z.Get(base + c));
+        ss += form == SsdNorm::kNormThenGate ? ov * ov : g[c] * g[c];
       }
       const double rstd = 1.0 / std::sqrt(ss / static_cast<double>(width) + eps);
-      for (int64_t c = 0; c < width; ++c) want[base + c] = g[c] * rstd * w[j * width + c];
+      for (int64_t c = 0; c < width; ++c) {
+        want[base + c] = form == SsdNorm::kGateOnly ? g[c] : g[c] * rstd * w[j * width + c];
+      }
     }
   }
   return want;
@@ -564,11 +569,12 @@ std::vector<double> GatedRmsNormGroupsF64(const ActBuffer& o, const ActBuffer& z
 
 class GatedRmsNormGroupsTest : public VariantTest {
  protected:
-  void Run(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width, float eps) const {
+  void Run(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width, float eps,
+           SsdNorm form = SsdNorm::kGateThenNorm) const {
     if (variant().optimized()) {
-      GatedRmsNormGroups(y, o, z, w, T, groups, width, eps);
+      GatedRmsNormGroups(y, o, z, w, T, groups, width, eps, form);
     } else {
-      GatedRmsNormGroupsReference(y, o, z, w, T, groups, width, eps);
+      GatedRmsNormGroupsReference(y, o, z, w, T, groups, width, eps, form);
     }
   }
 };
@@ -577,21 +583,26 @@ TEST_P(GatedRmsNormGroupsTest, MatchesOracle) {
   const int64_t T = 5;
   for (int groups : {1, 2, 8}) {
     for (int64_t width : {64, 100, 24, 8192 / 8}) {  // 100, 24: not whole numbers of vectors
-      for (DType dt : {DType::kF32, DType::kBF16}) {
-        SCOPED_TRACE(std::string(DTypeName(dt)) + " groups " + std::to_string(groups) + " width " +
-                     std::to_string(width));
+      for (auto [dt, form] : {std::pair{DType::kF32, SsdNorm::kGateThenNorm},
+                              {DType::kBF16, SsdNorm::kGateThenNorm},
+                              {DType::kF32, SsdNorm::kNormThenGate},
+                              {DType::kBF16, SsdNorm::kNormThenGate},
+                              {DType::kF32, SsdNorm::kGateOnly},
+                              {DType::kBF16, SsdNorm::kGateOnly}}) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " " + SsdNormName(form) + " groups " + std::to_string(groups) +
+                     " width " + std::to_string(width));
         const auto n = static_cast<size_t>(T * groups * width);
         const ActBuffer o = ToAct(dt, Random(n, -2, 2, 31));
         const ActBuffer z = ToAct(dt, Random(n, -8, 8, 32));
         const std::vector<float> w = Random(static_cast<size_t>(groups * width), 0.5F, 1.5F, 33);
         const float eps = 1e-5F;
         ActBuffer y(dt, static_cast<int64_t>(n));
-        Run(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
-        const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps);
+        Run(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps, form);
+        const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps, form);
         EXPECT_TRUE(CloseToOracle(dt, y.ToFloat(), want));
         if (variant().optimized()) {
           ActBuffer y_ref(dt, static_cast<int64_t>(n));
-          GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
+          GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps, form);
           EXPECT_TRUE(CloseToReference(dt, y.ToFloat(), y_ref.ToFloat(), want));
         }
       }
@@ -702,16 +713,17 @@ TEST_P(GatedRmsNormGroupsShapesTest, MatchesReferenceOnRandomShapes) {
     const std::vector<float> ov = Random(n, -3, 3, rng());
     const std::vector<float> zv = Random(n, -12, 12, rng());
     const std::vector<float> w = Random(static_cast<size_t>(groups * width), -1.5F, 1.5F, rng());
+    const auto form = static_cast<SsdNorm>((trial / 3) % 3);  // each form with each group count
     for (DType dt : {DType::kF32, DType::kBF16}) {
-      SCOPED_TRACE(std::string(DTypeName(dt)) + " T " + std::to_string(T) + " groups " + std::to_string(groups) +
-                   " width " + std::to_string(width));
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + SsdNormName(form) + " T " + std::to_string(T) + " groups " +
+                   std::to_string(groups) + " width " + std::to_string(width));
       const ActBuffer o = ToAct(dt, ov);
       const ActBuffer z = ToAct(dt, zv);
       ActBuffer y(dt, static_cast<int64_t>(n));
       ActBuffer y_ref(dt, static_cast<int64_t>(n));
-      GatedRmsNormGroups(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
-      GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps);
-      const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps);
+      GatedRmsNormGroups(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps, form);
+      GatedRmsNormGroupsReference(y_ref.mut(), o.view(), z.view(), w.data(), T, groups, width, eps, form);
+      const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps, form);
       const std::vector<float> got = y.ToFloat();
       EXPECT_TRUE(CloseToReference(dt, got, y_ref.ToFloat(), want));
       EXPECT_TRUE(CloseToOracle(dt, got, want));
@@ -745,12 +757,15 @@ TEST_P(GatedRmsNormGroupsShapesTest, RejectsBadArgumentsByName) {
   const ActBuffer ob = ToAct(DType::kBF16, {1.0F, 2.0F, 3.0F, 4.0F});
   ActBuffer y(DType::kF32, 4);
   const std::vector<float> w = {1.0F, 1.0F, 1.0F, 1.0F};
-  using Fn = void (*)(MutBuf, ConstBuf, ConstBuf, const float*, int64_t, int, int64_t, float);
+  using Fn = void (*)(MutBuf, ConstBuf, ConstBuf, const float*, int64_t, int, int64_t, float, SsdNorm);
   for (Fn fn : {Fn{&GatedRmsNormGroups}, Fn{&GatedRmsNormGroupsReference}}) {
     const auto expect = [&](MutBuf yb, ConstBuf obuf, ConstBuf zb, const float* wp, int64_t T, int groups,
                             int64_t width, const std::string& what) {
-      ExpectErrorContaining([&] { fn(yb, obuf, zb, wp, T, groups, width, 1e-5F); }, what);
+      ExpectErrorContaining([&] { fn(yb, obuf, zb, wp, T, groups, width, 1e-5F, SsdNorm::kGateThenNorm); }, what);
     };
+    ExpectErrorContaining([&] { fn(y.mut(), o.view(), o.view(), w.data(), 1, 2, 2, 1e-5F, static_cast<SsdNorm>(3)); },
+                          "grouped RMSNorm: unknown form 3");
+    fn(y.mut(), o.view(), o.view(), nullptr, 1, 2, 2, 1e-5F, SsdNorm::kGateOnly);  // the gate alone: no weight
     const ConstBuf oh{o.data(), DType::kF16};
     expect({y.data(), DType::kF16}, oh, oh, w.data(), 1, 2, 2, "grouped RMSNorm output must be F32 or BF16");
     expect(y.mut(), ob.view(), o.view(), w.data(), 1, 2, 2, "input, gate and output must share a dtype");
@@ -764,7 +779,8 @@ TEST_P(GatedRmsNormGroupsShapesTest, RejectsBadArgumentsByName) {
     expect(y.mut(), o.view(), {nullptr, DType::kF32}, w.data(), 1, 2, 2, "gate z is null");
     expect(y.mut(), o.view(), o.view(), nullptr, 1, 2, 2, "weight w is null");
     // No tokens: nothing read or written, null pointers accepted.
-    fn({nullptr, DType::kF32}, {nullptr, DType::kF32}, {nullptr, DType::kF32}, nullptr, 0, 2, 2, 1e-5F);
+    fn({nullptr, DType::kF32}, {nullptr, DType::kF32}, {nullptr, DType::kF32}, nullptr, 0, 2, 2, 1e-5F,
+       SsdNorm::kGateThenNorm);
   }
 }
 

@@ -17,6 +17,10 @@ inline DeltaRuleGeometry FamilyGeometry(const std::string& model_type, const Del
   DeltaRuleGeometry g = LayerFamilyFor(model_type).reference;
   std::tie(g.hidden, g.H, g.HV, g.K, g.V, g.W, g.rms_norm_eps) =
       std::tie(sizes.hidden, sizes.H, sizes.HV, sizes.K, sizes.V, sizes.W, sizes.rms_norm_eps);
+  if (model_type == "falcon_h1") {  // its variants on (the reference's multipliers are ones: per checkpoint)
+    g.ssd_norm = SsdNorm::kNormThenGate;
+    g.ssd_multipliers = {1.5F, 0.5F, 2.0F, 0.25F, 0.75F};
+  }
   return g;
 }
 

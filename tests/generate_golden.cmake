@@ -18,8 +18,10 @@ set(DELTA_RULE_SETS kda-mini kda-stress kda-loud gdn-mini gdn-gva3 gdn-loud kda-
 # The Mamba2 mixers' sets, written by tools/mamba2_ref.py (its own float64 Mamba2 mixer; it imports
 # delta_rule_ref.py beside it for the bf16 rounding and the safetensors files; a few seconds): Nemotron-H
 # (mamba2-mini), Mamba2 with two groups (mamba2-groups), Granite-4.0-H with decays down to exp(-100) and a
-# loud scan output (mamba2-loud); the cases of the independent sets of the same names.
-set(MAMBA2_SETS mamba2-mini mamba2-groups mamba2-loud)
+# loud scan output (mamba2-loud); the cases of the independent sets of the same names; Falcon-H1 with its
+# multipliers and the norm before the gate (mamba2-falcon) and Zamba2, a hybrid layer's mixer with its dt
+# clamp binding (mamba2-zamba), with mamba2-groups' cases.
+set(MAMBA2_SETS mamba2-mini mamba2-groups mamba2-loud mamba2-falcon mamba2-zamba)
 
 set(NOTE "${OUT}/NOT_GENERATED")
 file(MAKE_DIRECTORY "${OUT}")

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -296,7 +297,7 @@ TEST(IoConfigTest, SupportedModelTypes) {
             (std::vector<std::string>{"kimi_linear", "qwen3_next", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text",
                                       "qwen3_5_moe", "glm5_next_text", "glm5_next", "bailing_hybrid", "olmo_hybrid",
                                       "lara_mini", "qwen4_exp_text", "qwen4_exp", "granitemoehybrid", "nemotron_h",
-                                      "bamba", "mamba2"}));
+                                      "bamba", "mamba2", "falcon_h1", "zamba2"}));
 }
 
 TEST(IoConfigTest, GatedDeltaNetGoldenConfigsParse) {
@@ -492,7 +493,7 @@ TEST(IoConfigTest, RefusesUnsupportedModelTypes) {
   EXPECT_EQ(ParseError(config),
             "test-config: unsupported model_type \"llama\" (supported: kimi_linear, qwen3_next, qwen3_5_text, qwen3_5, "
             "qwen3_5_moe_text, qwen3_5_moe, glm5_next_text, glm5_next, bailing_hybrid, olmo_hybrid, lara_mini, "
-            "qwen4_exp_text, qwen4_exp, granitemoehybrid, nemotron_h, bamba, mamba2)");
+            "qwen4_exp_text, qwen4_exp, granitemoehybrid, nemotron_h, bamba, mamba2, falcon_h1, zamba2)");
   config["model_type"] = 3;
   ExpectRefused(config, "model_type must be a string, got 3");
 
@@ -1339,6 +1340,106 @@ TEST(IoConfigTest, ReadsMamba2ConfigsAsTransformersWritesThem) {
     EXPECT_EQ(c->dt_max, std::numeric_limits<double>::infinity());
     const DeltaRuleGeometry g = LayerFamilyFor(c->model_type).geometry(*c);
     EXPECT_EQ(g.dt_max, std::numeric_limits<float>::infinity());
+  }
+}
+
+// Falcon-H1: I = mamba_d_ssm (default 1024; null: mamba_expand * hidden_size), every layer a mixer, the
+// multipliers (ssm_in_multiplier times each part of ssm_multipliers, the parts as float32 values) and the norm's
+// form into the geometry; biases, a bad multiplier list and a width the heads do not split refused by name.
+TEST(IoConfigTest, FalconH1ReadsItsMixerVariants) {
+  const auto parse = [](const std::string& text) { return ParseModelConfig(text, "config.json"); };
+  const ModelConfig d = parse(R"({"model_type": "falcon_h1", "hidden_size": 256, "num_hidden_layers": 3,
+      "mamba_n_heads": 8})");
+  EXPECT_EQ(d.linear_layers, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(d.num_v_heads, 8);
+  EXPECT_EQ(d.head_v_dim, 128);  // "auto": mamba_d_ssm's default 1024 / 8
+  EXPECT_EQ(d.head_k_dim, 256);
+  EXPECT_DOUBLE_EQ(d.rms_norm_eps, 1e-5);
+  const DeltaRuleGeometry gd = LayerFamilyFor("falcon_h1").geometry(d);
+  EXPECT_EQ(gd.ssd_norm, SsdNorm::kGateOnly);  // mamba_rms_norm false
+  EXPECT_FALSE(gd.ssd_scaled());
+  for (const TensorSpec& t : LayerFamilyFor("falcon_h1").tensors(gd)) EXPECT_NE(t.name, "norm.weight");
+
+  const ModelConfig c = parse(R"({"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 2,
+      "mamba_d_ssm": null, "mamba_expand": 2, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_d_state": 16,
+      "mamba_n_groups": 2, "mamba_rms_norm": true, "mamba_norm_before_gate": true, "ssm_in_multiplier": 0.5,
+      "ssm_multipliers": [1.5, 0.1, 2, 0.25, 3], "mamba_chunk_size": 128, "rms_norm_eps": 1e-6})");
+  EXPECT_EQ(c.head_v_dim, 32);
+  EXPECT_EQ(c.num_k_heads, 2);
+  const DeltaRuleGeometry g = LayerFamilyFor("falcon_h1").geometry(c);
+  EXPECT_EQ(g.ssd_norm, SsdNorm::kNormThenGate);
+  EXPECT_EQ(g.ssd_multipliers,
+            (std::array<float, 5>{0.75F, static_cast<float>(0.5 * double{0.1F}), 1.0F, 0.125F, 1.5F}));
+  EXPECT_NO_THROW(g.Validate("falcon"));
+  EXPECT_TRUE(c.ssd_rms_norm && c.ssd_norm_before_gate);
+  const ModelConfig after = parse(R"({"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 1,
+      "mamba_n_heads": 4, "mamba_d_ssm": 128, "mamba_rms_norm": true, "mamba_norm_before_gate": false})");
+  EXPECT_EQ(LayerFamilyFor("falcon_h1").geometry(after).ssd_norm, SsdNorm::kGateThenNorm);
+
+  const std::string base = R"({"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 2,
+      "mamba_n_heads": 4, "mamba_d_ssm": 128, )";
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("mamba_proj_bias": true})", "mamba_proj_bias true (biased in_proj and out_proj) is not supported"},
+      {R"("projectors_bias": true})", "projectors_bias true (a biased out_proj) is not supported"},
+      {R"("ssm_multipliers": [1, 2]})", "ssm_multipliers must be [z, x, B, C, dt] (5 numbers), got [1,2]"},
+      {R"("ssm_multipliers": [1, 2, "x", 1, 1]})", "ssm_multipliers must be a finite number, got \"x\""},
+      {R"("ssm_in_multiplier": null})", "ssm_in_multiplier must be a finite number, got null"},
+      {R"("ssm_in_multiplier": 1e300})", "is beyond float's range"},
+      {R"("mamba_d_head": 30})", "mamba_d_ssm (128) must equal mamba_n_heads * mamba_d_head (120)"},
+      {R"("mamba_chunk_size": 0})", "mamba_chunk_size"},
+  };
+  for (const auto& [tail, want] : bad) {
+    const std::string e = ParseTextError(base + tail);
+    EXPECT_NE(e.find(want), std::string::npos) << tail << ": " << e;
+  }
+  const std::string e = ParseTextError(R"({"model_type": "falcon_h1", "hidden_size": 64, "num_hidden_layers": 2,
+      "mamba_n_heads": 5, "mamba_d_ssm": 128})");
+  EXPECT_NE(e.find("mamba_d_head is \"auto\", but mamba_d_ssm = 128 is not a multiple of mamba_n_heads"),
+            std::string::npos)
+      << e;
+}
+
+// Zamba2: every layer holds a mixer ("hybrid" ones after the shared attention block), the head dim derived (a
+// written mamba_headdim must agree), eps 1e-5 whatever rms_norm_eps, the clamp (time_step_min, inf); the
+// 54-layer default pattern; refusals by name.
+TEST(IoConfigTest, Zamba2ReadsItsLayoutAndClamp) {
+  const auto parse = [](const std::string& text) { return ParseModelConfig(text, "config.json"); };
+  const ModelConfig c = parse(R"({"model_type": "zamba2", "hidden_size": 128, "num_hidden_layers": 3,
+      "layers_block_type": ["hybrid", "mamba", "linear_attention"], "n_mamba_heads": 4, "mamba_headdim": 64,
+      "mamba_d_state": 32, "mamba_ngroups": 2, "time_step_min": 0.02, "rms_norm_eps": 1e-6, "hidden_act": "gelu",
+      "use_conv_bias": false})");
+  EXPECT_EQ(c.linear_layers, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(c.head_v_dim, 64);
+  EXPECT_EQ(c.num_k_heads, 2);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.dt_min, 0.02);
+  EXPECT_EQ(c.dt_max, std::numeric_limits<double>::infinity());
+  const LayerFamily& f = LayerFamilyFor("zamba2");
+  EXPECT_EQ(f.other_layer_prefixes, (std::vector<std::string>{"mamba_decoder.mamba."}));
+  const DeltaRuleGeometry g = f.geometry(c);
+  EXPECT_FLOAT_EQ(g.dt_min, 0.02F);
+  EXPECT_EQ(g.ssd_norm, SsdNorm::kGateThenNorm);
+  const ModelConfig d = parse(R"({"model_type": "zamba2", "hidden_size": 128, "num_hidden_layers": 2,
+      "n_mamba_heads": 4, "layer_types": ["mamba", "hybrid"], "layers_block_type": ["mamba"]})");
+  EXPECT_EQ(d.num_hidden_layers, 2);  // layer_types wins, as in transformers
+  EXPECT_DOUBLE_EQ(d.dt_min, 1e-3);
+  EXPECT_EQ(parse(R"({"model_type": "zamba2", "hidden_size": 128, "num_hidden_layers": 2, "n_mamba_heads": 4})")
+                .linear_layers.size(),
+            54U);
+  const std::string base = R"({"model_type": "zamba2", "hidden_size": 128, "num_hidden_layers": 2, )";
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("n_mamba_heads": 4, "mamba_headdim": 32})",
+       "mamba_expand * hidden_size (256) must equal n_mamba_heads * mamba_headdim (128)"},
+      {R"("n_mamba_heads": 4, "add_bias_linear": true})",
+       "add_bias_linear true (biased in_proj and out_proj) is not supported"},
+      {R"("n_mamba_heads": 4, "time_step_min": -1})", "time_step_min must be a finite number >= 0, got -1"},
+      {R"("n_mamba_heads": 4, "layers_block_type": ["mamba", "attention"]})",
+       "layers_block_type entry 1 is \"attention\""},
+      {R"("n_mamba_heads": 3})", "is not a multiple of n_mamba_heads"},
+  };
+  for (const auto& [tail, want] : bad) {
+    const std::string e = ParseTextError(base + tail);
+    EXPECT_NE(e.find(want), std::string::npos) << tail << ": " << e;
   }
 }
 

@@ -241,6 +241,10 @@ const std::vector<GoldenCase>& Mamba2Cases() {
       testing::CasesOf("mamba2-groups", {"single_T1", "single_T65", "single_T200", "varlen_unbalanced_5_17_1_41",
                                          "single_T128_initstate", "varlen_initstate"}),
       testing::CasesOf("mamba2-loud", {"loud_T128", "loud_T300", "loud_varlen", "loud_varlen_initstate"}),
+      testing::CasesOf("mamba2-falcon", {"single_T1", "single_T65", "single_T200", "varlen_unbalanced_5_17_1_41",
+                                         "single_T128_initstate", "varlen_initstate"}),
+      testing::CasesOf("mamba2-zamba", {"single_T1", "single_T65", "single_T200", "varlen_unbalanced_5_17_1_41",
+                                        "single_T128_initstate", "varlen_initstate"}),
   }));
   return cases;
 }

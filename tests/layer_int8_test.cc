@@ -163,7 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
         Int8Case{"generated/glm5-mini", "varlen_initstate"}, Int8Case{"generated/bailing-mini", "varlen_initstate"},
         Int8Case{"generated/olmo-mini", "varlen_initstate"}, Int8Case{"generated/lara-mini", "varlen_initstate"},
         Int8Case{"generated/qwen4-mini", "varlen_initstate"}, Int8Case{"mamba2-mini", "varlen_initstate"},
-        Int8Case{"mamba2-groups", "varlen_initstate"}, Int8Case{"mamba2-loud", "loud_varlen_initstate"}),
+        Int8Case{"mamba2-groups", "varlen_initstate"}, Int8Case{"mamba2-loud", "loud_varlen_initstate"},
+        Int8Case{"mamba2-falcon", "varlen_initstate"}, Int8Case{"mamba2-zamba", "varlen_initstate"}),
     testing::GoldenCaseName);
 
 TEST(Int8Layer, InputDimNotAMultipleOf32IsRefused) {

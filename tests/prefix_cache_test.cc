@@ -477,7 +477,8 @@ TEST_P(PrefixServing, ThousandRequestChurnWithRandomSharedPrefixes) {
 // Every layer family, with its variant settings.
 INSTANTIATE_TEST_SUITE_P(Family, PrefixServing,
                          ::testing::Values("kimi_linear", "glm5_next", "bailing_hybrid", "qwen3_next", "qwen3_5_text",
-                                           "qwen4_exp", "olmo_hybrid", "lara_mini", "granitemoehybrid", "nemotron_h"),
+                                           "qwen4_exp", "olmo_hybrid", "lara_mini", "granitemoehybrid", "nemotron_h",
+                                           "falcon_h1", "zamba2"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

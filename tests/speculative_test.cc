@@ -316,7 +316,11 @@ INSTANTIATE_TEST_SUITE_P(
         RollbackCase{DType::kBF16, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "qwen4_exp"},
         // Mamba2 mixers (the SSD layer: no delta correction, D skip, the conv bias, the grouped norm).
         RollbackCase{DType::kF32, WeightFormat::kDense, true, VerifyMethod::kRecompute, "granitemoehybrid"},
-        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kTokenStates, "nemotron_h"}),
+        RollbackCase{DType::kBF16, WeightFormat::kInt8, false, VerifyMethod::kTokenStates, "nemotron_h"},
+        // Falcon-H1's multipliers and norm before the gate; Zamba2's dt clamp.
+        RollbackCase{DType::kBF16, WeightFormat::kDense, true, VerifyMethod::kTokenStates, "falcon_h1"},
+        RollbackCase{DType::kF32, WeightFormat::kInt8, false, VerifyMethod::kRecompute, "falcon_h1"},
+        RollbackCase{DType::kF32, WeightFormat::kDense, false, VerifyMethod::kTokenStates, "zamba2"}),
     CaseName);
 
 std::vector<float> Rows(int64_t n, int64_t hidden, float v) { return std::vector<float>(n * hidden, v); }

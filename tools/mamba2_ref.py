@@ -10,10 +10,18 @@ The families (transformers 5.25 mixer classes; checkpoint tensor names as the or
   mamba2-groups  mamba2            every layer (2)                          backbone.layers.{i}.mixer.
   mamba2-loud    granitemoehybrid  layer_types "mamba" (0, 1, 3 of          model.layers.{i}.mamba.
                                    mamba, mamba, attention, mamba)
+  mamba2-falcon  falcon_h1         every layer (2; each beside an attention  model.layers.{i}.mamba.
+                                   block, not part of this layer)
+  mamba2-zamba   zamba2            every layer: "hybrid" (0: a shared       model.layers.{i}.mamba_decoder.mamba.
+                                   attention block, then the mixer) and     (hybrid), model.layers.{i}.mamba.
+                                   "mamba" (1, 2)
   (read only)    bamba             the layers not in attn_layer_indices     model.layers.{i}.mamba.
 
 Each family's config.json names the mixer's sizes its own way (MixerConfig.read: num_heads / mamba_num_heads /
-mamba_n_heads, ...). Falcon-H1 (multipliers, norm variants) and Zamba2 (its fixed dt clamp) are not covered.
+mamba_n_heads, ...). Falcon-H1's variants: in_proj's input times ssm_in_multiplier and its output parts z, x, B,
+C, dt times ssm_multipliers (mult below: their products, the parts as float32 values); the gated norm only with
+mamba_rms_norm (else y * silu(z), no norm.weight), rms(y) * weight * silu(z) with mamba_norm_before_gate
+(norm="norm_then_gate" below). Zamba2: dt clamped to (time_step_min, inf), the norm's eps 1e-5.
 
 Shapes: H heads of P dims, state size N, G groups of B and C (head h reads group h // (H/G)), I = H*P,
 conv_dim = I + 2*G*N (channels x|B|C), W the conv width, T tokens, S sequences. Checkpoint tensors of a mixer:
@@ -23,7 +31,7 @@ where the config asks for them).
 
 The layer, per sequence (a batch packs sequences along T; cu_seqlens [S+1] gives the boundaries):
 
-  z | xBC | dt_raw = x W_in^T                       [T, I], [T, conv_dim], [T, H]
+  z | xBC | dt_raw = (x W_in^T) * mult             [T, I], [T, conv_dim], [T, H]; mult per part (1 but Falcon-H1)
   x | B | C = silu(causal depthwise conv_W(xBC) + conv1d.bias)   tap W-1 multiplies the current token; rows
               before the sequence start come from its conv tail [W-1, conv_dim] (raw projection outputs, oldest
               first; zeros for a fresh sequence), never from a neighbouring sequence
@@ -32,7 +40,8 @@ The layer, per sequence (a batch packs sequences along T; cu_seqlens [S+1] gives
   h_t    = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T                   per head, h [P, N]; B_t, C_t of the head's group
   y_t    = h_t C_t + D x_t                                        [H, P]
   y_norm = g * rsqrt(mean(g^2) + eps) * norm.weight,  g = y * silu(z),  the mean over groups of I/G channels
-           (H/G heads together); eps: layer_norm_epsilon (mamba2, nemotron_h) or rms_norm_eps
+           (H/G heads together); eps: layer_norm_epsilon (mamba2, nemotron_h) or rms_norm_eps (1e-5 in zamba2);
+           norm_then_gate: y * rsqrt(mean(y^2) + eps) * norm.weight * silu(z); gate_only: g
   out    = y_norm W_out^T
 
 The recurrent state per sequence is [H, P, N] (transformers' cache layout, no transpose); the conv tail
@@ -41,7 +50,7 @@ The recurrent state per sequence is [H, P, N] (transformers' cache layout, no tr
 
 fp32 pipeline: the maths above in float64 (the exact answer; no casts).
 bf16 pipeline (`bf16=True`), the cast points of the delta-rule layers carried over:
-  bf16: weights, x, the in_proj output (fp32 accumulation, rounded once), the conv output after bias and SiLU
+  bf16: weights, x, the in_proj output (fp32 accumulation times mult, rounded once), the conv output after bias and SiLU
         (rounded once), the scan output y (D skip included), the gated-norm output, the out_proj output, the conv
         tail (an initial conv state is rounded too).
   fp32: dt (softplus of the bf16 dt_raw + dt_bias, clamp), A, the state and all scan arithmetic, the gated-norm
@@ -85,12 +94,22 @@ class MixerConfig:
     module = "mamba."
 
     def __init__(self, hidden, H, P, N, G=1, W=4, eps=1e-5, conv_bias=True, proj_bias=False,
-                 dt_limit=(0.0, math.inf), layers=None):
+                 dt_limit=(0.0, math.inf), layers=None, in_mult=1.0, parts=(1.0,) * 5, norm="gate_then_norm"):
         assert H % G == 0, "the heads must split evenly into the groups"
+        assert norm in ("gate_then_norm", "norm_then_gate", "gate_only"), norm
         self.hidden, self.H, self.P, self.N, self.G, self.W = hidden, H, P, N, G, W
         self.eps, self.conv_bias, self.proj_bias = eps, conv_bias, proj_bias
         self.dt_limit = (float(dt_limit[0]), float(dt_limit[1]))
         self.layers = layers  # the family's layer pattern (its own spelling), for config()
+        # Falcon-H1's: ssm_in_multiplier, ssm_multipliers [z, x, B, C, dt] and the norm's form.
+        self.in_mult, self.parts, self.norm = float(in_mult), tuple(float(p) for p in parts), norm
+
+    @property
+    def mult(self):
+        """The factor of each in_proj row [proj_dim]: ssm_in_multiplier times its part's multiplier (a float32
+        value, as transformers keeps them)."""
+        sizes = (self.inner, self.inner, self.G * self.N, self.G * self.N, self.H)
+        return np.concatenate([np.full(n, self.in_mult * float(np.float32(p))) for n, p in zip(sizes, self.parts)])
 
     @property
     def inner(self):  # I
@@ -238,7 +257,77 @@ class Bamba(GraniteMoeHybrid):
         return ["attention" if i in attn else "mamba" for i in range(cfg["num_hidden_layers"])]
 
 
-FAMILIES = {f.model_type: f for f in (Mamba2, NemotronH, GraniteMoeHybrid, Bamba)}
+class FalconH1(GraniteMoeHybrid):
+    """Falcon-H1: Granite's mixer fields but I = mamba_d_ssm (default 1024; null: mamba_expand * hidden_size),
+    rms_norm_eps 1e-5, out_proj's bias projectors_bias; every layer a mixer (beside its attention); the
+    multipliers and the norm's form (mamba_rms_norm default false, mamba_norm_before_gate default true)."""
+    model_type, architecture = "falcon_h1", "FalconH1ForCausalLM"
+    default_eps = 1e-5
+
+    def mixer_layers(self):
+        return list(range(self.layers))
+
+    def config(self):
+        f = self.mamba_fields()
+        del f["mamba_expand"]
+        return self.common(
+            self.layers, **f, mamba_d_ssm=self.inner, mamba_rms_norm=self.norm != "gate_only",
+            mamba_norm_before_gate=self.norm == "norm_then_gate", ssm_in_multiplier=self.in_mult,
+            ssm_multipliers=list(self.parts), projectors_bias=False, intermediate_size=512, head_dim=64)
+
+    @classmethod
+    def read(cls, cfg):
+        cls.silu_only(cfg.get("hidden_act", "silu"))
+        hidden, H = cfg["hidden_size"], cfg.get("mamba_n_heads", 128)
+        inner = cfg.get("mamba_d_ssm", 1024)
+        inner = cfg.get("mamba_expand", 2) * hidden if inner is None else inner
+        P = cfg.get("mamba_d_head", "auto")
+        P = inner // H if P == "auto" else P
+        if H * P != inner:
+            raise ValueError(f"mamba_n_heads * mamba_d_head = {H * P} is not the mixer's width {inner}")
+        if cfg.get("mamba_proj_bias", False) or cfg.get("projectors_bias", False):
+            raise NotImplementedError("biased in_proj / out_proj")
+        norm = ("gate_only" if not cfg.get("mamba_rms_norm", False)
+                else "norm_then_gate" if cfg.get("mamba_norm_before_gate", True) else "gate_then_norm")
+        return cls(hidden, H, P, cfg.get("mamba_d_state", 256), cfg.get("mamba_n_groups", 1),
+                   cfg.get("mamba_d_conv", 4), cfg.get("rms_norm_eps", cls.default_eps),
+                   cfg.get("mamba_conv_bias", True), False, cls.limit(cfg), cfg["num_hidden_layers"],
+                   cfg.get("ssm_in_multiplier", 1.0), cfg.get("ssm_multipliers") or (1.0,) * 5, norm)
+
+
+class Zamba2(MixerConfig):
+    """Zamba2: I = mamba_expand * hidden_size, the head dim I / n_mamba_heads; eps 1e-5 and the conv bias fixed;
+    dt clamped to (time_step_min, inf); `layers` the layers_block_type ("mamba" / "linear_attention" a mixer layer,
+    "hybrid" a shared attention block then a mixer, under mamba_decoder.mamba.)."""
+    model_type, architecture = "zamba2", "Zamba2ForCausalLM"
+
+    def mixer_layers(self):
+        return list(range(len(self.layers)))
+
+    def prefix(self, layer):
+        return f"{self.root}{layer}." + ("mamba_decoder.mamba." if self.layers[layer] == "hybrid" else self.module)
+
+    def config(self):
+        assert self.inner % self.hidden == 0 and self.eps == 1e-5 and self.conv_bias and self.dt_limit[1] == math.inf
+        return self.common(
+            len(self.layers), layers_block_type=self.layers, n_mamba_heads=self.H, mamba_d_state=self.N,
+            mamba_ngroups=self.G, mamba_d_conv=self.W, mamba_expand=self.inner // self.hidden,
+            time_step_min=self.dt_limit[0], add_bias_linear=self.proj_bias, num_attention_heads=4,
+            intermediate_size=512, num_mem_blocks=1, use_mem_rope=False)
+
+    @classmethod
+    def read(cls, cfg):
+        hidden, H = cfg["hidden_size"], cfg.get("n_mamba_heads", 8)
+        inner = cfg.get("mamba_expand", 2) * hidden
+        if inner % H:
+            raise ValueError(f"mamba_expand * hidden_size = {inner} is not a multiple of n_mamba_heads = {H}")
+        layers = cfg.get("layer_types") or cfg["layers_block_type"]
+        return cls(hidden, H, inner // H, cfg.get("mamba_d_state", 64), cfg.get("mamba_ngroups", 1),
+                   cfg.get("mamba_d_conv", 4), 1e-5, True, cfg.get("add_bias_linear", False),
+                   (cfg.get("time_step_min", 1e-3), math.inf), layers)
+
+
+FAMILIES = {f.model_type: f for f in (Mamba2, NemotronH, GraniteMoeHybrid, Bamba, FalconH1, Zamba2)}
 
 
 def read_config(cfg: dict) -> MixerConfig:
@@ -269,12 +358,17 @@ def recurrent(x, dt, A, B, C, D, state):
     return y, h
 
 
-def gated_rmsnorm(y, z, weight, G, eps):
-    """y * silu(z), normalised by its RMS over groups of I/G channels, times weight. y, z [T, I]; weight [I]."""
+def gated_rmsnorm(y, z, weight, G, eps, norm="gate_then_norm"):
+    """y * silu(z), normalised by its RMS over groups of I/G channels, times weight. y, z [T, I]; weight [I].
+    norm_then_gate: y normalised, times weight, then times silu(z); gate_only: y * silu(z) (weight unused)."""
     g = y * silu(z)
-    gg = g.reshape(g.shape[0], G, -1)
-    rstd = 1.0 / np.sqrt((gg * gg).mean(-1, keepdims=True) + eps)
-    return (gg * rstd).reshape(g.shape) * weight[None, :]
+    if norm == "gate_only":
+        return g
+    v = y if norm == "norm_then_gate" else g
+    vv = v.reshape(v.shape[0], G, -1)
+    rstd = 1.0 / np.sqrt((vv * vv).mean(-1, keepdims=True) + eps)
+    out = (vv * rstd).reshape(v.shape) * weight[None, :]
+    return out * silu(z) if norm == "norm_then_gate" else out
 
 
 class Output(NamedTuple):
@@ -293,7 +387,9 @@ class Layer:
         self.w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
         c = cfg
         shapes = {"in_proj.weight": (c.proj_dim, c.hidden), "conv1d.weight": (c.conv_dim, 1, c.W), "dt_bias": (c.H,),
-                  "A_log": (c.H,), "D": (c.H,), "norm.weight": (c.inner,), "out_proj.weight": (c.hidden, c.inner)}
+                  "A_log": (c.H,), "D": (c.H,), "out_proj.weight": (c.hidden, c.inner)}
+        if c.norm != "gate_only":
+            shapes["norm.weight"] = (c.inner,)
         if c.conv_bias:
             shapes["conv1d.bias"] = (c.conv_dim,)
         if c.proj_bias:
@@ -338,7 +434,7 @@ class Layer:
         zxbcdt = x @ weight("in_proj.weight").T
         if c.proj_bias:
             zxbcdt = zxbcdt + weight("in_proj.bias")
-        zxbcdt = rnd(zxbcdt)
+        zxbcdt = rnd(zxbcdt * c.mult[None, :])
         z, xbc, dt_raw = zxbcdt[:, :I], zxbcdt[:, I:I + cd], zxbcdt[:, I + cd:]
 
         dt = np.clip(softplus(dt_raw + weight("dt_bias")[None, :]), *c.dt_limit)  # [T, H]
@@ -368,7 +464,8 @@ class Layer:
                                        D, h0)
 
         y = rnd(y)
-        y_norm = rnd(gated_rmsnorm(y.reshape(T, I), z, weight("norm.weight"), G, c.eps))
+        y_norm = rnd(gated_rmsnorm(y.reshape(T, I), z, weight("norm.weight") if c.norm != "gate_only" else None, G,
+                                   c.eps, c.norm))
         out = y_norm @ weight("out_proj.weight").T
         if c.proj_bias:
             out = out + weight("out_proj.bias")
@@ -416,7 +513,8 @@ def make_weights(c: MixerConfig, rng: np.random.Generator, gates: str, proj_scal
         dt = np.exp(rng.uniform(math.log(1e-3), math.log(1e-1), H))
         w["dt_bias"] = bf16(dt + np.log(-np.expm1(-dt)))  # softplus^-1(dt)
     w["D"] = bf16(rng.uniform(0.5, 1.5, H))
-    w["norm.weight"] = bf16(rng.uniform(0.5, 1.5, I))
+    if c.norm != "gate_only":
+        w["norm.weight"] = bf16(rng.uniform(0.5, 1.5, I))
     w["out_proj.weight"] = normal((h, I), std)
     if c.proj_bias:
         w["in_proj.bias"] = normal((c.proj_dim,), std)
@@ -451,6 +549,16 @@ SETS = {
                       dict(gates="init"), 20261402, GROUPS_CASES),
     # Granite-4.0-H, N 128, Granite's init gates (decays down to about exp(-100)), z/x/B/C rows 8x larger
     # (the scan output in the thousands, the gated norm's mean square far above eps).
+    # Falcon-H1, two groups, every in_proj part scaled (ssm_in_multiplier 0.5 and its parts, each exact in
+    # bf16), the norm before the gate; Mamba2's init gates.
+    "mamba2-falcon": (lambda: FalconH1(hidden=128, H=8, P=32, N=16, G=2, eps=1e-5, layers=2, in_mult=0.5,
+                                       parts=(1.5, 0.75, 2.0, 0.25, 3.0), norm="norm_then_gate"),
+                      dict(gates="init"), 20261404, GROUPS_CASES),
+    # Zamba2: the first mixer a hybrid layer's (mamba_decoder.mamba.), dt clamped to (time_step_min, inf) with
+    # time_step_min 0.02 (dt_bias from dt in [1e-3, 0.1]: the clamp binds for some heads), mild gates.
+    "mamba2-zamba": (lambda: Zamba2(hidden=128, H=4, P=64, N=32, G=1, dt_limit=(0.02, math.inf),
+                                    layers=["hybrid", "mamba", "mamba"]),
+                     dict(gates="mild"), 20261405, GROUPS_CASES),
     "mamba2-loud": (lambda: GraniteMoeHybrid(hidden=256, H=16, P=32, N=128, G=1, eps=1e-5,
                                              layers=["mamba", "mamba", "attention", "mamba"]),
                     dict(gates="loud", proj_scale=8.0), 20261403, LOUD_CASES),

@@ -30,17 +30,20 @@ void CheckGateActivation(GateActivation act) {
 }
 
 // Mamba2's gated RMSNorm's arguments; kda::Error naming the first bad one.
-void CheckGatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width) {
+void CheckGatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                             SsdNorm form) {
   CheckFloatBuf(y.dtype, "grouped RMSNorm output");
   Check(o.dtype == y.dtype && z.dtype == y.dtype, "grouped RMSNorm: input, gate and output must share a dtype");
   Check(T >= 0, "grouped RMSNorm: T must be >= 0, got " + std::to_string(T));
   Check(groups > 0, "grouped RMSNorm: groups must be positive, got " + std::to_string(groups));
   Check(width > 0, "grouped RMSNorm: width must be positive, got " + std::to_string(width));
+  Check(form == SsdNorm::kGateThenNorm || form == SsdNorm::kNormThenGate || form == SsdNorm::kGateOnly,
+        "grouped RMSNorm: unknown form " + std::to_string(static_cast<int>(form)));
   if (T == 0) return;  // nothing is read or written
   Check(y.data != nullptr, "grouped RMSNorm: output y is null");
   Check(o.data != nullptr, "grouped RMSNorm: input o is null");
   Check(z.data != nullptr, "grouped RMSNorm: gate z is null");
-  Check(w != nullptr, "grouped RMSNorm: weight w is null");
+  Check(w != nullptr || form == SsdNorm::kGateOnly, "grouped RMSNorm: weight w is null");
 }
 
 }  // namespace
@@ -106,6 +109,18 @@ void KdaGateRowInPlace(float* g, const float* bias, float A_log, int len) {
   internal::ActiveKernels().gate_row(g, bias, -std::exp(A_log), len);
 }
 
+const char* SsdNormName(SsdNorm form) {
+  switch (form) {
+    case SsdNorm::kGateThenNorm:
+      return "gate_then_norm";
+    case SsdNorm::kNormThenGate:
+      return "norm_then_gate";
+    case SsdNorm::kGateOnly:
+      return "gate_only";
+  }
+  return "unknown";
+}
+
 const char* GateActivationName(GateActivation act) {
   switch (act) {
     case GateActivation::kSigmoid:
@@ -160,29 +175,35 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
 }
 
 void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
-                                 float eps) {
-  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width);
-  std::vector<float> g(static_cast<size_t>(width));  // the group's gated values, fp32
+                                 float eps, SsdNorm form) {
+  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width, form);
+  std::vector<float> g(static_cast<size_t>(width));  // the group's gated values (or gates), fp32
   for (int64_t r = 0; r < T * groups; ++r) {         // r = t * groups + j
-    const float* wj = w + (r % groups) * width;
     float ss = 0.0F;
     for (int64_t c = 0; c < width; ++c) {
       const auto i = static_cast<size_t>(r * width + c);
       const float zv = LoadAsFloat(z.data, z.dtype, i);
-      const float gc = LoadAsFloat(o.data, o.dtype, i) * (zv * (1.0F / (1.0F + std::exp(-zv))));
-      g[static_cast<size_t>(c)] = gc;
-      ss += gc * gc;
+      const float ov = LoadAsFloat(o.data, o.dtype, i);
+      const float gate = zv * (1.0F / (1.0F + std::exp(-zv)));
+      g[static_cast<size_t>(c)] = form == SsdNorm::kNormThenGate ? gate : ov * gate;
+      const float sq = form == SsdNorm::kNormThenGate ? ov : ov * gate;
+      ss += sq * sq;
     }
     const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(width) + eps);
     for (int64_t c = 0; c < width; ++c) {
-      StoreFromFloat(y.data, y.dtype, static_cast<size_t>(r * width + c), g[static_cast<size_t>(c)] * rstd * wj[c]);
+      const auto i = static_cast<size_t>(r * width + c);
+      const float gc = g[static_cast<size_t>(c)];
+      float v = gc;
+      if (form == SsdNorm::kGateThenNorm) v = gc * rstd * w[(r % groups) * width + c];
+      if (form == SsdNorm::kNormThenGate) v = LoadAsFloat(o.data, o.dtype, i) * rstd * w[(r % groups) * width + c] * gc;
+      StoreFromFloat(y.data, y.dtype, i, v);
     }
   }
 }
 
 void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
-                        float eps) {
-  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width);
+                        float eps, SsdNorm form) {
+  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width, form);
   const int64_t rows = T * groups;
   if (rows == 0) return;
   // Each worker a contiguous range of rows and its own scratch row g (whole cache lines apart); kept per
@@ -202,11 +223,13 @@ void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_
     const int64_t r1 = rows * (worker + 1) / num_workers;
     float* const g = scratch_base + worker * stride;
     if (y.dtype == DType::kBF16) {
-      kernels.rms_norm_groups_bf16(static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data),
-                                   static_cast<const BF16*>(z.data), w, r0, r1, groups, width, eps, g);
+      kernels.rms_norm_groups_bf16[static_cast<int>(form)](static_cast<BF16*>(y.data), static_cast<const BF16*>(o.data),
+                                                           static_cast<const BF16*>(z.data), w, r0, r1, groups, width,
+                                                           eps, g);
     } else {
-      kernels.rms_norm_groups_f32(static_cast<float*>(y.data), static_cast<const float*>(o.data),
-                                  static_cast<const float*>(z.data), w, r0, r1, groups, width, eps, g);
+      kernels.rms_norm_groups_f32[static_cast<int>(form)](
+          static_cast<float*>(y.data), static_cast<const float*>(o.data), static_cast<const float*>(z.data), w, r0, r1,
+          groups, width, eps, g);
     }
   });
 }

@@ -41,37 +41,55 @@ KDA_INLINE void RmsNormRows(T* y, const T* o, const T* gate, const float* w, int
 
 // Mamba2's: rows [r0, r1) of [T * groups, width] (r = t * groups + j), the
 // weight of group j at w + j * width. g [width]: the row's fp32 gated values,
-// kept between the mean square and the scaling (one silu per element).
-template <class T>
+// kept between the mean square and the scaling (one silu per element); the
+// norm-then-gate form keeps silu(z) there instead.
+template <SsdNorm kForm, class T>
 KDA_INLINE void RmsNormGroupRows(T* y, const T* o, const T* z, const float* w, int64_t r0, int64_t r1, int groups,
                                  int64_t width, float eps, float* g) {
   for (int64_t r = r0; r < r1; ++r) {
     const T* orow = o + r * width;
     const T* zrow = z + r * width;
-    const float* wrow = w + (r % groups) * width;
     T* yrow = y + r * width;
+    if constexpr (kForm == SsdNorm::kGateOnly) {
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) {
+        StoreF(yrow + c, LoadF(orow[c]) * Gate<GateActivation::kSilu>(LoadF(zrow[c])));
+      }
+      continue;
+    }
+    // The gate-then-norm form keeps the gated values in g and normalises them; the norm-then-gate form
+    // normalises o and keeps the gates in g.
+    constexpr bool kGateFirst = kForm == SsdNorm::kGateThenNorm;
     float ss = 0.0F;
 #pragma omp simd reduction(+ : ss)
     for (int64_t c = 0; c < width; ++c) {
-      const float gc = LoadF(orow[c]) * Gate<GateActivation::kSilu>(LoadF(zrow[c]));
-      g[c] = gc;
-      ss += gc * gc;
+      const float ov = LoadF(orow[c]);
+      const float gate = Gate<GateActivation::kSilu>(LoadF(zrow[c]));
+      const float v = kGateFirst ? ov * gate : ov;
+      g[c] = kGateFirst ? v : gate;
+      ss += v * v;
     }
     const float rstd = 1.0F / __builtin_sqrtf(ss / static_cast<float>(width) + eps);
+    const float* wrow = w + (r % groups) * width;
 #pragma omp simd
-    for (int64_t c = 0; c < width; ++c) StoreF(yrow + c, g[c] * rstd * wrow[c]);
+    for (int64_t c = 0; c < width; ++c) {
+      const float scaled = g[c] * rstd * wrow[c];
+      StoreF(yrow + c, kGateFirst ? scaled : LoadF(orow[c]) * scaled);
+    }
   }
 }
 
 }  // namespace
 
+template <SsdNorm kForm>
 void RmsNormGroupsF32(float* y, const float* o, const float* z, const float* w, int64_t r0, int64_t r1, int groups,
                       int64_t width, float eps, float* g) {
-  RmsNormGroupRows(y, o, z, w, r0, r1, groups, width, eps, g);
+  RmsNormGroupRows<kForm>(y, o, z, w, r0, r1, groups, width, eps, g);
 }
+template <SsdNorm kForm>
 void RmsNormGroupsBF16(BF16* y, const BF16* o, const BF16* z, const float* w, int64_t r0, int64_t r1, int groups,
                        int64_t width, float eps, float* g) {
-  RmsNormGroupRows(y, o, z, w, r0, r1, groups, width, eps, g);
+  RmsNormGroupRows<kForm>(y, o, z, w, r0, r1, groups, width, eps, g);
 }
 
 template <GateActivation kAct>
@@ -91,5 +109,17 @@ template void RmsNormBF16<GateActivation::kSigmoid>(BF16*, const BF16*, const BF
                                                     int, float);
 template void RmsNormBF16<GateActivation::kSilu>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t, int,
                                                  float);
+template void RmsNormGroupsF32<SsdNorm::kGateThenNorm>(float*, const float*, const float*, const float*, int64_t,
+                                                       int64_t, int, int64_t, float, float*);
+template void RmsNormGroupsBF16<SsdNorm::kGateThenNorm>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t,
+                                                        int, int64_t, float, float*);
+template void RmsNormGroupsF32<SsdNorm::kNormThenGate>(float*, const float*, const float*, const float*, int64_t,
+                                                       int64_t, int, int64_t, float, float*);
+template void RmsNormGroupsBF16<SsdNorm::kNormThenGate>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t,
+                                                        int, int64_t, float, float*);
+template void RmsNormGroupsF32<SsdNorm::kGateOnly>(float*, const float*, const float*, const float*, int64_t, int64_t,
+                                                   int, int64_t, float, float*);
+template void RmsNormGroupsBF16<SsdNorm::kGateOnly>(BF16*, const BF16*, const BF16*, const float*, int64_t, int64_t,
+                                                    int, int64_t, float, float*);
 
 }  // namespace kda::KDA_TARGET_NS

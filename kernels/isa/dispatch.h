@@ -57,12 +57,13 @@ struct KernelTable {
                                              int64_t r1, int V, float eps) = {};
   void (*rms_norm_bf16[kGateActivationCount])(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0,
                                               int64_t r1, int V, float eps) = {};
-  // Mamba2's gated RMSNorm over rows [r0, r1) of [T*groups, width] (same file): the silu gate before
-  // the norm, the weight of group r % groups at w + (r % groups) * width; g [width] fp32 scratch.
-  void (*rms_norm_groups_f32)(float* y, const float* o, const float* z, const float* w, int64_t r0, int64_t r1,
-                              int groups, int64_t width, float eps, float* g) = nullptr;
-  void (*rms_norm_groups_bf16)(BF16* y, const BF16* o, const BF16* z, const float* w, int64_t r0, int64_t r1,
-                               int groups, int64_t width, float eps, float* g) = nullptr;
+  // Mamba2's gated RMSNorm over rows [r0, r1) of [T*groups, width] (same file), indexed by SsdNorm (the
+  // silu gate before the norm, after it, or alone), the weight of group r % groups at w + (r % groups) * width;
+  // g [width] fp32 scratch.
+  void (*rms_norm_groups_f32[3])(float* y, const float* o, const float* z, const float* w, int64_t r0, int64_t r1,
+                                 int groups, int64_t width, float eps, float* g) = {};
+  void (*rms_norm_groups_bf16[3])(BF16* y, const BF16* o, const BF16* z, const float* w, int64_t r0, int64_t r1,
+                                  int groups, int64_t width, float eps, float* g) = {};
 
   // Residual add and bf16 conversions over elements [i0, i1) (kernels/elementwise/residual_add_simd.cc).
   void (*add_f32)(float* acc, const float* x, int64_t i0, int64_t i1) = nullptr;

@@ -83,8 +83,12 @@ const internal::KernelTable& Table() {
     t.rms_norm_f32[static_cast<int>(GateActivation::kSilu)] = &RmsNormF32<GateActivation::kSilu>;
     t.rms_norm_bf16[static_cast<int>(GateActivation::kSigmoid)] = &RmsNormBF16<GateActivation::kSigmoid>;
     t.rms_norm_bf16[static_cast<int>(GateActivation::kSilu)] = &RmsNormBF16<GateActivation::kSilu>;
-    t.rms_norm_groups_f32 = &RmsNormGroupsF32;
-    t.rms_norm_groups_bf16 = &RmsNormGroupsBF16;
+    t.rms_norm_groups_f32[static_cast<int>(SsdNorm::kGateThenNorm)] = &RmsNormGroupsF32<SsdNorm::kGateThenNorm>;
+    t.rms_norm_groups_f32[static_cast<int>(SsdNorm::kNormThenGate)] = &RmsNormGroupsF32<SsdNorm::kNormThenGate>;
+    t.rms_norm_groups_f32[static_cast<int>(SsdNorm::kGateOnly)] = &RmsNormGroupsF32<SsdNorm::kGateOnly>;
+    t.rms_norm_groups_bf16[static_cast<int>(SsdNorm::kGateThenNorm)] = &RmsNormGroupsBF16<SsdNorm::kGateThenNorm>;
+    t.rms_norm_groups_bf16[static_cast<int>(SsdNorm::kNormThenGate)] = &RmsNormGroupsBF16<SsdNorm::kNormThenGate>;
+    t.rms_norm_groups_bf16[static_cast<int>(SsdNorm::kGateOnly)] = &RmsNormGroupsBF16<SsdNorm::kGateOnly>;
     t.add_f32 = &AddF32;
     t.add_bf16 = &AddBF16;
     t.to_bf16 = &ToBF16Range;

@@ -54,8 +54,10 @@ template <GateActivation kAct>
 void RmsNormF32(float* y, const float* o, const float* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
 template <GateActivation kAct>
 void RmsNormBF16(BF16* y, const BF16* o, const BF16* gate, const float* w, int64_t r0, int64_t r1, int V, float eps);
+template <SsdNorm kForm>
 void RmsNormGroupsF32(float* y, const float* o, const float* z, const float* w, int64_t r0, int64_t r1, int groups,
                       int64_t width, float eps, float* g);
+template <SsdNorm kForm>
 void RmsNormGroupsBF16(BF16* y, const BF16* o, const BF16* z, const float* w, int64_t r0, int64_t r1, int groups,
                        int64_t width, float eps, float* g);
 

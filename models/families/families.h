@@ -27,11 +27,13 @@ LayerFamily OlmoHybrid();
 LayerFamily LaraMini();
 LayerFamily Qwen4Exp();
 // Mamba2 mixers (the SSD layer, DeltaRuleGeometry::ssd): Mamba2 (Codestral), Nemotron-H, Granite-4.0-H,
-// Bamba (mamba2_families.cc).
+// Bamba, Falcon-H1, Zamba2 (mamba2_families.cc).
 LayerFamily Mamba2();
 LayerFamily NemotronH();
 LayerFamily GraniteMoeHybrid();
 LayerFamily Bamba();
+LayerFamily FalconH1();
+LayerFamily Zamba2();
 
 // An entry of the registry (see LayerFamily's fields).
 LayerFamily Family(std::string layer_class, std::vector<ModelTypeName> model_types, std::string layer_prefix,

@@ -1,9 +1,11 @@
 // The Mamba2 mixer families (the SSD layer, DeltaRuleGeometry::ssd): Mamba2 (Codestral Mamba), Nemotron-H,
-// Granite-4.0-H (granitemoehybrid) and Bamba, each an entry of the registry (kda/models/layer_family.h): its
-// config reader (the field names and defaults of its transformers 5.25 config class), geometry, tensor table
-// and reference layer. One checkpoint layout serves all four: in_proj [2I + 2GN + H, hidden] (rows
-// z | x | B | C | dt), conv1d [I + 2GN, 1, W] with its bias (channels x | B | C), dt_bias, A_log and D [H], the
-// gated norm [I], out_proj [hidden, I]; I = H P, G groups of B and C of state size N.
+// Granite-4.0-H (granitemoehybrid), Bamba, Falcon-H1 and Zamba2, each an entry of the registry
+// (kda/models/layer_family.h): its config reader (the field names and defaults of its transformers 5.25 config
+// class), geometry, tensor table and reference layer. One checkpoint layout serves all six: in_proj [2I + 2GN + H,
+// hidden] (rows z | x | B | C | dt), conv1d [I + 2GN, 1, W] with its bias (channels x | B | C), dt_bias, A_log and D
+// [H], the gated norm [I] (none in a Falcon-H1 mixer without mamba_rms_norm), out_proj [hidden, I]; I = H P, G groups
+// of B and C of state size N.
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -49,6 +51,14 @@ struct MixerSpec {
   const char* legacy_conv = nullptr;
   const char* legacy_conv_bias = nullptr;
   const char* legacy_limit = nullptr;
+  // Falcon-H1: I from `inner` (mamba_d_ssm; absent: inner_default, null: expand * hidden), no out_proj bias
+  // (`out_bias`). Zamba2: no eps, conv-bias or
+  // activation field (null `eps`, `conv_bias`, `act`: 1e-5, a bias, silu), the clamp (`dt_min`, inf) from
+  // its field instead of time_step_limit.
+  const char* inner = nullptr;
+  int64_t inner_default = 0;
+  const char* out_bias = nullptr;
+  const char* dt_min = nullptr;
 };
 
 // `legacy` where the config has it (not null), else `key`.
@@ -57,9 +67,9 @@ const char* Field(const ConfigFields& f, const char* legacy, const char* key) {
 }
 
 // The mixer layers of a layer list whose entries name each layer: "mamba" or "linear_attention" (a mixer),
-// or one of `others`.
+// or one of `others` (mixers too where `others_are_mixers`: Zamba2's "hybrid").
 void MixerLayers(const ConfigFields& f, const char* key, const json& list, const std::vector<std::string>& others,
-                 ModelConfig* config) {
+                 ModelConfig* config, bool others_are_mixers = false) {
   f.Expect(list.is_array() && !list.empty() && static_cast<int64_t>(list.size()) <= kMaxImpliedLayers,
            f.Name(key) + " must be a non-empty array of layer types");
   for (size_t i = 0; i < list.size(); ++i) {
@@ -69,7 +79,7 @@ void MixerLayers(const ConfigFields& f, const char* key, const json& list, const
     for (const std::string& o : others) other = other || (e.is_string() && e == o);
     f.Expect(mixer || other, f.Name(key) + " entry " + std::to_string(i) + " is " + Describe(e) +
                                  ", not \"mamba\", \"linear_attention\" or another layer type of the model");
-    if (mixer) config->linear_layers.push_back(static_cast<int>(i));
+    if (mixer || others_are_mixers) config->linear_layers.push_back(static_cast<int>(i));
   }
   f.Expect(!config->linear_layers.empty(), f.Name(key) + " has no mamba layer");
 }
@@ -86,37 +96,58 @@ ModelConfig ReadMixer(const ConfigFields& f, const MixerSpec& s, ModelConfig con
   config.head_k_dim = static_cast<int>(int_field(s.state, s.state_default));
   config.conv_size = static_cast<int>(int_field(Field(f, s.legacy_conv, s.conv), 4));
   const int64_t expand = s.expand != nullptr ? int_field(s.expand, 2) : 0;
+  int64_t inner = expand * config.hidden_size;
+  std::string inner_name = s.expand != nullptr ? f.Name(s.expand) + " * hidden_size" : "";
+  if (s.inner != nullptr) {
+    const json* d = f.Find(s.inner);
+    if (d == nullptr || !d->is_null()) {
+      inner = d == nullptr ? s.inner_default : f.PositiveInt(*d, s.inner, kIntMax);
+      inner_name = f.Name(s.inner);
+    }
+  }
   const json* head_dim = f.Find(s.head_dim, /*null_is_absent=*/true);
   if (s.head_dim_default == 0 && (head_dim == nullptr || (head_dim->is_string() && *head_dim == "auto"))) {
-    const int64_t inner = expand * config.hidden_size;
-    f.Expect(inner % config.num_v_heads == 0, f.Name(s.head_dim) + " is \"auto\", but " + f.Name(s.expand) +
-                                                  " * hidden_size = " + std::to_string(inner) +
-                                                  " is not a multiple of " + f.Name(s.heads));
+    f.Expect(inner % config.num_v_heads == 0, f.Name(s.head_dim) + " is \"auto\", but " + inner_name + " = " +
+                                                  std::to_string(inner) + " is not a multiple of " + f.Name(s.heads));
     config.head_v_dim = static_cast<int>(inner / config.num_v_heads);
   } else {
     config.head_v_dim = static_cast<int>(int_field(s.head_dim, s.head_dim_default));
   }
   if (s.expand != nullptr) {
-    f.Expect(expand * config.hidden_size == int64_t{config.num_v_heads} * config.head_v_dim,
-             f.Name(s.expand) + " * hidden_size (" + std::to_string(expand * config.hidden_size) + ") must equal " +
-                 f.Name(s.heads) + " * " + f.Name(s.head_dim) + " (" +
-                 std::to_string(int64_t{config.num_v_heads} * config.head_v_dim) + ")");
+    f.Expect(inner == int64_t{config.num_v_heads} * config.head_v_dim,
+             inner_name + " (" + std::to_string(inner) + ") must equal " + f.Name(s.heads) + " * " +
+                 f.Name(s.head_dim) + " (" + std::to_string(int64_t{config.num_v_heads} * config.head_v_dim) + ")");
   }
   f.Expect(config.num_v_heads % config.num_k_heads == 0,
            f.Name(s.heads) + " (" + std::to_string(config.num_v_heads) + ") must be a multiple of " +
                f.Name(Field(f, s.legacy_groups, s.groups)) + " (" + std::to_string(config.num_k_heads) + ")");
   config.rms_norm_eps = s.eps_default;
-  if (const json* eps = f.Find(s.eps, /*null_is_absent=*/true)) {
+  if (const json* eps = s.eps != nullptr ? f.Find(s.eps, /*null_is_absent=*/true) : nullptr) {
     f.Expect(eps->is_number() && std::isfinite(eps->get<double>()) && eps->get<double>() > 0,
              f.Name(s.eps) + " must be a finite number > 0, got " + Describe(*eps));
     config.rms_norm_eps = eps->get<double>();
   }
-  const char* conv_bias = Field(f, s.legacy_conv_bias, s.conv_bias);
-  f.Expect(f.BoolOr(conv_bias, true), f.Name(conv_bias) + " false (a conv without bias) is not supported");
+  if (s.conv_bias != nullptr) {
+    const char* conv_bias = Field(f, s.legacy_conv_bias, s.conv_bias);
+    f.Expect(f.BoolOr(conv_bias, true), f.Name(conv_bias) + " false (a conv without bias) is not supported");
+  }
   f.Expect(!f.BoolOr(s.proj_bias, false), f.Name(s.proj_bias) + " true (biased in_proj and out_proj) is not supported");
-  const std::string act = f.StringOr(s.act, "silu", /*nullable=*/true).value_or("silu");
-  f.Expect(act == "silu" || act == "swish",
-           f.Name(s.act) + " must be \"silu\" (the conv's activation), got " + Describe(json(act)));
+  if (s.out_bias != nullptr) {
+    f.Expect(!f.BoolOr(s.out_bias, false), f.Name(s.out_bias) + " true (a biased out_proj) is not supported");
+  }
+  if (s.act != nullptr) {
+    const std::string act = f.StringOr(s.act, "silu", /*nullable=*/true).value_or("silu");
+    f.Expect(act == "silu" || act == "swish",
+             f.Name(s.act) + " must be \"silu\" (the conv's activation), got " + Describe(json(act)));
+  }
+  if (s.dt_min != nullptr) {  // (dt_min, inf): Zamba2's fixed clamp
+    const json* lo = f.Find(s.dt_min, /*null_is_absent=*/true);
+    config.dt_min = lo != nullptr && lo->is_number() ? lo->get<double>() : 1e-3;
+    f.Expect(
+        lo == nullptr || (lo->is_number() && config.dt_min >= 0 && config.dt_min <= std::numeric_limits<float>::max()),
+        f.Name(s.dt_min) + " must be a finite number >= 0, got " + (lo != nullptr ? Describe(*lo) : ""));
+    return config;
+  }
   // [min, max]: max may be Infinity (the config classes' default, (0.0, inf)), min must be finite (as a float).
   const char* limit_key = Field(f, s.legacy_limit, "time_step_limit");
   if (const json* limit = f.Find(limit_key, /*null_is_absent=*/true)) {
@@ -164,6 +195,43 @@ constexpr MixerSpec kBamba{"mamba_n_heads",   128,
                            "rms_norm_eps",    1e-5,
                            "mamba_conv_bias", "mamba_proj_bias",
                            "hidden_act"};
+
+constexpr MixerSpec kFalconH1{.heads = "mamba_n_heads",
+                              .heads_default = 128,
+                              .head_dim = "mamba_d_head",
+                              .head_dim_default = 0,
+                              .state = "mamba_d_state",
+                              .state_default = 256,
+                              .groups = "mamba_n_groups",
+                              .groups_default = 1,
+                              .conv = "mamba_d_conv",
+                              .expand = "mamba_expand",
+                              .eps = "rms_norm_eps",
+                              .eps_default = 1e-5,
+                              .conv_bias = "mamba_conv_bias",
+                              .proj_bias = "mamba_proj_bias",
+                              .act = "hidden_act",
+                              .inner = "mamba_d_ssm",
+                              .inner_default = 1024,
+                              .out_bias = "projectors_bias"};
+// Zamba2: the head dim is derived (I / n_mamba_heads; a written mamba_headdim must agree), eps 1e-5, the conv
+// bias and SiLU fixed, the clamp (time_step_min, inf).
+constexpr MixerSpec kZamba2{.heads = "n_mamba_heads",
+                            .heads_default = 8,
+                            .head_dim = "mamba_headdim",
+                            .head_dim_default = 0,
+                            .state = "mamba_d_state",
+                            .state_default = 64,
+                            .groups = "mamba_ngroups",
+                            .groups_default = 1,
+                            .conv = "mamba_d_conv",
+                            .expand = "mamba_expand",
+                            .eps = nullptr,
+                            .eps_default = 1e-5,
+                            .conv_bias = nullptr,
+                            .proj_bias = "add_bias_linear",
+                            .act = nullptr,
+                            .dt_min = "time_step_min"};
 
 // mamba2: every layer a mixer.
 ModelConfig ReadMamba2(const ConfigFields& f) {
@@ -241,6 +309,58 @@ ModelConfig ReadBamba(const ConfigFields& f) {
   return c;
 }
 
+// A finite number field (null refused: the config class's None would fail in the mixer).
+double FiniteNumber(const ConfigFields& f, const char* key, const json& v) {
+  f.Expect(v.is_number() && std::isfinite(v.get<double>()),
+           f.Name(key) + " must be a finite number, got " + Describe(v));
+  return v.get<double>();
+}
+
+// falcon_h1: every layer a mixer (beside its attention); I = mamba_d_ssm; in_proj's input scaled by
+// ssm_in_multiplier and its output parts z, x, B, C, dt by ssm_multipliers (null: ones); the gated norm
+// only with mamba_rms_norm (false: y * silu(z)), before the gate with mamba_norm_before_gate (true).
+ModelConfig ReadFalconH1(const ConfigFields& f) {
+  ModelConfig c = ReadSized(f, kFalconH1);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) c.linear_layers.push_back(static_cast<int>(i));
+  if (const json* chunk = f.Find("mamba_chunk_size", /*null_is_absent=*/true)) {
+    f.PositiveInt(*chunk, "mamba_chunk_size", kIntMax);  // the scan's chunking: no effect on the results
+  }
+  const json* in = f.Find("ssm_in_multiplier");
+  const double in_mult = in != nullptr ? FiniteNumber(f, "ssm_in_multiplier", *in) : 1.0;
+  std::array<double, 5> parts = {1.0, 1.0, 1.0, 1.0, 1.0};
+  if (const json* m = f.Find("ssm_multipliers", /*null_is_absent=*/true)) {
+    f.Expect(m->is_array() && m->size() == parts.size(),
+             f.Name("ssm_multipliers") + " must be [z, x, B, C, dt] (5 numbers), got " + Describe(*m));
+    for (size_t i = 0; i < parts.size(); ++i) parts[i] = FiniteNumber(f, "ssm_multipliers", (*m)[i]);
+  }
+  for (size_t i = 0; i < parts.size(); ++i) {
+    // transformers keeps the multipliers in a float32 vector
+    c.ssd_multipliers[i] = in_mult * static_cast<double>(static_cast<float>(parts[i]));
+    f.Expect(std::abs(c.ssd_multipliers[i]) <= std::numeric_limits<float>::max(),
+             f.Name("ssm_in_multiplier") + " * " + f.Name("ssm_multipliers") + " is beyond float's range");
+  }
+  c.ssd_rms_norm = f.BoolOr("mamba_rms_norm", false);
+  c.ssd_norm_before_gate = f.BoolOr("mamba_norm_before_gate", true);
+  return c;
+}
+
+// zamba2: every layer holds a mixer: layer_types (the config's alias of layers_block_type, winning over it)
+// or layers_block_type, "mamba" / "linear_attention" a mixer layer, "hybrid" the shared attention block
+// then a mixer; absent, transformers' 54-layer default.
+ModelConfig ReadZamba2(const ConfigFields& f) {
+  ModelConfig c = ReadSized(f, kZamba2);
+  const char* key = Field(f, "layer_types", "layers_block_type");
+  if (const json* list = f.Find(key, /*null_is_absent=*/true)) {
+    MixerLayers(f, key, *list, {"hybrid"}, &c, /*others_are_mixers=*/true);
+    c.num_hidden_layers = static_cast<int64_t>(list->size());
+  } else {
+    c.num_hidden_layers = 54;
+    c.linear_layers.clear();
+    for (int i = 0; i < 54; ++i) c.linear_layers.push_back(i);
+  }
+  return c;
+}
+
 DeltaRuleGeometry MixerGeometry(const ModelConfig& c) {
   DeltaRuleGeometry g = DeltaRuleGeometry::Mamba2(c.hidden_size, c.num_v_heads, c.head_v_dim, c.head_k_dim,
                                                   c.num_k_heads, c.conv_size, c.rms_norm_eps);
@@ -248,6 +368,10 @@ DeltaRuleGeometry MixerGeometry(const ModelConfig& c) {
   // A max beyond float's range bounds nothing (the float conversion of such a double is undefined).
   g.dt_max = c.dt_max <= std::numeric_limits<float>::max() ? static_cast<float>(c.dt_max)
                                                            : std::numeric_limits<float>::infinity();
+  g.ssd_norm = !c.ssd_rms_norm          ? SsdNorm::kGateOnly
+               : c.ssd_norm_before_gate ? SsdNorm::kNormThenGate
+                                        : SsdNorm::kGateThenNorm;
+  for (size_t i = 0; i < g.ssd_multipliers.size(); ++i) g.ssd_multipliers[i] = static_cast<float>(c.ssd_multipliers[i]);
   return g;
 }
 
@@ -259,7 +383,7 @@ TensorTable MixerTensors(const DeltaRuleGeometry& g) {
   const int64_t r = g.group();                  // heads per group
   const int64_t inner = g.value_dim();
   const Parts conv = {{rv, R::kV}, {n, R::kK}, {n, R::kQ}};
-  return {
+  TensorTable t = {
       Projection("in_proj.weight", 2 * inner + 2 * g.key_dim() + g.HV, g.hidden,
                  {{rv, R::kOutGate}, {rv, R::kV}, {n, R::kK}, {n, R::kQ}, {r, R::kGate}}, 0.02F),
       Conv("conv1d.weight", g.conv_channels(), g.W, conv),
@@ -270,6 +394,10 @@ TensorTable MixerTensors(const DeltaRuleGeometry& g) {
       HeadParam("norm.weight", inner, rv, R::kNorm, 0.5F, 1.5F),
       OutProj("out_proj.weight", g.hidden, inner, rv),
   };
+  if (g.ssd_norm == SsdNorm::kGateOnly) {  // Falcon-H1 without mamba_rms_norm: no norm weight
+    std::erase_if(t, [](const TensorSpec& s) { return s.parts.front().role == R::kNorm; });
+  }
+  return t;
 }
 
 std::string MixerDescription(const std::string& what) {
@@ -299,6 +427,31 @@ LayerFamily GraniteMoeHybrid() {
   return Family("GraniteMoeHybridMambaLayer", {{"granitemoehybrid"}}, "mamba.",
                 DeltaRuleGeometry::Mamba2(4096, 128, 64, 128, 1, 4, 1e-5), ReadGranite, MixerGeometry, MixerTensors,
                 MixerDescription("Granite-4.0-H (model_type granitemoehybrid, model.layers.{i}.mamba.)"));
+}
+
+// Falcon-H1-7B: hidden 3072, 24 heads of 128, N 256, one group; the multipliers ones (they are per checkpoint);
+// the norm on, before the gate (mamba_norm_before_gate's default): the gate alone, chained over random layers
+// without the model's own pre-norms and residuals, grows without bound.
+LayerFamily FalconH1() {
+  DeltaRuleGeometry reference = DeltaRuleGeometry::Mamba2(3072, 24, 128, 256, 1, 4, 1e-5);
+  reference.ssd_norm = SsdNorm::kNormThenGate;
+  return Family("FalconH1Mixer", {{"falcon_h1"}}, "mamba.", reference, ReadFalconH1, MixerGeometry, MixerTensors,
+                MixerDescription("Falcon-H1 (model_type falcon_h1, model.layers.{i}.mamba., beside each layer's "
+                                 "attention)") +
+                    " Variants: ssm_in_multiplier and ssm_multipliers on in_proj's parts z, x, B, C, dt; the norm "
+                    "before the gate (mamba_norm_before_gate) or none (mamba_rms_norm false: no norm.weight).");
+}
+
+// Zamba2-2.7B: hidden 2560, 80 heads of 64, N 64, one group; dt clamped to (time_step_min, inf).
+LayerFamily Zamba2() {
+  DeltaRuleGeometry reference = DeltaRuleGeometry::Mamba2(2560, 80, 64, 64, 1, 4, 1e-5);
+  reference.dt_min = 1e-3F;
+  LayerFamily f = Family("Zamba2MambaMixer", {{"zamba2"}}, "mamba.", reference, ReadZamba2, MixerGeometry, MixerTensors,
+                         MixerDescription("Zamba2 (model_type zamba2, model.layers.{i}.mamba., a hybrid layer's "
+                                          "model.layers.{i}.mamba_decoder.mamba.)") +
+                             " dt is clamped to (time_step_min, inf).");
+  f.other_layer_prefixes = {"mamba_decoder.mamba."};
+  return f;
 }
 
 // Bamba-9B: hidden 4096, 128 heads of 64, N 128, one group.

@@ -226,8 +226,10 @@ LINEAR_CLASSES = frozenset(spec[2] for spec in _FAMILIES.values())
 # The Mamba2 model types (kda's SSD layers), each with several groups where its real checkpoints have them, a
 # conv of 4, chunks of 16 (transformers' chunked scan then runs over several chunks) and its own layer pattern:
 # every layer a mixer (mamba2); mixers beside MLP and attention layers (nemotron_h), beside attention (bamba:
-# attn_layer_indices; granitemoehybrid: layer_types, one group as in Granite-4.0-H, its MoE tiny).
-MAMBA2_FAMILIES = ("mamba2", "nemotron_h", "granitemoehybrid", "bamba")
+# attn_layer_indices; granitemoehybrid: layer_types, one group as in Granite-4.0-H, its MoE tiny); beside an
+# attention block in every layer (falcon_h1: its multipliers all apart from one and its norm before the gate);
+# after a shared attention block in a "hybrid" layer (zamba2).
+MAMBA2_FAMILIES = ("mamba2", "nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2")
 _MAMBA2_COMMON = dict(
     vocab_size=128,
     pad_token_id=0,
@@ -317,8 +319,7 @@ _MAMBA2 = {
             rms_norm_eps=1e-6,
         ),
     ),
-    # The two Mamba2 model types kda serves only through transformers' hooks (kda.transformers):
-    # hidden 64, H 4 heads of P 32 (d_ssm 128), N 16, G 2, the gated norm on; every layer mixer and attention
+    # hidden 64, H 4 heads of P "auto" (mamba_d_ssm 128: 32), N 16, G 2; every layer a mixer beside attention
     "falcon_h1": (
         "FalconH1Config",
         "FalconH1ForCausalLM",
@@ -327,37 +328,39 @@ _MAMBA2 = {
             _ATTENTION,
             hidden_size=64,
             num_hidden_layers=2,
-            head_dim=32,
             mamba_d_ssm=128,
             mamba_n_heads=4,
-            mamba_d_head=32,
-            mamba_n_groups=2,
+            mamba_d_head="auto",
             mamba_d_state=16,
+            mamba_n_groups=2,
             mamba_d_conv=4,
             mamba_chunk_size=16,
             mamba_rms_norm=True,
-            mamba_norm_before_gate=False,
+            mamba_norm_before_gate=True,
+            ssm_in_multiplier=0.7,
+            ssm_multipliers=[1.3, 0.6, 1.5, 0.8, 1.2],
+            rms_norm_eps=1e-6,
         ),
     ),
-    # hidden 64, H 4 heads of P 32 (expand 2), N 16, G 2; mamba, hybrid (shared attention), mamba
+    # hidden 64, H 4 heads of 32 (expand 2), N 16, G 2; a hybrid layer (the shared attention block, then a
+    # mixer under mamba_decoder.mamba.), a mixer layer; the norm's eps 1e-5 fixed
     "zamba2": (
         "Zamba2Config",
         "Zamba2ForCausalLM",
         "Zamba2MambaMixer",
         dict(
+            _ATTENTION,
             hidden_size=64,
-            num_hidden_layers=3,
-            layers_block_type=["mamba", "hybrid", "mamba"],
+            num_hidden_layers=2,
+            layers_block_type=["hybrid", "mamba"],
             n_mamba_heads=4,
             mamba_expand=2,
             mamba_d_state=16,
             mamba_ngroups=2,
             mamba_d_conv=4,
             chunk_size=16,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            adapter_rank=8,
+            num_mem_blocks=1,
+            rms_norm_eps=1e-6,
         ),
     ),
 }

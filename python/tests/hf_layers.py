@@ -199,7 +199,9 @@ class TinyMixers(_Tiny):
         m = self.mixers[0]
         self.hidden = self.config.hidden_size
         self.H, self.P, self.N, self.G = m.num_heads, m.head_dim, m.ssm_state_size, m.n_groups
-        self.W, self.C, self.eps = m.conv_kernel_size, m.conv_dim, m.norm.variance_epsilon
+        # Falcon-H1 without mamba_rms_norm: no norm (its config's rms_norm_eps stands for the eps kda reports)
+        eps = getattr(m.norm, "variance_epsilon", self.config.rms_norm_eps if self.family == "falcon_h1" else None)
+        self.W, self.C, self.eps = m.conv_kernel_size, m.conv_dim, eps
         assert self.C == self.H * self.P + 2 * self.G * self.N
         self.path = root / (name or family)
         self.model.save_pretrained(self.path)

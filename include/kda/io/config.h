@@ -3,6 +3,7 @@
 // config class; ParseModelConfig in kda/models/layer_family.h).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -37,6 +38,12 @@ struct ModelConfig {
   bool ssd = false;
   double dt_min = 0.0;
   double dt_max = std::numeric_limits<double>::infinity();
+  // Falcon-H1: the gated norm (mamba_rms_norm; without it y * silu(z) alone) and its order
+  // (mamba_norm_before_gate: rms(y) * weight * silu(z)); in_proj's output parts z, x, B, C, dt scaled by
+  // ssm_in_multiplier times ssm_multipliers (1 elsewhere).
+  bool ssd_rms_norm = true;
+  bool ssd_norm_before_gate = false;
+  std::array<double, 5> ssd_multipliers = {1.0, 1.0, 1.0, 1.0, 1.0};
 
   bool IsLinearLayer(int layer) const;
   // The lowest delta-rule layer; kda::Error when there is none.

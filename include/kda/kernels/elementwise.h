@@ -54,18 +54,27 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
 void GatedRmsNormReference(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
                            GateActivation act);
 
-// Mamba2's gated RMSNorm (transformers' MambaRMSNormGated, norm_before_gate
-// False): the silu gate before the norm, the mean over groups of `width`
-// channels (several heads each), a weight per channel of the row. Per token t
-// and group j, over the group's channels c, fp32 arithmetic in one expression:
-//   g[c]       = o[t, c] * silu(z[t, c])              silu(z) = z * sigmoid(z)
-//   y[t, c]    = g[c] * rsqrt(mean_j(g^2) + eps) * w[c]
+// Where a Mamba2 mixer's gated norm puts the silu gate (transformers'
+// MambaRMSNormGated and Falcon-H1's variants): before the norm (every family's,
+// norm_before_gate False), after it (Falcon-H1's mamba_norm_before_gate), or
+// the gate alone without a norm (Falcon-H1 without mamba_rms_norm).
+enum class SsdNorm : uint8_t { kGateThenNorm, kNormThenGate, kGateOnly };
+// "gate_then_norm", "norm_then_gate" or "gate_only".
+const char* SsdNormName(SsdNorm form);
+
+// Mamba2's gated RMSNorm: the mean over groups of `width` channels (several
+// heads each), a weight per channel of the row. Per token t and group j, over
+// the group's channels c, fp32 arithmetic in one expression, silu(z) = z *
+// sigmoid(z):
+//   kGateThenNorm: g[c] = o[t, c] * silu(z[t, c]),  y[t, c] = g[c] * rsqrt(mean_j(g^2) + eps) * w[c]
+//   kNormThenGate: y[t, c] = o[t, c] * rsqrt(mean_j(o^2) + eps) * w[c] * silu(z[t, c])
+//   kGateOnly:     y[t, c] = o[t, c] * silu(z[t, c])   (w and eps unused; w may be null)
 // y, o, z [T, groups * width] F32 or BF16, one dtype (y rounded once; g kept
 // in fp32); w [groups * width] fp32. T >= 0, groups and width > 0.
 void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
-                        float eps);
+                        float eps, SsdNorm form = SsdNorm::kGateThenNorm);
 void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
-                                 float eps);
+                                 float eps, SsdNorm form = SsdNorm::kGateThenNorm);
 
 // The residual add between layers: acc[i] = acc[i] + x[i] for i < n, summed
 // in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.

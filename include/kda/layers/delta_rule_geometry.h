@@ -59,6 +59,13 @@ struct DeltaRuleGeometry {
   bool ssd = false;
   float dt_min = 0.0F;
   float dt_max = std::numeric_limits<float>::infinity();
+  // Falcon-H1's variants of the mixer: the gated norm's form (the norm before the gate, or the gate alone with
+  // no norm weight), and the factors of in_proj's output parts z, x, B, C, dt (its ssm_in_multiplier times
+  // ssm_multipliers' part, each finite; 1 elsewhere), applied to the fp32 projections before their one
+  // rounding, in every forward mode.
+  SsdNorm ssd_norm = SsdNorm::kGateThenNorm;
+  std::array<float, 5> ssd_multipliers = {1.0F, 1.0F, 1.0F, 1.0F, 1.0F};
+  bool ssd_scaled() const { return ssd_multipliers != std::array<float, 5>{1.0F, 1.0F, 1.0F, 1.0F, 1.0F}; }
 
   // A KDA layer: H = HV heads of K = V dims, per-key-dim decay, sigmoid output gate.
   static DeltaRuleGeometry Kda(int64_t hidden, int heads, int head_dim, int conv_width, double eps);
@@ -92,7 +99,8 @@ struct DeltaRuleGeometry {
   // kda::Error naming the problem unless the geometry is one the kernels and
   // layers take (positive sizes, HV a multiple of H, K and V in [1, 256], a
   // finite gate_lower_bound <= 0, beta_scale 1 or 2; an SSD mixer: a decay per
-  // value head, none of the delta-rule variants, 0 <= dt_min <= dt_max).
+  // value head, none of the delta-rule variants, 0 <= dt_min <= dt_max, finite multipliers; the Falcon-H1
+  // variants only on an SSD mixer).
   void Validate(const std::string& who) const;
   // The layer of key heads [begin, begin + count) (and their value heads):
   // H = count, HV = count * r, everything else unchanged.

@@ -87,6 +87,9 @@ class DeltaRuleLayer {
   struct Projection {
     const Linear* first = nullptr;
     const Linear* second = nullptr;
+    // A factor per output column applied to the fp32 result before its rounding (Falcon-H1's multipliers on
+    // a Mamba2 mixer's in_proj parts); empty: none.
+    std::vector<float> scale;
   };
 
   // mixed_qkv [T, C], gate_raw [T, gate_width], beta_logits [T, HV] and
@@ -126,7 +129,7 @@ class DeltaRuleLayer {
   Projection out_gate_proj_;
   std::unique_ptr<Linear> out_proj_;
   std::unique_ptr<RadixLinearAttention> attn_;
-  std::vector<float> norm_weight_;  // [V] (a Mamba2 mixer's: [HV * V])
+  std::vector<float> norm_weight_;  // [V] (a Mamba2 mixer's: [HV * V]; empty without a norm)
 };
 
 }  // namespace kda

@@ -46,7 +46,9 @@ struct LayerFamily {
   std::string description;                 // one sentence: its checkpoint layout and variants (docs, Python)
   std::vector<ModelTypeName> model_types;  // the config.json model types served (the first: the family's name)
   std::string layer_prefix;                // after "model.layers.{i}.", e.g. "linear_attn."
-  DeltaRuleGeometry reference;             // the real model's layer: the embedded default and the benchmarks
+  // Where else a layer may sit, tried after layer_prefix (Zamba2's hybrid layers: "mamba_decoder.mamba.").
+  std::vector<std::string> other_layer_prefixes;
+  DeltaRuleGeometry reference;  // the real model's layer: the embedded default and the benchmarks
   // The text model's fields (io/config_fields.h) as a ModelConfig; each problem a kda::Error naming the field.
   ModelConfig (*read_config)(const io_internal::ConfigFields& fields) = nullptr;
   // The layer's geometry and variant settings from the config.
