@@ -196,24 +196,15 @@ constexpr MixerSpec kBamba{"mamba_n_heads",   128,
                            "mamba_conv_bias", "mamba_proj_bias",
                            "hidden_act"};
 
-constexpr MixerSpec kFalconH1{.heads = "mamba_n_heads",
-                              .heads_default = 128,
-                              .head_dim = "mamba_d_head",
-                              .head_dim_default = 0,
-                              .state = "mamba_d_state",
-                              .state_default = 256,
-                              .groups = "mamba_n_groups",
-                              .groups_default = 1,
-                              .conv = "mamba_d_conv",
-                              .expand = "mamba_expand",
-                              .eps = "rms_norm_eps",
-                              .eps_default = 1e-5,
-                              .conv_bias = "mamba_conv_bias",
-                              .proj_bias = "mamba_proj_bias",
-                              .act = "hidden_act",
-                              .inner = "mamba_d_ssm",
-                              .inner_default = 1024,
-                              .out_bias = "projectors_bias"};
+// Falcon-H1: Bamba's names, I from mamba_d_ssm (default 1024), no out_proj bias (projectors_bias).
+constexpr MixerSpec FalconH1Spec() {
+  MixerSpec s = kBamba;
+  s.inner = "mamba_d_ssm";
+  s.inner_default = 1024;
+  s.out_bias = "projectors_bias";
+  return s;
+}
+constexpr MixerSpec kFalconH1 = FalconH1Spec();
 // Zamba2: the head dim is derived (I / n_mamba_heads; a written mamba_headdim must agree), eps 1e-5, the conv
 // bias and SiLU fixed, the clamp (time_step_min, inf).
 constexpr MixerSpec kZamba2{.heads = "n_mamba_heads",
