@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "base/act_buffer.h"
+#include "base/scratch.h"
+#include "kda/base/bf16.h"
 #include "kda/base/error.h"
+#include "kda/base/parallel.h"
 #include "kda/distributed/communicator.h"
 #include "kda/kernels/elementwise.h"
 #include "kda/kernels/short_conv.h"
@@ -292,11 +295,20 @@ void DeltaRuleLayer::Project(ConstBuf x, int64_t T, Projected& r) const {
       last.Forward(out.mut(), in, T);
       return;
     }
-    std::vector<float> acc(static_cast<size_t>(T * n));
+    ScratchArray<float> acc(static_cast<size_t>(T * n));
     last.Forward({acc.data(), DType::kF32}, in, T);
-    for (int64_t i = 0; i < T * n; ++i) {
-      StoreFromFloat(out.mut().data, act_dtype_, static_cast<size_t>(i), acc[static_cast<size_t>(i)] * p.scale[i % n]);
-    }
+    // Each token's row scaled and rounded once, in typed loops over the tokens in parallel.
+    const float* sc = p.scale.data();
+    ParallelFor(T, [&](int64_t t) {
+      const float* a = acc.data() + t * n;
+      if (act_dtype_ == DType::kF32) {
+        float* y = static_cast<float*>(out.mut().data) + t * n;
+        for (int64_t j = 0; j < n; ++j) y[j] = a[j] * sc[j];
+      } else {
+        BF16* y = static_cast<BF16*>(out.mut().data) + t * n;
+        for (int64_t j = 0; j < n; ++j) y[j] = ToBF16(a[j] * sc[j]);
+      }
+    });
   };
   run(qkv_proj_, r.scratch[0], r.mixed_qkv);
   run(gate_proj_, r.scratch[0], r.gate_raw);
