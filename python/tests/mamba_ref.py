@@ -3,7 +3,23 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import numpy as np
+
+from golden import REPO
+
+
+def project_reference():
+    """tools/mamba2_ref.py by its path (../shared/tools holds an independent module of the same name)."""
+    name = "kda_project_mamba2_ref"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "mamba2_ref.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def softplus(u):
@@ -15,18 +31,17 @@ def ref_scan(x, dt, A, B, C, D=None, z=None, dt_bias=None, state=None, softplus_
     """mamba_ssm's scan token by token in float64 over one row: x [L, H, P], dt [L, H], B, C [L, G, N]; a new
     sequence (state zeros) at every index in ``starts``. Returns (y [L, H, P], the states after each token)."""
     L, H, P = x.shape
-    G, N = B.shape[1:]
+    N = B.shape[2]
+    recurrent = project_reference().recurrent  # the project's float64 selective scan, a token at a time
     s = np.zeros((H, P, N)) if state is None else np.array(state, np.float64)
+    d = np.asarray(dt, np.float64) + (0.0 if dt_bias is None else np.asarray(dt_bias, np.float64))
+    d = np.clip(softplus(d) if softplus_dt else d, *limit)
     y, states = np.zeros((L, H, P)), []
     for t in range(L):
         if t in starts:
             s = np.zeros((H, P, N))
-        d = dt[t] + (0.0 if dt_bias is None else dt_bias)
-        d = np.clip(softplus(d) if softplus_dt else d, *limit)
-        for h in range(H):
-            grp = h // (H // G)
-            s[h] = np.exp(d[h] * A[h]) * s[h] + d[h] * np.outer(x[t, h], B[t, grp])
-            y[t, h] = s[h] @ C[t, grp]
+        y_t, s = recurrent(x[t : t + 1], d[t : t + 1], A, B[t : t + 1], C[t : t + 1], np.zeros(H), s)
+        y[t] = y_t[0]
         states.append(s.copy())
     if D is not None:
         y = y + (D[:, None] if D.ndim == 1 else D) * x

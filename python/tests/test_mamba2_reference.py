@@ -7,27 +7,14 @@ alone, a sequence split in pieces with the states carried equals it run whole, t
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import numpy as np
 import pytest
 
-from golden import REPO, check_bf16, generated_golden_dir, read_safetensors, shared_golden_dir
+from golden import check_bf16, generated_golden_dir, read_safetensors, shared_golden_dir
+from mamba_ref import project_reference
 
 
-def _load_reference():
-    """tools/mamba2_ref.py by its path (../shared/tools holds an independent module of the same name)."""
-    name = "kda_project_mamba2_ref"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / "mamba2_ref.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-ref = _load_reference()
+ref = project_reference()
 SETS = sorted(ref.SETS)
 FP32 = ("out_fp32", "final_recurrent_state", "final_conv_state")
 INTERMEDIATES = ("z", "x_conv", "B_conv", "C_conv", "dt_raw", "dt", "log_decay", "y_ssm", "y_norm")
