@@ -43,6 +43,7 @@
 //
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kda/base/bf16.h"
 #include "kda/base/dtype.h"
@@ -123,6 +124,7 @@ KDA_INLINE void PrefetchLines(const void* const* lines, int n) {
 //   khat = k / c'', qhat = scale q c'' (c'' = 1 on materialised rows, else c'),
 //   mfac = c' on materialised rows, else 1; mat = the row groups (kPassRowGroup rows) holding one,
 //   gamma = kpre . khat of row i - 1 (row 0: 0), vrow = v over the task's columns.
+// (kpre, kq and gamma only with the delta correction: they serve the projections.)
 // A scalar gate (GDN, kScalarGate) is one e^g for all rows: one exponential per token, one row scale for
 // every row (c'' and its reciprocal computed once, so khat is k times a scalar), all rows materialised
 // together.
@@ -146,8 +148,10 @@ void PrepareTokenOf(const internal::ChunkTask& task, const internal::PrepBuffers
   float* kq = b.kq + at;
   float* mf = b.mfac + at;
   // Row i - 1 (in this block): the token updated just before this one in a two-token pass.
-  const float* kh_prev = i > 0 ? kh - kd : nullptr;
-  const float* mf_prev = i > 0 ? mf - kd : nullptr;
+  // Without the delta correction nothing projects the state: no kpre, kq or gamma.
+  const bool correct = opt.delta_correction;
+  const float* kh_prev = i > 0 && correct ? kh - kd : nullptr;
+  const float* mf_prev = i > 0 && correct ? mf - kd : nullptr;
   // q, k and the log decay, zero-padded to kd, staged where their results go (each element is read before
   // its result is written).
   LoadRowPadded<Vt>(a.q, internal::QOffset(a, t, key_head), kin, kd, qh);
@@ -198,7 +202,7 @@ void PrepareTokenOf(const internal::ChunkTask& task, const internal::PrepBuffers
     for (int d = 0; d < kd; d += kL) {
       const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
       const Reg pre = Vt::Mul(k, pre_mul);
-      Vt::Store(kp + d, pre);
+      if (correct) Vt::Store(kp + d, pre);
       if (kh_prev != nullptr) {
         Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
         gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
@@ -215,7 +219,7 @@ void PrepareTokenOf(const internal::ChunkTask& task, const internal::PrepBuffers
       const Reg k = opt.use_qk_l2norm_in_kernel ? Vt::Mul(Vt::Load(kh + d), k_scale) : Vt::Load(kh + d);
       Reg c = Vt::Mul(Vt::Load(c_row + d), Exp<Vt>(Vt::Load(mf + d)));
       const Reg pre = Vt::Mul(k, c);
-      Vt::Store(kp + d, pre);
+      if (correct) Vt::Store(kp + d, pre);
       if (kh_prev != nullptr) {  // row 0 is never a pass's second token: no kq, no gamma
         Vt::Store(kq + d, Vt::Mul(pre, Vt::Load(mf_prev + d)));
         gamma = Vt::Fma(pre, Vt::Load(kh_prev + d), gamma);
@@ -318,15 +322,16 @@ KDA_INLINE void ProjectPass(const float* w, int rows, const float* kpre, const f
   }
 }
 
-// The prepared rows one update pass reads: of the tokens it updates (a, and b with two tokens), and the
-// projection keys for the next pass's tokens (n: kpre; nn, the second: kq).
+// The most tokens one update pass advances: two with the delta correction (each token's projection needs the
+// state after the token before), four without it (no projections, SweepBlock).
+constexpr int kMaxPassTokens = 4;
+
+// The prepared rows one update pass reads: of the tokens it updates (token t of the pass: khat[t], qhat[t],
+// mfac[t]), and the projection keys for the next pass's tokens (n: kpre; nn, the second: kq).
 struct PassRows {
-  const float* khat_a = nullptr;
-  const float* qhat_a = nullptr;
-  const float* mfac_a = nullptr;
-  const float* khat_b = nullptr;
-  const float* qhat_b = nullptr;
-  const float* mfac_b = nullptr;
+  const float* khat[kMaxPassTokens] = {};
+  const float* qhat[kMaxPassTokens] = {};
+  const float* mfac[kMaxPassTokens] = {};
   const float* key_n = nullptr;
   const float* key_nn = nullptr;
 };
@@ -357,11 +362,20 @@ KDA_INLINE void TokenStep(typename Vt::Reg* x, float mfac, float khat, const typ
 // whose bit is set in the pass's mask, or all (a pass with most groups set: no branch per group).
 enum class Materialise : uint8_t { kNone, kGroups, kAll };
 
+// The registers one update pass works on: per token t of the pass its delta (delta[t], NV registers) and its
+// readout accumulators (o[t]); the projections for the next pass's two tokens (p_n, p_nn).
+template <class Vt, int NV>
+struct PassRegs {
+  using Reg = typename Vt::Reg;
+  Reg (*delta)[NV];
+  Reg (*o)[NV];
+  Reg* p_n;
+  Reg* p_nn;
+};
+
 // Rows [d0, d0 + kPassRowGroup) of an update pass (see UpdatePass), materialised with kMaterialise.
 template <class Vt, int NV, int kStride, int kTokens, int kProject, bool kMaterialise>
-KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename Vt::Reg* delta_a,
-                           const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
-                           typename Vt::Reg* p_n, typename Vt::Reg* p_nn) {
+KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const PassRegs<Vt, NV>& regs) {
   using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   for (int d = d0; d < d0 + kPassRowGroup; ++d) {
@@ -371,75 +385,73 @@ KDA_INLINE void UpdateRows(float* w, int d0, const PassRows& r, const typename V
     Reg x[NV];
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) x[j] = Vt::Load(wd + j * kL);
-    TokenStep<Vt, NV, kMaterialise>(x, r.mfac_a[d], r.khat_a[d], delta_a, r.qhat_a[d], o_a);
-    if constexpr (kTokens == 2) TokenStep<Vt, NV, kMaterialise>(x, r.mfac_b[d], r.khat_b[d], delta_b, r.qhat_b[d], o_b);
-    if constexpr (kProject > 0) Axpy<Vt, NV>(p_n, r.key_n[d], x);
-    if constexpr (kProject == 2) Axpy<Vt, NV>(p_nn, r.key_nn[d], x);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+      TokenStep<Vt, NV, kMaterialise>(x, r.mfac[t][d], r.khat[t][d], regs.delta[t], r.qhat[t][d], regs.o[t]);
+    }
+    if constexpr (kProject > 0) Axpy<Vt, NV>(regs.p_n, r.key_n[d], x);
+    if constexpr (kProject == 2) Axpy<Vt, NV>(regs.p_nn, r.key_nn[d], x);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) Vt::Store(wd + j * kL, x[j]);
   }
 }
 
-// One pass over the column block w ([K][kStride], its first NV*lanes columns), row by row: token a's materialisation
-// (w[d,:] *= mfac_a[d], 1 on the rows that are not materialised; per kMode, on the groups of rows whose bit is set in
-// `mat`), delta-rule update (w[d,:] += khat_a[d] delta_a) and readout (o_a += qhat_a[d] w[d,:]); with kTokens = 2 the
-// same for token b; then the projections of the result for the next kProject (0, 1 or 2) tokens:
+// One pass over the column block w ([K][kStride], its first NV*lanes columns), row by row: for each token t of
+// the pass in turn, its materialisation (w[d,:] *= mfac[t][d], 1 on the rows that are not materialised; per kMode,
+// on the groups of rows whose bit is set in `mat`), delta-rule update (w[d,:] += khat[t][d] delta[t]) and readout
+// (o[t] += qhat[t][d] w[d,:]); then the projections of the result for the next kProject (0, 1 or 2) tokens:
 // p_n += key_n[d] w[d,:], p_nn += key_nn[d] w[d,:]. Each state element is loaded and stored once per pass.
 //
-// Both updates happen in one pass, so token b's projection is taken from the state before token a's update
-// (the previous pass's p_nn, with key kq_b = kpre_b mfac_a) and corrected once delta_a is known:
-//   p_b = sum_d kpre_b[d] (mfac_a[d] w[d,:] + khat_a[d] delta_a) = p_nn + gamma_b delta_a,
-// gamma_b = kpre_b . khat_a (PrepareToken). Issues the prefetches pf[0, npf), one per row group.
+// With the delta correction a pass takes two tokens, both updates in one pass, so token 1's projection is taken
+// from the state before token 0's update (the previous pass's p_nn, with key kq_1 = kpre_1 mfac_0) and corrected
+// once delta_0 is known:
+//   p_1 = sum_d kpre_1[d] (mfac_0[d] w[d,:] + khat_0[d] delta_0) = p_nn + gamma_1 delta_0,
+// gamma_1 = kpre_1 . khat_0 (PrepareToken). Without it (no projections) a pass takes up to four. Issues the
+// prefetches pf[0, npf), one per row group.
 template <class Vt, int NV, int kStride, int kTokens, int kProject, Materialise kMode>
-KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
-                           const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
-                           typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
+KDA_INLINE void UpdatePass(float* w, int rows, uint32_t mat, const PassRows& r, const PassRegs<Vt, NV>& regs,
+                           const void* const* pf, int npf) {
   int issued = 0;
   for (int d0 = 0; d0 < rows; d0 += kPassRowGroup) {
     if (issued < npf) __builtin_prefetch(pf[issued++], 0, 3);
     const bool group =
         kMode == Materialise::kAll || (kMode == Materialise::kGroups && ((mat >> (d0 / kPassRowGroup)) & 1U) != 0);
     if (group) {
-      UpdateRows<Vt, NV, kStride, kTokens, kProject, true>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
+      UpdateRows<Vt, NV, kStride, kTokens, kProject, true>(w, d0, r, regs);
     } else {
-      UpdateRows<Vt, NV, kStride, kTokens, kProject, false>(w, d0, r, delta_a, delta_b, o_a, o_b, p_n, p_nn);
+      UpdateRows<Vt, NV, kStride, kTokens, kProject, false>(w, d0, r, regs);
     }
   }
   PrefetchLines(pf + issued, npf - issued);
 }
 
-// UpdatePass with its projections (0, 1 or 2) chosen at run time, and its materialisation from the mask of
-// row groups `mat`.
+// UpdatePass with its materialisation chosen from the mask of row groups `mat`.
 template <class Vt, int NV, int kStride, int kTokens, int kProject>
-KDA_INLINE void UpdatePassMat(float* w, int rows, uint32_t mat, const PassRows& r, const typename Vt::Reg* delta_a,
-                              const typename Vt::Reg* delta_b, typename Vt::Reg* o_a, typename Vt::Reg* o_b,
-                              typename Vt::Reg* p_n, typename Vt::Reg* p_nn, const void* const* pf, int npf) {
+KDA_INLINE void UpdatePassMat(float* w, int rows, uint32_t mat, const PassRows& r, const PassRegs<Vt, NV>& regs,
+                              const void* const* pf, int npf) {
   // A group branch the predictor misses costs about what multiplying a group does: past half the groups set,
   // every group multiplies.
   if (mat == 0) {
-    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kNone>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n,
-                                                                       p_nn, pf, npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kNone>(w, rows, mat, r, regs, pf, npf);
   } else if (2 * __builtin_popcount(mat) * kPassRowGroup > rows) {
-    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kAll>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n,
-                                                                      p_nn, pf, npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kAll>(w, rows, mat, r, regs, pf, npf);
   } else {
-    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kGroups>(w, rows, mat, r, delta_a, delta_b, o_a, o_b,
-                                                                         p_n, p_nn, pf, npf);
+    UpdatePass<Vt, NV, kStride, kTokens, kProject, Materialise::kGroups>(w, rows, mat, r, regs, pf, npf);
   }
 }
 
-// UpdatePassMat with its projections (0, 1 or 2) chosen at run time.
+// UpdatePassMat with its projections (0, 1 or 2) chosen at run time (none for a pass of four tokens).
 template <class Vt, int NV, int kStride, int kTokens>
 KDA_INLINE void UpdatePassAny(int project, uint32_t mat, float* w, int rows, const PassRows& r,
-                              const typename Vt::Reg* delta_a, const typename Vt::Reg* delta_b, typename Vt::Reg* o_a,
-                              typename Vt::Reg* o_b, typename Vt::Reg* p_n, typename Vt::Reg* p_nn,
-                              const void* const* pf, int npf) {
-  if (project == 2) {
-    UpdatePassMat<Vt, NV, kStride, kTokens, 2>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+                              const PassRegs<Vt, NV>& regs, const void* const* pf, int npf) {
+  if constexpr (kTokens == 4) {
+    UpdatePassMat<Vt, NV, kStride, 4, 0>(w, rows, mat, r, regs, pf, npf);
+  } else if (project == 2) {
+    UpdatePassMat<Vt, NV, kStride, kTokens, 2>(w, rows, mat, r, regs, pf, npf);
   } else if (project == 1) {
-    UpdatePassMat<Vt, NV, kStride, kTokens, 1>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kStride, kTokens, 1>(w, rows, mat, r, regs, pf, npf);
   } else {
-    UpdatePassMat<Vt, NV, kStride, kTokens, 0>(w, rows, mat, r, delta_a, delta_b, o_a, o_b, p_n, p_nn, pf, npf);
+    UpdatePassMat<Vt, NV, kStride, kTokens, 0>(w, rows, mat, r, regs, pf, npf);
   }
 }
 
@@ -470,16 +482,18 @@ struct BlockSweep {
 
 // Runs the prepared tokens of bs through one column block: columns [col, col + NV*lanes) of the task (its
 // [K][NV*lanes] state in the scratch), two tokens per pass where the registers hold them (the last pass of an
-// odd block: one). Token i also does step `step0 + i` of the pipeline. The block's arithmetic runs on NV
-// registers of Rt: Vt's own, or (a V tail of at most HalfVec's lanes, NV = 1) HalfVec's over the first half of
-// each row.
+// odd block: one), four without the delta correction. Token i also does step `step0 + i` of the pipeline. The
+// block's arithmetic runs on NV registers of Rt: Vt's own, or (a V tail of at most HalfVec's lanes, NV = 1)
+// HalfVec's over the first half of each row.
 template <class Vt, int NV, class Rt = Vt>
 void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, Pipeline<Vt>& pipe, int step0) {
   using Reg = typename Rt::Reg;
   constexpr int kL = Rt::kLanes;
   constexpr int kStride = NV * Vt::kLanes;  // of the block's state rows
-  // Two tokens keep 6 NV accumulators and deltas, NV state registers and a broadcast live.
+  // Two tokens keep 6 NV accumulators and deltas, NV state registers and a broadcast live; four tokens without
+  // projections 8 NV accumulators and deltas.
   constexpr bool kPairs = 7 * NV + 1 <= kVecRegisters;
+  constexpr bool kQuads = 9 * NV + 1 <= kVecRegisters;
   const ChunkKdaArgs& a = *task.args;
   const internal::PrepBuffers& b = *bs.cur;
   const int nt = bs.nt;
@@ -491,24 +505,23 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   const auto kdz = static_cast<size_t>(kd);
   float* w = task.scratch.state + kdz * col;
   auto row = [kdz](const float* base, int i) { return base + static_cast<size_t>(i) * kdz; };
+  // Without the delta correction no pass projects the state (p and pn stay zero, delta = beta v), and a pass
+  // takes four tokens where the registers hold them.
+  const bool correct = a.options.delta_correction;
   // Tokens of the pass starting at token i of a block of n.
-  auto tokens_at = [](int i, int n) { return kPairs && i + 1 < n ? 2 : 1; };
+  auto tokens_at = [correct](int i, int n) {
+    if (kQuads && !correct && i + 3 < n) return 4;
+    return kPairs && i + 1 < n ? 2 : 1;
+  };
   // The carried projections: p of the task's columns, then pn.
   float* proj_p = task.scratch.proj + col;
   float* proj_pn = task.scratch.proj + width + col;
   Reg p[NV];   // the projection of the pass's first token
   Reg pn[NV];  // of its second token, before the first token's update
-  Reg o_a[NV];
-  Reg o_b[NV];
-  Reg delta_a[NV];
-  Reg delta_b[NV];
   for (int j = 0; j < NV; ++j) {
     p[j] = bs.carried ? Rt::Load(proj_p + j * kL) : Rt::Zero();
     pn[j] = bs.carried ? Rt::Load(proj_pn + j * kL) : Rt::Zero();
-    delta_b[j] = Rt::Zero();  // read only by two-token passes, which set it
   }
-  // Without the delta correction no pass projects the state (p and pn stay zero, delta = beta v).
-  const bool correct = a.options.delta_correction;
   if (!bs.carried && correct) {
     if (tokens_at(0, nt) == 2) {
       ProjectPass<Rt, NV, kStride, true>(w, rows, b.kpre, row(b.kq, 1), p, pn);
@@ -516,71 +529,73 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
       ProjectPass<Rt, NV, kStride, false>(w, rows, b.kpre, nullptr, p, pn);
     }
   }
-  for (int i = 0; i < nt;) {
-    const int tokens = tokens_at(i, nt);
-    const int next = i + tokens;  // the next pass's first token
+  // The pass of kTokens tokens from token i (its registers indexed by constants only, so that they stay in
+  // registers).
+  const auto pass = [&](int i, auto tokens_constant) __attribute__((always_inline)) {
+    constexpr int kTokens = decltype(tokens_constant)::value;
+    const int next = i + kTokens;  // the next pass's first token
     const void* const* pf = nullptr;
-    const int npf = pipe.Lines(step0 + i, tokens, &pf);
-    const float* v = b.vrow + static_cast<size_t>(i) * width + col;
-    const Reg beta_a = Rt::Set1(b.beta[i]);
-    for (int j = 0; j < NV; ++j) delta_a[j] = Rt::Mul(beta_a, Rt::Sub(Rt::Load(v + j * kL), p[j]));
+    const int npf = pipe.Lines(step0 + i, kTokens, &pf);
+    Reg o[kTokens][NV];
+    Reg delta[kTokens][NV];
     PassRows r;
-    r.khat_a = row(b.khat, i);
-    r.qhat_a = row(b.qhat, i);
-    r.mfac_a = row(b.mfac, i);
-    uint32_t mat = b.mat[i];
-    if (tokens == 2) {
-      const Reg beta_b = Rt::Set1(b.beta[i + 1]);
-      const Reg gamma = Rt::Set1(b.gamma[i + 1]);
+    uint32_t mat = 0;
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+      const float* v = b.vrow + static_cast<size_t>(i + t) * width + col;
+      const Reg beta = Rt::Set1(b.beta[i + t]);
       for (int j = 0; j < NV; ++j) {
-        const Reg p_b = correct ? Rt::Fma(gamma, delta_a[j], pn[j]) : pn[j];
-        delta_b[j] = Rt::Mul(beta_b, Rt::Sub(Rt::Load(v + width + j * kL), p_b));
+        // Token 1 of a pair projects through the previous pass's pn, corrected by token 0's delta (UpdatePass).
+        Reg proj = Rt::Zero();
+        if (correct && t == 0) proj = p[j];
+        if (correct && t == 1) proj = Rt::Fma(Rt::Set1(b.gamma[i + 1]), delta[0][j], pn[j]);
+        delta[t][j] = Rt::Mul(beta, Rt::Sub(Rt::Load(v + j * kL), proj));
+        o[t][j] = Rt::Zero();
       }
-      r.khat_b = row(b.khat, i + 1);
-      r.qhat_b = row(b.qhat, i + 1);
-      r.mfac_b = row(b.mfac, i + 1);
-      mat |= b.mat[i + 1];
+      r.khat[t] = row(b.khat, i + t);
+      r.qhat[t] = row(b.qhat, i + t);
+      r.mfac[t] = row(b.mfac, i + t);
+      mat |= b.mat[i + t];
     }
     // The next pass's tokens and keys: in this block, else the next block's first (prepared now if not yet).
     int project = 0;
-    if (next < nt) {
+    if (correct && next < nt) {
       project = tokens_at(next, nt);
       r.key_n = row(b.kpre, next);
       if (project == 2) r.key_nn = row(b.kq, next + 1);
-    } else if (pipe.n > 0) {
+    } else if (correct && pipe.n > 0) {
       project = tokens_at(0, pipe.n);
       pipe.PrepareFirst(project);
       r.key_n = pipe.next->kpre;
       if (project == 2) r.key_nn = row(pipe.next->kq, 1);
     }
     for (int j = 0; j < NV; ++j) {
-      o_a[j] = Rt::Zero();
-      o_b[j] = Rt::Zero();
       p[j] = Rt::Zero();
       pn[j] = Rt::Zero();
     }
-    if (!correct) project = 0;
-    if (tokens == 2) {
-      UpdatePassAny<Rt, NV, kStride, 2>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
-    } else {
-      UpdatePassAny<Rt, NV, kStride, 1>(project, mat, w, rows, r, delta_a, delta_b, o_a, o_b, p, pn, pf, npf);
-    }
+    UpdatePassAny<Rt, NV, kStride, kTokens>(project, mat, w, rows, r, PassRegs<Rt, NV>{delta, o, p, pn}, pf, npf);
+    const auto token_row = static_cast<size_t>(a.HV) * static_cast<size_t>(a.V);
     const size_t out = static_cast<size_t>((bs.t0 + i) * a.HV + task.h) * static_cast<size_t>(a.V) +
                        static_cast<size_t>(task.v_begin + col);
-    if (real_cols >= NV * kL) {
-      for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out + static_cast<size_t>(j) * kL, o_a[j]);
-      if (tokens == 2) {
-        const size_t out_b = out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V);
-        for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out_b + static_cast<size_t>(j) * kL, o_b[j]);
-      }
-    } else {
-      StoreColumnsPart<Rt, NV>(a.o, out, o_a, real_cols);
-      if (tokens == 2) {
-        StoreColumnsPart<Rt, NV>(a.o, out + static_cast<size_t>(a.HV) * static_cast<size_t>(a.V), o_b, real_cols);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+      const size_t out_t = out + static_cast<size_t>(t) * token_row;
+      if (real_cols >= NV * kL) {
+        for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out_t + static_cast<size_t>(j) * kL, o[t][j]);
+      } else {
+        StoreColumnsPart<Rt, NV>(a.o, out_t, o[t], real_cols);
       }
     }
     for (int k = i; k < next; ++k) pipe.Prepare(step0 + k);
-    i = next;
+  };
+  for (int i = 0; i < nt;) {
+    const int tokens = tokens_at(i, nt);
+    if constexpr (kQuads) {
+      if (tokens == 4) pass(i, std::integral_constant<int, 4>{});
+    }
+    if (tokens == 2) pass(i, std::integral_constant<int, 2>{});
+    if (tokens == 1) pass(i, std::integral_constant<int, 1>{});
+    i += tokens;
   }
   if (pipe.n == 0) return;
   for (int j = 0; j < NV; ++j) {
