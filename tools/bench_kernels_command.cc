@@ -638,12 +638,36 @@ std::vector<BenchRow> FlaOptionRows(const Machine& m, int repeats) {
   return rows;
 }
 
+// The steps of `call` over `layers` copies of its state buffer (initial_state: [rows, HV, K, V] each, in
+// place), one copy per step in turn, so that every step reads its states from memory as a model's layers do:
+// the median step time in seconds over `steps` steps after one pass over the copies.
+double StreamedStepSeconds(RecurrentKdaCall call, int layers, int64_t steps) {
+  const auto per_layer = static_cast<size_t>(call.initial_state.numel());
+  std::vector<float> states = bench::TokenInputs::Random(static_cast<int64_t>(per_layer) * layers, 7, 0.1F);
+  const auto step = [&](int64_t i) {
+    call.initial_state.data = states.data() + static_cast<size_t>(i % layers) * per_layer;
+    fused_recurrent_kda(call, KernelImpl::kOptimized);
+  };
+  for (int i = 0; i < layers; ++i) step(i);  // warm-up: one pass over the copies
+  std::vector<double> t;
+  t.reserve(static_cast<size_t>(steps));
+  for (int64_t i = 0; i < steps; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    step(i);
+    t.push_back(Seconds(t0));
+  }
+  return Median(t);
+}
+
 // ------------------------------------------------------------ Mamba2 (SSD)
 
 // Mamba2's SSD scan, the delta-rule kernels without the delta correction, at Granite-4.0-H-Small's mixer
 // shapes (one group of B and C, 128 heads of 64, state 128): the prefill of one sequence of 2048 tokens
 // (fp32 and bf16 tokens), optimized, against the same run's FMA peak. The flop floor is the plain
-// recurrence's two FMAs per state element and token (4 N P flops per head and token).
+// recurrence's two FMAs per state element and token (4 N P flops per head and token). Then a decode step of
+// 32 sequences (one bf16 token each, the states [N, H, P, N_state] in place as served), its states streamed
+// from memory (StreamedStepSeconds), against the read-write floor: the states' bytes at the in-place
+// read-modify-write rate.
 std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
   constexpr int kGroups = 1;
   constexpr int kHeads = 128;
@@ -675,6 +699,32 @@ std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
                {"ratio_to_flop_floor", us / floor_us}};
     rows.push_back(r);
   }
+  constexpr int64_t kSequences = 32;
+  bench::FlaProblem p(std::vector<int64_t>(kSequences, 1), kGroups, kHeads, kState, kHeadDim, DType::kBF16, 1,
+                      /*scalar_gate=*/true);
+  RecurrentKdaCall& call = p.recurrent;
+  call.use_qk_l2norm_in_kernel = false;
+  call.scale = 1.0F;
+  call.delta_correction = false;
+  call.state_v_first = true;  // [N, H, P, N_state]: the last two dims swap
+  std::swap(call.initial_state.shape[2], call.initial_state.shape[3]);
+  const auto per_layer = static_cast<int64_t>(call.initial_state.numel() * sizeof(float));
+  const int layers = static_cast<int>(std::max<int64_t>(2, (m.stream_bytes + per_layer - 1) / per_layer));
+  const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
+  const double step_us = StreamedStepSeconds(call, layers, steps) * 1e6;
+  const double floor_us = static_cast<double>(per_layer) / (m.rmw_gbps * 1e3);
+  BenchRow r = Row(m, "ssd_recurrent", KernelImpl::kOptimized, DType::kBF16, p.N(), p.T(), static_cast<int>(steps));
+  r.H = kGroups;
+  r.K = kState;
+  r.us_per_token = step_us / static_cast<double>(p.T());
+  r.extra = {{"HV", kHeads},
+             {"V", kHeadDim},
+             {"step_us", step_us},
+             {"rmw_gbps", m.rmw_gbps},
+             {"rw_floor_us", floor_us},
+             {"ratio_to_rw_floor", step_us / floor_us},
+             {"streamed_bytes", static_cast<double>(per_layer) * layers}};
+  rows.push_back(r);
   return rows;
 }
 
@@ -684,27 +734,6 @@ std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
 constexpr int kGdnKeyHeads = 16;
 constexpr int kGdnValueHeads = 32;
 constexpr int kGdnHeadDim = 128;
-
-// The steps of `call` over `layers` copies of its state buffer (initial_state: [rows, HV, K, V] each, in
-// place), one copy per step in turn, so that every step reads its states from memory as a model's layers do:
-// the median step time in seconds over `steps` steps after one pass over the copies.
-double StreamedStepSeconds(RecurrentKdaCall call, int layers, int64_t steps) {
-  const auto per_layer = static_cast<size_t>(call.initial_state.numel());
-  std::vector<float> states = bench::TokenInputs::Random(static_cast<int64_t>(per_layer) * layers, 7, 0.1F);
-  const auto step = [&](int64_t i) {
-    call.initial_state.data = states.data() + static_cast<size_t>(i % layers) * per_layer;
-    fused_recurrent_kda(call, KernelImpl::kOptimized);
-  };
-  for (int i = 0; i < layers; ++i) step(i);  // warm-up: one pass over the copies
-  std::vector<double> t;
-  t.reserve(static_cast<size_t>(steps));
-  for (int64_t i = 0; i < steps; ++i) {
-    const Clock::time_point t0 = Clock::now();
-    step(i);
-    t.push_back(Seconds(t0));
-  }
-  return Median(t);
-}
 
 // Gated DeltaNet (a gate per value head, g [T, HV]) at Qwen3-Next's shapes, optimized kernels, each against
 // the same run's floors:

@@ -100,6 +100,49 @@ void DecodeStep(const float* in, float* out, int kd, int vd, const TokenRows& r,
   for (; col < vd; ++col) DecodeColumns<Scalar, 1>(in, out, kd, vd, col, r, o_buf, out_off);
 }
 
+// One token's step of a V-first state ([V][K]: row j is column j of S) from `in` (null: zeros) to `out` (in may
+// be out), row by row where the state is stored (no transposed working copy): per column j
+//   p_j = sum_d (k_d e^{g_d}) S[d,j];  delta_j = beta_j (v_j - p_j)   (without the delta correction p_j = 0)
+//   S'[d,j] = e^{g_d} S[d,j] + k_d delta_j;  o_j = sum_d q_d S'[d,j]
+// each state element by the same operations as DecodeColumns (the sums p and o in another order). A row is read
+// from memory once: the projection's pass brings it into L1 for the update's.
+template <class Vt>
+void DecodeStepVFirst(const float* in, float* out, int kd, int vd, const TokenRows& r, const MutBuf& o_buf,
+                      size_t out_off) {
+  using Reg = typename Vt::Reg;
+  constexpr int kL = Vt::kLanes;
+  const int kv = kd - kd % kL;  // the rows' elements in whole registers; the rest one by one
+  const bool scalar_gate = r.e_step == 0;
+  for (int j = 0; j < vd; ++j) {
+    const float* sj = in != nullptr ? in + static_cast<size_t>(j) * kd : nullptr;
+    float* oj = out + static_cast<size_t>(j) * kd;
+    float p = 0.0F;
+    if (r.delta_correction && sj != nullptr) {
+      Reg acc = Vt::Zero();
+      for (int d = 0; d < kv; d += kL) acc = Vt::Fma(Vt::Load(r.ke + d), Vt::Load(sj + d), acc);
+      p = Vt::ReduceAdd(acc);
+      for (int d = kv; d < kd; ++d) p = Scalar::Fma(r.ke[d], sj[d], p);
+    }
+    const float delta = r.beta[j] * (r.v[j] - p);
+    const Reg dv = Vt::Set1(delta);
+    Reg acc = Vt::Zero();
+    for (int d = 0; d < kv; d += kL) {
+      const Reg x = sj != nullptr ? Vt::Load(sj + d) : Vt::Zero();
+      const Reg y = Vt::Fma(Vt::Load(r.k + d), dv, Vt::Mul(x, scalar_gate ? Vt::Set1(r.e[0]) : Vt::Load(r.e + d)));
+      acc = Vt::Fma(Vt::Load(r.q + d), y, acc);
+      Vt::Store(oj + d, y);
+    }
+    float o = Vt::ReduceAdd(acc);
+    for (int d = kv; d < kd; ++d) {
+      const float x = sj != nullptr ? sj[d] : 0.0F;
+      const float y = Scalar::Fma(r.k[d], delta, x * r.e[d * r.e_step]);
+      o = Scalar::Fma(r.q[d], y, o);
+      oj[d] = y;
+    }
+    StoreScalar(o_buf, out_off + static_cast<size_t>(j), o);
+  }
+}
+
 // A head's state between its stored layout (K-major, or V-first [V][K]) and a [K][V] working copy; src null:
 // zeros.
 KDA_INLINE void LoadWorking(const float* src, int kd, int vd, bool v_first, float* work) {
@@ -457,8 +500,8 @@ template <class Vt>
 // One task (sequence n, value head h); column blocks of up to NV registers.
 // K-major states are stepped from where they are to where the token's state
 // goes (in place in a pool slot for plain decode), through the worker's
-// scratch for tokens whose state is not written; V-first states are stepped
-// in the scratch and copied out where written. (Stepping a verification's
+// scratch for tokens whose state is not written; V-first states likewise, row
+// by row in their own layout (DecodeStepVFirst). (Stepping a verification's
 // tokens in the scratch and streaming each state out with non-temporal stores,
 // which spares the read of a slot written but not read, measured 5–20% slower
 // on a Xeon, family 6 model 207: 8 sequences of 4 tokens, states from memory.)
@@ -485,22 +528,16 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
   }
   const float* cur = st.initial != nullptr ? st.initial + head_off : nullptr;
   float* scratch = task.scratch;
-  if (a.state_v_first) {
-    LoadWorking(cur, kd, vd, true, scratch);
-    cur = scratch;
-  }
-  if (bos == eos) {  // an empty sequence's final state is its initial state (contiguous form)
+  if (bos == eos) {  // an empty sequence's final state is its initial state (contiguous form), in its layout
     float* empty_final = internal::EmptySequenceFinalState(a, task.n);
-    if (empty_final != nullptr && empty_final != st.initial) {
-      if (a.state_v_first) {
-        StoreWorking(scratch, kd, vd, true, empty_final + head_off);
-      } else {
-        LoadWorking(cur, kd, vd, false, empty_final + head_off);
-      }
-    }
+    if (empty_final != nullptr && empty_final != st.initial) LoadWorking(cur, kd, vd, false, empty_final + head_off);
     return;
   }
   if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
+    if (a.state_v_first) {  // short chunks step a K-major working copy
+      LoadWorking(cur, kd, vd, true, scratch);
+      cur = scratch;
+    }
     RunShortChunks<Vt>(task, {kd, vd, kp, vp, bos, eos, head_off}, st.initial, cur);
     return;
   }
@@ -516,14 +553,17 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     PrepareToken<Vt>(task, t, kh, kp, vp, q, k, e, ke, v, beta);
     float* dst = internal::TokenStateDestination(a, task.n, t - bos, eos - bos);
     if (dst != nullptr) dst += head_off;
-    float* out = a.state_v_first || dst == nullptr ? scratch : dst;
-    if (cur == nullptr) {  // zeros: the step reads the zeroed destination
-      LoadWorking(nullptr, kd, vd, false, out);
-      cur = out;
-    }
+    float* out = dst == nullptr ? scratch : dst;
     const TokenRows rows{q, k, e, a.scalar_gate ? 0 : 1, ke, v, beta, a.options.delta_correction};
-    DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
-    if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
+    if (a.state_v_first) {
+      DecodeStepVFirst<Vt>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
+    } else {
+      if (cur == nullptr) {  // zeros: the step reads the zeroed destination
+        LoadWorking(nullptr, kd, vd, false, out);
+        cur = out;
+      }
+      DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
+    }
     cur = out;
   }
 }
