@@ -699,6 +699,38 @@ std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
                {"ratio_to_flop_floor", us / floor_us}};
     rows.push_back(r);
   }
+  // Chunked prefill as served: 8 sequences of 256 tokens with initial and final states [N, H, P, N_state]
+  // (V-first), timed alternately against the same call with K-major states.
+  {
+    std::vector<std::unique_ptr<bench::FlaProblem>> problems;
+    std::vector<std::function<void(int64_t)>> calls;
+    for (bool v_first : {true, false}) {
+      problems.push_back(std::make_unique<bench::FlaProblem>(std::vector<int64_t>(8, 256), kGroups, kHeads, kState,
+                                                             kHeadDim, DType::kBF16, 1, /*scalar_gate=*/true));
+      ChunkKdaCall& c = problems.back()->chunk;
+      c.use_qk_l2norm_in_kernel = false;
+      c.scale = 1.0F;
+      c.delta_correction = false;
+      c.state_v_first = v_first;
+      if (v_first) {
+        std::swap(c.initial_state.shape[2], c.initial_state.shape[3]);
+        std::swap(c.final_state.shape[2], c.final_state.shape[3]);
+      }
+      chunk_kda(c, KernelImpl::kOptimized);  // warm-up
+      calls.emplace_back([&c](int64_t) { chunk_kda(c, KernelImpl::kOptimized); });
+    }
+    const std::vector<std::vector<double>> seconds = bench::TimeAlternately(repeats, calls);
+    const double us = Median(seconds[0]) * 1e6 / static_cast<double>(problems[0]->T());
+    const double k_major_us = Median(seconds[1]) * 1e6 / static_cast<double>(problems[1]->T());
+    BenchRow r =
+        Row(m, "ssd_chunk_states", KernelImpl::kOptimized, DType::kBF16, problems[0]->N(), problems[0]->T(), repeats);
+    r.H = kGroups;
+    r.K = kState;
+    r.us_per_token = us;
+    r.extra = {
+        {"HV", kHeads}, {"V", kHeadDim}, {"k_major_us_per_token", k_major_us}, {"ratio_to_k_major", us / k_major_us}};
+    rows.push_back(r);
+  }
   constexpr int64_t kSequences = 32;
   bench::FlaProblem p(std::vector<int64_t>(kSequences, 1), kGroups, kHeads, kState, kHeadDim, DType::kBF16, 1,
                       /*scalar_gate=*/true);

@@ -26,35 +26,6 @@ constexpr int64_t kTileDepth = 32;  // bf16 of the input dim a tile product sums
 // The tile instructions and the masked 16-bit stores, beyond the target's -m flags.
 #define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bw,avx512vl")]]
 
-// 16 registers of 16 lanes transposed: r[i] lane j <-> r[j] lane i.
-KDA_INLINE void Transpose16(__m512 (&r)[16]) {
-  __m512 s[16];
-  for (int i = 0; i < 16; i += 2) {
-    s[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    s[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(s[i], s[i + 2], 0x44);
-    r[i + 1] = _mm512_shuffle_ps(s[i], s[i + 2], 0xEE);
-    r[i + 2] = _mm512_shuffle_ps(s[i + 1], s[i + 3], 0x44);
-    r[i + 3] = _mm512_shuffle_ps(s[i + 1], s[i + 3], 0xEE);
-  }
-  // Rows now hold 4 x 4 blocks transposed within each 128-bit lane; the
-  // lanes are exchanged between rows 4 apart, then 8 apart.
-  for (int i = 0; i < 4; ++i) {
-    s[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    s[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
-    s[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    s[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(s[i], s[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(s[i], s[i + 8], 0xDD);
-    r[i + 4] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0x88);
-    r[i + 12] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0xDD);
-  }
-}
-
 }  // namespace
 
 // Input rows [16 b, 16 b + 16) of x [m, k] in the B operand's layout: for each
@@ -70,7 +41,7 @@ void TilePackRows(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b) {
     for (int i = 0; i < 16; ++i) {
       r[i] = i < rows ? _mm512_loadu_ps(reinterpret_cast<const float*>(src + i * k + 2 * p0)) : _mm512_setzero_ps();
     }
-    Transpose16(r);
+    Vec::Transpose(r);
     for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + (p0 + j) * kTileRows, r[j]);
   }
 }
@@ -83,7 +54,7 @@ namespace {
 KDA_TILE_TARGET void WriteBlock(const TileGemmArgs& a, float* c, int64_t n0, int64_t m0) {
   __m512 t[16];
   for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + i * kTileRows);
-  Transpose16(t);
+  Vec::Transpose(t);
   const int64_t cols = a.n - n0 < kTileRows ? a.n - n0 : kTileRows;
   const auto mask = static_cast<__mmask16>((1U << cols) - 1U);
   const int64_t rows = a.m - m0 < kTileRows ? a.m - m0 : kTileRows;

@@ -9,7 +9,8 @@
 // Fma(a, b, c) = a*b + c (fused where the target has FMA), Fnma(a, b, c) =
 // c - a*b, Min(a, b) = a < b ? a : b, Max(a, b) = a > b ? a : b (so that
 // Min(constant, NaN) is NaN), Round (to nearest even), Less, Select(mask,
-// if_true, if_false), Any, ReduceAdd, Bits / FromBits. HalfVec is a vector of
+// if_true, if_false), Any, ReduceAdd, Bits / FromBits, Transpose (kLanes registers
+// as a kLanes x kLanes square: r[i] lane j <-> r[j] lane i). HalfVec is a vector of
 // half Vec's lanes where the target has one whose operations cost less (the
 // AVX-512 target's 256-bit registers; its avx512_shape stand-in's 8 lanes), else
 // Vec itself. On the AVX-512 target (and its avx512_shape stand-in) VecStream
@@ -79,6 +80,7 @@ struct Scalar {
   KDA_INLINE static Reg Select(Mask m, Reg if_true, Reg if_false) { return m ? if_true : if_false; }
   KDA_INLINE static bool Any(Mask m) { return m; }
   KDA_INLINE static float ReduceAdd(Reg x) { return x; }
+  KDA_INLINE static void Transpose(Reg (&/*r*/)[1]) {}
   KDA_INLINE static U32 Bits(Reg x) {
     U32 u = 0;
     __builtin_memcpy(&u, &x, sizeof(u));
@@ -125,6 +127,33 @@ struct Vec {
   KDA_INLINE static float ReduceAdd(Reg x) { return _mm512_reduce_add_ps(x); }
   KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
+  KDA_INLINE static void Transpose(Reg (&r)[16]) {
+    Reg s[16];
+    for (int i = 0; i < 16; i += 2) {
+      s[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+      s[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      r[i] = _mm512_shuffle_ps(s[i], s[i + 2], 0x44);
+      r[i + 1] = _mm512_shuffle_ps(s[i], s[i + 2], 0xEE);
+      r[i + 2] = _mm512_shuffle_ps(s[i + 1], s[i + 3], 0x44);
+      r[i + 3] = _mm512_shuffle_ps(s[i + 1], s[i + 3], 0xEE);
+    }
+    // Rows now hold 4 x 4 blocks transposed within each 128-bit lane; the
+    // lanes are exchanged between rows 4 apart, then 8 apart.
+    for (int i = 0; i < 4; ++i) {
+      s[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+      s[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+      s[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+      s[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; ++i) {
+      r[i] = _mm512_shuffle_f32x4(s[i], s[i + 8], 0x88);
+      r[i + 8] = _mm512_shuffle_f32x4(s[i], s[i + 8], 0xDD);
+      r[i + 4] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0x88);
+      r[i + 12] = _mm512_shuffle_f32x4(s[i + 4], s[i + 12], 0xDD);
+    }
+  }
 };
 
 #endif
@@ -164,6 +193,25 @@ struct Vec256 {
   }
   KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }
+  KDA_INLINE static void Transpose(Reg (&r)[8]) {
+    Reg s[8];
+    for (int i = 0; i < 8; i += 2) {
+      s[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      s[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    Reg t[8];
+    for (int i = 0; i < 8; i += 4) {
+      t[i] = _mm256_shuffle_ps(s[i], s[i + 2], 0x44);
+      t[i + 1] = _mm256_shuffle_ps(s[i], s[i + 2], 0xEE);
+      t[i + 2] = _mm256_shuffle_ps(s[i + 1], s[i + 3], 0x44);
+      t[i + 3] = _mm256_shuffle_ps(s[i + 1], s[i + 3], 0xEE);
+    }
+    // Each 128-bit half now holds a 4 x 4 block transposed; the halves are exchanged between rows 4 apart.
+    for (int i = 0; i < 4; ++i) {
+      r[i] = _mm256_permute2f128_ps(t[i], t[i + 4], 0x20);
+      r[i + 4] = _mm256_permute2f128_ps(t[i], t[i + 4], 0x31);
+    }
+  }
 };
 
 #if KDA_TARGET == KDA_TARGET_AVX2
@@ -260,6 +308,15 @@ struct VecExt {
     float s = 0.0F;
     for (int i = 0; i < kLanes; ++i) s += x[i];
     return s;
+  }
+  KDA_INLINE static void Transpose(Reg (&r)[L]) {
+    for (int i = 0; i < L; ++i) {
+      for (int j = i + 1; j < L; ++j) {
+        const float x = r[i][j];
+        r[i][j] = r[j][i];
+        r[j][i] = x;
+      }
+    }
   }
   KDA_INLINE static U32 Bits(Reg x) { return reinterpret_cast<U32>(x); }
   KDA_INLINE static Reg FromBits(U32 u) { return reinterpret_cast<Reg>(u); }

@@ -656,6 +656,17 @@ void LoadState(const internal::ChunkTask& task) {
   const int vd = a.V;
   const float* src = task.initial != nullptr ? task.initial + HeadStateOffset(task) : nullptr;
   ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, float* w) {
+    if (src != nullptr && a.state_v_first) {  // the block's rows are columns of the stored [V][K] rows
+      const int real = c0 >= vd ? 0 : (vd - c0 < bw ? vd - c0 : bw);
+      TransposeCopy<Vt>(
+          src + static_cast<size_t>(c0) * kin, static_cast<size_t>(kin), real, kin,
+          [&](int d, int j0, typename Vt::Reg x) { Vt::Store(w + static_cast<size_t>(d) * bw + j0, x); },
+          [&](int d, int j, float x) { w[static_cast<size_t>(d) * bw + j] = x; });
+      for (int d = 0; d < kd; ++d) {
+        for (int j = d < kin ? real : 0; j < bw; ++j) w[static_cast<size_t>(d) * bw + j] = 0.0F;
+      }
+      return;
+    }
     const bool fast = src != nullptr && !a.state_v_first && c0 + bw <= vd;
     for (int d = 0; d < kd; ++d) {
       float* wd = w + static_cast<size_t>(d) * bw;
@@ -687,6 +698,15 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutB
   const int vd = a.V;
   const size_t head = HeadStateOffset(task);
   ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, const float* w) {
+    if (a.state_v_first) {  // the block's columns are rows of the stored [V][K]
+      const int real = c0 >= vd ? 0 : (vd - c0 < bw ? vd - c0 : bw);
+      const auto at = [&](int j, int d) { return head + static_cast<size_t>(c0 + j) * kin + d; };
+      TransposeCopy<Vt>(
+          w, static_cast<size_t>(bw), kin, real,
+          [&](int j, int d0, typename Vt::Reg x) { StoreOut<Vt>(dst, at(j, d0), Vt::Mul(Vt::Load(c_rows + d0), x)); },
+          [&](int j, int d, float x) { StoreScalar(dst, at(j, d), c_rows[d] * x); });
+      return;
+    }
     const bool fast = !a.state_v_first && c0 + bw <= vd;
     for (int d = 0; d < kin; ++d) {
       const float* wd = w + static_cast<size_t>(d) * bw;

@@ -145,6 +145,7 @@ void DecodeStepVFirst(const float* in, float* out, int kd, int vd, const TokenRo
 
 // A head's state between its stored layout (K-major, or V-first [V][K]) and a [K][V] working copy; src null:
 // zeros.
+template <class Vt>
 KDA_INLINE void LoadWorking(const float* src, int kd, int vd, bool v_first, float* work) {
   const size_t n = static_cast<size_t>(kd) * static_cast<size_t>(vd);
   if (src == nullptr) {
@@ -152,19 +153,22 @@ KDA_INLINE void LoadWorking(const float* src, int kd, int vd, bool v_first, floa
   } else if (!v_first) {
     for (size_t i = 0; i < n; ++i) work[i] = src[i];
   } else {
-    for (int j = 0; j < vd; ++j) {
-      for (int d = 0; d < kd; ++d) work[static_cast<size_t>(d) * vd + j] = src[static_cast<size_t>(j) * kd + d];
-    }
+    TransposeCopy<Vt>(
+        src, static_cast<size_t>(kd), vd, kd,
+        [&](int d, int j0, typename Vt::Reg x) { Vt::Store(work + static_cast<size_t>(d) * vd + j0, x); },
+        [&](int d, int j, float x) { work[static_cast<size_t>(d) * vd + j] = x; });
   }
 }
+template <class Vt>
 KDA_INLINE void StoreWorking(const float* work, int kd, int vd, bool v_first, float* dst) {
   const size_t n = static_cast<size_t>(kd) * static_cast<size_t>(vd);
   if (!v_first) {
     for (size_t i = 0; i < n; ++i) dst[i] = work[i];
   } else {
-    for (int j = 0; j < vd; ++j) {
-      for (int d = 0; d < kd; ++d) dst[static_cast<size_t>(j) * kd + d] = work[static_cast<size_t>(d) * vd + j];
-    }
+    TransposeCopy<Vt>(
+        work, static_cast<size_t>(vd), kd, vd,
+        [&](int j, int d0, typename Vt::Reg x) { Vt::Store(dst + static_cast<size_t>(j) * kd + d0, x); },
+        [&](int j, int d, float x) { dst[static_cast<size_t>(j) * kd + d] = x; });
   }
 }
 
@@ -494,7 +498,7 @@ template <class Vt>
                    next);
     cur = out;
   }
-  if (a.state_v_first && dst != nullptr) StoreWorking(scratch, kd, vd, true, dst);
+  if (a.state_v_first && dst != nullptr) StoreWorking<Vt>(scratch, kd, vd, true, dst);
 }
 
 // One task (sequence n, value head h); column blocks of up to NV registers.
@@ -530,12 +534,13 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
   float* scratch = task.scratch;
   if (bos == eos) {  // an empty sequence's final state is its initial state (contiguous form), in its layout
     float* empty_final = internal::EmptySequenceFinalState(a, task.n);
-    if (empty_final != nullptr && empty_final != st.initial) LoadWorking(cur, kd, vd, false, empty_final + head_off);
+    if (empty_final != nullptr && empty_final != st.initial)
+      LoadWorking<Vt>(cur, kd, vd, false, empty_final + head_off);
     return;
   }
   if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
     if (a.state_v_first) {  // short chunks step a K-major working copy
-      LoadWorking(cur, kd, vd, true, scratch);
+      LoadWorking<Vt>(cur, kd, vd, true, scratch);
       cur = scratch;
     }
     RunShortChunks<Vt>(task, {kd, vd, kp, vp, bos, eos, head_off}, st.initial, cur);
@@ -559,7 +564,7 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
       DecodeStepVFirst<Vt>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
     } else {
       if (cur == nullptr) {  // zeros: the step reads the zeroed destination
-        LoadWorking(nullptr, kd, vd, false, out);
+        LoadWorking<Vt>(nullptr, kd, vd, false, out);
         cur = out;
       }
       DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));

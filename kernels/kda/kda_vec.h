@@ -77,6 +77,27 @@ KDA_INLINE void StoreOutPart(const MutBuf& buf, size_t offset, typename Vt::Reg 
   for (int j = 0; j < n; ++j) StoreScalar(buf, offset + j, lanes[j]);
 }
 
+// The transposed copy of src [rows][cols] (fp32, row stride `stride`), a kLanes x kLanes square at a time
+// through registers: for each column j and each full block of kLanes rows from i0, put(j, i0, x) with x lane l =
+// src[(i0 + l) * stride + j]; the elements outside the full squares one at a time, put_one(j, i, src[i][j]).
+template <class Vt, class Put, class PutOne>
+KDA_INLINE void TransposeCopy(const float* src, size_t stride, int rows, int cols, Put&& put, PutOne&& put_one) {
+  constexpr int kL = Vt::kLanes;
+  const int full_rows = rows - rows % kL;
+  const int full_cols = cols - cols % kL;
+  for (int i0 = 0; i0 < full_rows; i0 += kL) {
+    for (int j0 = 0; j0 < full_cols; j0 += kL) {
+      typename Vt::Reg t[kL];
+      for (int l = 0; l < kL; ++l) t[l] = Vt::Load(src + static_cast<size_t>(i0 + l) * stride + j0);
+      Vt::Transpose(t);
+      for (int l = 0; l < kL; ++l) put(j0 + l, i0, t[l]);
+    }
+  }
+  for (int i = 0; i < rows; ++i) {
+    for (int j = i < full_rows ? full_cols : 0; j < cols; ++j) put_one(j, i, src[static_cast<size_t>(i) * stride + j]);
+  }
+}
+
 // Whether StreamOut<Vec> stores lanes [offset, offset + lanes) of buf with a
 // non-temporal store: the target has them and the destination is aligned for
 // one (a register's bytes in fp32, half of them in bf16 and f16).
