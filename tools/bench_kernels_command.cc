@@ -1,6 +1,7 @@
 #include "tools/bench_kernels_command.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -659,6 +660,35 @@ double StreamedStepSeconds(RecurrentKdaCall call, int layers, int64_t steps) {
   return Median(t);
 }
 
+// The row of a step of p's sequences through `call` (tokens per sequence each, bf16 tokens; H, HV, K, V its
+// heads), its states streamed from memory (StreamedStepSeconds over enough copies of them), against the
+// read-write floor: each state read (one per sequence) and written (one per token) at the in-place
+// read-modify-write rate, which moves each byte twice: bytes read + written over 2 rmw_gbps.
+BenchRow StreamedStepRow(const Machine& m, const char* kernel, const RecurrentKdaCall& call, const bench::FlaProblem& p,
+                         std::array<int, 4> heads, int64_t tokens, int repeats) {
+  const auto [H, HV, K, V] = heads;
+  const auto per_layer = static_cast<int64_t>(call.initial_state.numel() * sizeof(float));
+  const int layers = static_cast<int>(std::max<int64_t>(2, (m.stream_bytes + per_layer - 1) / per_layer));
+  const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
+  const double step_us = StreamedStepSeconds(call, layers, steps) * 1e6;
+  const double state_bytes = static_cast<double>(HV) * K * V * sizeof(float);
+  const double moved = state_bytes * static_cast<double>(p.N()) * static_cast<double>(1 + tokens);
+  const double floor_us = moved / (2.0 * m.rmw_gbps * 1e3);
+  BenchRow r = Row(m, kernel, KernelImpl::kOptimized, DType::kBF16, p.N(), p.T(), static_cast<int>(steps));
+  r.H = H;
+  r.K = K;
+  r.us_per_token = step_us / static_cast<double>(p.T());
+  r.extra = {{"HV", HV},
+             {"V", V},
+             {"tokens_per_sequence", static_cast<double>(tokens)},
+             {"step_us", step_us},
+             {"rmw_gbps", m.rmw_gbps},
+             {"rw_floor_us", floor_us},
+             {"ratio_to_rw_floor", step_us / floor_us},
+             {"streamed_bytes", static_cast<double>(per_layer) * layers}};
+  return r;
+}
+
 // ------------------------------------------------------------ Mamba2 (SSD)
 
 // Mamba2's SSD scan, the delta-rule kernels without the delta correction, at Granite-4.0-H-Small's mixer
@@ -740,23 +770,7 @@ std::vector<BenchRow> SsdRows(const Machine& m, int repeats) {
   call.delta_correction = false;
   call.state_v_first = true;  // [N, H, P, N_state]: the last two dims swap
   std::swap(call.initial_state.shape[2], call.initial_state.shape[3]);
-  const auto per_layer = static_cast<int64_t>(call.initial_state.numel() * sizeof(float));
-  const int layers = static_cast<int>(std::max<int64_t>(2, (m.stream_bytes + per_layer - 1) / per_layer));
-  const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
-  const double step_us = StreamedStepSeconds(call, layers, steps) * 1e6;
-  const double floor_us = static_cast<double>(per_layer) / (m.rmw_gbps * 1e3);
-  BenchRow r = Row(m, "ssd_recurrent", KernelImpl::kOptimized, DType::kBF16, p.N(), p.T(), static_cast<int>(steps));
-  r.H = kGroups;
-  r.K = kState;
-  r.us_per_token = step_us / static_cast<double>(p.T());
-  r.extra = {{"HV", kHeads},
-             {"V", kHeadDim},
-             {"step_us", step_us},
-             {"rmw_gbps", m.rmw_gbps},
-             {"rw_floor_us", floor_us},
-             {"ratio_to_rw_floor", step_us / floor_us},
-             {"streamed_bytes", static_cast<double>(per_layer) * layers}};
-  rows.push_back(r);
+  rows.push_back(StreamedStepRow(m, "ssd_recurrent", call, p, {kGroups, kHeads, kState, kHeadDim}, 1, repeats));
   return rows;
 }
 
@@ -836,26 +850,7 @@ std::vector<BenchRow> GdnRows(const Machine& m, int repeats) {
                         DType::kBF16, 1, true);
     const bool speculative = c.tokens > 1;
     const RecurrentKdaCall& call = speculative ? p.speculative : p.recurrent;
-    const auto per_layer = static_cast<int64_t>(call.initial_state.numel() * sizeof(float));
-    const int layers = static_cast<int>(std::max<int64_t>(2, (m.stream_bytes + per_layer - 1) / per_layer));
-    const int64_t steps = std::max<int64_t>(static_cast<int64_t>(repeats) * layers, 2 * layers);
-    const double step_us = StreamedStepSeconds(call, layers, steps) * 1e6;
-    const double state_bytes = static_cast<double>(kGdnValueHeads) * kd * kd * sizeof(float);
-    const double moved = state_bytes * static_cast<double>(c.sequences) * static_cast<double>(1 + c.tokens);
-    const double floor_us = moved / (2.0 * m.rmw_gbps * 1e3);
-    BenchRow r = Row(m, c.kernel, KernelImpl::kOptimized, DType::kBF16, p.N(), p.T(), static_cast<int>(steps));
-    r.H = kh;
-    r.K = kd;
-    r.us_per_token = step_us / static_cast<double>(p.T());
-    r.extra = {{"HV", kGdnValueHeads},
-               {"V", kd},
-               {"tokens_per_sequence", static_cast<double>(c.tokens)},
-               {"step_us", step_us},
-               {"rmw_gbps", m.rmw_gbps},
-               {"rw_floor_us", floor_us},
-               {"ratio_to_rw_floor", step_us / floor_us},
-               {"streamed_bytes", static_cast<double>(per_layer) * layers}};
-    rows.push_back(r);
+    rows.push_back(StreamedStepRow(m, c.kernel, call, p, {kh, kGdnValueHeads, kd, kd}, c.tokens, repeats));
   }
   return rows;
 }

@@ -143,32 +143,21 @@ void DecodeStepVFirst(const float* in, float* out, int kd, int vd, const TokenRo
   }
 }
 
-// A head's state between its stored layout (K-major, or V-first [V][K]) and a [K][V] working copy; src null:
-// zeros.
+// dst = src, a head's state of rows x cols ([rows][cols]), or with `transpose` its transpose ([cols][rows]);
+// src null: zeros. A state between its stored layout (K-major, or V-first [V][K]) and a [K][V] working copy:
+// loaded CopyState(src, vd, kd, v_first, work), stored CopyState(work, kd, vd, v_first, dst).
 template <class Vt>
-KDA_INLINE void LoadWorking(const float* src, int kd, int vd, bool v_first, float* work) {
-  const size_t n = static_cast<size_t>(kd) * static_cast<size_t>(vd);
+KDA_INLINE void CopyState(const float* src, int rows, int cols, bool transpose, float* dst) {
+  const size_t n = static_cast<size_t>(rows) * static_cast<size_t>(cols);
   if (src == nullptr) {
-    for (size_t i = 0; i < n; ++i) work[i] = 0.0F;
-  } else if (!v_first) {
-    for (size_t i = 0; i < n; ++i) work[i] = src[i];
+    for (size_t i = 0; i < n; ++i) dst[i] = 0.0F;
+  } else if (!transpose) {
+    for (size_t i = 0; i < n; ++i) dst[i] = src[i];
   } else {
     TransposeCopy<Vt>(
-        src, static_cast<size_t>(kd), vd, kd,
-        [&](int d, int j0, typename Vt::Reg x) { Vt::Store(work + static_cast<size_t>(d) * vd + j0, x); },
-        [&](int d, int j, float x) { work[static_cast<size_t>(d) * vd + j] = x; });
-  }
-}
-template <class Vt>
-KDA_INLINE void StoreWorking(const float* work, int kd, int vd, bool v_first, float* dst) {
-  const size_t n = static_cast<size_t>(kd) * static_cast<size_t>(vd);
-  if (!v_first) {
-    for (size_t i = 0; i < n; ++i) dst[i] = work[i];
-  } else {
-    TransposeCopy<Vt>(
-        work, static_cast<size_t>(vd), kd, vd,
-        [&](int j, int d0, typename Vt::Reg x) { Vt::Store(dst + static_cast<size_t>(j) * kd + d0, x); },
-        [&](int j, int d, float x) { dst[static_cast<size_t>(j) * kd + d] = x; });
+        src, static_cast<size_t>(cols), rows, cols,
+        [&](int c, int r0, typename Vt::Reg x) { Vt::Store(dst + static_cast<size_t>(c) * rows + r0, x); },
+        [&](int c, int r, float x) { dst[static_cast<size_t>(c) * rows + r] = x; });
   }
 }
 
@@ -498,7 +487,7 @@ template <class Vt>
                    next);
     cur = out;
   }
-  if (a.state_v_first && dst != nullptr) StoreWorking<Vt>(scratch, kd, vd, true, dst);
+  if (a.state_v_first && dst != nullptr) CopyState<Vt>(scratch, kd, vd, true, dst);
 }
 
 // One task (sequence n, value head h); column blocks of up to NV registers.
@@ -534,13 +523,12 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
   float* scratch = task.scratch;
   if (bos == eos) {  // an empty sequence's final state is its initial state (contiguous form), in its layout
     float* empty_final = internal::EmptySequenceFinalState(a, task.n);
-    if (empty_final != nullptr && empty_final != st.initial)
-      LoadWorking<Vt>(cur, kd, vd, false, empty_final + head_off);
+    if (empty_final != nullptr && empty_final != st.initial) CopyState<Vt>(cur, kd, vd, false, empty_final + head_off);
     return;
   }
   if (eos - bos >= 2 && OnlyFinalStateWritten(a, task.n, eos - bos)) {
     if (a.state_v_first) {  // short chunks step a K-major working copy
-      LoadWorking<Vt>(cur, kd, vd, true, scratch);
+      CopyState<Vt>(cur, vd, kd, true, scratch);
       cur = scratch;
     }
     RunShortChunks<Vt>(task, {kd, vd, kp, vp, bos, eos, head_off}, st.initial, cur);
@@ -564,7 +552,7 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
       DecodeStepVFirst<Vt>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
     } else {
       if (cur == nullptr) {  // zeros: the step reads the zeroed destination
-        LoadWorking<Vt>(nullptr, kd, vd, false, out);
+        CopyState<Vt>(nullptr, kd, vd, false, out);
         cur = out;
       }
       DecodeStep<Vt, NV>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));

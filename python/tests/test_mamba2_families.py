@@ -125,12 +125,8 @@ def test_every_mixer_layer_matches_its_module(tiny):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_decode_through_the_layer_matches_transformers_cache(tiny, kernel):
+def test_decode_through_the_layer_and_the_engine_matches_transformers_cache(tiny, kernel):
     check_layer_decode(tiny, kda_layer(tiny.path, kernel), T, DECODE)
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_engine_prefill_and_decode_match_transformers_cache(tiny, kernel):
     # The engine runs every mixer on the residual stream (h_{l+1} = h_l + mixer_l(h_l)); transformers' mixers
     # the same way, each through its own cache.
     x = tiny.inputs(T + DECODE, seed=3)
