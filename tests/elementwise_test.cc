@@ -88,6 +88,21 @@ void ExpectNearOracleAndReference(DType dt, const ActBuffer& y, const std::vecto
   EXPECT_TRUE(CloseToReference(dt, got, y_ref.ToFloat(), want));
 }
 
+// A gated norm's check on random inputs in dt: o [n] in (-2, 2), the gate [n] in (-8, 8), the weights
+// [w_size] in (0.5, 1.5) (seeds seed, seed + 1, seed + 2); run(y, o, gate, w) against oracle(o, gate, w) and,
+// optimized, against reference(y, o, gate, w).
+template <class Run, class Reference, class Oracle>
+void CheckGatedNormOnRandomInputs(DType dt, size_t n, size_t w_size, uint32_t seed, bool optimized, Run run,
+                                  Reference reference, Oracle oracle) {
+  const ActBuffer o = ToAct(dt, Random(n, -2, 2, seed));
+  const ActBuffer gate = ToAct(dt, Random(n, -8, 8, seed + 1));
+  const std::vector<float> w = Random(w_size, 0.5F, 1.5F, seed + 2);
+  ActBuffer y(dt, static_cast<int64_t>(n));
+  run(y.mut(), o.view(), gate.view(), w.data());
+  ExpectNearOracleAndReference(dt, y, oracle(o, gate, w), optimized,
+                               [&](MutBuf y_ref) { reference(y_ref, o.view(), gate.view(), w.data()); });
+}
+
 // ------------------------------------------------------------ short conv
 
 class ShortConvTest : public VariantTest {
@@ -418,11 +433,7 @@ class GatedRmsNormTest : public VariantTest {
  protected:
   void Run(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T, int H, int V, float eps,
            GateActivation act) const {
-    if (variant().optimized()) {
-      GatedRmsNorm(y, o, gate, w, T, H, V, eps, act);
-    } else {
-      GatedRmsNormReference(y, o, gate, w, T, H, V, eps, act);
-    }
+    Pick(&GatedRmsNorm, &GatedRmsNormReference)(y, o, gate, w, T, H, V, eps, act);
   }
 };
 
@@ -433,16 +444,16 @@ TEST_P(GatedRmsNormTest, MatchesOracle) {
     for (int V : {64, 37}) {  // 37: not a whole number of vectors
       for (DType dt : {DType::kF32, DType::kBF16}) {
         SCOPED_TRACE(std::string(GateActivationName(act)) + " " + DTypeName(dt) + " V " + std::to_string(V));
-        const ActBuffer o = ToAct(dt, Random(static_cast<size_t>(T * H * V), -2, 2, 7));
-        const ActBuffer gate = ToAct(dt, Random(static_cast<size_t>(T * H * V), -8, 8, 8));
-        const std::vector<float> w = Random(static_cast<size_t>(V), 0.5F, 1.5F, 9);
         const float eps = 1e-5F;
-        ActBuffer y(dt, T * H * V);
-        Run(y.mut(), o.view(), gate.view(), w.data(), T, H, V, eps, act);
-        const std::vector<double> want = GatedRmsNormF64(o, gate, w, T * H, V, eps, act);
-        ExpectNearOracleAndReference(dt, y, want, variant().optimized(), [&](MutBuf y_ref) {
-          GatedRmsNormReference(y_ref, o.view(), gate.view(), w.data(), T, H, V, eps, act);
-        });
+        CheckGatedNormOnRandomInputs(
+            dt, static_cast<size_t>(T * H * V), static_cast<size_t>(V), 7, variant().optimized(),
+            [&](MutBuf y, ConstBuf o, ConstBuf gate, const float* w) { Run(y, o, gate, w, T, H, V, eps, act); },
+            [&](MutBuf y, ConstBuf o, ConstBuf gate, const float* w) {
+              GatedRmsNormReference(y, o, gate, w, T, H, V, eps, act);
+            },
+            [&](const ActBuffer& o, const ActBuffer& gate, const std::vector<float>& w) {
+              return GatedRmsNormF64(o, gate, w, T * H, V, eps, act);
+            });
       }
     }
   }
@@ -581,11 +592,7 @@ class GatedRmsNormGroupsTest : public VariantTest {
  protected:
   void Run(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width, float eps,
            SsdNorm form = SsdNorm::kGateThenNorm) const {
-    if (variant().optimized()) {
-      GatedRmsNormGroups(y, o, z, w, T, groups, width, eps, form);
-    } else {
-      GatedRmsNormGroupsReference(y, o, z, w, T, groups, width, eps, form);
-    }
+    Pick(&GatedRmsNormGroups, &GatedRmsNormGroupsReference)(y, o, z, w, T, groups, width, eps, form);
   }
 };
 
@@ -601,18 +608,19 @@ TEST_P(GatedRmsNormGroupsTest, MatchesOracle) {
                               {DType::kBF16, SsdNorm::kGateOnly}}) {
         SCOPED_TRACE(std::string(DTypeName(dt)) + " " + SsdNormName(form) + " groups " + std::to_string(groups) +
                      " width " + std::to_string(width));
-        const auto n = static_cast<size_t>(T * groups * width);
-        const ActBuffer o = ToAct(dt, Random(n, -2, 2, 31));
-        const ActBuffer z = ToAct(dt, Random(n, -8, 8, 32));
-        const std::vector<float> w = Random(static_cast<size_t>(groups * width), 0.5F, 1.5F, 33);
         const float eps = 1e-5F;
-        ActBuffer y(dt, static_cast<int64_t>(n));
-        Run(y.mut(), o.view(), z.view(), w.data(), T, groups, width, eps, form);
-        const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps, form);
         const SsdNorm norm_form = form;  // a copy: clang before 16 captures no structured binding
-        ExpectNearOracleAndReference(dt, y, want, variant().optimized(), [&](MutBuf y_ref) {
-          GatedRmsNormGroupsReference(y_ref, o.view(), z.view(), w.data(), T, groups, width, eps, norm_form);
-        });
+        CheckGatedNormOnRandomInputs(
+            dt, static_cast<size_t>(T * groups * width), static_cast<size_t>(groups * width), 31, variant().optimized(),
+            [&](MutBuf y, ConstBuf o, ConstBuf z, const float* w) {
+              Run(y, o, z, w, T, groups, width, eps, norm_form);
+            },
+            [&](MutBuf y, ConstBuf o, ConstBuf z, const float* w) {
+              GatedRmsNormGroupsReference(y, o, z, w, T, groups, width, eps, norm_form);
+            },
+            [&](const ActBuffer& o, const ActBuffer& z, const std::vector<float>& w) {
+              return GatedRmsNormGroupsF64(o, z, w, T, groups, width, eps, norm_form);
+            });
       }
     }
   }

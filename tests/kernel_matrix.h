@@ -78,6 +78,11 @@ class VariantScope {
 class VariantTest : public ::testing::TestWithParam<Variant> {
  protected:
   const Variant& variant() const { return GetParam(); }
+  // The variant's kernel of two with the same parameters: `optimized` for an optimized variant, else `reference`.
+  template <class Fn>
+  Fn Pick(Fn optimized, Fn reference) const {
+    return variant().optimized() ? optimized : reference;
+  }
 
  private:
   VariantScope scope_{GetParam()};
