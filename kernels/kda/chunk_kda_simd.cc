@@ -634,16 +634,19 @@ KDA_INLINE size_t HeadStateOffset(const internal::ChunkTask& task) {
 // with a 512-byte row stride would alias in L1). Loads the head's columns of
 // the initial state (read entirely before any write: it may alias the final
 // state; zeros past K and V) and resets the row scales.
-// The head's working state block by block: fn(c0, bw, w) for each block of at
-// most NV registers of columns (c0 its first value column, bw its width, w its
-// [K'][bw] rows in the scratch).
+// The head's working state block by block: fn(c0, bw, real, w) for each block of at most NV registers of columns
+// (c0 its first value column, bw its width, real its columns < V, w its [K'][bw] rows in the scratch).
 template <class Vt, int NV, class Fn>
 KDA_INLINE void ForEachStateBlock(const internal::ChunkTask& task, Fn&& fn) {
   constexpr int kB = NV * Vt::kLanes;
   const int kd = internal::PaddedKeyDim(task.args->K, Vt::kLanes);
+  const int vd = task.args->V;
   const int width = task.v_end - task.v_begin;
   for (int col = 0; col < width; col += kB) {
-    fn(task.v_begin + col, width - col < kB ? width - col : kB, task.scratch.state + static_cast<size_t>(kd) * col);
+    const int c0 = task.v_begin + col;
+    const int bw = width - col < kB ? width - col : kB;
+    const int real = c0 >= vd ? 0 : (vd - c0 < bw ? vd - c0 : bw);
+    fn(c0, bw, real, task.scratch.state + static_cast<size_t>(kd) * col);
   }
 }
 
@@ -655,32 +658,24 @@ void LoadState(const internal::ChunkTask& task) {
   const int kd = internal::PaddedKeyDim(kin, kL);
   const int vd = a.V;
   const float* src = task.initial != nullptr ? task.initial + HeadStateOffset(task) : nullptr;
-  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, float* w) {
+  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, int real, float* w) {
+    const auto at = [&](int d, int j) { return w + static_cast<size_t>(d) * bw + j; };
     if (src != nullptr && a.state_v_first) {  // the block's rows are columns of the stored [V][K] rows
-      const int real = c0 >= vd ? 0 : (vd - c0 < bw ? vd - c0 : bw);
       TransposeCopy<Vt>(
           src + static_cast<size_t>(c0) * kin, static_cast<size_t>(kin), real, kin,
-          [&](int d, int j0, typename Vt::Reg x) { Vt::Store(w + static_cast<size_t>(d) * bw + j0, x); },
-          [&](int d, int j, float x) { w[static_cast<size_t>(d) * bw + j] = x; });
-      for (int d = 0; d < kd; ++d) {
-        for (int j = d < kin ? real : 0; j < bw; ++j) w[static_cast<size_t>(d) * bw + j] = 0.0F;
-      }
-      return;
-    }
-    const bool fast = src != nullptr && !a.state_v_first && c0 + bw <= vd;
-    for (int d = 0; d < kd; ++d) {
-      float* wd = w + static_cast<size_t>(d) * bw;
-      if (fast && d < kin) {
+          [&](int d, int j0, typename Vt::Reg x) { Vt::Store(at(d, j0), x); },
+          [&](int d, int j, float x) { *at(d, j) = x; });
+    } else if (src != nullptr) {
+      for (int d = 0; d < kin; ++d) {
         const float* row = src + static_cast<size_t>(d) * vd + c0;
-        for (int j = 0; j < bw; j += kL) Vt::Store(wd + j, Vt::Load(row + j));
-        continue;
+        int j = 0;
+        for (; j + kL <= real; j += kL) Vt::Store(at(d, j), Vt::Load(row + j));
+        for (; j < real; ++j) *at(d, j) = row[j];
       }
-      for (int j = 0; j < bw; ++j) {
-        const int c = c0 + j;
-        wd[j] = src != nullptr && d < kin && c < vd
-                    ? src[a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c]
-                    : 0.0F;
-      }
+    }
+    // Zeros past the stored state: its padded key rows and columns past V (all of it without one).
+    for (int d = 0; d < kd; ++d) {
+      for (int j = src != nullptr && d < kin ? real : 0; j < bw; ++j) *at(d, j) = 0.0F;
     }
   });
   for (int d = 0; d < kd; ++d) task.scratch.c[d] = 1.0F;
@@ -691,15 +686,13 @@ void LoadState(const internal::ChunkTask& task) {
 // with the row scales `c` [K']: fp32, or rounded once to dst's BF16 or F16.
 template <class Vt, int NV>
 void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutBuf& dst) {
-  using Reg = typename Vt::Reg;
   constexpr int kL = Vt::kLanes;
   const ChunkKdaArgs& a = *task.args;
   const int kin = a.K;
   const int vd = a.V;
   const size_t head = HeadStateOffset(task);
-  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, const float* w) {
+  ForEachStateBlock<Vt, NV>(task, [&](int c0, int bw, int real, const float* w) {
     if (a.state_v_first) {  // the block's columns are rows of the stored [V][K]
-      const int real = c0 >= vd ? 0 : (vd - c0 < bw ? vd - c0 : bw);
       const auto at = [&](int j, int d) { return head + static_cast<size_t>(c0 + j) * kin + d; };
       TransposeCopy<Vt>(
           w, static_cast<size_t>(bw), kin, real,
@@ -707,20 +700,12 @@ void StoreState(const internal::ChunkTask& task, const float* c_rows, const MutB
           [&](int j, int d, float x) { StoreScalar(dst, at(j, d), c_rows[d] * x); });
       return;
     }
-    const bool fast = !a.state_v_first && c0 + bw <= vd;
     for (int d = 0; d < kin; ++d) {
       const float* wd = w + static_cast<size_t>(d) * bw;
-      if (fast) {
-        const Reg c = Vt::Set1(c_rows[d]);
-        const size_t row = head + static_cast<size_t>(d) * vd + c0;
-        for (int j = 0; j < bw; j += kL) StoreOut<Vt>(dst, row + j, Vt::Mul(c, Vt::Load(wd + j)));
-        continue;
-      }
-      for (int j = 0; j < bw && c0 + j < vd; ++j) {
-        const int c = c0 + j;
-        StoreScalar(dst, head + (a.state_v_first ? static_cast<size_t>(c) * kin + d : static_cast<size_t>(d) * vd + c),
-                    c_rows[d] * wd[j]);
-      }
+      const size_t row = head + static_cast<size_t>(d) * vd + c0;
+      int j = 0;
+      for (; j + kL <= real; j += kL) StoreOut<Vt>(dst, row + j, Vt::Mul(Vt::Set1(c_rows[d]), Vt::Load(wd + j)));
+      for (; j < real; ++j) StoreScalar(dst, row + j, c_rows[d] * wd[j]);
     }
   });
 }
