@@ -25,7 +25,22 @@ Pool& ThePool() {
   return *pool;
 }
 
+// Large blocks on 2 MiB pages where the kernel allows it: the KDA kernels
+// walk one row per token and head, a page apart, and 4 KiB pages make those
+// walks miss the TLB.
+size_t Alignment(size_t bytes) { return bytes >= kHugePage ? kHugePage : 64; }
+size_t RoundedSize(size_t bytes) { return (bytes + Alignment(bytes) - 1) / Alignment(bytes) * Alignment(bytes); }
+
 }  // namespace
+
+void* AlignedAllocate(size_t bytes) {
+  const size_t align = Alignment(bytes);
+  const size_t rounded = RoundedSize(bytes);
+  void* data = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  if (align == kHugePage) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+  return data;
+}
 
 ScratchBlock::ScratchBlock(size_t bytes) {
   if (bytes == 0) return;
@@ -42,15 +57,8 @@ ScratchBlock::ScratchBlock(size_t bytes) {
       return;
     }
   }
-  // Large blocks on 2 MiB pages where the kernel allows it: the KDA kernels
-  // walk one row per token and head, a page apart, and 4 KiB pages make
-  // those walks miss the TLB.
-  const size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
-  data_ = std::aligned_alloc(align, rounded);
-  if (data_ == nullptr) throw std::bad_alloc();
-  size_ = rounded;
-  if (align == kHugePage) madvise(data_, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+  data_ = AlignedAllocate(bytes);
+  size_ = RoundedSize(bytes);
 }
 
 ScratchBlock::~ScratchBlock() {

@@ -249,22 +249,27 @@ TEST_P(LinearRouteTest, LargeMRunsTheWeightInTilesOfOutputRows) {
 }
 
 TEST_P(LinearRouteTest, ManyRowsRunInSpansAndOddOutputRowsInPaddedPanels) {
-  // On the tiles (kernels/gemm/tile_gemm_simd.cc) more than 128 input rows run
-  // in spans (255: two of 128; 300: three of 128, the last 44) and weight rows past
-  // the last multiple of 32 (150 = 128 + 22: a job of 22 rows) from a
-  // zero-padded panel; every route gives the reference, and on the tiles each
-  // output row is the same whatever the input rows beside it.
+  // On the tiles (kernels/gemm/tile_gemm_simd.cc) more than 64 input rows run
+  // in spans (255: four of 64, the last 63; 300 and 530: spans of 60 and 59,
+  // rounded to 64), split between the threads where the weight has one job of
+  // rows; weight rows run in jobs of 256 and past the last multiple of 32
+  // (150 = 128 + 22; 300 = 256 + 44) from a zero-padded panel; an input dim of
+  // 320 in two passes (256 and 64 columns) with the accumulators kept between
+  // them. Every route gives the reference, and on the tiles each output row is
+  // the same whatever the input rows beside it.
   const testing::ThreadScope two_threads(2);
-  const LinearProblem p = MakeProblem(150, 64, 5);
   const bool tiles = GetParam().route == GemmRoute::kAmx && internal::TileGemmRuns();
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t m : {255, 300, 530}) {
-      const std::vector<float> y = ExpectQ8AndDenseNearReference(p, dtype, m);
-      if (dtype != DType::kBF16 || !tiles) continue;
-      // The last 17 rows alone: their outputs bit for bit those of the whole product.
-      const std::vector<float> x = Inputs(m, p.k, static_cast<uint32_t>(m));
-      const std::vector<float> tail = RunLinear(Linear(p.w, dtype), {x.end() - 17 * p.k, x.end()}, 17, dtype);
-      EXPECT_TRUE(std::equal(tail.begin(), tail.end(), y.end() - 17 * p.n)) << m;
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{150, 64}, {300, 320}}) {
+    const LinearProblem p = MakeProblem(n, k, 5);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int64_t m : {255, 300, 530}) {
+        const std::vector<float> y = ExpectQ8AndDenseNearReference(p, dtype, m);
+        if (dtype != DType::kBF16 || !tiles) continue;
+        // The last 17 rows alone: their outputs bit for bit those of the whole product.
+        const std::vector<float> x = Inputs(m, p.k, static_cast<uint32_t>(m));
+        const std::vector<float> tail = RunLinear(Linear(p.w, dtype), {x.end() - 17 * p.k, x.end()}, 17, dtype);
+        EXPECT_TRUE(std::equal(tail.begin(), tail.end(), y.end() - 17 * p.n)) << m << " " << n;
+      }
     }
   }
 }

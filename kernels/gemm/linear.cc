@@ -55,6 +55,25 @@ std::string OneDnnTileImplementation() {
 
 bool TileGemmRuns() { return AmxTilesGranted() && ActiveKernels().tile_gemm_rows != nullptr; }
 
+namespace {
+
+// The weight rows of one TileGemm job (gemm_internal.h): as many as kTileGemmJobBytes hold (half
+// as many for Q8 weights at one span, whose dequantized panel is written and read again before
+// any other span can reuse it), fewer where that splits the rows evenly between the threads.
+int64_t TileJobRows(const TileGemmArgs& a, bool q8) {
+  constexpr int64_t kPair = 32;  // rows of two tiles
+  const int64_t bytes = q8 && a.m <= kTileGemmSpanRows ? kTileGemmJobBytes / 2 : kTileGemmJobBytes;
+  const int64_t most =
+      std::clamp(bytes / (a.k * static_cast<int64_t>(sizeof(BF16))) / kPair * kPair, kPair, kTileGemmJobRows);
+  const int64_t threads = NumThreads();
+  for (int64_t rows = most; rows > most / 2; rows -= kPair) {
+    if ((a.n + rows - 1) / rows % threads == 0) return rows;
+  }
+  return most;
+}
+
+}  // namespace
+
 void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weight* q8) {
   const KernelTable& kernels = ActiveKernels();
   Check(TileGemmRuns(), "TileGemm: the AMX tiles are not available to this process");
@@ -62,8 +81,7 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
   Check(a.m > 0 && a.n > 0 && a.ldy >= a.n, "TileGemm: bad shape");
   Check((a.y_f32 == nullptr) != (a.y_bf16 == nullptr), "TileGemm: exactly one output");
   Check((w == nullptr) != (q8 == nullptr), "TileGemm: exactly one weight");
-  constexpr int64_t kRows = 16;      // a tile's rows
-  constexpr int64_t kJobRows = 128;  // weight rows per job: a multiple of two tiles' (32)
+  constexpr int64_t kRows = 16;  // a tile's rows
   const int64_t blocks = (a.m + kRows - 1) / kRows;
   ScratchArray<BF16> xp(static_cast<size_t>(blocks * kRows * a.k));
   ParallelFor(blocks, [&](int64_t b) { kernels.tile_pack_rows(xp.data(), x, a.m, a.k, b); });
@@ -71,12 +89,30 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
   // Even spans of at most kTileGemmSpanRows rows, each a multiple of 32.
   const int64_t spans = (a.m + kTileGemmSpanRows - 1) / kTileGemmSpanRows;
   args.span = ((a.m + spans - 1) / spans + 2 * kRows - 1) / (2 * kRows) * (2 * kRows);
-  ParallelFor((a.n + kJobRows - 1) / kJobRows, [&](int64_t j) {
-    const int64_t r0 = j * kJobRows;
-    const int64_t r1 = std::min(a.n, r0 + kJobRows);
+  const int64_t span_blocks = args.span / kRows;
+  // Jobs of weight rows by groups of spans: the spans split between the threads only where the
+  // weight has too few rows to keep every thread busy (the low-rank and gate projections).
+  const int64_t job_rows = TileJobRows(a, q8 != nullptr);
+  const int64_t row_jobs = (a.n + job_rows - 1) / job_rows;
+  const int64_t span_count = (blocks + span_blocks - 1) / span_blocks;
+  const int64_t groups = std::min(span_count, std::max<int64_t>(1, NumThreads() / row_jobs));
+  const int64_t spans_per_group = (span_count + groups - 1) / groups;
+  args.depth = spans_per_group > 1 ? std::min(a.k, kTileGemmPassDepth) : a.k;
+  ParallelFor(row_jobs * groups, [&](int64_t job) {
+    const int64_t r0 = job / groups * job_rows;
+    const int64_t r1 = std::min(a.n, r0 + job_rows);
     const int64_t padded = (r1 - r0 + 2 * kRows - 1) / (2 * kRows) * (2 * kRows);
+    TileGemmJob j;
+    j.r0 = r0;
+    j.r1 = r1;
+    j.b0 = job % groups * spans_per_group * span_blocks;
+    j.b1 = std::min(blocks, j.b0 + spans_per_group * span_blocks);
+    if (j.b0 >= j.b1) return;
+    ScratchArray<float> acc(static_cast<size_t>(padded * args.span));
+    j.acc = acc.data();
     if (q8 == nullptr && padded == r1 - r0) {
-      kernels.tile_gemm_rows(args, w + r0 * a.k, xp.data(), r0, r1);
+      j.w = w + r0 * a.k;
+      kernels.tile_gemm_rows(args, j, xp.data());
       return;
     }
     // Q8 rows dequantized (to the bf16 pipeline's weights), and the last rows of a weight whose
@@ -89,7 +125,8 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
       std::memcpy(panel.data(), w + r0 * a.k, static_cast<size_t>((r1 - r0) * a.k) * sizeof(BF16));
     }
     std::fill(panel.data() + (r1 - r0) * a.k, panel.data() + padded * a.k, BF16{});
-    kernels.tile_gemm_rows(args, panel.data(), xp.data(), r0, r1);
+    j.w = panel.data();
+    kernels.tile_gemm_rows(args, j, xp.data());
   });
 }
 
@@ -103,9 +140,9 @@ constexpr size_t kMaxCachedPrimitives = 64;
 // {1, K}: its transpose, no copy. Primitives are created once per shape and
 // cached.
 struct Linear::Impl {
-  std::vector<float> w_f32;  // an F32 Linear's dense weights
-  std::vector<BF16> w_bf16;  // a BF16 Linear's dense weights
-  Q8Weight q8;               // Q8 weights
+  AlignedVector<float> w_f32;  // an F32 Linear's dense weights
+  AlignedVector<BF16> w_bf16;  // a BF16 Linear's dense weights
+  Q8Weight q8;                 // Q8 weights
   mutable std::mutex mu;
   // (rows, output columns, route, bf16 output): Q8 and widened bf16 weights
   // run tiles of the columns.
@@ -122,7 +159,7 @@ Linear::Linear(const std::vector<float>& w, int64_t out_features, int64_t in_fea
     impl_->w_bf16.resize(w.size());
     std::transform(w.begin(), w.end(), impl_->w_bf16.begin(), ToBF16);
   } else {
-    impl_->w_f32 = w;
+    impl_->w_f32.assign(w.begin(), w.end());
   }
 }
 

@@ -3,9 +3,10 @@
 // place from the Linear's [out, in] rows (no second copy: the layout the
 // small-M kernels read too); the input rows are packed per call into the B
 // operand's pair-interleaved ("VNNI") layout; a 2 x 2 block of fp32
-// accumulator tiles (32 output features x 32 input rows) sums the whole input
-// dim, then is transposed into y's rows. Compiled for every target, defined
-// on the AVX-512 one (the tiles come with it).
+// accumulator tiles (32 output features x 32 input rows) sums 256 input
+// columns a pass, kept in the job's accumulator buffer between passes, and
+// is transposed into y's rows after the last. Compiled for every target,
+// defined on the AVX-512 one (the tiles come with it).
 #include <cstdint>
 
 #include "kda/base/bf16.h"
@@ -19,12 +20,13 @@ namespace kda::KDA_TARGET_NS {
 namespace {
 
 using internal::TileGemmArgs;
+using internal::TileGemmJob;
 
 constexpr int64_t kTileRows = 16;   // rows of a tile
 constexpr int64_t kTileDepth = 32;  // bf16 of the input dim a tile product sums
 
 // The tile instructions and the masked 16-bit stores, beyond the target's -m flags.
-#define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bw,avx512vl")]]
+#define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bw,avx512vl,prfchw")]]
 
 }  // namespace
 
@@ -48,90 +50,109 @@ void TilePackRows(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b) {
 
 namespace {
 
-// An accumulator tile (16 output features n0.. x 16 input rows m0..), stored
-// at c, written to y's rows m0.. < m and columns n0.. < n, fp32 or rounded
-// once to bf16 (nearest even, NaN kept).
-KDA_TILE_TARGET void WriteBlock(const TileGemmArgs& a, float* c, int64_t n0, int64_t m0) {
-  __m512 t[16];
-  for (int i = 0; i < 16; ++i) t[i] = _mm512_load_ps(c + i * kTileRows);
-  Vec::Transpose(t);
-  const int64_t cols = a.n - n0 < kTileRows ? a.n - n0 : kTileRows;
-  const auto mask = static_cast<__mmask16>((1U << cols) - 1U);
+// A pair of accumulator tiles (output features n0.. and n0 + 16.., by input
+// rows m0..; the second only with kTwo), stored at c and c + 256, written to
+// y's rows m0.. < m and columns n0.. < n, fp32 or rounded once to bf16
+// (nearest even, NaN kept): a row's 32 bf16 in one 64-byte store.
+template <bool kTwo>
+KDA_TILE_TARGET void WriteBlock(const TileGemmArgs& a, const float* c, int64_t n0, int64_t m0) {
+  __m512 t0[16];
+  __m512 t1[16];
+  for (int i = 0; i < 16; ++i) t0[i] = _mm512_load_ps(c + i * kTileRows);
+  Vec::Transpose(t0);
+  if constexpr (kTwo) {
+    for (int i = 0; i < 16; ++i) t1[i] = _mm512_load_ps(c + (kTileRows + i) * kTileRows);
+    Vec::Transpose(t1);
+  }
+  const int64_t cols = a.n - n0 < 2 * kTileRows ? a.n - n0 : 2 * kTileRows;
+  const uint32_t bits = cols == 32 ? ~0U : (1U << cols) - 1U;
   const int64_t rows = a.m - m0 < kTileRows ? a.m - m0 : kTileRows;
   for (int64_t i = 0; i < rows; ++i) {
-    const __m512 v = t[i];
     const int64_t at = (m0 + i) * a.ldy + n0;
     if (a.y_bf16 == nullptr) {
-      _mm512_mask_storeu_ps(a.y_f32 + at, mask, v);
+      _mm512_mask_storeu_ps(a.y_f32 + at, static_cast<__mmask16>(bits), t0[i]);
+      if constexpr (kTwo) _mm512_mask_storeu_ps(a.y_f32 + at + kTileRows, static_cast<__mmask16>(bits >> 16U), t1[i]);
       continue;
     }
-    _mm256_mask_storeu_epi16(a.y_bf16 + at, mask, reinterpret_cast<__m256i>(BF16Bits<Vec>(v)));
+    __m512i v = _mm512_castsi256_si512(reinterpret_cast<__m256i>(BF16Bits<Vec>(t0[i])));
+    if constexpr (kTwo) v = _mm512_inserti64x4(v, reinterpret_cast<__m256i>(BF16Bits<Vec>(t1[i])), 1);
+    _mm512_mask_storeu_epi16(a.y_bf16 + at, static_cast<__mmask32>(bits), v);
   }
 }
 
-// Weight rows [n0, n0 + 16 (32 with kTwo)) at w (row stride k) against the
-// packed input-row blocks [b, b + 1 (2 with kPair)): the whole input dim
-// summed in tiles 0..3, then written to y.
+// y's lines of a block (output features n0.. < n0 + 32, input rows m0.. <
+// m0 + 32) fetched for writing while the block's products run: its stores
+// then find them in cache instead of waiting for memory.
+// (PREFETCHW in asm: GCC 12 drops __builtin_prefetch from a function it
+// finds has no other effect.)
+KDA_TILE_TARGET void PrefetchOutput(const TileGemmArgs& a, int64_t n0, int64_t m0) {
+  const int64_t rows = a.m - m0 < 2 * kTileRows ? a.m - m0 : 2 * kTileRows;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (a.y_bf16 == nullptr) {
+      const float* y = a.y_f32 + (m0 + i) * a.ldy + n0;
+      asm volatile("prefetchw %0" : : "m"(*y));
+      asm volatile("prefetchw %0" : : "m"(*(y + kTileRows)));
+    } else {
+      asm volatile("prefetchw %0" : : "m"(*(a.y_bf16 + (m0 + i) * a.ldy + n0)));
+    }
+  }
+}
+
+// One pass: weight rows [n0, n0 + 16 (32 with kTwo)) at w (row stride k, at
+// the pass's first input column) against the packed input-row blocks
+// [b, b + 1 (2 with kPair)) at x (block b at the pass's first column), over
+// `steps` tile depths, summed into the accumulator tiles stored at c (four
+// tiles of 16 x 16 fp32: rows n0.., n0 + 16.. by input rows b, b + 1), which
+// the first pass starts at zero.
 template <bool kTwo, bool kPair>
-KDA_TILE_TARGET void Block2x2(const TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t n0, int64_t b, float* c) {
-  const int64_t k = a.k;
+KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps, float* c, bool first) {
   const int64_t wstride = k * static_cast<int64_t>(sizeof(BF16));
-  const BF16* w0 = w;
   const BF16* w1 = w + kTileRows * k;
-  const BF16* x0 = xp + b * k * kTileRows;
-  const BF16* x1 = x0 + k * kTileRows;
+  const BF16* x1 = x + k * kTileRows;
   constexpr int64_t kBStride = kTileRows * 2 * static_cast<int64_t>(sizeof(BF16));  // 64 bytes a pair row
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  for (int64_t kk = 0; kk < k; kk += kTileDepth) {
-    _tile_loadd(4, w0 + kk, wstride);
-    _tile_loadd(6, x0 + kk * kTileRows, kBStride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kPair) {
-      _tile_loadd(7, x1 + kk * kTileRows, kBStride);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (kTwo) {
-      _tile_loadd(5, w1 + kk, wstride);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (kPair) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  const int64_t m0 = b * kTileRows;
   constexpr int64_t kCStride = kTileRows * static_cast<int64_t>(sizeof(float));
+  constexpr int64_t kTile = kTileRows * kTileRows;
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, kCStride);
+    if constexpr (kPair) _tile_loadd(1, c + 2 * kTile, kCStride);
+    if constexpr (kTwo) _tile_loadd(2, c + kTile, kCStride);
+    if constexpr (kTwo && kPair) _tile_loadd(3, c + 3 * kTile, kCStride);
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t kk = s * kTileDepth;
+    _tile_loadd(4, w + kk, wstride);
+    _tile_loadd(6, x + kk * kTileRows, kBStride);
+    if constexpr (kPair) _tile_loadd(7, x1 + kk * kTileRows, kBStride);
+    if constexpr (kTwo) _tile_loadd(5, w1 + kk, wstride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kPair) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kTwo) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kTwo && kPair) _tile_dpbf16ps(3, 5, 7);
+  }
   _tile_stored(0, c, kCStride);
-  WriteBlock(a, c, n0, m0);
-  if constexpr (kPair) {
-    _tile_stored(1, c, kCStride);
-    WriteBlock(a, c, n0, m0 + kTileRows);
-  }
-  if constexpr (kTwo) {
-    _tile_stored(2, c, kCStride);
-    WriteBlock(a, c, n0 + kTileRows, m0);
-    if constexpr (kPair) {
-      _tile_stored(3, c, kCStride);
-      WriteBlock(a, c, n0 + kTileRows, m0 + kTileRows);
-    }
-  }
+  if constexpr (kPair) _tile_stored(1, c + 2 * kTile, kCStride);
+  if constexpr (kTwo) _tile_stored(2, c + kTile, kCStride);
+  if constexpr (kTwo && kPair) _tile_stored(3, c + 3 * kTile, kCStride);
 }
 
-template <bool kTwo>
-KDA_TILE_TARGET void Blocks(const TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t n0, int64_t b0, int64_t b1,
-                            float* c) {
-  int64_t b = b0;
-  for (; b + 2 <= b1; b += 2) Block2x2<kTwo, true>(a, w, xp, n0, b, c);
-  if (b < b1) Block2x2<kTwo, false>(a, w, xp, n0, b, c);
-}
+using PassFn = void (*)(const BF16*, int64_t, const BF16*, int64_t, float*, bool);
+// Pass<kTwo, kPair> by (two weight tiles, two input tiles).
+constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&Pass<true, false>, &Pass<true, true>}};
 
 }  // namespace
 
-// Weight rows [r0, r1) at w (row r0's weights, row stride k, readable to a
-// multiple of 32 rows) against every packed input row: the rows of a span
-// (a.span, a multiple of 32) against all the job's weight rows, span by span,
-// so that the job's weight rows stay in L2 and a span's packed rows too.
-KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t r0, int64_t r1) {
+// One job (TileGemmJob): its input blocks a span (a.span rows, a multiple of
+// 32) at a time, the span's products summed a.depth input columns at a
+// time into j.acc (a 32 x 32 block of accumulators per pair of weight tiles
+// and pair of input tiles), each pass keeping a pair of input tiles in L1
+// while the job's weight rows pass over it from L2; then the span's blocks
+// written to y.
+KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp) {
   // The tile configuration (64 bytes, palette 1): tiles 0..7 of 16 rows x 64 bytes (bytes per row at
   // 16 + 2 t, little-endian 16 bits; rows at 48 + t).
   alignas(64) uint8_t cfg[64] = {};
@@ -141,17 +162,39 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const BF16* w, const BF
     cfg[48 + t] = kTileRows;
   }
   _tile_loadconfig(cfg);
-  alignas(64) float c[kTileRows * kTileRows];
-  const int64_t blocks = (a.m + kTileRows - 1) / kTileRows;
+  constexpr int64_t kBlock = 4 * kTileRows * kTileRows;  // floats of a 32 x 32 accumulator block
+  const int64_t k = a.k;
+  const int64_t r0 = j.r0;
+  const int64_t r1 = j.r1;
   const int64_t span_blocks = a.span / kTileRows;
-  for (int64_t s0 = 0; s0 < blocks; s0 += span_blocks) {
-    const int64_t s1 = s0 + span_blocks < blocks ? s0 + span_blocks : blocks;
-    for (int64_t n0 = r0; n0 < r1; n0 += 2 * kTileRows) {
-      const BF16* wn = w + (n0 - r0) * a.k;
-      if (n0 + kTileRows < r1) {
-        Blocks<true>(a, wn, xp, n0, s0, s1, c);
-      } else {
-        Blocks<false>(a, wn, xp, n0, s0, s1, c);
+  const int64_t pairs = (r1 - r0 + 2 * kTileRows - 1) / (2 * kTileRows);
+  for (int64_t s0 = j.b0; s0 < j.b1; s0 += span_blocks) {
+    const int64_t s1 = s0 + span_blocks < j.b1 ? s0 + span_blocks : j.b1;
+    for (int64_t k0 = 0; k0 < k; k0 += a.depth) {
+      const int64_t steps = (k - k0 < a.depth ? k - k0 : a.depth) / kTileDepth;
+      for (int64_t b = s0; b < s1; b += 2) {
+        const bool pair = b + 1 < s1;
+        const BF16* x = xp + b * k * kTileRows + k0 * kTileRows;
+        for (int64_t p = 0; p < pairs; ++p) {
+          const int64_t n0 = r0 + 2 * kTileRows * p;
+          float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
+          if (k0 == 0) PrefetchOutput(a, n0, b * kTileRows);
+          kPasses[n0 + kTileRows < r1][pair](j.w + (n0 - r0) * k + k0, k, x, steps, c, k0 == 0);
+        }
+      }
+    }
+    for (int64_t b = s0; b < s1; b += 2) {
+      for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t n0 = r0 + 2 * kTileRows * p;
+        float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
+        const int64_t m0 = b * kTileRows;
+        if (n0 + kTileRows < r1) {
+          WriteBlock<true>(a, c, n0, m0);
+          if (b + 1 < s1) WriteBlock<true>(a, c + kBlock / 2, n0, m0 + kTileRows);
+        } else {
+          WriteBlock<false>(a, c, n0, m0);
+          if (b + 1 < s1) WriteBlock<false>(a, c + kBlock / 2, n0, m0 + kTileRows);
+        }
       }
     }
   }

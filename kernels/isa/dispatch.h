@@ -86,7 +86,7 @@ struct KernelTable {
   // past m zero), and weight rows [r0, r1) at w (row r0's, readable to a multiple of 32 rows)
   // against all packed rows.
   void (*tile_pack_rows)(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b) = nullptr;
-  void (*tile_gemm_rows)(const TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t r0, int64_t r1) = nullptr;
+  void (*tile_gemm_rows)(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp) = nullptr;
 
   // y[i] = op(x[i]) for i < n through the vector primitives (kernels/isa/vec.h), for tests.
   void (*vec_math)(VecMathOp op, float* y, const float* x, int64_t n) = nullptr;

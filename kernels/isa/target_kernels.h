@@ -75,7 +75,7 @@ void Q8DequantBF16(BF16* w, const int8_t* q, const uint16_t* scales, int64_t K, 
 
 // kernels/gemm/tile_gemm_simd.cc (the AVX-512 target)
 void TilePackRows(BF16* xp, const BF16* x, int64_t m, int64_t k, int64_t b);
-void TileGemmRows(const internal::TileGemmArgs& a, const BF16* w, const BF16* xp, int64_t r0, int64_t r1);
+void TileGemmRows(const internal::TileGemmArgs& a, const internal::TileGemmJob& j, const BF16* xp);
 
 // kernels/isa/table_simd.cc
 void VecMath(internal::VecMathOp op, float* y, const float* x, int64_t n);
