@@ -547,6 +547,12 @@ std::vector<BenchRow> ProjectionRows(const Machine& m, int64_t rows, int repeats
                {"flop_floor_us", flops / (peak * 1e3)},
                {"ratio_to_flop_floor", call_us * peak * 1e3 / flops}};
     AddTileShare(m, flops / (call_us * 1e3), &r);
+    // The most of the tile peak a call can reach where its weights come from memory (a served
+    // model's layers do; this row's single layer may sit in the last-level cache): M flops per
+    // weight at the read rate.
+    if (m.amx_bf16_gflops > 0.0 && route == GemmRoute::kAmx) {
+      r.extra.emplace_back("amx_share_at_read_rate", flops / (bytes / m.read_gbps) / m.amx_bf16_gflops);
+    }
     if (streamed) {
       const double read_floor_us = bytes / (m.read_gbps * 1e3);
       r.extra.insert(r.extra.end(), {{"streamed_bytes", static_cast<double>(p.model.num_layers()) * bytes},
