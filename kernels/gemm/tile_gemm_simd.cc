@@ -172,15 +172,19 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
     const int64_t s1 = s0 + span_blocks < j.b1 ? s0 + span_blocks : j.b1;
     for (int64_t k0 = 0; k0 < k; k0 += a.depth) {
       const int64_t steps = (k - k0 < a.depth ? k - k0 : a.depth) / kTileDepth;
-      for (int64_t b = s0; b < s1; b += 2) {
-        const bool pair = b + 1 < s1;
-        const BF16* x = xp + b * k * kTileRows + k0 * kTileRows;
-        for (int64_t p = 0; p < pairs; ++p) {
-          const int64_t n0 = r0 + 2 * kTileRows * p;
-          float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
-          if (k0 == 0) PrefetchOutput(a, n0, b * kTileRows);
-          kPasses[n0 + kTileRows < r1][pair](j.w + (n0 - r0) * k + k0, k, x, steps, c, k0 == 0);
-        }
+      // Passes over part of the input dim keep a pair of input tiles (in L1) for every weight row of
+      // the job; passes over all of it (one span: the weights streamed from memory) use each pair of
+      // weight tiles, read from memory, for every input row of the span.
+      const int64_t in_pairs = (s1 - s0 + 1) / 2;
+      const bool weights_outer = steps * kTileDepth == k;
+      for (int64_t i = 0; i < in_pairs * pairs; ++i) {
+        const int64_t b = s0 + 2 * (weights_outer ? i % in_pairs : i / pairs);
+        const int64_t p = weights_outer ? i / in_pairs : i % pairs;
+        const int64_t n0 = r0 + 2 * kTileRows * p;
+        float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
+        if (k0 == 0) PrefetchOutput(a, n0, b * kTileRows);
+        kPasses[n0 + kTileRows < r1][b + 1 < s1](j.w + (n0 - r0) * k + k0, k, xp + (b * k + k0) * kTileRows, steps, c,
+                                                 k0 == 0);
       }
     }
     for (int64_t b = s0; b < s1; b += 2) {
