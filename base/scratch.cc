@@ -34,11 +34,9 @@ size_t RoundedSize(size_t bytes) { return (bytes + Alignment(bytes) - 1) / Align
 }  // namespace
 
 void* AlignedAllocate(size_t bytes) {
-  const size_t align = Alignment(bytes);
-  const size_t rounded = RoundedSize(bytes);
-  void* data = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+  constexpr size_t kLine = 64;
+  void* data = std::aligned_alloc(kLine, bytes == 0 ? kLine : (bytes + kLine - 1) / kLine * kLine);
   if (data == nullptr) throw std::bad_alloc();
-  if (align == kHugePage) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
   return data;
 }
 
@@ -57,8 +55,11 @@ ScratchBlock::ScratchBlock(size_t bytes) {
       return;
     }
   }
-  data_ = AlignedAllocate(bytes);
+  const size_t align = Alignment(bytes);
   size_ = RoundedSize(bytes);
+  data_ = std::aligned_alloc(align, size_);
+  if (data_ == nullptr) throw std::bad_alloc();
+  if (align == kHugePage) madvise(data_, size_, MADV_HUGEPAGE);  // advice only: failure is harmless
 }
 
 ScratchBlock::~ScratchBlock() {

@@ -58,10 +58,9 @@ class ScratchArray {
   size_t n_ = 0;
 };
 
-// Long-lived arrays (a Linear's weights) on the same alignment as a
-// ScratchBlock's: 64 bytes, 2 MiB pages from 2 MiB on. The tile GEMM reads
-// weight rows 64 bytes at a time; malloc's 16-byte alignment split every such
-// read over two cache lines and ran the tile products at half speed.
+// Long-lived arrays (a Linear's weights) on 64-byte lines. The tile GEMM
+// reads weight rows 64 bytes at a time; malloc's 16-byte alignment split every
+// such read over two cache lines and ran the tile products at half speed.
 void* AlignedAllocate(size_t bytes);
 template <class T>
 struct AlignedAllocator {

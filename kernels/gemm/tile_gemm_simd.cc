@@ -170,8 +170,10 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
   const int64_t pairs = (r1 - r0 + 2 * kTileRows - 1) / (2 * kTileRows);
   for (int64_t s0 = j.b0; s0 < j.b1; s0 += span_blocks) {
     const int64_t s1 = s0 + span_blocks < j.b1 ? s0 + span_blocks : j.b1;
-    for (int64_t k0 = 0; k0 < k; k0 += a.depth) {
-      const int64_t steps = (k - k0 < a.depth ? k - k0 : a.depth) / kTileDepth;
+    // The job's first span reads its weight rows from memory, whole and in order.
+    const int64_t depth = s0 == j.b0 ? k : a.depth;
+    for (int64_t k0 = 0; k0 < k; k0 += depth) {
+      const int64_t steps = (k - k0 < depth ? k - k0 : depth) / kTileDepth;
       // Passes over part of the input dim keep a pair of input tiles (in L1) for every weight row of
       // the job; passes over all of it (one span: the weights streamed from memory) use each pair of
       // weight tiles, read from memory, for every input row of the span.
