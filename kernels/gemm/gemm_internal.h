@@ -68,7 +68,7 @@ struct TileGemmArgs {
   int64_t n = 0;
   int64_t k = 0;
   int64_t span = 0;   // input rows per span (a multiple of 32), see kTileGemmSpanRows
-  int64_t depth = 0;  // input columns one pass sums (a multiple of 32), see kTileGemmPassDepth
+  int64_t depth = 0;  // input columns a pass of a job's later spans sums (a multiple of 32)
   float* y_f32 = nullptr;
   BF16* y_bf16 = nullptr;
   int64_t ldy = 0;
@@ -100,11 +100,11 @@ inline constexpr int64_t kTileGemmDepth = 32;
 // delivers about 14 GB/s to a core, so a packed input row must serve as many weight rows as L2
 // holds): jobs of as many weight rows as kTileGemmJobBytes of bf16 hold (a multiple of 32, at most
 // kTileGemmJobRows) stay in L2 while the spans' packed rows, at most kTileGemmSpanRows each, pass
-// over them; where a job has several spans, a pass sums kTileGemmPassDepth input columns of a pair
-// of input tiles (in L1) against every weight row of the job, the accumulators kept between
-// passes; a job of one span (small M, the weights streamed from memory) sums each weight row
-// whole, reading it in order. (One thread, M = 2048, N = 4096, k = 2304: 1.2x the speed of
-// 128-row jobs and spans summing whole rows.)
+// over them. A job's first span reads the weight rows from memory: each pair of weight tiles
+// sums its rows whole, in order, against every input row of the span; in the later spans a pass
+// sums kTileGemmPassDepth input columns of a pair of input tiles (in L1) against every weight row
+// of the job, the accumulators kept between passes. (One thread, M = 2048, N = 4096, k = 2304:
+// 1.2x the speed of 128-row jobs and spans summing whole rows.)
 inline constexpr int64_t kTileGemmSpanRows = 64;
 inline constexpr int64_t kTileGemmJobRows = 256;
 inline constexpr int64_t kTileGemmJobBytes = int64_t{1} << 20;

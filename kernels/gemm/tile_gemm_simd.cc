@@ -3,10 +3,12 @@
 // place from the Linear's [out, in] rows (no second copy: the layout the
 // small-M kernels read too); the input rows are packed per call into the B
 // operand's pair-interleaved ("VNNI") layout; a 2 x 2 block of fp32
-// accumulator tiles (32 output features x 32 input rows) sums 256 input
-// columns a pass, kept in the job's accumulator buffer between passes, and
-// is transposed into y's rows after the last. Compiled for every target,
-// defined on the AVX-512 one (the tiles come with it).
+// accumulator tiles (32 output features x 32 input rows) sums the input dim
+// in passes (the whole of it in a job's first span, 256 columns at a time in
+// the later ones), kept in the job's accumulator buffer between passes, and
+// is transposed into y's rows after the last. The blocking is explained in
+// docs/projections.md and gemm_internal.h. Compiled for every target, defined
+// on the AVX-512 one (the tiles come with it).
 #include <cstdint>
 
 #include "kda/base/bf16.h"
@@ -102,8 +104,9 @@ KDA_TILE_TARGET void PrefetchOutput(const TileGemmArgs& a, int64_t n0, int64_t m
 // the pass's first input column) against the packed input-row blocks
 // [b, b + 1 (2 with kPair)) at x (block b at the pass's first column), over
 // `steps` tile depths, summed into the accumulator tiles stored at c (four
-// tiles of 16 x 16 fp32: rows n0.., n0 + 16.. by input rows b, b + 1), which
-// the first pass starts at zero.
+// tiles of 16 x 16 fp32, in this order: weight rows n0.. and n0 + 16.. by
+// input block b, then both by block b + 1), which the first pass starts at
+// zero.
 template <bool kTwo, bool kPair>
 KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps, float* c, bool first) {
   const int64_t wstride = k * static_cast<int64_t>(sizeof(BF16));
@@ -147,11 +150,12 @@ constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&P
 }  // namespace
 
 // One job (TileGemmJob): its input blocks a span (a.span rows, a multiple of
-// 32) at a time, the span's products summed a.depth input columns at a
-// time into j.acc (a 32 x 32 block of accumulators per pair of weight tiles
-// and pair of input tiles), each pass keeping a pair of input tiles in L1
-// while the job's weight rows pass over it from L2; then the span's blocks
-// written to y.
+// 32) at a time, the span's products summed into j.acc (a 32 x 32 block of
+// accumulators per pair of weight tiles and pair of input tiles) in passes:
+// the first span's over the whole input dim, weight tiles outer (the rows
+// read from memory once, in order), the later spans' a.depth columns at a
+// time, input tiles outer (a pair of them in L1 while the job's weight rows
+// pass over it from L2); then the span's blocks written to y.
 KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp) {
   // The tile configuration (64 bytes, palette 1): tiles 0..7 of 16 rows x 64 bytes (bytes per row at
   // 16 + 2 t, little-endian 16 bits; rows at 48 + t).
