@@ -25,19 +25,21 @@ Pool& ThePool() {
   return *pool;
 }
 
-// Large blocks on 2 MiB pages where the kernel allows it: the KDA kernels
-// walk one row per token and head, a page apart, and 4 KiB pages make those
-// walks miss the TLB.
-size_t Alignment(size_t bytes) { return bytes >= kHugePage ? kHugePage : 64; }
-size_t RoundedSize(size_t bytes) { return (bytes + Alignment(bytes) - 1) / Alignment(bytes) * Alignment(bytes); }
+constexpr size_t kLine = 64;
+
+// At least `bytes` (rounded up to a multiple of align, *rounded) aligned to align.
+void* AllocateAligned(size_t bytes, size_t align, size_t* rounded) {
+  *rounded = bytes == 0 ? align : (bytes + align - 1) / align * align;
+  void* data = std::aligned_alloc(align, *rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  return data;
+}
 
 }  // namespace
 
 void* AlignedAllocate(size_t bytes) {
-  constexpr size_t kLine = 64;
-  void* data = std::aligned_alloc(kLine, bytes == 0 ? kLine : (bytes + kLine - 1) / kLine * kLine);
-  if (data == nullptr) throw std::bad_alloc();
-  return data;
+  size_t rounded = 0;
+  return AllocateAligned(bytes, kLine, &rounded);
 }
 
 ScratchBlock::ScratchBlock(size_t bytes) {
@@ -55,10 +57,11 @@ ScratchBlock::ScratchBlock(size_t bytes) {
       return;
     }
   }
-  const size_t align = Alignment(bytes);
-  size_ = RoundedSize(bytes);
-  data_ = std::aligned_alloc(align, size_);
-  if (data_ == nullptr) throw std::bad_alloc();
+  // Large blocks on 2 MiB pages where the kernel allows it: the KDA kernels
+  // walk one row per token and head, a page apart, and 4 KiB pages make
+  // those walks miss the TLB.
+  const size_t align = bytes >= kHugePage ? kHugePage : kLine;
+  data_ = AllocateAligned(bytes, align, &size_);
   if (align == kHugePage) madvise(data_, size_, MADV_HUGEPAGE);  // advice only: failure is harmless
 }
 

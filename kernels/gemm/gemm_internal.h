@@ -67,8 +67,7 @@ struct TileGemmArgs {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
-  int64_t span = 0;   // input rows per span (a multiple of 32), see kTileGemmSpanRows
-  int64_t depth = 0;  // input columns a pass of a job's later spans sums (a multiple of 32)
+  int64_t span = 0;  // input rows per span (a multiple of 32), see kTileGemmSpanRows
   float* y_f32 = nullptr;
   BF16* y_bf16 = nullptr;
   int64_t ldy = 0;

@@ -97,7 +97,6 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
   const int64_t span_count = (blocks + span_blocks - 1) / span_blocks;
   const int64_t groups = std::min(span_count, std::max<int64_t>(1, NumThreads() / row_jobs));
   const int64_t spans_per_group = (span_count + groups - 1) / groups;
-  args.depth = std::min(a.k, kTileGemmPassDepth);
   ParallelFor(row_jobs * groups, [&](int64_t job) {
     const int64_t r0 = job / groups * job_rows;
     const int64_t r1 = std::min(a.n, r0 + job_rows);

@@ -153,7 +153,7 @@ constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&P
 // 32) at a time, the span's products summed into j.acc (a 32 x 32 block of
 // accumulators per pair of weight tiles and pair of input tiles) in passes:
 // the first span's over the whole input dim, weight tiles outer (the rows
-// read from memory once, in order), the later spans' a.depth columns at a
+// read from memory once, in order), the later spans' kTileGemmPassDepth columns at a
 // time, input tiles outer (a pair of them in L1 while the job's weight rows
 // pass over it from L2); then the span's blocks written to y.
 KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp) {
@@ -175,7 +175,7 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
   for (int64_t s0 = j.b0; s0 < j.b1; s0 += span_blocks) {
     const int64_t s1 = s0 + span_blocks < j.b1 ? s0 + span_blocks : j.b1;
     // The job's first span reads its weight rows from memory, whole and in order.
-    const int64_t depth = s0 == j.b0 ? k : a.depth;
+    const int64_t depth = s0 == j.b0 ? k : internal::kTileGemmPassDepth;
     for (int64_t k0 = 0; k0 < k; k0 += depth) {
       const int64_t steps = (k - k0 < depth ? k - k0 : depth) / kTileDepth;
       // Passes over part of the input dim keep a pair of input tiles (in L1) for every weight row of
