@@ -75,9 +75,16 @@ struct TileGemmArgs {
 // One job of TileGemm: weight rows [r0, r1) at w (row r0's, readable to a
 // multiple of 32 rows) against the packed input-row blocks [b0, b1) (16 rows
 // each; b0 a multiple of a span's blocks), summed in acc (64-byte aligned;
-// (r1 - r0 rounded up to 32) x span floats).
+// (r1 - r0 rounded up to 32) x span floats). A job of one span may take its
+// rows as Q8 instead (q, scales: row r0's; w null): each pair of weight tiles
+// is then dequantized into `pair` (64-byte aligned, TileGemmQ8PairValues(k)
+// bf16) just before its products, while the next pair's bytes are fetched
+// from memory.
 struct TileGemmJob {
   const BF16* w = nullptr;
+  const int8_t* q = nullptr;
+  const uint16_t* scales = nullptr;
+  BF16* pair = nullptr;
   int64_t r0 = 0;
   int64_t r1 = 0;
   int64_t b0 = 0;
@@ -108,7 +115,10 @@ inline constexpr int64_t kTileGemmSpanRows = 64;
 inline constexpr int64_t kTileGemmJobRows = 256;
 inline constexpr int64_t kTileGemmJobBytes = int64_t{1} << 20;
 inline constexpr int64_t kTileGemmPassDepth = 256;
-// Whether this process can run TileGemm: the tiles granted and the AVX-512 kernels active.
+// The bf16 values of a pair of Q8 weight tiles' rows in TileGemm's jobs of one span (TileGemmJob::pair),
+// followed by one row's scales in fp32.
+inline constexpr int64_t TileGemmQ8PairValues(int64_t k) { return 32 * k + 2 * (k / 32); }
+// Whether this process can run TileGemm: the tiles granted, AVX512-BF16, the AVX-512 kernels active.
 bool TileGemmRuns();
 // The weights: dense bf16 rows (w) or Q8 rows (q8), one of them.
 void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weight* q8);

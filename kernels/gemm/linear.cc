@@ -53,18 +53,19 @@ std::string OneDnnTileImplementation() {
   return "";
 }
 
-bool TileGemmRuns() { return AmxTilesGranted() && ActiveKernels().tile_gemm_rows != nullptr; }
+// (The tile code rounds Q8 weights to bf16 with AVX512-BF16, which every CPU with AMX-BF16 has.)
+bool TileGemmRuns() {
+  return AmxTilesGranted() && CanRunProbe(ProbeInstruction::kBf16Dot) && ActiveKernels().tile_gemm_rows != nullptr;
+}
 
 namespace {
 
-// The weight rows of one TileGemm job (gemm_internal.h): as many as kTileGemmJobBytes hold (half
-// as many for Q8 weights at one span, whose dequantized panel is written and read again before
-// any other span can reuse it), fewer where that splits the rows evenly between the threads.
-int64_t TileJobRows(const TileGemmArgs& a, bool q8) {
+// The weight rows of one TileGemm job (gemm_internal.h): as many as kTileGemmJobBytes hold, fewer
+// where that splits the rows evenly between the threads.
+int64_t TileJobRows(const TileGemmArgs& a) {
   constexpr int64_t kPair = 32;  // rows of two tiles
-  const int64_t bytes = q8 && a.m <= kTileGemmSpanRows ? kTileGemmJobBytes / 2 : kTileGemmJobBytes;
-  const int64_t most =
-      std::clamp(bytes / (a.k * static_cast<int64_t>(sizeof(BF16))) / kPair * kPair, kPair, kTileGemmJobRows);
+  const int64_t most = std::clamp(kTileGemmJobBytes / (a.k * static_cast<int64_t>(sizeof(BF16))) / kPair * kPair, kPair,
+                                  kTileGemmJobRows);
   const int64_t threads = NumThreads();
   for (int64_t rows = most; rows > most / 2; rows -= kPair) {
     if ((a.n + rows - 1) / rows % threads == 0) return rows;
@@ -92,7 +93,7 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
   const int64_t span_blocks = args.span / kRows;
   // Jobs of weight rows by groups of spans: the spans split between the threads only where the
   // weight has too few rows to keep every thread busy (the low-rank and gate projections).
-  const int64_t job_rows = TileJobRows(a, q8 != nullptr);
+  const int64_t job_rows = TileJobRows(a);
   const int64_t row_jobs = (a.n + job_rows - 1) / job_rows;
   const int64_t span_count = (blocks + span_blocks - 1) / span_blocks;
   const int64_t groups = std::min(span_count, std::max<int64_t>(1, NumThreads() / row_jobs));
@@ -111,6 +112,16 @@ void TileGemm(const TileGemmArgs& a, const BF16* x, const BF16* w, const Q8Weigh
     j.acc = acc.data();
     if (q8 == nullptr && padded == r1 - r0) {
       j.w = w + r0 * a.k;
+      kernels.tile_gemm_rows(args, j, xp.data());
+      return;
+    }
+    if (q8 != nullptr && j.b1 - j.b0 <= span_blocks) {
+      // Q8 rows of one span: each weight is used once, so each pair of weight tiles is dequantized
+      // just before its products (from L1 and L2) while the next pair's bytes come from memory.
+      ScratchArray<BF16> pair(static_cast<size_t>(TileGemmQ8PairValues(a.k)));
+      j.q = q8->q.data() + r0 * a.k;
+      j.scales = q8->scales.data() + r0 * (a.k / kQ8Block);
+      j.pair = pair.data();
       kernels.tile_gemm_rows(args, j, xp.data());
       return;
     }

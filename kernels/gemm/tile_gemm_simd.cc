@@ -27,8 +27,9 @@ using internal::TileGemmJob;
 constexpr int64_t kTileRows = 16;   // rows of a tile
 constexpr int64_t kTileDepth = 32;  // bf16 of the input dim a tile product sums
 
-// The tile instructions and the masked 16-bit stores, beyond the target's -m flags.
-#define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bw,avx512vl,prfchw")]]
+// The tile instructions, the masked 16-bit stores and the bf16 rounding of Q8 weights, beyond the
+// target's -m flags.
+#define KDA_TILE_TARGET [[gnu::target("amx-tile,amx-bf16,avx512bf16,avx512bw,avx512vl,prfchw")]]
 
 }  // namespace
 
@@ -100,15 +101,54 @@ KDA_TILE_TARGET void PrefetchOutput(const TileGemmArgs& a, int64_t n0, int64_t m
   }
 }
 
+// Q8 weight rows [n0, n0 + rows) (rows <= 32; q and scales row n0's, k / 32
+// scales a row) as the bf16 pipeline's weights into dst [32][k], rows past
+// `rows` zero: each block of 32 weights times its fp16 scale (exact in fp32),
+// rounded to bf16 (nearest even, as Q8DequantBF16 rounds them) by one
+// vcvtne2ps2bf16. The rows are read in order, kDequantAhead bytes fetched
+// ahead; a row's scales are converted 16 at a time first.
+constexpr int64_t kDequantAhead = 8192;
+KDA_TILE_TARGET void DequantPair(BF16* dst, const int8_t* q, const uint16_t* scales, int64_t k, int64_t rows,
+                                 float* sf) {
+  const int64_t nb = k / kTileDepth;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* sr = scales + r * nb;
+    int64_t b = 0;
+    for (; b + 16 <= nb; b += 16) {
+      _mm512_storeu_ps(sf + b, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sr + b))));
+    }
+    for (; b < nb; ++b) sf[b] = _cvtsh_ss(sr[b]);
+    for (b = 0; b < nb; ++b) {
+      const int64_t at = r * k + b * kTileDepth;
+      if (b % 2 == 0 && at + kDequantAhead < rows * k) asm volatile("prefetcht0 %0" : : "m"(*(q + at + kDequantAhead)));
+      const __m512 s = _mm512_set1_ps(sf[b]);
+      const __m512 lo = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + at)))), s);
+      const __m512 hi = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + at + 16)))), s);
+      _mm512_store_si512(dst + at, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+    }
+  }
+  for (int64_t r = rows; r < 2 * kTileRows; ++r) {
+    for (int64_t c = 0; c < k; c += kTileDepth) _mm512_store_si512(dst + r * k + c, _mm512_setzero_si512());
+  }
+}
+
+// Prefetches `lines` cache lines from p (PREFETCHT0 in asm, see PrefetchOutput).
+KDA_TILE_TARGET void PrefetchLines(const char* p, int64_t lines) {
+  for (int64_t i = 0; i < lines; ++i) asm volatile("prefetcht0 %0" : : "m"(*(p + i * 64)));
+}
+
 // One pass: weight rows [n0, n0 + 16 (32 with kTwo)) at w (row stride k, at
 // the pass's first input column) against the packed input-row blocks
 // [b, b + 1 (2 with kPair)) at x (block b at the pass's first column), over
 // `steps` tile depths, summed into the accumulator tiles stored at c (four
 // tiles of 16 x 16 fp32, in this order: weight rows n0.. and n0 + 16.. by
 // input block b, then both by block b + 1), which the first pass starts at
-// zero.
+// zero. Fetches `lines` cache lines from pf, spread over the steps.
 template <bool kTwo, bool kPair>
-KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps, float* c, bool first) {
+KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps, float* c, bool first, const char* pf,
+                          int64_t lines) {
   const int64_t wstride = k * static_cast<int64_t>(sizeof(BF16));
   const BF16* w1 = w + kTileRows * k;
   const BF16* x1 = x + k * kTileRows;
@@ -126,8 +166,15 @@ KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps
     if constexpr (kTwo) _tile_loadd(2, c + kTile, kCStride);
     if constexpr (kTwo && kPair) _tile_loadd(3, c + 3 * kTile, kCStride);
   }
+  const int64_t per_step = (lines + steps - 1) / steps;
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t kk = s * kTileDepth;
+    if (lines > 0) {
+      const int64_t n = per_step < lines ? per_step : lines;
+      PrefetchLines(pf, n);
+      pf += n * 64;
+      lines -= n;
+    }
     _tile_loadd(4, w + kk, wstride);
     _tile_loadd(6, x + kk * kTileRows, kBStride);
     if constexpr (kPair) _tile_loadd(7, x1 + kk * kTileRows, kBStride);
@@ -143,9 +190,45 @@ KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps
   if constexpr (kTwo && kPair) _tile_stored(3, c + 3 * kTile, kCStride);
 }
 
-using PassFn = void (*)(const BF16*, int64_t, const BF16*, int64_t, float*, bool);
+using PassFn = void (*)(const BF16*, int64_t, const BF16*, int64_t, float*, bool, const char*, int64_t);
 // Pass<kTwo, kPair> by (two weight tiles, two input tiles).
 constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&Pass<true, false>, &Pass<true, true>}};
+
+constexpr int64_t kBlock = 4 * kTileRows * kTileRows;  // floats of a 32 x 32 accumulator block
+
+// The products of a job of Q8 rows in one span (TileGemmJob::q; input blocks [s0, s1), `pairs` pairs
+// of weight tiles), summed into j.acc as TileGemmRows sums dense rows, in the same order: each
+// weight is used once, so each pair of weight tiles is dequantized into j.pair just before its
+// products with every input pair of the span, during which the next pair's bytes are fetched.
+KDA_TILE_TARGET void Q8SpanProducts(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp, int64_t s0, int64_t s1,
+                                    int64_t pairs) {
+  const int64_t k = a.k;
+  const int64_t nb = k / kTileDepth;
+  float* sf = reinterpret_cast<float*>(j.pair + 2 * kTileRows * k);  // a row's scales
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t n0 = j.r0 + 2 * kTileRows * p;
+    DequantPair(j.pair, j.q + (n0 - j.r0) * k, j.scales + (n0 - j.r0) * nb, k,
+                j.r1 - n0 < 2 * kTileRows ? j.r1 - n0 : 2 * kTileRows, sf);
+    // The next pair's rows (contiguous bytes) fetched during the first input pair's products, its
+    // scales now.
+    const int64_t next = n0 + 2 * kTileRows;
+    const char* pf = nullptr;
+    int64_t lines = 0;
+    if (next < j.r1) {
+      const int64_t next_rows = j.r1 - next < 2 * kTileRows ? j.r1 - next : 2 * kTileRows;
+      pf = reinterpret_cast<const char*>(j.q + (next - j.r0) * k);
+      lines = (next_rows * k + 63) / 64;
+      PrefetchLines(reinterpret_cast<const char*>(j.scales + (next - j.r0) * nb),
+                    (next_rows * nb * static_cast<int64_t>(sizeof(uint16_t)) + 63) / 64);
+    }
+    for (int64_t b = s0; b < s1; b += 2) {
+      float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
+      PrefetchOutput(a, n0, b * kTileRows);
+      kPasses[n0 + kTileRows < j.r1][b + 1 < s1](j.pair, k, xp + b * k * kTileRows, k / kTileDepth, c, true,
+                                                 b == s0 ? pf : nullptr, b == s0 ? lines : 0);
+    }
+  }
+}
 
 }  // namespace
 
@@ -166,7 +249,6 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
     cfg[48 + t] = kTileRows;
   }
   _tile_loadconfig(cfg);
-  constexpr int64_t kBlock = 4 * kTileRows * kTileRows;  // floats of a 32 x 32 accumulator block
   const int64_t k = a.k;
   const int64_t r0 = j.r0;
   const int64_t r1 = j.r1;
@@ -176,7 +258,8 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
     const int64_t s1 = s0 + span_blocks < j.b1 ? s0 + span_blocks : j.b1;
     // The job's first span reads its weight rows from memory, whole and in order.
     const int64_t depth = s0 == j.b0 ? k : internal::kTileGemmPassDepth;
-    for (int64_t k0 = 0; k0 < k; k0 += depth) {
+    if (j.q != nullptr) Q8SpanProducts(a, j, xp, s0, s1, pairs);
+    for (int64_t k0 = 0; k0 < k && j.q == nullptr; k0 += depth) {
       const int64_t steps = (k - k0 < depth ? k - k0 : depth) / kTileDepth;
       // Passes over part of the input dim keep a pair of input tiles (in L1) for every weight row of
       // the job; passes over all of it (one span: the weights streamed from memory) use each pair of
@@ -190,7 +273,7 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
         float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
         if (k0 == 0) PrefetchOutput(a, n0, b * kTileRows);
         kPasses[n0 + kTileRows < r1][b + 1 < s1](j.w + (n0 - r0) * k + k0, k, xp + (b * k + k0) * kTileRows, steps, c,
-                                                 k0 == 0);
+                                                 k0 == 0, nullptr, 0);
       }
     }
     for (int64_t b = s0; b < s1; b += 2) {
