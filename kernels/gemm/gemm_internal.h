@@ -78,8 +78,8 @@ struct TileGemmArgs {
 // (r1 - r0 rounded up to 32) x span floats). A job of one span may take its
 // rows as Q8 instead (q, scales: row r0's; w null): each pair of weight tiles
 // is then dequantized into `pair` (64-byte aligned, TileGemmQ8PairValues(k)
-// bf16) just before its products, while the next pair's bytes are fetched
-// from memory.
+// bf16) beside its products (a step at a time into a ring, or whole before
+// them), while the next pair's bytes are fetched from memory.
 struct TileGemmJob {
   const BF16* w = nullptr;
   const int8_t* q = nullptr;
@@ -115,9 +115,10 @@ inline constexpr int64_t kTileGemmSpanRows = 64;
 inline constexpr int64_t kTileGemmJobRows = 256;
 inline constexpr int64_t kTileGemmJobBytes = int64_t{1} << 20;
 inline constexpr int64_t kTileGemmPassDepth = 256;
-// The bf16 values of a pair of Q8 weight tiles' rows in TileGemm's jobs of one span (TileGemmJob::pair),
-// followed by one row's scales in fp32.
-inline constexpr int64_t TileGemmQ8PairValues(int64_t k) { return 32 * k + 2 * (k / 32); }
+// TileGemmJob::pair for input dim k: the bf16 values of a pair of Q8 weight tiles' rows (or a ring
+// of four steps of them), then one row's scales in fp32.
+inline constexpr int64_t TileGemmQ8PairBf16(int64_t k) { return 32 * (k > 128 ? k : 128); }
+inline constexpr int64_t TileGemmQ8PairValues(int64_t k) { return TileGemmQ8PairBf16(k) + 2 * (k / 32); }
 // Whether this process can run TileGemm: the tiles granted, AVX512-BF16, the AVX-512 kernels active.
 bool TileGemmRuns();
 // The weights: dense bf16 rows (w) or Q8 rows (q8), one of them.

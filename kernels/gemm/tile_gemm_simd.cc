@@ -196,35 +196,115 @@ constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&P
 
 constexpr int64_t kBlock = 4 * kTileRows * kTileRows;  // floats of a 32 x 32 accumulator block
 
+// Input columns [32 s, 32 s + 32) of Q8 weight rows [n0, n0 + rows) (q and scales row n0's) as
+// the bf16 pipeline's weights into slot [rows][32] (as DequantPair).
+KDA_TILE_TARGET void DequantStep(BF16* slot, const int8_t* q, const uint16_t* scales, int64_t k, int64_t rows,
+                                 int64_t s) {
+  const int64_t nb = k / kTileDepth;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int8_t* qb = q + r * k + s * kTileDepth;
+    const __m512 sc = _mm512_set1_ps(_cvtsh_ss(scales[r * nb + s]));
+    const __m512 lo = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb)))), sc);
+    const __m512 hi = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16)))), sc);
+    _mm512_store_si512(slot + r * kTileDepth, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+}
+
+// The ring of dequantized steps Q8Pass loads its weight tiles from (in L1), and how many steps
+// ahead of the products it dequantizes (so that a tile load never waits on the stores just made).
+constexpr int64_t kRingSlots = 4;
+constexpr int64_t kRingLead = 2;
+constexpr int64_t kSlotValues = 2 * kTileRows * kTileDepth;
+
+// Pass (over the whole input dim, from zero) for Q8 weight rows [n0, n0 + rows) (rows <= 32; q and
+// scales row n0's), each step's weights dequantized kRingLead steps ahead of its products into a
+// ring of kRingSlots slots, so that the dequantization runs beside the tile products and the
+// weight tiles load from L1. Fetches `lines` cache lines from pf, spread over the steps.
+template <bool kTwo, bool kPair>
+KDA_TILE_TARGET void Q8Pass(const int8_t* q, const uint16_t* scales, int64_t k, int64_t rows, const BF16* x, float* c,
+                            BF16* ring, const char* pf, int64_t lines) {
+  const BF16* x1 = x + k * kTileRows;
+  constexpr int64_t kStride = kTileDepth * static_cast<int64_t>(sizeof(BF16));  // 64 bytes a row
+  constexpr int64_t kCStride = kTileRows * static_cast<int64_t>(sizeof(float));
+  constexpr int64_t kTile = kTileRows * kTileRows;
+  const int64_t steps = k / kTileDepth;
+  for (int64_t slot = 0; slot < kRingSlots; ++slot) {
+    for (int64_t r = rows; r < 2 * kTileRows; ++r) {
+      _mm512_store_si512(ring + slot * kSlotValues + r * kTileDepth, _mm512_setzero_si512());
+    }
+  }
+  for (int64_t s = 0; s < kRingLead && s < steps; ++s) DequantStep(ring + s * kSlotValues, q, scales, k, rows, s);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  const int64_t per_step = (lines + steps - 1) / steps;
+  for (int64_t s = 0; s < steps; ++s) {
+    if (s + kRingLead < steps) {
+      DequantStep(ring + (s + kRingLead) % kRingSlots * kSlotValues, q, scales, k, rows, s + kRingLead);
+    }
+    if (lines > 0) {
+      const int64_t n = per_step < lines ? per_step : lines;
+      PrefetchLines(pf, n);
+      pf += n * 64;
+      lines -= n;
+    }
+    const BF16* w = ring + s % kRingSlots * kSlotValues;
+    const int64_t kk = s * kTileDepth;
+    _tile_loadd(4, w, kStride);
+    _tile_loadd(6, x + kk * kTileRows, kStride);
+    if constexpr (kPair) _tile_loadd(7, x1 + kk * kTileRows, kStride);
+    if constexpr (kTwo) _tile_loadd(5, w + kTileRows * kTileDepth, kStride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kPair) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kTwo) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kTwo && kPair) _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, kCStride);
+  if constexpr (kPair) _tile_stored(1, c + 2 * kTile, kCStride);
+  if constexpr (kTwo) _tile_stored(2, c + kTile, kCStride);
+  if constexpr (kTwo && kPair) _tile_stored(3, c + 3 * kTile, kCStride);
+}
+
+using Q8PassFn = void (*)(const int8_t*, const uint16_t*, int64_t, int64_t, const BF16*, float*, BF16*, const char*,
+                          int64_t);
+constexpr Q8PassFn kQ8Passes[2][2] = {{&Q8Pass<false, false>, &Q8Pass<false, true>},
+                                      {&Q8Pass<true, false>, &Q8Pass<true, true>}};
+
 // The products of a job of Q8 rows in one span (TileGemmJob::q; input blocks [s0, s1), `pairs` pairs
-// of weight tiles), summed into j.acc as TileGemmRows sums dense rows, in the same order: each
-// weight is used once, so each pair of weight tiles is dequantized into j.pair just before its
-// products with every input pair of the span, during which the next pair's bytes are fetched.
+// of weight tiles), summed into j.acc as TileGemmRows sums dense rows, in the same order. Each
+// weight is used once there: with one pair of input tiles (M <= 32) each step of a pair of weight
+// tiles is dequantized into a ring in L1 beside the products (Q8Pass); with two, each pair of
+// weight tiles is dequantized whole into j.pair before its products with both. The job's first pair
+// of weight tiles is fetched from memory first, each later one during the products of the one before.
 KDA_TILE_TARGET void Q8SpanProducts(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp, int64_t s0, int64_t s1,
                                     int64_t pairs) {
   const int64_t k = a.k;
   const int64_t nb = k / kTileDepth;
-  float* sf = reinterpret_cast<float*>(j.pair + 2 * kTileRows * k);  // a row's scales
+  const auto rows_at = [&](int64_t n0) { return j.r1 - n0 < 2 * kTileRows ? j.r1 - n0 : 2 * kTileRows; };
+  PrefetchLines(reinterpret_cast<const char*>(j.q), (rows_at(j.r0) * k + 63) / 64);
+  float* sf = reinterpret_cast<float*>(j.pair + internal::TileGemmQ8PairBf16(k));  // a row's scales
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t n0 = j.r0 + 2 * kTileRows * p;
-    DequantPair(j.pair, j.q + (n0 - j.r0) * k, j.scales + (n0 - j.r0) * nb, k,
-                j.r1 - n0 < 2 * kTileRows ? j.r1 - n0 : 2 * kTileRows, sf);
-    // The next pair's rows (contiguous bytes) fetched during the first input pair's products, its
-    // scales now.
+    const int8_t* q = j.q + (n0 - j.r0) * k;
+    const uint16_t* scales = j.scales + (n0 - j.r0) * nb;
+    // The next pair's rows (contiguous bytes), fetched during the products with the first input pair.
     const int64_t next = n0 + 2 * kTileRows;
-    const char* pf = nullptr;
-    int64_t lines = 0;
-    if (next < j.r1) {
-      const int64_t next_rows = j.r1 - next < 2 * kTileRows ? j.r1 - next : 2 * kTileRows;
-      pf = reinterpret_cast<const char*>(j.q + (next - j.r0) * k);
-      lines = (next_rows * k + 63) / 64;
-      PrefetchLines(reinterpret_cast<const char*>(j.scales + (next - j.r0) * nb),
-                    (next_rows * nb * static_cast<int64_t>(sizeof(uint16_t)) + 63) / 64);
+    const char* pf = next < j.r1 ? reinterpret_cast<const char*>(q + 2 * kTileRows * k) : nullptr;
+    const int64_t lines = next < j.r1 ? (rows_at(next) * k + 63) / 64 : 0;
+    if (s1 - s0 <= 2) {
+      PrefetchOutput(a, n0, s0 * kTileRows);
+      kQ8Passes[n0 + kTileRows < j.r1][s0 + 1 < s1](q, scales, k, rows_at(n0), xp + s0 * k * kTileRows,
+                                                    j.acc + p * kBlock, j.pair, pf, lines);
+      continue;
     }
+    DequantPair(j.pair, q, scales, k, rows_at(n0), sf);
     for (int64_t b = s0; b < s1; b += 2) {
-      float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
       PrefetchOutput(a, n0, b * kTileRows);
-      kPasses[n0 + kTileRows < j.r1][b + 1 < s1](j.pair, k, xp + b * k * kTileRows, k / kTileDepth, c, true,
+      kPasses[n0 + kTileRows < j.r1][b + 1 < s1](j.pair, k, xp + b * k * kTileRows, k / kTileDepth,
+                                                 j.acc + (((b - s0) / 2) * pairs + p) * kBlock, true,
                                                  b == s0 ? pf : nullptr, b == s0 ? lines : 0);
     }
   }
