@@ -139,18 +139,27 @@ KDA_TILE_TARGET void PrefetchLines(const char* p, int64_t lines) {
   for (int64_t i = 0; i < lines; ++i) asm volatile("prefetcht0 %0" : : "m"(*(p + i * 64)));
 }
 
-// One pass: weight rows [n0, n0 + 16 (32 with kTwo)) at w (row stride k, at
-// the pass's first input column) against the packed input-row blocks
-// [b, b + 1 (2 with kPair)) at x (block b at the pass's first column), over
-// `steps` tile depths, summed into the accumulator tiles stored at c (four
-// tiles of 16 x 16 fp32, in this order: weight rows n0.. and n0 + 16.. by
-// input block b, then both by block b + 1), which the first pass starts at
-// zero. Fetches `lines` cache lines from pf, spread over the steps.
-template <bool kTwo, bool kPair>
-KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps, float* c, bool first, const char* pf,
-                          int64_t lines) {
-  const int64_t wstride = k * static_cast<int64_t>(sizeof(BF16));
-  const BF16* w1 = w + kTileRows * k;
+// A pass's weight tiles in place: rows of stride k (Pass's Weights).
+struct DenseWeights {
+  const BF16* w;
+  int64_t k;
+  int64_t Stride() const { return k; }
+  const BF16* Step(int64_t s) const { return w + s * kTileDepth; }
+};
+
+// One pass: weight rows [n0, n0 + 16 (32 with kTwo)) from `weights` (its
+// Step(s): the rows at step s's first input column, Stride() elements apart)
+// against the packed input-row blocks [b, b + 1 (2 with kPair)) at x (block b
+// at the pass's first column; k the input dim), over `steps` tile depths,
+// summed into the accumulator tiles stored at c (four tiles of 16 x 16 fp32,
+// in this order: weight rows n0.. and n0 + 16.. by input block b, then both by
+// block b + 1), which the first pass starts at zero. Fetches `lines` cache
+// lines from pf, spread over the steps.
+template <bool kTwo, bool kPair, class Weights>
+KDA_TILE_TARGET void Pass(Weights weights, int64_t k, const BF16* x, int64_t steps, float* c, bool first,
+                          const char* pf, int64_t lines) {
+  const int64_t wrow = weights.Stride();
+  const int64_t wstride = wrow * static_cast<int64_t>(sizeof(BF16));
   const BF16* x1 = x + k * kTileRows;
   constexpr int64_t kBStride = kTileRows * 2 * static_cast<int64_t>(sizeof(BF16));  // 64 bytes a pair row
   constexpr int64_t kCStride = kTileRows * static_cast<int64_t>(sizeof(float));
@@ -169,16 +178,17 @@ KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps
   const int64_t per_step = (lines + steps - 1) / steps;
   for (int64_t s = 0; s < steps; ++s) {
     const int64_t kk = s * kTileDepth;
+    const BF16* w = weights.Step(s);
     if (lines > 0) {
       const int64_t n = per_step < lines ? per_step : lines;
       PrefetchLines(pf, n);
       pf += n * 64;
       lines -= n;
     }
-    _tile_loadd(4, w + kk, wstride);
+    _tile_loadd(4, w, wstride);
     _tile_loadd(6, x + kk * kTileRows, kBStride);
     if constexpr (kPair) _tile_loadd(7, x1 + kk * kTileRows, kBStride);
-    if constexpr (kTwo) _tile_loadd(5, w1 + kk, wstride);
+    if constexpr (kTwo) _tile_loadd(5, w + kTileRows * wrow, wstride);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (kPair) _tile_dpbf16ps(1, 4, 7);
     if constexpr (kTwo) _tile_dpbf16ps(2, 5, 6);
@@ -190,9 +200,12 @@ KDA_TILE_TARGET void Pass(const BF16* w, int64_t k, const BF16* x, int64_t steps
   if constexpr (kTwo && kPair) _tile_stored(3, c + 3 * kTile, kCStride);
 }
 
-using PassFn = void (*)(const BF16*, int64_t, const BF16*, int64_t, float*, bool, const char*, int64_t);
-// Pass<kTwo, kPair> by (two weight tiles, two input tiles).
-constexpr PassFn kPasses[2][2] = {{&Pass<false, false>, &Pass<false, true>}, {&Pass<true, false>, &Pass<true, true>}};
+template <class Weights>
+using PassFn = void (*)(Weights, int64_t, const BF16*, int64_t, float*, bool, const char*, int64_t);
+// Pass<kTwo, kPair, Weights> by (two weight tiles, two input tiles).
+template <class Weights>
+constexpr PassFn<Weights> kPasses[2][2] = {{&Pass<false, false, Weights>, &Pass<false, true, Weights>},
+                                           {&Pass<true, false, Weights>, &Pass<true, true, Weights>}};
 
 constexpr int64_t kBlock = 4 * kTileRows * kTileRows;  // floats of a 32 x 32 accumulator block
 
@@ -212,71 +225,38 @@ KDA_TILE_TARGET void DequantStep(BF16* slot, const int8_t* q, const uint16_t* sc
   }
 }
 
-// The ring of dequantized steps Q8Pass loads its weight tiles from (in L1), and how many steps
-// ahead of the products it dequantizes (so that a tile load never waits on the stores just made).
-constexpr int64_t kRingSlots = 4;
-constexpr int64_t kRingLead = 2;
-constexpr int64_t kSlotValues = 2 * kTileRows * kTileDepth;
-
-// Pass (over the whole input dim, from zero) for Q8 weight rows [n0, n0 + rows) (rows <= 32; q and
-// scales row n0's), each step's weights dequantized kRingLead steps ahead of its products into a
-// ring of kRingSlots slots, so that the dequantization runs beside the tile products and the
-// weight tiles load from L1. Fetches `lines` cache lines from pf, spread over the steps.
-template <bool kTwo, bool kPair>
-KDA_TILE_TARGET void Q8Pass(const int8_t* q, const uint16_t* scales, int64_t k, int64_t rows, const BF16* x, float* c,
-                            BF16* ring, const char* pf, int64_t lines) {
-  const BF16* x1 = x + k * kTileRows;
-  constexpr int64_t kStride = kTileDepth * static_cast<int64_t>(sizeof(BF16));  // 64 bytes a row
-  constexpr int64_t kCStride = kTileRows * static_cast<int64_t>(sizeof(float));
-  constexpr int64_t kTile = kTileRows * kTileRows;
-  const int64_t steps = k / kTileDepth;
-  for (int64_t slot = 0; slot < kRingSlots; ++slot) {
-    for (int64_t r = rows; r < 2 * kTileRows; ++r) {
-      _mm512_store_si512(ring + slot * kSlotValues + r * kTileDepth, _mm512_setzero_si512());
+// A pass's weight tiles from Q8 rows [n0, n0 + rows) (rows <= 32; q and scales row n0's): each
+// step dequantized kLead steps ahead of its products into a ring of kSlots slots in L1 (ring), so
+// that the dequantization runs beside the tile products and a tile load never waits on the stores
+// just made (Pass's Weights; Start() before the pass).
+struct Q8RingWeights {
+  static constexpr int64_t kSlots = 4;
+  static constexpr int64_t kLead = 2;
+  static constexpr int64_t kSlot = 2 * kTileRows * kTileDepth;  // bf16 of a slot
+  const int8_t* q;
+  const uint16_t* scales;
+  int64_t k;
+  int64_t rows;
+  BF16* ring;
+  int64_t Stride() const { return kTileDepth; }
+  KDA_TILE_TARGET void Start() const {
+    for (int64_t slot = 0; slot < kSlots; ++slot) {
+      for (int64_t r = rows; r < 2 * kTileRows; ++r) {
+        _mm512_store_si512(ring + slot * kSlot + r * kTileDepth, _mm512_setzero_si512());
+      }
     }
+    for (int64_t s = 0; s < kLead && s < k / kTileDepth; ++s) DequantStep(ring + s * kSlot, q, scales, k, rows, s);
   }
-  for (int64_t s = 0; s < kRingLead && s < steps; ++s) DequantStep(ring + s * kSlotValues, q, scales, k, rows, s);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const int64_t per_step = (lines + steps - 1) / steps;
-  for (int64_t s = 0; s < steps; ++s) {
-    if (s + kRingLead < steps) {
-      DequantStep(ring + (s + kRingLead) % kRingSlots * kSlotValues, q, scales, k, rows, s + kRingLead);
-    }
-    if (lines > 0) {
-      const int64_t n = per_step < lines ? per_step : lines;
-      PrefetchLines(pf, n);
-      pf += n * 64;
-      lines -= n;
-    }
-    const BF16* w = ring + s % kRingSlots * kSlotValues;
-    const int64_t kk = s * kTileDepth;
-    _tile_loadd(4, w, kStride);
-    _tile_loadd(6, x + kk * kTileRows, kStride);
-    if constexpr (kPair) _tile_loadd(7, x1 + kk * kTileRows, kStride);
-    if constexpr (kTwo) _tile_loadd(5, w + kTileRows * kTileDepth, kStride);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (kPair) _tile_dpbf16ps(1, 4, 7);
-    if constexpr (kTwo) _tile_dpbf16ps(2, 5, 6);
-    if constexpr (kTwo && kPair) _tile_dpbf16ps(3, 5, 7);
+  KDA_TILE_TARGET const BF16* Step(int64_t s) const {
+    if (s + kLead < k / kTileDepth) DequantStep(ring + (s + kLead) % kSlots * kSlot, q, scales, k, rows, s + kLead);
+    return ring + s % kSlots * kSlot;
   }
-  _tile_stored(0, c, kCStride);
-  if constexpr (kPair) _tile_stored(1, c + 2 * kTile, kCStride);
-  if constexpr (kTwo) _tile_stored(2, c + kTile, kCStride);
-  if constexpr (kTwo && kPair) _tile_stored(3, c + 3 * kTile, kCStride);
-}
-
-using Q8PassFn = void (*)(const int8_t*, const uint16_t*, int64_t, int64_t, const BF16*, float*, BF16*, const char*,
-                          int64_t);
-constexpr Q8PassFn kQ8Passes[2][2] = {{&Q8Pass<false, false>, &Q8Pass<false, true>},
-                                      {&Q8Pass<true, false>, &Q8Pass<true, true>}};
+};
 
 // The products of a job of Q8 rows in one span (TileGemmJob::q; input blocks [s0, s1), `pairs` pairs
 // of weight tiles), summed into j.acc as TileGemmRows sums dense rows, in the same order. Each
 // weight is used once there: with one pair of input tiles (M <= 32) each step of a pair of weight
-// tiles is dequantized into a ring in L1 beside the products (Q8Pass); with two, each pair of
+// tiles is dequantized into a ring in L1 beside the products (Q8RingWeights); with two, each pair of
 // weight tiles is dequantized whole into j.pair before its products with both. The job's first pair
 // of weight tiles is fetched from memory first, each later one during the products of the one before.
 KDA_TILE_TARGET void Q8SpanProducts(const TileGemmArgs& a, const TileGemmJob& j, const BF16* xp, int64_t s0, int64_t s1,
@@ -296,16 +276,18 @@ KDA_TILE_TARGET void Q8SpanProducts(const TileGemmArgs& a, const TileGemmJob& j,
     const int64_t lines = next < j.r1 ? (rows_at(next) * k + 63) / 64 : 0;
     if (s1 - s0 <= 2) {
       PrefetchOutput(a, n0, s0 * kTileRows);
-      kQ8Passes[n0 + kTileRows < j.r1][s0 + 1 < s1](q, scales, k, rows_at(n0), xp + s0 * k * kTileRows,
-                                                    j.acc + p * kBlock, j.pair, pf, lines);
+      const Q8RingWeights ring{q, scales, k, rows_at(n0), j.pair};
+      ring.Start();
+      kPasses<Q8RingWeights>[n0 + kTileRows < j.r1][s0 + 1 < s1](ring, k, xp + s0 * k * kTileRows, k / kTileDepth,
+                                                                 j.acc + p * kBlock, true, pf, lines);
       continue;
     }
     DequantPair(j.pair, q, scales, k, rows_at(n0), sf);
     for (int64_t b = s0; b < s1; b += 2) {
       PrefetchOutput(a, n0, b * kTileRows);
-      kPasses[n0 + kTileRows < j.r1][b + 1 < s1](j.pair, k, xp + b * k * kTileRows, k / kTileDepth,
-                                                 j.acc + (((b - s0) / 2) * pairs + p) * kBlock, true,
-                                                 b == s0 ? pf : nullptr, b == s0 ? lines : 0);
+      kPasses<DenseWeights>[n0 + kTileRows < j.r1][b + 1 < s1](
+          DenseWeights{j.pair, k}, k, xp + b * k * kTileRows, k / kTileDepth,
+          j.acc + (((b - s0) / 2) * pairs + p) * kBlock, true, b == s0 ? pf : nullptr, b == s0 ? lines : 0);
     }
   }
 }
@@ -352,8 +334,8 @@ KDA_TILE_TARGET void TileGemmRows(const TileGemmArgs& a, const TileGemmJob& j, c
         const int64_t n0 = r0 + 2 * kTileRows * p;
         float* c = j.acc + (((b - s0) / 2) * pairs + p) * kBlock;
         if (k0 == 0) PrefetchOutput(a, n0, b * kTileRows);
-        kPasses[n0 + kTileRows < r1][b + 1 < s1](j.w + (n0 - r0) * k + k0, k, xp + (b * k + k0) * kTileRows, steps, c,
-                                                 k0 == 0, nullptr, 0);
+        kPasses<DenseWeights>[n0 + kTileRows < r1][b + 1 < s1](
+            DenseWeights{j.w + (n0 - r0) * k + k0, k}, k, xp + (b * k + k0) * kTileRows, steps, c, k0 == 0, nullptr, 0);
       }
     }
     for (int64_t b = s0; b < s1; b += 2) {
