@@ -115,10 +115,9 @@ inline constexpr int64_t kTileGemmSpanRows = 64;
 inline constexpr int64_t kTileGemmJobRows = 256;
 inline constexpr int64_t kTileGemmJobBytes = int64_t{1} << 20;
 inline constexpr int64_t kTileGemmPassDepth = 256;
-// TileGemmJob::pair for input dim k: the bf16 values of a pair of Q8 weight tiles' rows (or a ring
-// of four steps of them), then one row's scales in fp32.
-inline constexpr int64_t TileGemmQ8PairBf16(int64_t k) { return 32 * (k > 128 ? k : 128); }
-inline constexpr int64_t TileGemmQ8PairValues(int64_t k) { return TileGemmQ8PairBf16(k) + 2 * (k / 32); }
+// The bf16 values of TileGemmJob::pair for input dim k: a pair of Q8 weight tiles' rows, or a ring
+// of four steps of them.
+inline constexpr int64_t TileGemmQ8PairValues(int64_t k) { return 32 * (k > 128 ? k : 128); }
 // Whether this process can run TileGemm: the tiles granted, AVX512-BF16, the AVX-512 kernels active.
 bool TileGemmRuns();
 // The weights: dense bf16 rows (w) or Q8 rows (q8), one of them.

@@ -10,6 +10,7 @@
 #include "kda/base/bf16.h"
 #include "kda/kernels/q8.h"
 #include "kernels/gemm/gemm_internal.h"
+#include "kernels/gemm/q8_block.h"
 #include "kernels/isa/target_kernels.h"
 #include "kernels/isa/vec.h"
 
@@ -50,20 +51,6 @@ KDA_INLINE void ConvertScales(float* dst, const uint16_t* src, int64_t n) {
   }
 #endif
   for (; i < n; ++i) dst[i] = HalfToFloat(src[i]);
-}
-
-// kLanes int8 values as fp32 (exact).
-KDA_INLINE Vec::Reg LoadI8(const int8_t* p) {
-#if KDA_TARGET == KDA_TARGET_AVX512
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#elif KDA_TARGET == KDA_TARGET_AVX2
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-#else
-  using I8 = int8_t __attribute__((vector_size(kLanes)));
-  I8 v;
-  __builtin_memcpy(&v, p, sizeof(v));
-  return __builtin_convertvector(v, Vec::Reg);
-#endif
 }
 
 // x = d * q (exact: at most 18 significant bits) rounded to bf16, in three
@@ -120,14 +107,8 @@ struct Q8Rows {
   }
   KDA_INLINE const char* Row(int r) const { return reinterpret_cast<const char*>(q + r * k); }
 #if KDA_TARGET == KDA_TARGET_AVX512
-  // Block b of row r as 32 bf16 in input order: two registers dequantized
-  // (exact), rounded to bf16 and packed by one vcvtne2ps2bf16.
-  KDA_BF16_DOT __m512bh LoadDot(int r, int64_t b) const {
-    const __m512 s = Scale(r);
-    const __m512 lo = _mm512_mul_ps(LoadI8(q + r * k + b * kBlock), s);
-    const __m512 hi = _mm512_mul_ps(LoadI8(q + r * k + b * kBlock + 16), s);
-    return _mm512_cvtne2ps_pbh(hi, lo);  // lo -> elements 0..15, hi -> 16..31
-  }
+  // Block b of row r as 32 bf16 in input order.
+  KDA_BF16_DOT __m512bh LoadDot(int r, int64_t b) const { return Q8BlockBF16(q + r * k + b * kBlock, Scale(r)); }
 #endif
 };
 
