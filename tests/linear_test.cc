@@ -276,8 +276,11 @@ TEST_P(LinearRouteTest, ManyRowsRunInSpansAndOddOutputRowsInPaddedPanels) {
 
 TEST(TileGemmTest, RunsWhereTheTilesAreGrantedAndSaysWhyNotElsewhere) {
   if (!internal::TileGemmRuns()) {
-    GTEST_SKIP() << "kda's tile GEMM does not run here: AMX tiles "
-                 << (AmxTilesGranted() ? "granted, but the AVX-512 kernels are not active" : "not granted");
+    GTEST_SKIP() << "kda's tile GEMM does not run here: "
+                 << (!AmxTilesGranted()                         ? "AMX tiles not granted"
+                     : !CanRunProbe(ProbeInstruction::kBf16Dot) ? "AMX tiles granted, but no AVX512-BF16"
+                                                                : "AMX tiles granted, but the AVX-512 kernels are not "
+                                                                  "active");
   }
   // 1 x 64 times a weight row of 64 ones: the exact sum of the inputs.
   std::vector<BF16> w(64, ToBF16(1.0F));
