@@ -58,6 +58,8 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
   Check(decay == DecayWidth::kPerValueHead || (H == HV && K == V),
         who + ": a per-key-dim decay (KDA) needs as many value heads as key heads and K == V");
   Check(rms_norm_eps > 0, who + ": rms_norm_eps must be > 0");
+  Check(head_split >= 1 && (head_split == 1 || H == 1),
+        who + ": a shard of a key head's value heads holds that one key head");
   Check(std::isfinite(gate_lower_bound) && gate_lower_bound <= 0.0F, [&] {
     return who + ": the gate's lower bound must be finite and < 0 (0: none), got " + std::to_string(gate_lower_bound);
   });
@@ -80,14 +82,19 @@ void DeltaRuleGeometry::Validate(const std::string& who) const {
         who + ": unknown gated-norm form");
 }
 
-DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count) const {
+DeltaRuleGeometry DeltaRuleGeometry::Shard(int begin, int count, int split) const {
   Check(count >= 1 && begin >= 0 && begin + count <= H, [&] {
     return "head shard [" + std::to_string(begin) + ", " + std::to_string(begin + count) +
            ") does not fit the layer's " + std::to_string(H) + " key heads";
   });
+  Check(head_split == 1 && split >= 1 && (split == 1 || (count == 1 && group() % split == 0)), [&] {
+    return "head shard: the " + std::to_string(group()) + " value heads of a key head cannot be split over " +
+           std::to_string(split) + " ranks";
+  });
   DeltaRuleGeometry g = *this;
   g.H = count;
-  g.HV = count * group();
+  g.HV = count * group() / split;
+  g.head_split = split;
   return g;
 }
 

@@ -145,6 +145,8 @@ DeltaRuleLayer::DeltaRuleLayer(const std::string& who, const TensorTable& table,
     : act_dtype_(act_dtype), weights_format_(weights_format), tp_(tp) {
   Check(act_dtype == DType::kF32 || act_dtype == DType::kBF16, who + ": dtype must be F32 or BF16");
   g.Validate(who);
+  Check(g.head_split == 1 || (tp != nullptr && tp->size() % g.head_split == 0),
+        who + ": a shard of a key head's value heads needs the tp ranks that share it");
   Check(g.decay == DecayWidth::kPerValueHead || (g.K % 16 == 0 && g.K >= 16),
         who + ": a KDA layer's head dim must be a multiple of 16 in [16, 256], got " + std::to_string(g.K));
   CheckWeights(w, table, who);
@@ -356,7 +358,22 @@ void DeltaRuleLayer::Forward(MutBuf out, ConstBuf x, LinearRecurrentAttnBackend&
   // Gated RMSNorm per token and value head over V (a Mamba2 mixer: the gate first, over the r heads of a
   // group), then the output projection.
   ActBuffer normed = ActBuffer::Uninitialized(dt, T * geo.value_dim());
-  if (geo.ssd) {
+  if (geo.ssd && geo.head_split > 1 && geo.ssd_norm != SsdNorm::kGateOnly) {
+    // The group's heads split over head_split consecutive tp ranks (this rank: one group's part): the sums
+    // of squares of every group's parts added across the ranks, [T, groups], this rank's group a column.
+    const int64_t width = int64_t{geo.group()} * geo.V;
+    const int groups = tp_->size() / geo.head_split;
+    const int mine = tp_->rank() / geo.head_split;
+    std::vector<float> part(static_cast<size_t>(T));
+    GatedRmsNormGroupsSquares(part.data(), o.view(), pr.output_gate.view(), T, 1, width, geo.ssd_norm);
+    std::vector<float> sums(static_cast<size_t>(T * groups), 0.0F);
+    for (int64_t t = 0; t < T; ++t) sums[static_cast<size_t>(t * groups + mine)] = part[static_cast<size_t>(t)];
+    tp_->AllReduceSum(sums.data(), static_cast<int64_t>(sums.size()));
+    for (int64_t t = 0; t < T; ++t) part[static_cast<size_t>(t)] = sums[static_cast<size_t>(t * groups + mine)];
+    GatedRmsNormGroupsFromSquares(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), part.data(),
+                                  width * geo.head_split, T, 1, width, static_cast<float>(geo.rms_norm_eps),
+                                  geo.ssd_norm);
+  } else if (geo.ssd) {
     GatedRmsNormGroups(normed.mut(), o.view(), pr.output_gate.view(), norm_weight_.data(), T, geo.H,
                        int64_t{geo.group()} * geo.V, static_cast<float>(geo.rms_norm_eps), geo.ssd_norm);
   } else {

@@ -13,10 +13,10 @@
 namespace kda {
 namespace {
 
-// The shard of tp rank r (all key heads without a group of size > 1).
-HeadShard ShardFor(int total_heads, Communicator* tp) {
-  if (tp == nullptr || tp->size() == 1) return MakeHeadShard(total_heads, 0, 1);
-  return MakeHeadShard(total_heads, tp->rank(), tp->size());
+// The shard of tp rank r: whole key heads, or a part of one key head's value heads when there are more ranks.
+HeadShard ShardFor(const DeltaRuleGeometry& g, Communicator* tp) {
+  if (tp == nullptr || tp->size() == 1) return MakeHeadShard(g.H, 0, 1);
+  return MakeHeadShard(g.H, tp->rank(), tp->size(), g.group());
 }
 
 }  // namespace
@@ -52,9 +52,9 @@ DeltaRuleModel DeltaRuleModel::Load(const std::string& model_dir, const ModelCon
   full.Validate("config.json in " + model_dir);
   DeltaRuleModel m;
   m.model_type = family.name();
-  m.heads = ShardFor(full.H, tp);  // before opening the weights: a bad --tp fails fast
+  m.heads = ShardFor(full, tp);  // before opening the weights: a bad --tp fails fast
   const Checkpoint ckpt = Checkpoint::Open(model_dir);
-  m.geometry = full.Shard(m.heads.begin, m.heads.count);
+  m.geometry = full.Shard(m.heads.begin, m.heads.count, m.heads.split);
   m.act_dtype = act_dtype;
   m.weights_format = weights_format;
   m.tp = tp != nullptr && tp->size() > 1 ? tp : nullptr;
@@ -86,8 +86,8 @@ DeltaRuleModel DeltaRuleModel::Random(const std::string& model_type, const Delta
   geometry.Validate(family.layer_class);
   DeltaRuleModel m;
   m.model_type = family.name();
-  m.heads = ShardFor(geometry.H, tp);
-  m.geometry = geometry.Shard(m.heads.begin, m.heads.count);
+  m.heads = ShardFor(geometry, tp);
+  m.geometry = geometry.Shard(m.heads.begin, m.heads.count, m.heads.split);
   m.act_dtype = act_dtype;
   m.weights_format = weights_format;
   m.tp = tp != nullptr && tp->size() > 1 ? tp : nullptr;
@@ -105,7 +105,8 @@ DeltaRuleModel DeltaRuleModel::Random(const std::string& model_type, const Delta
 DeltaRuleGeometry DeltaRuleModel::full_geometry() const {
   DeltaRuleGeometry g = geometry;
   g.H = heads.total;
-  g.HV = heads.total * geometry.group();
+  g.HV = heads.total * geometry.group() * heads.split;
+  g.head_split = 1;
   return g;
 }
 

@@ -117,20 +117,40 @@ Q8Weight ReadQ8Block(const Checkpoint& ckpt, const std::string& wname, int64_t r
   return w;
 }
 
-// The index ranges [begin, end) of the shard's part of a cut axis, one per part.
+// Whether a part holds a key head's own rows (q and k, Mamba2's B and C: whole on each rank sharing the key
+// head) rather than its value heads' (split among them).
+bool PerKeyHead(const TensorPart& p) { return p.role == TensorRole::kQ || p.role == TensorRole::kK; }
+
+// The index ranges [begin, end) of the shard's part of a cut axis, one per part (an interleaved tensor: one
+// per key head and part).
 std::vector<std::pair<int64_t, int64_t>> ShardRanges(const TensorSpec& spec, const HeadShard& shard) {
   std::vector<std::pair<int64_t, int64_t>> r;
   int64_t base = 0;
-  const auto cut = [&](int64_t units) {
-    r.emplace_back(base + int64_t{shard.begin} * units, base + int64_t{shard.begin + shard.count} * units);
-    base += int64_t{shard.total} * units;
-  };
   if (spec.interleaved) {
-    int64_t group = 0;  // one part: a key head's rows of every part
+    int64_t group = 0;  // a key head's rows of every part, in turn
     for (const TensorPart& p : spec.parts) group += p.units;
-    cut(group);
+    for (int h = shard.begin; h < shard.begin + shard.count; ++h) {
+      int64_t offset = int64_t{h} * group;
+      for (const TensorPart& p : spec.parts) {
+        HeadShard one = shard;  // this key head's rows of the part
+        one.begin = 0;
+        one.count = 1;
+        const auto [b, e] = one.Range(p.units, PerKeyHead(p));
+        if (!r.empty() && r.back().second == offset + b) {
+          r.back().second = offset + e;  // contiguous with the last run
+        } else {
+          r.emplace_back(offset + b, offset + e);
+        }
+        offset += p.units;
+      }
+    }
+    base = int64_t{shard.total} * group;
   } else {
-    for (const TensorPart& p : spec.parts) cut(p.units);
+    for (const TensorPart& p : spec.parts) {
+      const auto [b, e] = shard.Range(p.units, PerKeyHead(p));
+      r.emplace_back(base + b, base + e);
+      base += int64_t{shard.total} * p.units;
+    }
   }
   const int64_t axis = spec.shard == ShardAxis::kRows ? spec.rows() : spec.cols;
   Check(base == axis, "tensor table: " + spec.name + "'s parts do not cover its cut axis");
@@ -231,17 +251,36 @@ int64_t TensorSpec::numel() const {
   return n;
 }
 
-HeadShard MakeHeadShard(int total_heads, int rank, int size) {
+HeadShard MakeHeadShard(int total_heads, int rank, int size, int value_heads_per_key_head) {
   Check(size >= 1 && rank >= 0 && rank < size,
         "tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
-  Check(total_heads % size == 0, "the model's " + std::to_string(total_heads) +
-                                     " heads cannot be split evenly over --tp " + std::to_string(size) +
-                                     " ranks (--tp must divide the number of heads)");
   HeadShard s;
-  s.count = total_heads / size;
-  s.begin = rank * s.count;
   s.total = total_heads;
+  if (total_heads % size == 0) {
+    s.count = total_heads / size;
+    s.begin = rank * s.count;
+    return s;
+  }
+  const int split = size / std::max(total_heads, 1);
+  Check(total_heads >= 1 && size % total_heads == 0 && value_heads_per_key_head % split == 0, [&] {
+    return "the model's " + std::to_string(total_heads) + " heads cannot be split evenly over --tp " +
+           std::to_string(size) + " ranks (--tp must divide the number of heads, or be a multiple of it that divides" +
+           " the " + std::to_string(value_heads_per_key_head) + " value heads of each)";
+  });
+  s.count = 1;
+  s.split = split;
+  s.begin = rank / split;
+  s.part = rank % split;
   return s;
+}
+
+std::pair<int64_t, int64_t> HeadShard::Range(int64_t units, bool per_key_head) const {
+  const int64_t first = int64_t{begin} * units;
+  if (per_key_head || split == 1) return {first, first + int64_t{count} * units};
+  Check(units % split == 0, "tensor table: a part of " + std::to_string(units) +
+                                " rows per key head cannot be split over " + std::to_string(split) + " ranks");
+  const int64_t n = units / split;
+  return {first + part * n, first + (part + 1) * n};
 }
 
 const std::vector<float>& LayerWeights::Dense(const std::string& name) const {

@@ -12,40 +12,52 @@
 namespace kda {
 namespace {
 
-// Copies the shard's key-head blocks between a full and a shard layout of
-// `rows` rows, each the concatenation of parts, part p holding H blocks of
-// parts[p] elements (one per key head; Hs = shard.count in the shard's rows),
-// elements of `esz` bytes.
-void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, const std::vector<int64_t>& parts, int H, size_t esz,
+// A part of a row of states: `units` elements per key head, heads in order; a key head's own (its conv
+// channels of q and k, Mamba2's B and C: whole on every rank sharing the key head) or its value heads'.
+struct StatePart {
+  int64_t units = 0;
+  bool per_key_head = false;
+};
+
+// Copies the shard's blocks between a full and a shard layout of `rows` rows, each the concatenation of
+// `parts` over H key heads (the shard's rows: its part of each, HeadShard::Range), elements of `esz` bytes.
+void CopyHeads(const uint8_t* src, uint8_t* dst, int64_t rows, const std::vector<StatePart>& parts, int H, size_t esz,
                const HeadShard& s, bool to_shard) {
-  Check(s.total == H && s.begin >= 0 && s.count >= 1 && s.begin + s.count <= H, "head shard does not fit the states");
+  Check(s.total == H && s.begin >= 0 && s.count >= 1 && s.begin + s.count <= H && s.split >= 1,
+        "head shard does not fit the states");
   int64_t full_row = 0;
-  for (int64_t u : parts) full_row += H * u;
-  const int64_t shard_row = full_row / H * s.count;
+  int64_t shard_row = 0;
+  for (const StatePart& p : parts) {
+    const auto [b, e] = s.Range(p.units, p.per_key_head);
+    full_row += H * p.units;
+    shard_row += e - b;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     int64_t full_base = r * full_row;
     int64_t shard_base = r * shard_row;
-    for (int64_t u : parts) {
-      const size_t full_off = static_cast<size_t>(full_base + s.begin * u) * esz;
+    for (const StatePart& p : parts) {
+      const auto [b, e] = s.Range(p.units, p.per_key_head);
+      const size_t full_off = static_cast<size_t>(full_base + b) * esz;
       const size_t shard_off = static_cast<size_t>(shard_base) * esz;
-      const auto run = static_cast<size_t>(s.count * u) * esz;
+      const auto run = static_cast<size_t>(e - b) * esz;
       if (to_shard) {
         std::memcpy(dst + shard_off, src + full_off, run);
       } else {
         std::memcpy(dst + full_off, src + shard_off, run);
       }
-      full_base += H * u;
-      shard_base += s.count * u;
+      full_base += H * p.units;
+      shard_base += e - b;
     }
   }
 }
 
 // A key head's recurrent block (its value heads' states) and conv channels per part.
-std::vector<int64_t> RecurrentParts(const DeltaRuleGeometry& g) { return {int64_t{g.group()} * g.K * g.V}; }
+std::vector<StatePart> RecurrentParts(const DeltaRuleGeometry& g) { return {{int64_t{g.group()} * g.K * g.V}}; }
 // The conv channels' parts per key head, in channel order: q|k|v, or a Mamba2 mixer's x|B|C (v|k|q).
-std::vector<int64_t> ConvParts(const DeltaRuleGeometry& g) {
-  const int64_t rv = int64_t{g.group()} * g.V;
-  return g.ssd ? std::vector<int64_t>{rv, g.K, g.K} : std::vector<int64_t>{g.K, g.K, rv};
+std::vector<StatePart> ConvParts(const DeltaRuleGeometry& g) {
+  const StatePart v = {int64_t{g.group()} * g.V, false};
+  const StatePart k = {g.K, true};
+  return g.ssd ? std::vector<StatePart>{v, k, k} : std::vector<StatePart>{k, k, v};
 }
 
 // Byte serialization of request results for the gathers.
@@ -120,8 +132,8 @@ std::vector<RequestResult> GatherTpStates(Communicator& tp, std::vector<RequestR
     r.final_conv.assign(static_cast<size_t>(L * full.state_spec().conv_size()) * esz, 0);
   }
   for (int rank = 0; rank < tp.size(); ++rank) {
-    const HeadShard shard = MakeHeadShard(full.H, rank, tp.size());
-    const RecurrentStateSpec part = full.Shard(shard.begin, shard.count).state_spec();
+    const HeadShard shard = MakeHeadShard(full.H, rank, tp.size(), full.group());
+    const RecurrentStateSpec part = full.Shard(shard.begin, shard.count, shard.split).state_spec();
     Reader rd(parts[rank]);
     for (RequestResult& r : out) {
       Check(rd.Get<int64_t>() == r.id, "tensor-parallel ranks finished different requests");
@@ -188,7 +200,7 @@ std::vector<int> AssignRequestsToDpRanks(const std::vector<int64_t>& tokens, int
 std::vector<float> ExtractRecurrentShard(const float* full, int L, const DeltaRuleGeometry& geometry,
                                          const HeadShard& shard) {
   std::vector<float> out(
-      static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count).state_spec().recurrent_size()));
+      static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count, shard.split).state_spec().recurrent_size()));
   CopyHeads(reinterpret_cast<const uint8_t*>(full), reinterpret_cast<uint8_t*>(out.data()), L, RecurrentParts(geometry),
             geometry.H, sizeof(float), shard, true);
   return out;
@@ -196,8 +208,9 @@ std::vector<float> ExtractRecurrentShard(const float* full, int L, const DeltaRu
 
 std::vector<uint8_t> ExtractConvShard(const void* full, size_t elem_size, int L, const DeltaRuleGeometry& geometry,
                                       const HeadShard& shard) {
-  std::vector<uint8_t> out(static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count).state_spec().conv_size()) *
-                           elem_size);
+  std::vector<uint8_t> out(
+      static_cast<size_t>(L * geometry.Shard(shard.begin, shard.count, shard.split).state_spec().conv_size()) *
+      elem_size);
   CopyHeads(static_cast<const uint8_t*>(full), out.data(), static_cast<int64_t>(L) * (geometry.W - 1),
             ConvParts(geometry), geometry.H, elem_size, shard, true);
   return out;
@@ -267,8 +280,9 @@ ParallelServeResult ServeParallel(const DeltaRuleModel& model, const ParallelGro
   AgreeGemmPlan(groups.world());
   const int L = model.num_layers();
   const DeltaRuleGeometry full = model.full_geometry();
-  const HeadShard want = MakeHeadShard(full.H, groups.tp_rank(), groups.tp_size());
-  Check(model.heads.begin == want.begin && model.heads.count == want.count && model.heads.total == want.total,
+  const HeadShard want = MakeHeadShard(full.H, groups.tp_rank(), groups.tp_size(), full.group());
+  Check(model.heads.begin == want.begin && model.heads.count == want.count && model.heads.total == want.total &&
+            model.heads.split == want.split && model.heads.part == want.part,
         "the model is not this rank's tensor-parallel shard");
   const bool sharded = groups.tp_size() > 1;
   const size_t esz = DTypeSize(model.act_dtype);

@@ -110,6 +110,31 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
   ExpectRunMatches(Np(2), "mamba2-falcon", "varlen_initstate", "--tp 2", false);
 }
 
+// More ranks than key heads: each shares one, with a part of its value heads (q and k, B and C whole on
+// each); a Mamba2 group's gated norm sums its squares across the ranks sharing it. One group (Nemotron-H's
+// and Granite-4.0-H's layout, loud decays), two groups over four ranks (the norm after and, Falcon-H1's,
+// before the gate), a Gated DeltaNet key head's two value heads over two ranks.
+TEST_F(DistCliTest, TensorParallelSplitsAKeyHeadsValueHeads) {
+  struct Case {
+    int ranks;
+    const char* set;
+    const char* input;
+    bool bf16;
+    const char* more = "";
+  };
+  const std::string serve = " --prefill-chunk 7 --decode-last 9 --max-running 1";
+  for (const Case& c :
+       {Case{2, "mamba2-mini", "varlen_initstate", false},
+        Case{2, "mamba2-mini", "varlen_initstate", true, " --kernel reference"},
+        Case{2, "mamba2-loud", "loud_varlen_initstate", false}, Case{4, "mamba2-groups", "varlen_initstate", false},
+        Case{4, "mamba2-falcon", "varlen_initstate", true}, Case{4, "gdn-loud", "loud_varlen_initstate", false},
+        // Chunked prefill, decode steps and slot reuse on the split path.
+        Case{2, "mamba2-mini", "varlen_initstate", false, serve.c_str()}}) {
+    SCOPED_TRACE(std::string(c.set) + " over " + std::to_string(c.ranks) + c.more);
+    ExpectRunMatches(Np(c.ranks), c.set, c.input, "--tp " + std::to_string(c.ranks) + c.more, c.bf16);
+  }
+}
+
 // The variants of the other families (sets from tools/delta_rule_ref.py), each split over two ranks:
 // the lower-bound gate (GLM-5 Next under the multimodal prefix; Bailing's full-rank gates and bf16
 // gate), OLMo hybrid's separate projections and convs with V = 2K and beta in [0, 2], Lara's fused
@@ -186,8 +211,11 @@ TEST_F(DistCliTest, RefusesLayoutsThatDoNotFit) {
   ExpectRefused(Np(3), run + " --tp 2", "mpirun started 3 processes", 3);
   ExpectRefused(Np(2), run + " --tp 2 --dp 2", "mpirun started 2 processes", 2);
   ExpectRefused(Np(2), run, "--tp 1 x --dp 1 = 1 ranks", 2);
-  // 4 heads over 3 ranks.
+  // 4 heads over 3 ranks; a Mamba2 mixer's one group of 8 heads over 3.
   ExpectRefused(Np(3), run + " --tp 3", "cannot be split evenly over --tp 3", 3);
+  const std::string one_group = testing::GoldenSetDir("mamba2-mini");
+  ExpectRefused(Np(3), "run --model " + one_group + " --input " + one_group + "/varlen_initstate.safetensors --tp 3",
+                "cannot be split evenly over --tp 3", 3);
   // A problem every rank meets after MPI started.
   ExpectRefused(Np(2), "run --model " + mini + " --input " + (dir_ / "missing.safetensors").string() + " --tp 2",
                 "missing.safetensors", 2);

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/base/error.h"
@@ -110,6 +112,85 @@ TEST(HeadShard, SplitsHeadsEvenlyOrRefuses) {
   EXPECT_EQ(full.Shard(half.begin, half.count).H, 2);
 }
 
+// More ranks than key heads: `split` ranks share one, each an equal part of its value heads; refused when
+// the value heads do not split (KDA's one value head per key head) or the ranks are no multiple of the heads.
+TEST(HeadShard, SplitsAKeyHeadsValueHeadsOverSeveralRanks) {
+  const HeadShard s = MakeHeadShard(2, 3, 4, /*value_heads_per_key_head=*/2);
+  EXPECT_EQ(s.begin, 1);
+  EXPECT_EQ(s.count, 1);
+  EXPECT_EQ(s.split, 2);
+  EXPECT_EQ(s.part, 1);
+  EXPECT_FALSE(s.whole());
+  // 8 rows of value heads per key head: rows 8 + 4 to 8 + 8; a key head's own rows whole.
+  EXPECT_EQ(s.Range(8, /*per_key_head=*/false), (std::pair<int64_t, int64_t>{12, 16}));
+  EXPECT_EQ(s.Range(8, /*per_key_head=*/true), (std::pair<int64_t, int64_t>{8, 16}));
+  const HeadShard one = MakeHeadShard(1, 2, 4, 8);
+  EXPECT_EQ(one.begin, 0);
+  EXPECT_EQ(one.split, 4);
+  EXPECT_EQ(one.part, 2);
+  struct Refused {
+    int heads, size, r;
+  };
+  for (const Refused c : {Refused{1, 3, 8}, Refused{4, 8, 1}, Refused{2, 3, 4}}) {
+    const std::string e = ErrorOf([&] { MakeHeadShard(c.heads, 0, c.size, c.r); });
+    EXPECT_NE(e.find("cannot be split evenly over --tp " + std::to_string(c.size)), std::string::npos) << e;
+  }
+  const DeltaRuleGeometry full = DeltaRuleGeometry::Mamba2(/*hidden=*/64, /*heads=*/8, /*head_dim=*/16, /*state=*/16,
+                                                           /*groups=*/1, /*conv_width=*/4, /*eps=*/1e-5);
+  const DeltaRuleGeometry quarter = full.Shard(0, 1, 4);
+  EXPECT_EQ(quarter.H, 1);
+  EXPECT_EQ(quarter.HV, 2);
+  EXPECT_EQ(quarter.head_split, 4);
+  EXPECT_NE(ErrorOf([&] { full.Shard(0, 1, 3); }).find("cannot be split over 3"), std::string::npos);
+  EXPECT_NE(ErrorOf([&] { quarter.Shard(0, 1, 2); }).find("cannot be split"), std::string::npos);
+}
+
+// A Mamba2 mixer of one group over 2 and 4 ranks: each reads its heads' rows of z, x, dt, A_log, D, the
+// norm and out_proj's columns, B and C whole; the values are those ShardLayerWeights cuts.
+TEST(ShardedLoading, OneGroupsHeadsSplitOverRanks) {
+  const std::string dir = testing::GoldenSetDir("mamba2-mini");
+  KDA_REQUIRE_GOLDEN_PATH(dir);
+  const ModelConfig config = LoadModelConfig(dir);
+  const LayerFamily& family = LayerFamilyFor(config.model_type);
+  const DeltaRuleGeometry full = family.geometry(config);
+  ASSERT_EQ(full.H, 1);
+  const TensorTable table = family.tensors(full);
+  const Checkpoint ckpt = Checkpoint::Open(dir);
+  const int layer = config.linear_layers.front();
+  const std::string prefix = LayerKeyPrefix(ckpt, family, layer);
+  const LayerWeights all = LoadLayerWeights(ckpt, prefix, table, MakeHeadShard(1, 0, 1));
+  const int64_t inner = full.value_dim();
+  const int64_t n = full.K;
+  for (int tp : {2, 4}) {
+    std::vector<float> z_rows;
+    for (int rank = 0; rank < tp; ++rank) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + " rank " + std::to_string(rank));
+      const HeadShard shard = MakeHeadShard(1, rank, tp, full.group());
+      std::vector<TensorRead> reads;
+      const LayerWeights w = LoadLayerWeights(ckpt, prefix, table, shard, &reads);
+      const LayerWeights cut = ShardLayerWeights(all, table, shard);
+      for (const TensorSpec& t : table) EXPECT_EQ(w.Dense(t.name), cut.Dense(t.name)) << t.name;
+      const DeltaRuleGeometry g = full.Shard(0, 1, tp);
+      const TensorTable local = family.tensors(g);
+      for (const TensorSpec& t : local) EXPECT_EQ(static_cast<int64_t>(w.Dense(t.name).size()), t.numel()) << t.name;
+      // in_proj: z | x | B | C | dt of this rank; its B rows the full B's.
+      const std::vector<float>& in = w.Dense("in_proj.weight");
+      const std::vector<float>& in_all = all.Dense("in_proj.weight");
+      const int64_t h = full.hidden;
+      const int64_t zi = inner / tp;
+      z_rows.insert(z_rows.end(), in.begin(), in.begin() + zi * h);
+      EXPECT_TRUE(
+          std::equal(in.begin() + 2 * zi * h, in.begin() + (2 * zi + 2 * n) * h, in_all.begin() + 2 * inner * h));
+      EXPECT_TRUE(std::equal(in.begin() + (2 * zi + 2 * n) * h, in.end(),
+                             in_all.begin() + (2 * inner + 2 * n + rank * full.HV / tp) * h));
+      EXPECT_EQ(w.Dense("D"), std::vector<float>(all.Dense("D").begin() + rank * full.HV / tp,
+                                                 all.Dense("D").begin() + (rank + 1) * full.HV / tp));
+    }
+    EXPECT_EQ(z_rows, std::vector<float>(all.Dense("in_proj.weight").begin(),
+                                         all.Dense("in_proj.weight").begin() + inner * full.hidden));
+  }
+}
+
 // Each tp rank reads exactly its slices (rows of its heads; o_proj's input
 // columns of its heads; f_a/g_a/o_norm whole), and its values are the
 // corresponding slices of the full weights.
@@ -180,9 +261,12 @@ TEST(ShardedLoading, ModelLoadRefusesHeadsThatDoNotDivide) {
 
 // ------------------------------------------------------------------ layouts
 
-TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
-  const DeltaRuleGeometry full = DeltaRuleGeometry::Kda(/*hidden=*/0, /*heads=*/4, /*head_dim=*/16, /*conv_width=*/4,
-                                                        /*eps=*/1e-5);
+// Random full states of L = 2 layers of `full` cut into each rank's shard and placed back, for each tp size;
+// `check(shard, recurrent part, conv part, full recurrent, full conv)` looks at each rank's parts.
+void ExpectShardsRoundTrip(
+    const DeltaRuleGeometry& full, std::initializer_list<int> tps,
+    const std::function<void(const HeadShard&, const std::vector<float>&, const std::vector<uint8_t>&,
+                             const std::vector<float>&, const std::vector<float>&)>& check) {
   const int L = 2;
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0F, 1.0F);
@@ -190,31 +274,74 @@ TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
   std::vector<float> conv(static_cast<size_t>(L * full.state_spec().conv_size()));
   for (float& v : rec) v = u(rng);
   for (float& v : conv) v = u(rng);
-  const int64_t P = int64_t{full.H} * full.K;
-  for (int tp : {1, 2, 4}) {
+  for (int tp : tps) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
     std::vector<float> rec_back(rec.size(), 0.0F);
     std::vector<float> conv_back(conv.size(), 0.0F);
     for (int r = 0; r < tp; ++r) {
-      const HeadShard s = MakeHeadShard(full.H, r, tp);
+      const HeadShard s = MakeHeadShard(full.H, r, tp, full.group());
       const std::vector<float> rs = ExtractRecurrentShard(rec.data(), L, full, s);
       const std::vector<uint8_t> cs = ExtractConvShard(conv.data(), sizeof(float), L, full, s);
-      const int64_t ps = int64_t{s.count} * full.K;
-      ASSERT_EQ(rs.size(), static_cast<size_t>(L * s.count * full.K * full.K));
-      ASSERT_EQ(cs.size(), static_cast<size_t>(L * (full.W - 1) * 3 * ps) * sizeof(float));
-      // Shard element (layer 1, row 2, group v, channel c) is full channel 2P + begin*K + c.
-      float v = 0.0F;
-      const int64_t row = 1 * (full.W - 1) + 2;
-      std::memcpy(&v, cs.data() + static_cast<size_t>(row * 3 * ps + 2 * ps + 5) * sizeof(float), sizeof(v));
-      EXPECT_EQ(v, conv[static_cast<size_t>(row * 3 * P + 2 * P + int64_t{s.begin} * full.K + 5)]);
-      // Recurrent: layer 1, the shard's first head is full head `begin`.
-      EXPECT_EQ(rs[static_cast<size_t>(1 * s.count * full.K * full.K)],
-                rec[static_cast<size_t>((1 * full.H + s.begin) * full.K * full.K)]);
+      check(s, rs, cs, rec, conv);
       PlaceRecurrentShard(rs.data(), rec_back.data(), L, full, s);
       PlaceConvShard(cs.data(), conv_back.data(), sizeof(float), L, full, s);
     }
-    EXPECT_EQ(rec_back, rec) << "tp " << tp;
-    EXPECT_EQ(conv_back, conv) << "tp " << tp;
+    EXPECT_EQ(rec_back, rec);
+    EXPECT_EQ(conv_back, conv);
   }
+}
+
+// The conv element of `bytes` (floats) at index i.
+float ConvAt(const std::vector<uint8_t>& bytes, int64_t i) {
+  float v = 0.0F;
+  std::memcpy(&v, bytes.data() + static_cast<size_t>(i) * sizeof(float), sizeof(v));
+  return v;
+}
+
+TEST(StateShards, ExtractAndPlaceRoundTripAndInterleaveConvGroups) {
+  const DeltaRuleGeometry full = DeltaRuleGeometry::Kda(/*hidden=*/0, /*heads=*/4, /*head_dim=*/16, /*conv_width=*/4,
+                                                        /*eps=*/1e-5);
+  const int L = 2;
+  const int64_t P = int64_t{full.H} * full.K;
+  ExpectShardsRoundTrip(full, {1, 2, 4},
+                        [&](const HeadShard& s, const auto& rs, const auto& cs, const auto& rec, const auto& conv) {
+                          const int64_t ps = int64_t{s.count} * full.K;
+                          ASSERT_EQ(rs.size(), static_cast<size_t>(L * s.count * full.K * full.K));
+                          ASSERT_EQ(cs.size(), static_cast<size_t>(L * (full.W - 1) * 3 * ps) * sizeof(float));
+                          // Shard element (layer 1, row 2, group v, channel c) is full channel 2P + begin*K + c.
+                          const int64_t row = 1 * (full.W - 1) + 2;
+                          EXPECT_EQ(ConvAt(cs, row * 3 * ps + 2 * ps + 5),
+                                    conv[static_cast<size_t>(row * 3 * P + 2 * P + s.begin * full.K + 5)]);
+                          // Recurrent: layer 1, the shard's first head is full head `begin`.
+                          EXPECT_EQ(rs[static_cast<size_t>(1 * s.count * full.K * full.K)],
+                                    rec[static_cast<size_t>((1 * full.H + s.begin) * full.K * full.K)]);
+                        });
+}
+
+// A Mamba2 mixer of one group over 2 and 4 ranks: each rank's states are its heads' [r / split, P, N] blocks
+// and the x channels of the conv tail with B and C whole; placing every rank's gives the full states back.
+TEST(StateShards, OneGroupsHeadsSplitOverRanksRoundTrip) {
+  const DeltaRuleGeometry full = DeltaRuleGeometry::Mamba2(/*hidden=*/0, /*heads=*/8, /*head_dim=*/8, /*state=*/4,
+                                                           /*groups=*/1, /*conv_width=*/4, /*eps=*/1e-5);
+  const int L = 2;
+  const int64_t C = full.conv_channels();
+  const int64_t head = int64_t{full.V} * full.K;  // one head's state
+  ExpectShardsRoundTrip(
+      full, {2, 4}, [&](const HeadShard& s, const auto& rs, const auto& cs, const auto& rec, const auto& conv) {
+        const int tp = s.split;
+        const int r = s.part;
+        const int64_t heads = full.HV / tp;
+        const int64_t xs = heads * full.V;  // the shard's x channels, then B and C
+        const int64_t cs_row = xs + 2 * full.K;
+        ASSERT_EQ(rs.size(), static_cast<size_t>(L * heads * head));
+        ASSERT_EQ(cs.size(), static_cast<size_t>(L * (full.W - 1) * cs_row) * sizeof(float));
+        // Layer 1: the shard's first head is full head r * heads.
+        EXPECT_EQ(rs[static_cast<size_t>(heads * head)], rec[static_cast<size_t>((full.HV + r * heads) * head)]);
+        // Conv row 4 (layer 1's second): x channel 3 and B's channel 1.
+        const int64_t row = 1 * (full.W - 1) + 1;
+        EXPECT_EQ(ConvAt(cs, row * cs_row + 3), conv[static_cast<size_t>(row * C + r * xs + 3)]);
+        EXPECT_EQ(ConvAt(cs, row * cs_row + xs + 1), conv[static_cast<size_t>(row * C + full.value_dim() + 1)]);
+      });
 }
 
 TEST(DataParallelSplit, BalancesTokensDeterministically) {

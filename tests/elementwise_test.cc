@@ -711,6 +711,86 @@ TEST_P(GatedRmsNormGroupsTest, LoudQuietAndZeroGroups) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, GatedRmsNormGroupsTest, ::testing::ValuesIn(AllVariants()), VariantParamName());
 
+// A group's channels split over `parts` holders (tensor-parallel ranks), in two steps: each part's sums of
+// squares, added, then each part normalised with the mean over the whole group, against the float64 norm of
+// the whole rows; the sums of one part are those of its channels alone; bad arguments refused by name.
+TEST(GatedRmsNormGroupsSplit, PartsWithSummedSquaresMatchTheWholeGroup) {
+  const int64_t T = 6;
+  const int groups = 2;
+  const int64_t width = 96;
+  for (int parts : {2, 4}) {
+    for (auto [dt, form] : {std::pair{DType::kF32, SsdNorm::kGateThenNorm},
+                            {DType::kBF16, SsdNorm::kGateThenNorm},
+                            {DType::kF32, SsdNorm::kNormThenGate},
+                            {DType::kBF16, SsdNorm::kNormThenGate}}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + SsdNormName(form) + " parts " + std::to_string(parts));
+      const auto n = static_cast<size_t>(T * groups * width);
+      const ActBuffer o = ToAct(dt, Random(n, -4.0F, 4.0F, 61));
+      const ActBuffer z = ToAct(dt, Random(n, -4.0F, 4.0F, 62));
+      const std::vector<float> w = Random(static_cast<size_t>(groups * width), -1.5F, 1.5F, 63);
+      const std::vector<float> ov = o.ToFloat();
+      const std::vector<float> zv = z.ToFloat();
+      const int64_t pw = width / parts;
+      // Part p's rows [T, groups, pw] cut out of the whole ones, its weights likewise.
+      const auto cut = [&](const std::vector<float>& v, int p, int64_t rows) {
+        std::vector<float> c;
+        for (int64_t r = 0; r < rows; ++r)
+          c.insert(c.end(), v.begin() + r * width + p * pw, v.begin() + r * width + (p + 1) * pw);
+        return c;
+      };
+      std::vector<ActBuffer> po;
+      std::vector<ActBuffer> pz;
+      std::vector<float> ss(static_cast<size_t>(T * groups), 0.0F);
+      for (int p = 0; p < parts; ++p) {
+        po.push_back(ToAct(dt, cut(ov, p, T * groups)));
+        pz.push_back(ToAct(dt, cut(zv, p, T * groups)));
+        std::vector<float> part(ss.size(), -1.0F);
+        GatedRmsNormGroupsSquares(part.data(), po.back().view(), pz.back().view(), T, groups, pw, form);
+        double first = 0;  // token 0, group 0 of this part, by hand
+        for (int64_t c = 0; c < pw; ++c) {
+          const double g =
+              form == SsdNorm::kNormThenGate ? po.back().Get(c) : po.back().Get(c) * SiluF64(pz.back().Get(c));
+          first += g * g;
+        }
+        EXPECT_NEAR(part[0], first, 1e-5 * first);
+        for (size_t i = 0; i < ss.size(); ++i) ss[i] += part[i];
+      }
+      const std::vector<double> want = GatedRmsNormGroupsF64(o, z, w, T, groups, width, 1e-5F, form);
+      std::vector<float> got(n);
+      for (int p = 0; p < parts; ++p) {
+        ActBuffer y(dt, T * groups * pw);
+        const std::vector<float> pwts = cut(w, p, groups);
+        GatedRmsNormGroupsFromSquares(y.mut(), po[p].view(), pz[p].view(), pwts.data(), ss.data(), width, T, groups, pw,
+                                      1e-5F, form);
+        const std::vector<float> yp = y.ToFloat();
+        for (int64_t r = 0; r < T * groups; ++r) {
+          std::copy(yp.begin() + r * pw, yp.begin() + (r + 1) * pw, got.begin() + r * width + p * pw);
+        }
+      }
+      EXPECT_TRUE(CloseToOracle(dt, got, want));
+    }
+  }
+  const ActBuffer o(DType::kF32, 4);
+  const ActBuffer z(DType::kF32, 4);
+  ActBuffer y(DType::kF32, 4);
+  const float w[4] = {1, 1, 1, 1};
+  float ss[2] = {1, 1};
+  EXPECT_NE(testing::ErrorOf([&] {
+              GatedRmsNormGroupsFromSquares(y.mut(), o.view(), z.view(), w, ss, 1, 2, 1, 2, 1e-5F,
+                                            SsdNorm::kGateThenNorm);
+            }).find("channel count 1 is below the width 2"),
+            std::string::npos);
+  EXPECT_NE(testing::ErrorOf([&] {
+              GatedRmsNormGroupsSquares(nullptr, o.view(), z.view(), 2, 1, 2, SsdNorm::kGateThenNorm);
+            }).find("ss is null"),
+            std::string::npos);
+  EXPECT_NE(testing::ErrorOf([&] {
+              GatedRmsNormGroupsSquares(ss, o.view(), ActBuffer(DType::kBF16, 4).view(), 2, 1, 2,
+                                        SsdNorm::kGateThenNorm);
+            }).find("share a dtype"),
+            std::string::npos);
+}
+
 // The optimized kernel against the reference on random shapes: groups 1, 2, 8, widths about a
 // vector's size and odd ones up to 1100, token counts over several workers, F32 and BF16.
 class GatedRmsNormGroupsShapesTest : public VariantTest {};

@@ -178,7 +178,7 @@ int PrintReport(const BenchOptions& opt, const DeltaRuleModel& model, KernelImpl
               static_cast<double>(per_request) / (1 << 20), static_cast<double>(per_request * running) / (1 << 20),
               static_cast<long long>(running));
   if (multi) {
-    std::printf("\n  %4s %3s %3s %8s %8s %14s %12s %13s %16s\n", "rank", "tp", "dp", "heads", "requests",
+    std::printf("\n  %4s %3s %3s %8s %8s %14s %12s %13s %16s\n", "rank", "tp", "dp", "v heads", "requests",
                 "state MiB/req", "state MiB", "all-reduce s", "all-reduce share");
     for (size_t i = 0; i < ranks.size(); ++i) {
       const RankStats& r = ranks[i];
@@ -327,8 +327,9 @@ int BenchOnRanks(const BenchOptions& opt, DType dtype, WeightFormat wf, KernelIm
   RankStats mine_stats;
   mine_stats.tp_rank = groups.tp_rank();
   mine_stats.dp_rank = groups.dp_rank();
-  mine_stats.heads_begin = model.heads.begin;
-  mine_stats.heads_count = model.heads.count;
+  // The value heads held: a key head's value heads split over several ranks show as their parts.
+  mine_stats.heads_begin = (model.heads.begin * model.heads.split + model.heads.part) * model.geometry.group();
+  mine_stats.heads_count = model.geometry.HV;
   mine_stats.requests = static_cast<int32_t>(mine.size());
   mine_stats.check_pass = check.pass ? 1 : 0;
   mine_stats.running = served.pool_capacity;

@@ -29,20 +29,28 @@ void CheckGateActivation(GateActivation act) {
         "gated RMSNorm: unknown gate activation " + std::to_string(static_cast<int>(act)));
 }
 
-// Mamba2's gated RMSNorm's arguments; kda::Error naming the first bad one.
-void CheckGatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
-                             SsdNorm form) {
-  CheckFloatBuf(y.dtype, "grouped RMSNorm output");
-  Check(o.dtype == y.dtype && z.dtype == y.dtype, "grouped RMSNorm: input, gate and output must share a dtype");
+// Mamba2's gated RMSNorm's inputs; kda::Error naming the first bad one.
+void CheckGroupsInputs(ConstBuf o, ConstBuf z, int64_t T, int groups, int64_t width, SsdNorm form) {
+  CheckFloatBuf(o.dtype, "grouped RMSNorm input");
+  Check(z.dtype == o.dtype, "grouped RMSNorm: input, gate and output must share a dtype");
   Check(T >= 0, "grouped RMSNorm: T must be >= 0, got " + std::to_string(T));
   Check(groups > 0, "grouped RMSNorm: groups must be positive, got " + std::to_string(groups));
   Check(width > 0, "grouped RMSNorm: width must be positive, got " + std::to_string(width));
   Check(form == SsdNorm::kGateThenNorm || form == SsdNorm::kNormThenGate || form == SsdNorm::kGateOnly,
         "grouped RMSNorm: unknown form " + std::to_string(static_cast<int>(form)));
   if (T == 0) return;  // nothing is read or written
-  Check(y.data != nullptr, "grouped RMSNorm: output y is null");
   Check(o.data != nullptr, "grouped RMSNorm: input o is null");
   Check(z.data != nullptr, "grouped RMSNorm: gate z is null");
+}
+
+// Mamba2's gated RMSNorm's arguments; kda::Error naming the first bad one.
+void CheckGatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
+                             SsdNorm form) {
+  CheckFloatBuf(y.dtype, "grouped RMSNorm output");
+  Check(o.dtype == y.dtype && z.dtype == y.dtype, "grouped RMSNorm: input, gate and output must share a dtype");
+  CheckGroupsInputs(o, z, T, groups, width, form);
+  if (T == 0) return;
+  Check(y.data != nullptr, "grouped RMSNorm: output y is null");
   Check(w != nullptr || form == SsdNorm::kGateOnly, "grouped RMSNorm: weight w is null");
 }
 
@@ -174,31 +182,53 @@ void GatedRmsNorm(MutBuf y, ConstBuf o, ConstBuf gate, const float* w, int64_t T
   });
 }
 
+void GatedRmsNormGroupsSquares(float* ss, ConstBuf o, ConstBuf z, int64_t T, int groups, int64_t width, SsdNorm form) {
+  CheckGroupsInputs(o, z, T, groups, width, form);
+  Check(T == 0 || ss != nullptr, "grouped RMSNorm: sums of squares ss is null");
+  ParallelFor(T, [&](int64_t t) {
+    for (int64_t r = t * groups; r < (t + 1) * groups; ++r) {  // r = t * groups + j
+      float sum = 0.0F;
+      for (int64_t c = 0; c < width && form != SsdNorm::kGateOnly; ++c) {
+        const auto i = static_cast<size_t>(r * width + c);
+        const float zv = LoadAsFloat(z.data, z.dtype, i);
+        const float ov = LoadAsFloat(o.data, o.dtype, i);
+        const float sq = form == SsdNorm::kNormThenGate ? ov : ov * (zv * (1.0F / (1.0F + std::exp(-zv))));
+        sum += sq * sq;
+      }
+      ss[r] = sum;
+    }
+  });
+}
+
+void GatedRmsNormGroupsFromSquares(MutBuf y, ConstBuf o, ConstBuf z, const float* w, const float* ss, int64_t count,
+                                   int64_t T, int groups, int64_t width, float eps, SsdNorm form) {
+  CheckGatedRmsNormGroups(y, o, z, w, T, groups, width, form);
+  Check(count >= width,
+        "grouped RMSNorm: the channel count " + std::to_string(count) + " is below the width " + std::to_string(width));
+  Check(T == 0 || ss != nullptr, "grouped RMSNorm: sums of squares ss is null");
+  ParallelFor(T, [&](int64_t t) {
+    for (int64_t r = t * groups; r < (t + 1) * groups; ++r) {
+      const float rstd = 1.0F / std::sqrt(ss[r] / static_cast<float>(count) + eps);
+      for (int64_t c = 0; c < width; ++c) {
+        const auto i = static_cast<size_t>(r * width + c);
+        const float zv = LoadAsFloat(z.data, z.dtype, i);
+        const float ov = LoadAsFloat(o.data, o.dtype, i);
+        const float gate = zv * (1.0F / (1.0F + std::exp(-zv)));
+        float v = ov * gate;
+        if (form == SsdNorm::kGateThenNorm) v = v * rstd * w[(r % groups) * width + c];
+        if (form == SsdNorm::kNormThenGate) v = ov * rstd * w[(r % groups) * width + c] * gate;
+        StoreFromFloat(y.data, y.dtype, i, v);
+      }
+    }
+  });
+}
+
 void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
                                  float eps, SsdNorm form) {
   CheckGatedRmsNormGroups(y, o, z, w, T, groups, width, form);
-  std::vector<float> g(static_cast<size_t>(width));  // the group's gated values (or gates), fp32
-  for (int64_t r = 0; r < T * groups; ++r) {         // r = t * groups + j
-    float ss = 0.0F;
-    for (int64_t c = 0; c < width; ++c) {
-      const auto i = static_cast<size_t>(r * width + c);
-      const float zv = LoadAsFloat(z.data, z.dtype, i);
-      const float ov = LoadAsFloat(o.data, o.dtype, i);
-      const float gate = zv * (1.0F / (1.0F + std::exp(-zv)));
-      g[static_cast<size_t>(c)] = form == SsdNorm::kNormThenGate ? gate : ov * gate;
-      const float sq = form == SsdNorm::kNormThenGate ? ov : ov * gate;
-      ss += sq * sq;
-    }
-    const float rstd = 1.0F / std::sqrt(ss / static_cast<float>(width) + eps);
-    for (int64_t c = 0; c < width; ++c) {
-      const auto i = static_cast<size_t>(r * width + c);
-      const float gc = g[static_cast<size_t>(c)];
-      float v = gc;
-      if (form == SsdNorm::kGateThenNorm) v = gc * rstd * w[(r % groups) * width + c];
-      if (form == SsdNorm::kNormThenGate) v = LoadAsFloat(o.data, o.dtype, i) * rstd * w[(r % groups) * width + c] * gc;
-      StoreFromFloat(y.data, y.dtype, i, v);
-    }
-  }
+  std::vector<float> ss(static_cast<size_t>(T * groups));
+  GatedRmsNormGroupsSquares(ss.data(), o, z, T, groups, width, form);
+  GatedRmsNormGroupsFromSquares(y, o, z, w, ss.data(), width, T, groups, width, eps, form);
 }
 
 void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,

@@ -366,8 +366,8 @@ DeltaRuleGeometry MixerGeometry(const ModelConfig& c) {
   return g;
 }
 
-// The Mamba2 layout at a geometry (the full layer's or a tp rank's, which keeps whole groups): per group g
-// (a key head) I/G rows of z and x, N of B and C, r of dt.
+// The Mamba2 layout at a geometry (the full layer's or a tp rank's: whole groups, or a part of one group's heads
+// with its B and C whole): per group g (a key head) I/G rows of z and x, N of B and C, r of dt.
 TensorTable MixerTensors(const DeltaRuleGeometry& g) {
   const int64_t rv = int64_t{g.group()} * g.V;  // z and x rows (conv channels) per group
   const int64_t n = g.K;                        // B and C rows per group

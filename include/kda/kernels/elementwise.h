@@ -76,6 +76,16 @@ void GatedRmsNormGroups(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_
 void GatedRmsNormGroupsReference(MutBuf y, ConstBuf o, ConstBuf z, const float* w, int64_t T, int groups, int64_t width,
                                  float eps, SsdNorm form = SsdNorm::kGateThenNorm);
 
+// The same norm in two steps, for groups whose channels are split over tensor-parallel ranks (each holding
+// `width` of a group's `count` channels): ss[t * groups + j] = the sum over the group's channels here of
+// the squares the norm averages (g^2, or o^2 before the gate; kGateOnly: 0), fp32 in channel order; then,
+// with every rank's sums added into ss, y as GatedRmsNormGroups writes it with the mean over `count`
+// channels: rsqrt(ss / count + eps). ss [T * groups]; count >= width. GatedRmsNormGroupsReference is
+// the two with count = width.
+void GatedRmsNormGroupsSquares(float* ss, ConstBuf o, ConstBuf z, int64_t T, int groups, int64_t width, SsdNorm form);
+void GatedRmsNormGroupsFromSquares(MutBuf y, ConstBuf o, ConstBuf z, const float* w, const float* ss, int64_t count,
+                                   int64_t T, int groups, int64_t width, float eps, SsdNorm form);
+
 // The residual add between layers: acc[i] = acc[i] + x[i] for i < n, summed
 // in fp32 and rounded once to the dtype. acc, x [n], both F32 or both BF16.
 void AddInPlace(MutBuf acc, ConstBuf x, int64_t n);

@@ -64,6 +64,10 @@ struct DeltaRuleGeometry {
   // ssm_multipliers' part, each finite; 1 elsewhere), applied to the fp32 projections before their one
   // rounding, in every forward mode.
   SsdNorm ssd_norm = SsdNorm::kGateThenNorm;
+  // The tensor-parallel ranks that share each key head (a shard of one key head's value heads, see
+  // HeadShard): 1, or that many consecutive ranks, whose gated norm of a Mamba2 group sums its squares
+  // across them.
+  int head_split = 1;
   std::array<float, 5> ssd_multipliers = {1.0F, 1.0F, 1.0F, 1.0F, 1.0F};
   bool ssd_scaled() const { return ssd_multipliers != std::array<float, 5>{1.0F, 1.0F, 1.0F, 1.0F, 1.0F}; }
 
@@ -103,8 +107,9 @@ struct DeltaRuleGeometry {
   // variants only on an SSD mixer).
   void Validate(const std::string& who) const;
   // The layer of key heads [begin, begin + count) (and their value heads):
-  // H = count, HV = count * r, everything else unchanged.
-  DeltaRuleGeometry Shard(int begin, int count) const;
+  // H = count, HV = count * r, everything else unchanged; split > 1: a part of
+  // one key head's value heads (count 1, HV = r / split, head_split = split).
+  DeltaRuleGeometry Shard(int begin, int count, int split = 1) const;
   bool operator==(const DeltaRuleGeometry&) const = default;
 };
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kda/kernels/q8.h"
@@ -89,17 +90,26 @@ struct TensorSpec {
 
 using TensorTable = std::vector<TensorSpec>;
 
-// The key heads [begin, begin + count) of `total` that one tensor-parallel rank owns.
+// The key heads [begin, begin + count) of `total` that one tensor-parallel rank owns: whole key heads with
+// their value heads (split 1), or, when there are more ranks than key heads, a part of one key head's value
+// heads: `split` ranks share key head `begin` (count 1), rank `part` of them holding its value heads
+// [part * r / split, (part + 1) * r / split) with the key head's own rows (q and k, Mamba2's B and C) whole.
 struct HeadShard {
-  int begin = 0;
-  int count = 0;
-  int total = 0;
-  bool whole() const { return begin == 0 && count == total; }
+  int begin = 0;  // the first key head held
+  int count = 0;  // key heads held
+  int total = 0;  // the layer's key heads
+  int split = 1;  // ranks sharing each key head held
+  int part = 0;   // this rank's index among them
+  bool whole() const { return begin == 0 && count == total && split == 1; }
+  // The shard's rows [first, first + n) of a cut axis's part holding `units` per key head (heads in order),
+  // relative to the part's start: a part of the key heads' own rows is kept whole, value heads' rows split.
+  std::pair<int64_t, int64_t> Range(int64_t units, bool per_key_head) const;
 };
 
-// Rank `rank` of a tp group of `size` ranks: total_heads / size consecutive
-// key heads. kda::Error when `size` does not divide total_heads.
-HeadShard MakeHeadShard(int total_heads, int rank, int size);
+// Rank `rank` of a tp group of `size` ranks: total_heads / size consecutive key heads, or, when `size` is
+// a multiple of total_heads, size / total_heads ranks to each key head, each with an equal part of its
+// `value_heads_per_key_head` value heads. kda::Error when neither divides.
+HeadShard MakeHeadShard(int total_heads, int rank, int size, int value_heads_per_key_head = 1);
 
 // One layer's weights by table name, Hugging Face layouts (Linear [out, in]),
 // fp32 values. A `kda quantize` checkpoint's projections are in `q8` instead.
