@@ -56,6 +56,7 @@ struct Spec {
   bool state_v_first = false;    // states [.., HV, V, K]
   bool scalar_gate = false;      // g [T, HV]: one decay per value head (GDN); else [T, HV, K]
   bool delta_correction = true;  // false: S += beta k v^T (Mamba2's SSD recurrence)
+  bool skip = false;             // Mamba2's skip D [HV] (without the delta correction): o + D v
 };
 
 // A problem: the spec it was drawn from (HV and V resolved: never 0; its
@@ -71,6 +72,7 @@ struct Problem : Spec {
   std::vector<float> beta;            // [T, HV] ([T, HV, V] with beta_per_value; logits with beta_sigmoid)
   std::vector<float> h0;              // [N, HV, K, V] (V-first with state_v_first), empty for zeros
   std::vector<float> a_log, dt_bias;  // [HV] (empty with no_a_log), [HV*K] ([HV]) with gate_in_kernel
+  std::vector<float> d;               // [HV] with skip, else empty
 
   size_t HeadState() const { return static_cast<size_t>(K) * V; }
   size_t StateSize() const { return static_cast<size_t>(N) * HV * HeadState(); }
@@ -166,6 +168,7 @@ inline Problem MakeProblem(const Spec& s) {
     }
   }
   if (s.initial_state) fill(p.h0, p.StateSize(), 0.5F);
+  if (s.skip) fill(p.d, static_cast<size_t>(p.HV), 1.0F);  // drawn last: the other inputs as without it
   return p;
 }
 
@@ -232,6 +235,7 @@ inline void SetOptions(const Problem& p, KdaCallCommon& c) {
   c.allow_neg_eigval = p.allow_neg_eigval;
   c.state_v_first = p.state_v_first;
   if (!p.delta_correction) c.delta_correction = false;  // Mamba2's recurrence
+  if (!p.d.empty()) c.D = ContiguousView<const void*>(p.d.data(), DType::kF32, {p.HV});
   if (p.gate_in_kernel) {
     if (!p.a_log.empty()) c.A_log = ContiguousView<const void*>(p.a_log.data(), DType::kF32, {p.HV});
     c.dt_bias = ContiguousView<const void*>(p.dt_bias.data(), DType::kF32, {static_cast<int64_t>(p.GateRow())});
@@ -495,6 +499,7 @@ inline std::string Describe(const Spec& s) {
   r += s.state_v_first ? " v-first" : "";
   r += s.scalar_gate ? " scalar-gate" : "";
   r += s.delta_correction ? "" : " no-delta";
+  r += s.skip ? " D" : "";
   return r;
 }
 

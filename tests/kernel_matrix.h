@@ -182,6 +182,7 @@ inline Result NaiveRecurrenceF64(const Problem& p, int chunk_size = 64, std::vec
             s[static_cast<size_t>(d) * vd + j] += k[d] * delta;
             o += q[d] * s[static_cast<size_t>(d) * vd + j];
           }
+          if (!p.d.empty()) o += static_cast<double>(p.d[h]) * p.v[value_row + j];  // Mamba2's skip
           r.o[value_row + j] = static_cast<float>(o);
         }
         if (token_states != nullptr) {

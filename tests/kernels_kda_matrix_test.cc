@@ -384,11 +384,12 @@ TEST_P(KdaKernelTest, FlaOptionsMatchFloat64Recurrence) {
 // split at odd points and batches of one-token sequences.
 std::vector<Spec> PlainRecurrenceSpecs() {
   std::vector<Spec> r;
-  const auto add = [&](Spec s) {
+  const auto add = [&](Spec s, bool skip = false) {
     s.scale = 1.0F;
     s.scalar_gate = true;
     s.state_v_first = true;
     s.delta_correction = false;
+    s.skip = skip;
     r.push_back(s);
   };
   add({.lengths = {5, 0, 70, 130}, .H = 1, .K = 32, .gate = GateKind::kStress, .seed = 701, .HV = 8, .V = 32});
@@ -396,6 +397,12 @@ std::vector<Spec> PlainRecurrenceSpecs() {
   add({.lengths = {200}, .H = 1, .K = 128, .gate = GateKind::kLoud, .seed = 703, .HV = 2, .V = 64});
   add({.lengths = {1, 1, 1, 3}, .H = 2, .K = 20, .gate = GateKind::kStress, .seed = 704, .HV = 4, .V = 36});
   add({.lengths = {37, 60}, .H = 1, .K = 64, .gate = GateKind::kNone, .seed = 705, .HV = 3, .V = 24});
+  // Mamba2's skip o + D v in the kernels (KdaOptions::D): prefill, decode tokens, a V tail; and K-major states.
+  add({.lengths = {5, 0, 70, 1}, .H = 1, .K = 32, .gate = kStress, .seed = 706, .HV = 8, .V = 36}, true);
+  add({.lengths = {1, 1, 3, 40}, .H = 2, .K = 16, .gate = GateKind::kLoud, .seed = 707, .HV = 4, .V = 64}, true);
+  r.push_back(r.back());
+  r.back().state_v_first = false;
+  r.back().seed = 708;
   return r;
 }
 
@@ -1580,24 +1587,32 @@ Problem Prefix(const Problem& p, int64_t n, int64_t len, const std::vector<float
 // into a new buffer or back into initial_state; K-major or V-first; from
 // given states or zeros). Sequences of two or more tokens take the optimized
 // kernel's chunk form, 8 tokens at a time (17 tokens: chunks of 8, 8 and 1),
-// the others its token-by-token steps.
+// the others its token-by-token steps; packed, also Mamba2's recurrence with its skip D (no delta correction, a
+// scalar gate).
 TEST_P(KdaRecurrentTest, SeveralTokensPerSequence) {
-  for (bool packed : {true, false}) {
+  for (int form = 0; form < 3; ++form) {  // 0, 1: packed, B rows; 2: packed, Mamba2's
+    const bool packed = form != 1;
     for (bool v_first : {false, true}) {
       for (int states = 0; states < 3; ++states) {  // 0: a new final_state, 1: in place, 2: from zeros
         const bool inplace = states == 1;
-        const Spec s{.lengths = packed ? std::vector<int64_t>{3, 0, 17, 1} : std::vector<int64_t>{5, 5, 5},
-                     .H = 2,
-                     .K = 24,
-                     .gate = kStress,
-                     .l2norm_in_kernel = v_first,
-                     .gate_in_kernel = true,
-                     .initial_state = states != 2,
-                     .seed = 631,
-                     .HV = 4,
-                     .V = 40,
-                     .beta_per_value = !packed,
-                     .state_v_first = v_first};
+        Spec s{.lengths = packed ? std::vector<int64_t>{3, 0, 17, 1} : std::vector<int64_t>{5, 5, 5},
+               .H = 2,
+               .K = 24,
+               .gate = kStress,
+               .l2norm_in_kernel = v_first,
+               .gate_in_kernel = true,
+               .initial_state = states != 2,
+               .seed = 631,
+               .HV = 4,
+               .V = 40,
+               .beta_per_value = !packed,
+               .state_v_first = v_first};
+        if (form == 2) {
+          s.scale = 1.0F;
+          s.scalar_gate = true;
+          s.delta_correction = false;
+          s.skip = true;
+        }
         SCOPED_TRACE(Describe(s) + (inplace ? " inplace" : " new final_state"));
         const Problem p = MakeProblem(s);
         const TypedInputs in(p, DType::kF32, DType::kF32);

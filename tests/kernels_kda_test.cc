@@ -397,6 +397,14 @@ std::vector<BadCase<C>> TokenCases() {
          c.dt_bias = ContiguousView<const void*>(kALog, DType::kF32, {2, 16});
        },
        "dt_bias: expected HV = 2 elements ([HV], one per value head with a scalar gate g), got shape [2, 16]"},
+      {"D with the delta correction", [](C& c) { c.D = ContiguousView<const void*>(kALog, DType::kF32, {2}); },
+       "D: Mamba2's skip o + D v needs delta_correction=False"},
+      {"D shape",
+       [](C& c) {
+         c.delta_correction = false;
+         c.D = ContiguousView<const void*>(kALog, DType::kF32, {3});
+       },
+       "D: expected HV = 2 elements ([HV]), got shape [3]"},
   };
 }
 

@@ -189,6 +189,10 @@ void ProcessChunk(const ChunkKdaArgs& a, int h, float scale, int64_t t0, int row
       const float* vn_c = &ws.v_new[static_cast<size_t>(c) * v_dim];
       for (int j = 0; j < v_dim; ++j) o_row[j] += a_rc * vn_c[j];
     }
+    if (opt.D != nullptr) {  // Mamba2's skip: o + D v (ws.v holds v as read)
+      const float* v_r = &ws.v[static_cast<size_t>(r) * v_dim];
+      for (int j = 0; j < v_dim; ++j) o_row[j] += opt.D[h] * v_r[j];
+    }
     const size_t out_base = static_cast<size_t>((t0 + r) * a.HV + h) * static_cast<size_t>(v_dim);
     for (int j = 0; j < v_dim; ++j) StoreFromFloat(a.o.data, a.o.dtype, out_base + j, o_row[j]);
   }

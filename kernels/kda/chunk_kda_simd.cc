@@ -508,6 +508,7 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
   // Without the delta correction no pass projects the state (p and pn stay zero, delta = beta v), and a pass
   // takes four tokens where the registers hold them.
   const bool correct = a.options.delta_correction;
+  const float* skip = a.options.D != nullptr ? a.options.D + task.h : nullptr;  // the head's D
   // Tokens of the pass starting at token i of a block of n.
   auto tokens_at = [correct](int i, int n) {
     if (kQuads && !correct && i + 3 < n) return 4;
@@ -580,6 +581,10 @@ void SweepBlock(const internal::ChunkTask& task, const BlockSweep& bs, int col, 
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) {
       const size_t out_t = out + static_cast<size_t>(t) * token_row;
+      if (skip != nullptr) {  // Mamba2's skip: o + D v
+        const float* v = b.vrow + static_cast<size_t>(i + t) * width + col;
+        for (int j = 0; j < NV; ++j) o[t][j] = Rt::Fma(Rt::Set1(*skip), Rt::Load(v + j * kL), o[t][j]);
+      }
       if (real_cols >= NV * kL) {
         for (int j = 0; j < NV; ++j) StreamOut<Rt>(a.o, out_t + static_cast<size_t>(j) * kL, o[t][j]);
       } else {

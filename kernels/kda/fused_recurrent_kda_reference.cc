@@ -97,6 +97,9 @@ void FusedRecurrentKdaReferenceUnchecked(const RecurrentKdaArgs& a) {
             o[j] += q[d] * s_d[j];  // o = S^T (scale q) with the updated S
           }
         }
+        if (a.options.D != nullptr) {  // Mamba2's skip: o + D v
+          for (int j = 0; j < v_dim; ++j) o[j] += a.options.D[h] * v[j];
+        }
         for (int j = 0; j < v_dim; ++j) StoreFromFloat(a.o.data, a.o.dtype, value_row * v_dim + j, o[j]);
         float* dst = TokenStateDestination(a, n, t - bos, eos - bos);
         if (dst != nullptr) StoreHeadState(s, k_dim, v_dim, a.state_v_first, {dst, DType::kF32}, head_off);

@@ -38,6 +38,7 @@ struct TokenRows {
   const float* v;
   const float* beta;
   bool delta_correction;  // false: p = 0 (no projection pass), delta = beta v
+  const float* skip;      // the head's D (Mamba2's o + D v), or null
 };
 
 // Columns [col, col + NV*lanes) of one token's step from state `in` to state
@@ -86,6 +87,7 @@ void DecodeColumns(const float* in, float* out, int kd, int vd, int col, const T
       Vt::Store(od + j * kL, x[j]);
     }
   }
+  for (int j = 0; j < NV && r.skip != nullptr; ++j) o[j] = Vt::Fma(Vt::Set1(*r.skip), Vt::Load(v + col + j * kL), o[j]);
   for (int j = 0; j < NV; ++j) StoreOut<Vt>(o_buf, out_off + col + static_cast<size_t>(j) * kL, o[j]);
 }
 
@@ -139,6 +141,7 @@ void DecodeStepVFirst(const float* in, float* out, int kd, int vd, const TokenRo
       o = Scalar::Fma(r.q[d], y, o);
       oj[d] = y;
     }
+    if (r.skip != nullptr) o = Scalar::Fma(*r.skip, r.v[j], o);
     StoreScalar(o_buf, out_off + static_cast<size_t>(j), o);
   }
 }
@@ -178,6 +181,7 @@ constexpr int kProjectGroup = kVecRegisters >= 32 ? 8 : 4;
 struct ShortRows {
   bool scalar_gate = false;
   bool delta_correction = true;  // false: delta_t = beta_t v_t
+  const float* skip = nullptr;   // the head's D (Mamba2's o + D v), or null
   alignas(64) float q[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float k[kShortTokens][kc::kMaxHeadDim];
   alignas(64) float e[kShortTokens][kc::kMaxHeadDim];
@@ -365,6 +369,7 @@ void ShortChunk(const float* s, float* out, int kd, int vd, int kp, int vp, int 
     for (int j = 0; j < vp; j += kL) {
       Reg x = Vt::Load(r.o[t] + j);
       for (int u = 0; u <= t; ++u) x = Vt::Fma(Vt::Set1(b_tr[t][u]), Vt::Load(r.p[u] + j), x);
+      if (r.skip != nullptr) x = Vt::Fma(Vt::Set1(*r.skip), Vt::Load(r.v[t] + j), x);
       if (j + kL <= vd) {
         StoreOut<Vt>(o_buf, off + j, x);
       } else {
@@ -468,6 +473,7 @@ template <class Vt>
   ShortRows rows;
   rows.scalar_gate = a.scalar_gate;
   rows.delta_correction = a.options.delta_correction;
+  rows.skip = a.options.D != nullptr ? a.options.D + task.h : nullptr;
   for (int64_t t0 = bos; t0 < eos; t0 += kShortTokens) {
     const int len = static_cast<int>(eos - t0 < kShortTokens ? eos - t0 : kShortTokens);
     for (int t = 0; t < len; ++t) {
@@ -547,7 +553,15 @@ void RunRecurrentTask(const internal::RecurrentTask& task) {
     float* dst = internal::TokenStateDestination(a, task.n, t - bos, eos - bos);
     if (dst != nullptr) dst += head_off;
     float* out = dst == nullptr ? scratch : dst;
-    const TokenRows rows{q, k, e, a.scalar_gate ? 0 : 1, ke, v, beta, a.options.delta_correction};
+    const TokenRows rows{q,
+                         k,
+                         e,
+                         a.scalar_gate ? 0 : 1,
+                         ke,
+                         v,
+                         beta,
+                         a.options.delta_correction,
+                         a.options.D != nullptr ? a.options.D + task.h : nullptr};
     if (a.state_v_first) {
       DecodeStepVFirst<Vt>(cur, out, kd, vd, rows, a.o, value_row * static_cast<size_t>(vd));
     } else {

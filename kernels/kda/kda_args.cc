@@ -64,6 +64,8 @@ void ValidateCommon(const std::string& who, const Args& a) {
   Check(!opt.use_lower_bound || (std::isfinite(opt.lower_bound) && opt.lower_bound <= 0.0F),
         [&] { return who + ": lower_bound must be finite and <= 0"; });
   Check(std::isfinite(opt.beta_scale), [&] { return who + ": beta_scale must be finite"; });
+  Check(opt.D == nullptr || !opt.delta_correction,
+        [&] { return who + ": D (Mamba2's skip o + D v) needs delta_correction false"; });
 }
 
 // Token buffers are required as soon as there is a token.
@@ -580,6 +582,11 @@ KdaCallShapes CheckTokens(const ViewChecker& c, const KdaCallCommon& call, bool 
       c.Param(call.dt_bias, static_cast<int64_t>(s.HV) * s.K, "HV*K", "dt_bias", "[HV*K] or [HV, K]");
     }
   }
+  if (call.D.present()) {
+    Check(!call.delta_correction,
+          [&] { return who + ": D: Mamba2's skip o + D v needs delta_correction=False (the SSD recurrence)"; });
+    c.Param(call.D, s.HV, "HV", "D", "[HV]");
+  }
   if (call.cu_seqlens.present()) {
     s.N = CheckCuSeqlensView(c, call.cu_seqlens, s, call.q, min_sequences);
   } else {
@@ -829,6 +836,7 @@ KdaOptions OptionsOf(const KdaCallCommon& call) {
   o.use_beta_sigmoid_in_kernel = call.use_beta_sigmoid_in_kernel;
   o.beta_scale = call.use_beta_sigmoid_in_kernel && call.allow_neg_eigval ? 2.0F : 1.0F;
   o.delta_correction = call.delta_correction;
+  o.D = call.D.present() ? static_cast<const float*>(call.D.data) : nullptr;
   return o;
 }
 

@@ -56,6 +56,9 @@ struct KdaOptions {
   // false: no delta correction, S += beta k v^T instead of S += k (beta (v - S^T k))^T: the plain gated linear
   // recurrence of Mamba2's SSD (with k = B, q = C, v = x, beta = dt, g = dt A, scale 1, a scalar gate).
   bool delta_correction = true;
+  // Mamba2's skip (mamba_ssm's D), only without the delta correction: D [HV] fp32, o_t += D[h] v_t in fp32
+  // before o's one rounding; null: none.
+  const float* D = nullptr;
 };
 
 // Elements between consecutive tokens of q, k and v, whose rows [H, K] (q, k)
@@ -242,6 +245,7 @@ struct KdaCallCommon {
   TensorView cu_seqlens;  // [N + 1] i64 or i32, optional
   TensorView A_log;       // [HV] f32: required with use_gate_in_kernel unless lower_bound is set (else ignored, as fla)
   TensorView dt_bias;     // [HV * K] or [HV, K] ([HV] with a scalar gate) f32, optional with use_gate_in_kernel
+  TensorView D;           // [HV] f32, optional, only with delta_correction false: o += D[h] v (KdaOptions::D)
 };
 
 // chunk_kda as fla calls it (fla.ops.kda.chunk_kda), plus kda's pool form.

@@ -57,6 +57,8 @@ Args CoreArgs(const LinearRecurrentAttnBackend::CoreStep& s, const GateBeta& gb)
   // Mamba2's SSD: no L2 norm of B and C, no delta correction, states [HV, V, K] (transformers' [H, P, N]).
   a.options.use_qk_l2norm_in_kernel = !geo.ssd;
   a.options.delta_correction = !geo.ssd;
+  // Mamba2's skip y = o + D x in the kernel, before o's one rounding to the activation dtype.
+  if (geo.ssd) a.options.D = s.layer.D().data();
   a.state_v_first = geo.ssd;
   return a;
 }
@@ -81,46 +83,12 @@ RecurrentKdaArgs SlotsArgs(const LinearRecurrentAttnBackend::CoreStep& s, const 
   return a;
 }
 
-// Mamba2's skip: y [T, HV, V] = o + D[h] x (o fp32, x and y the activation dtype), rounded once; a
-// token's rows per job, typed loops the compiler vectorises.
-void AddSkip(MutBuf y, const float* o, ConstBuf x, const float* D, int64_t T, int HV, int V) {
-  Check(y.dtype == x.dtype && (y.dtype == DType::kF32 || y.dtype == DType::kBF16),
-        "Mamba2 skip: x and y must share the activation dtype (float32 or bfloat16)");
-  const int64_t row = int64_t{HV} * V;
-  ParallelFor(T, [&](int64_t t) {
-    for (int h = 0; h < HV; ++h) {
-      const int64_t at = t * row + int64_t{h} * V;
-      const float d = D[h];
-      if (y.dtype == DType::kF32) {
-        const auto* xs = static_cast<const float*>(x.data) + at;
-        float* ys = static_cast<float*>(y.data) + at;
-        for (int v = 0; v < V; ++v) ys[v] = o[at + v] + d * xs[v];
-      } else {
-        const auto* xs = static_cast<const BF16*>(x.data) + at;
-        BF16* ys = static_cast<BF16*>(y.data) + at;
-        for (int v = 0; v < V; ++v) ys[v] = ToBF16(o[at + v] + d * ToFloat(xs[v]));
-      }
-    }
-  });
-}
-
 }  // namespace
 
 template <class Run>
 void DeltaRuleAttnBackend::WithGate(const CoreStep& s, Run run) const {
   const GateBeta gb = ComputeGateBeta(s.layer, s.gate_raw, s.beta_logits, s.num_tokens);
-  const DeltaRuleGeometry& geo = s.layer.geometry();
-  if (!geo.ssd) {
-    run(s, gb);
-  } else {
-    // Mamba2: the kernel's o in fp32, then y = o + D x rounded once to the activation dtype.
-    const int64_t n = s.num_tokens * geo.value_dim();
-    ScratchArray<float> o32(static_cast<size_t>(n));
-    CoreStep f32 = s;
-    f32.o = {o32.data(), DType::kF32};
-    run(f32, gb);
-    AddSkip(s.o, o32.data(), s.v, s.layer.D().data(), s.num_tokens, geo.HV, geo.V);
-  }
+  run(s, gb);
   const int id = s.layer.layer_id();
   const int64_t gates = s.num_tokens * s.layer.geometry().gate_width();
   Report(id, LayerTensor::kGateRaw, s.gate_raw, gates);
