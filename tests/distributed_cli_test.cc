@@ -112,8 +112,8 @@ TEST_F(DistCliTest, TensorParallelRunMatchesGolden) {
 
 // More ranks than key heads: each shares one, with a part of its value heads (q and k, B and C whole on
 // each); a Mamba2 group's gated norm sums its squares across the ranks sharing it. One group (Nemotron-H's
-// and Granite-4.0-H's layout, loud decays), two groups over four ranks (the norm after and, Falcon-H1's,
-// before the gate), a Gated DeltaNet key head's two value heads over two ranks.
+// and Granite-4.0-H's layout, loud decays; Zamba2's, a head a rank), two groups over four ranks (the norm after and,
+// Falcon-H1's, before the gate), a Gated DeltaNet key head's two value heads over two ranks.
 TEST_F(DistCliTest, TensorParallelSplitsAKeyHeadsValueHeads) {
   struct Case {
     int ranks;
@@ -128,6 +128,7 @@ TEST_F(DistCliTest, TensorParallelSplitsAKeyHeadsValueHeads) {
         Case{2, "mamba2-mini", "varlen_initstate", true, " --kernel reference"},
         Case{2, "mamba2-loud", "loud_varlen_initstate", false}, Case{4, "mamba2-groups", "varlen_initstate", false},
         Case{4, "mamba2-falcon", "varlen_initstate", true}, Case{4, "gdn-loud", "loud_varlen_initstate", false},
+        Case{4, "mamba2-zamba", "varlen_initstate", false},  // one head a rank
         // Chunked prefill, decode steps and slot reuse on the split path.
         Case{2, "mamba2-mini", "varlen_initstate", false, serve.c_str()}}) {
     SCOPED_TRACE(std::string(c.set) + " over " + std::to_string(c.ranks) + c.more);
