@@ -132,10 +132,7 @@ std::vector<std::pair<int64_t, int64_t>> ShardRanges(const TensorSpec& spec, con
     for (int h = shard.begin; h < shard.begin + shard.count; ++h) {
       int64_t offset = int64_t{h} * group;
       for (const TensorPart& p : spec.parts) {
-        HeadShard one = shard;  // this key head's rows of the part
-        one.begin = 0;
-        one.count = 1;
-        const auto [b, e] = one.Range(p.units, PerKeyHead(p));
+        const auto [b, e] = shard.InHead(p.units, PerKeyHead(p));
         if (!r.empty() && r.back().second == offset + b) {
           r.back().second = offset + e;  // contiguous with the last run
         } else {
@@ -274,13 +271,19 @@ HeadShard MakeHeadShard(int total_heads, int rank, int size, int value_heads_per
   return s;
 }
 
-std::pair<int64_t, int64_t> HeadShard::Range(int64_t units, bool per_key_head) const {
-  const int64_t first = int64_t{begin} * units;
-  if (per_key_head || split == 1) return {first, first + int64_t{count} * units};
+std::pair<int64_t, int64_t> HeadShard::InHead(int64_t units, bool per_key_head) const {
+  if (per_key_head || split == 1) return {0, units};
   Check(units % split == 0, "tensor table: a part of " + std::to_string(units) +
                                 " rows per key head cannot be split over " + std::to_string(split) + " ranks");
   const int64_t n = units / split;
-  return {first + part * n, first + (part + 1) * n};
+  return {part * n, (part + 1) * n};
+}
+
+std::pair<int64_t, int64_t> HeadShard::Range(int64_t units, bool per_key_head) const {
+  const int64_t first = int64_t{begin} * units;
+  if (split == 1) return {first, first + int64_t{count} * units};
+  const auto [b, e] = InHead(units, per_key_head);  // count is 1
+  return {first + b, first + e};
 }
 
 const std::vector<float>& LayerWeights::Dense(const std::string& name) const {

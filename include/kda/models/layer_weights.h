@@ -104,6 +104,8 @@ struct HeadShard {
   // The shard's rows [first, first + n) of a cut axis's part holding `units` per key head (heads in order),
   // relative to the part's start: a part of the key heads' own rows is kept whole, value heads' rows split.
   std::pair<int64_t, int64_t> Range(int64_t units, bool per_key_head) const;
+  // The same within one key head's `units` rows: all of them, or this rank's part.
+  std::pair<int64_t, int64_t> InHead(int64_t units, bool per_key_head) const;
 };
 
 // Rank `rank` of a tp group of `size` ranks: total_heads / size consecutive key heads, or, when `size` is
