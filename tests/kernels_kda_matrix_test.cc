@@ -403,6 +403,19 @@ std::vector<Spec> PlainRecurrenceSpecs() {
   r.push_back(r.back());
   r.back().state_v_first = false;
   r.back().seed = 708;
+  // fla's options on the same recurrence (the in-kernel norm, gate and beta sigmoid), and 80 value heads of one
+  // key head (the chunked SSD prefill splits them into several tasks, kc::kSsdMaxHeads at most each).
+  add({.lengths = {3, 70},
+       .H = 2,
+       .K = 24,
+       .gate = kStress,
+       .l2norm_in_kernel = true,
+       .gate_in_kernel = true,
+       .seed = 709,
+       .HV = 4,
+       .V = 40,
+       .beta_sigmoid = true});
+  add({.lengths = {45, 2}, .H = 1, .K = 16, .gate = GateKind::kLoud, .seed = 710, .HV = 80, .V = 8}, true);
   return r;
 }
 
@@ -1095,20 +1108,33 @@ TEST_P(KdaChunkTest, SnapshotsMatchPrefixRunsAtRandomOffsets) {
   // and final states are those of the run without snapshots, bit for bit.
   // Head groups (one thread) and value-column splits (eight threads, few pairs).
   std::mt19937 rng(1201);
+  // ssd: Mamba2's recurrence (a scalar gate, no delta correction, the skip; the chunked form where the ISA has it).
   struct Case {
     int H, K, threads;
     GateKind gate;
+    bool ssd = false;
   };
-  for (const Case& c : {Case{3, 32, 1, kMild}, Case{2, 128, 8, kStress}, Case{4, 64, 3, kMild}}) {
-    SCOPED_TRACE("H " + std::to_string(c.H) + " K " + std::to_string(c.K) + " threads " + std::to_string(c.threads));
+  for (const Case& c : {Case{3, 32, 1, kMild}, Case{2, 128, 8, kStress}, Case{4, 64, 3, kMild},
+                        Case{2, 32, 3, GateKind::kLoud, true}}) {
+    SCOPED_TRACE("H " + std::to_string(c.H) + " K " + std::to_string(c.K) + " threads " + std::to_string(c.threads) +
+                 (c.ssd ? " ssd" : ""));
     const ThreadScope scope(c.threads);
     std::uniform_int_distribution<int64_t> len_dist(0, 330);
     // (A braced list is evaluated in order: the lengths first, then the seed.)
-    const Problem p = MakeProblem({.lengths = {len_dist(rng), 256, len_dist(rng), 0, 64, len_dist(rng)},
-                                   .H = c.H,
-                                   .K = c.K,
-                                   .gate = c.gate,
-                                   .seed = static_cast<uint32_t>(rng())});
+    Spec spec{.lengths = {len_dist(rng), 256, len_dist(rng), 0, 64, len_dist(rng)},
+              .H = c.H,
+              .K = c.K,
+              .gate = c.gate,
+              .seed = static_cast<uint32_t>(rng())};
+    if (c.ssd) {
+      spec.scale = 1.0F;
+      spec.scalar_gate = true;
+      spec.delta_correction = false;
+      spec.skip = true;
+      spec.HV = 3 * c.H;
+      spec.V = 40;
+    }
+    const Problem p = MakeProblem(spec);
     std::vector<std::vector<int64_t>> offsets(static_cast<size_t>(p.N));
     std::bernoulli_distribution take(0.6);
     for (int64_t n = 0; n < p.N; ++n) {

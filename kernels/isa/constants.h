@@ -41,6 +41,15 @@ inline constexpr int kPrefetchAhead = 2;
 inline constexpr int kPassRowGroup = 8;
 static_assert(kMaxHeadDim / kPassRowGroup <= 32, "a token's row groups must fit in 32 bits");
 
+// The chunked form of Mamba2's SSD prefill (kernels/kda/chunk_ssd_simd.cc): tokens per chunk (kSnapshotGrain:
+// snapshots fall on chunk ends, and the intra-chunk product, about L V flops per token and head beside the 4 K V
+// of the readout and the update, stays small),
+// tokens whose q and k rows a task prepares at a time (whole chunks), and the most value heads of one key head a
+// task advances together (their working states in the worker's scratch).
+inline constexpr int kSsdChunk = 32;
+inline constexpr int kSsdSpan = 256;
+inline constexpr int kSsdMaxHeads = 32;
+
 // ------------------------------------------------------------ short conv
 
 inline constexpr int kConvMaxWidth = 16;         // wider convs take the reference path
@@ -64,6 +73,7 @@ inline constexpr float kSoftplusThreshold = 20.0F;
 // normal) the result is 0 (the libm result there is subnormal or 0).
 inline constexpr float kExpMax = 88.0F;
 inline constexpr float kExpMin = -87.33654F;
+inline constexpr float kSmallestNormal = 0x1p-126F;  // FLT_MIN
 inline constexpr float kLog2E = 1.44269504088896341F;
 // ln 2 = kLn2Hi + kLn2Lo (Cody-Waite: n * kLn2Hi is exact for |n| <= 127).
 inline constexpr float kLn2Hi = 0.693359375F;

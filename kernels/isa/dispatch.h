@@ -31,6 +31,9 @@ struct KernelTable {
   // KDA core (kernels/kda/chunk_kda_simd.cc, fused_recurrent_kda_simd.cc).
   void (*chunk_task)(const ChunkGroupTask& task) = nullptr;
   void (*recurrent_task)(const RecurrentTask& task) = nullptr;
+  // Mamba2's SSD prefill in chunked form (kernels/kda/chunk_ssd_simd.cc): chunk_kda calls with a scalar gate and
+  // no delta correction, where set (null: the recurrent sweep, chunk_task).
+  void (*ssd_task)(const SsdTask& task) = nullptr;
   int column_block = 16;  // value columns per register block of the prefill sweep
   int lanes = 1;          // floats per vector register
 

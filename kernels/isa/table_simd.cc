@@ -72,6 +72,11 @@ const internal::KernelTable& Table() {
 #endif
     t.chunk_task = &ChunkKdaTask;
     t.recurrent_task = &FusedRecurrentKdaTask;
+#if KDA_TARGET == KDA_TARGET_AVX2
+    // Mamba2's SSD prefill in chunked form where it was measured no slower than the recurrent sweep (Zen 3);
+    // the other targets keep the sweep (chunk_ssd_simd.cc compiles for them all).
+    t.ssd_task = &ChunkSsdTask;
+#endif
     t.column_block = ChunkColumnBlock();
     t.lanes = Vec::kLanes;
     t.conv_chunk_f32 = &ConvChunkF32;

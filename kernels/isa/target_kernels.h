@@ -35,6 +35,7 @@ inline constexpr int kDecodeRegs = 4;
 // kernels/kda/chunk_kda_simd.cc, fused_recurrent_kda_simd.cc
 void ChunkKdaTask(const internal::ChunkGroupTask& task);
 void FusedRecurrentKdaTask(const internal::RecurrentTask& task);
+void ChunkSsdTask(const internal::SsdTask& task);  // kernels/kda/chunk_ssd_simd.cc
 int ChunkColumnBlock();
 
 // kernels/conv/short_conv_simd.cc

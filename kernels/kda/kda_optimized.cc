@@ -81,6 +81,81 @@ class ChunkWorker {
   internal::ChunkScratch scratch_;
 };
 
+// Scratch of one chunked SSD worker (see internal::SsdScratch) for heads of K', V' (padded), `heads` working
+// states, 64-byte aligned.
+class SsdWorker {
+ public:
+  SsdWorker(int k_dim, int v_dim, int heads) {
+    const auto kd = static_cast<size_t>(k_dim);
+    const auto vd = static_cast<size_t>(v_dim);
+    const auto span = static_cast<size_t>(kc::kSsdSpan);
+    const auto chunk = static_cast<size_t>(kc::kSsdChunk);
+    internal::SsdScratch& s = scratch_;
+    float** targets[] = {&s.q,    &s.k,     &s.qk,      &s.m,      &s.v,      &s.vw,  &s.g,
+                         &s.beta, &s.decay, &s.readout, &s.update, &s.states, &s.ones};
+    const size_t sizes[] = {span * kd,  span * kd,  span * chunk, chunk * chunk,
+                            chunk * vd, chunk * vd, chunk,        chunk,
+                            chunk,      chunk,      chunk,        static_cast<size_t>(heads) * kd * vd,
+                            kd};
+    static_assert(std::size(targets) == std::size(sizes), "one size per scratch vector");
+    size_t total = kAlignFloats;
+    for (size_t n : sizes) total += Padded(n);
+    // Uninitialised: every element is written before it is read.
+    storage_ = std::make_unique_for_overwrite<float[]>(total);
+    const auto address = reinterpret_cast<uintptr_t>(storage_.get());
+    float* next = storage_.get() + ((64 - address % 64) % 64) / sizeof(float);
+    for (size_t i = 0; i < std::size(targets); ++i) {
+      *targets[i] = next;
+      next += Padded(sizes[i]);
+    }
+  }
+  const internal::SsdScratch& scratch() const { return scratch_; }
+
+ private:
+  std::unique_ptr<float[]> storage_;
+  internal::SsdScratch scratch_;
+};
+
+// Mamba2's SSD (a scalar gate, no delta correction) in chunked form over the non-empty sequences `busy` (longest
+// first): a task is a range of the value heads of one key head of one sequence, as many heads as give about four
+// tasks per worker (at most kc::kSsdMaxHeads).
+void ChunkSsdTasks(const ChunkKdaArgs& a, const internal::KernelTable& kernels, const std::vector<int64_t>& busy,
+                   float scale) {
+  const int kp = internal::PaddedKeyDim(a.K, kernels.lanes);
+  const int vp = internal::PaddedValueDim(a.V, kernels.lanes);
+  const int threads = std::max(1, NumThreads());
+  const int per_key_head = a.HV / a.H;
+  const auto pairs = static_cast<int64_t>(busy.size()) * a.HV;
+  const int want = std::min(per_key_head, kc::kSsdMaxHeads);
+  const int heads = static_cast<int>(std::clamp<int64_t>(pairs / (4 * int64_t{threads}), 1, want));
+  const int ranges = (per_key_head + heads - 1) / heads;  // per key head
+  const int64_t tasks_per_sequence = int64_t{a.H} * ranges;
+  const auto num_tasks = static_cast<int64_t>(busy.size()) * tasks_per_sequence;
+  const int64_t num_workers = std::min<int64_t>(threads, num_tasks);
+  std::vector<SsdWorker> workers;
+  workers.reserve(static_cast<size_t>(num_workers));
+  for (int64_t i = 0; i < num_workers; ++i) workers.emplace_back(kp, vp, heads);
+  std::atomic<int64_t> next_task{0};
+  ParallelFor(num_workers, [&](int64_t worker) {
+    internal::SsdTask task;
+    task.args = &a;
+    task.scale = scale;
+    task.scratch = workers[static_cast<size_t>(worker)].scratch();
+    for (int64_t i = next_task.fetch_add(1); i < num_tasks; i = next_task.fetch_add(1)) {
+      const int64_t n = busy[static_cast<size_t>(i / tasks_per_sequence)];
+      const auto key_head = static_cast<int>(i % tasks_per_sequence / ranges);
+      const auto r = static_cast<int>(i % ranges);
+      const int first = per_key_head * r / ranges;
+      task.n = n;
+      task.h = key_head * per_key_head + first;
+      task.heads = per_key_head * (r + 1) / ranges - first;
+      task.initial = internal::SequenceInitialState(a, n);
+      task.final = internal::SequenceFinalState(a, n);
+      kernels.ssd_task(task);
+    }
+  });
+}
+
 }  // namespace
 
 namespace internal {
@@ -130,6 +205,10 @@ void ChunkKdaOptimizedUnchecked(const ChunkKdaArgs& a, KernelIsa isa) {
     return a.cu_seqlens[x + 1] - a.cu_seqlens[x] > a.cu_seqlens[y + 1] - a.cu_seqlens[y];
   });
 
+  if (a.scalar_gate && !a.options.delta_correction && kernels.ssd_task != nullptr) {
+    ChunkSsdTasks(a, kernels, busy, scale);
+    return;
+  }
   // Heads in lockstep groups when there are enough tasks for about four per worker; with fewer (sequence, head)
   // pairs, single heads split into value-column groups instead.
   const int threads = std::max(1, NumThreads());

@@ -88,6 +88,40 @@ struct ChunkGroupTask : ChunkTaskSequence {
   ChunkScratch scratch[kc::kHeadGroup];
 };
 
+// Scratch of one worker for the chunked SSD tasks (kernels/kda/chunk_ssd_simd.cc), sized for K' and V' (the
+// padded head dims) by the host, 64-byte aligned.
+struct SsdScratch {
+  // A span's rows of its key head: q and k [kc::kSsdSpan][K'] (fp32, the in-kernel norm applied), and q_i . k_c
+  // within each chunk [kc::kSsdSpan][kc::kSsdChunk].
+  float* q{};
+  float* k{};
+  float* qk{};
+  // One head's chunk: its decay-weighted products m [kc::kSsdChunk][kc::kSsdChunk], its v rows and weighted v rows
+  // [kc::kSsdChunk][V'].
+  float* m{};
+  float* v{};
+  float* vw{};
+  // Its per-token vectors [kc::kSsdChunk]: gate (then e^g), beta, the running decays e^{s(i, c)}, the readout and
+  // the update factors.
+  float* g{};
+  float* beta{};
+  float* decay{};
+  float* readout{};
+  float* update{};
+  // The working states of the task's heads [kc::kSsdMaxHeads][K' * V'] (the layout of ChunkScratch::state), and
+  // the row scales [K'] the state stores read (all ones).
+  float* states{};
+  float* ones{};
+};
+
+// One chunked SSD task: value heads [h, h + heads) of the sequence, all of one key head (heads <=
+// kc::kSsdMaxHeads), every value column.
+struct SsdTask : ChunkTaskSequence {
+  int heads = 1;
+  float scale = 1.0F;
+  SsdScratch scratch;
+};
+
 // One fused_recurrent_kda task: sequence n (padding or not), value head h;
 // scratch [K * V] floats of its worker (a working state where no destination
 // holds it: state_v_first, or tokens whose state is not written).
